@@ -1,0 +1,84 @@
+"""chongming-task: owned business and scheduled tasks with a persisted state machine,
+cooperative stop / pause / resume, and one control plane shared by several nodes.
+
+Core import needs no third-party package.
+"""
+
+from __future__ import annotations
+
+from .clock import Clock as Clock
+from .clock import SystemClock as SystemClock
+from .controller import Controller as Controller
+from .controller import ReconcileReport as ReconcileReport
+from .definitions import TaskDefinition as TaskDefinition
+from .definitions import define as define
+from .errors import ChongmingTaskError as ChongmingTaskError
+from .errors import ConcurrencyConflict as ConcurrencyConflict
+from .errors import ConfigurationError as ConfigurationError
+from .errors import ControllerClosed as ControllerClosed
+from .errors import IllegalTransition as IllegalTransition
+from .errors import StopRequested as StopRequested
+from .errors import StoreError as StoreError
+from .errors import TaskAlreadyExists as TaskAlreadyExists
+from .errors import TaskNotFound as TaskNotFound
+from .errors import TaskUnsuccessful as TaskUnsuccessful
+from .errors import UnknownTask as UnknownTask
+from .errors import WaitTimeout as WaitTimeout
+from .model import Command as Command
+from .model import CommandAction as CommandAction
+from .model import ControlReceipt as ControlReceipt
+from .model import Failure as Failure
+from .model import FailureKind as FailureKind
+from .model import Progress as Progress
+from .model import TaskQuery as TaskQuery
+from .model import TaskSnapshot as TaskSnapshot
+from .model import TaskStatus as TaskStatus
+from .model import Transition as Transition
+from .policies import BucketPolicy as BucketPolicy
+from .policies import RetryPolicy as RetryPolicy
+from .run import TaskRun as TaskRun
+from .stores import InMemoryTaskStore as InMemoryTaskStore
+from .stores import SqliteTaskStore as SqliteTaskStore
+from .stores import TaskStore as TaskStore
+from .token import CancellationToken as CancellationToken
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BucketPolicy",
+    "CancellationToken",
+    "ChongmingTaskError",
+    "Clock",
+    "Command",
+    "CommandAction",
+    "ConcurrencyConflict",
+    "ConfigurationError",
+    "ControlReceipt",
+    "Controller",
+    "ControllerClosed",
+    "Failure",
+    "FailureKind",
+    "IllegalTransition",
+    "InMemoryTaskStore",
+    "Progress",
+    "ReconcileReport",
+    "RetryPolicy",
+    "SqliteTaskStore",
+    "StopRequested",
+    "StoreError",
+    "SystemClock",
+    "TaskAlreadyExists",
+    "TaskDefinition",
+    "TaskNotFound",
+    "TaskQuery",
+    "TaskRun",
+    "TaskSnapshot",
+    "TaskStatus",
+    "TaskStore",
+    "TaskUnsuccessful",
+    "Transition",
+    "UnknownTask",
+    "WaitTimeout",
+    "define",
+]
+

@@ -1,0 +1,29 @@
+"""Where time comes from. Everything that reads time takes a ``Clock`` so tests can fake it.
+
+A fake clock for tests lives in ``chongming_task.testing``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Wall time (UTC-aware, for records) and a monotonic reading (for durations)."""
+
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()

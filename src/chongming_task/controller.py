@@ -1,0 +1,730 @@
+"""``Controller``: a node. It owns task definitions, runs their tasks on its worker threads,
+persists every transition, and routes control calls.
+
+Control of a task this process holds acts directly on its ``TaskRun``; control of any
+other task writes a ``Command`` to the store for the holder's poller. Background threads:
+workers (started on the first submit), the supervisor (activity flush via ``touch``, lease
+renewal, timeouts, write-through catch-up; started on the first submit) and the command
+poller (from construction for a node that declares ``owned_buckets``, after the first
+submit otherwise, never for a pure query client).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, overload
+
+from . import states
+from .clock import Clock, SystemClock
+from .definitions import TaskDefinition, TaskFunction, define
+from .dispatch import Dispatcher
+from .errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    ControllerClosed,
+    TaskNotFound,
+    UnknownTask,
+    WaitTimeout,
+)
+from .model import (
+    Command,
+    CommandAction,
+    ControlReceipt,
+    Failure,
+    FailureKind,
+    TaskQuery,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+)
+from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy, format_buckets
+from .run import TaskRun
+from .stores import open_store
+from .stores.protocol import TaskStore
+
+log = logging.getLogger("chongming_task.controller")
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileReport:
+    """What ``reconcile()`` did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    examined: int
+    lost: tuple[str, ...]
+    let_go: tuple[str, ...]
+    """Tasks whose version moved under reconcile: their supervisor is alive after all."""
+
+
+class Controller:
+    """A node: definitions, workers, ownership of buckets, and control routing."""
+
+    def __init__(
+        self,
+        store: TaskStore | str | Path | None = None,
+        *,
+        owner: str | None = None,
+        owned_buckets: Iterable[int] | None = None,
+        num_buckets: int = DEFAULT_NUM_BUCKETS,
+        max_workers: int | None = None,
+        max_parallel_per_bucket: int | None = None,
+        command_poll_interval: float = 0.5,
+        command_lease: float = 30.0,
+        lease_ttl: float = 30.0,
+        activity_interval: float = 0.2,
+        writethrough_buffer: int = 1000,
+        clock: Clock | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.bucket_policy = BucketPolicy(num_buckets)
+        self.owned_buckets: frozenset[int] | None = (
+            None if owned_buckets is None else self.bucket_policy.validate(owned_buckets)
+        )
+        if max_workers is None:
+            max_workers = min(32, (os.cpu_count() or 1) + 4)
+        if max_workers < 1:
+            raise ConfigurationError(f"max_workers must be >= 1, got {max_workers}")
+        if max_parallel_per_bucket is not None and max_parallel_per_bucket < 1:
+            raise ConfigurationError(
+                f"max_parallel_per_bucket must be >= 1 or None, got {max_parallel_per_bucket}"
+            )
+        for label, value in (
+            ("command_poll_interval", command_poll_interval),
+            ("command_lease", command_lease),
+            ("lease_ttl", lease_ttl),
+            ("activity_interval", activity_interval),
+        ):
+            if value <= 0:
+                raise ConfigurationError(f"{label} must be > 0, got {value}")
+        if isinstance(store, TaskStore):
+            self.store: TaskStore = store
+            self._owns_store = False
+        else:
+            self.store = open_store(store if store is not None else "chongming-task.db")
+            self._owns_store = True
+        self.owner = owner or default_owner()
+        self.clock: Clock = clock or SystemClock()
+        self.rng = random.Random(seed)
+        self.max_workers = max_workers
+        self.command_poll_interval = command_poll_interval
+        self.command_lease = command_lease
+        self.lease_ttl = lease_ttl
+        self.activity_interval = activity_interval
+        self.writethrough_buffer = writethrough_buffer
+
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._definitions: dict[str, TaskDefinition] = {}
+        self._runs: dict[str, TaskRun] = {}  # held: non-terminal, or terminal but unwritten
+        self._active: dict[str, TaskRun] = {}  # on a carrier right now
+        self._behind: set[str] = set()
+        self._desynced: set[str] = set()
+        self._dispatcher = Dispatcher(self.clock, max_parallel_per_bucket=max_parallel_per_bucket)
+        self._workers: list[threading.Thread] = []
+        self._worker_seq = 0
+        self._closing = threading.Event()  # no new work accepted
+        self._shutdown = threading.Event()  # background loops exit
+        self._closed = False
+        self._supervisor: threading.Thread | None = None
+        self._poller: threading.Thread | None = None
+        self._poll_now = threading.Event()
+        if self.owned_buckets is not None:
+            self._ensure_poller()
+
+    def __repr__(self) -> str:
+        return f"Controller(owner={self.owner!r}, store={self.store!r})"
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- ownership --------------------------------------------------------------------------------
+
+    @property
+    def num_buckets(self) -> int:
+        return self.bucket_policy.num_buckets
+
+    @property
+    def owns_all_buckets(self) -> bool:
+        """No partition: no buckets declared, or every bucket declared."""
+        return self.owned_buckets is None or len(self.owned_buckets) == self.num_buckets
+
+    def owns_bucket(self, bucket: int) -> bool:
+        """Whether ``bucket`` is this node's (says nothing about bucketless tasks)."""
+        return self.owned_buckets is None or bucket in self.owned_buckets
+
+    def _check_bucket_ownership(self, bucket_key: str | None) -> int | None:
+        if bucket_key is None:
+            if not self.owns_all_buckets:
+                raise ConfigurationError(
+                    f"node {self.owner} owns only buckets "
+                    f"{format_buckets(self.owned_buckets or ())}: submit needs a bucket_key"
+                )
+            return None
+        bucket = self.bucket_policy.bucket_for(bucket_key)
+        if not self.owns_bucket(bucket):
+            raise ConfigurationError(
+                f"bucket_key {bucket_key!r} maps to bucket {bucket}, which node {self.owner} "
+                f"does not own (owned: {format_buckets(self.owned_buckets or ())}); no node "
+                f"would run it here: submit it on the node that owns bucket {bucket}"
+            )
+        return bucket
+
+    # -- definitions ------------------------------------------------------------------------------
+
+    def register(self, definition: TaskDefinition) -> TaskDefinition:
+        with self._lock:
+            existing = self._definitions.get(definition.name)
+            if existing is not None and existing is not definition:
+                raise ConfigurationError(f"a task named {definition.name!r} is already defined")
+            self._definitions[definition.name] = definition
+        return definition
+
+    @overload
+    def task(self, func: TaskFunction, /) -> TaskDefinition: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+    ) -> Callable[[TaskFunction], TaskDefinition]: ...
+
+    def task(
+        self,
+        func: TaskFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+    ) -> TaskDefinition | Callable[[TaskFunction], TaskDefinition]:
+        """Decorator defining a task on this node: ``@controller.task(retries=3)``.
+
+        The function is called as ``func(token, *args, **kwargs)``.
+        """
+
+        def decorate(f: TaskFunction) -> TaskDefinition:
+            return self.register(
+                define(
+                    f,
+                    name=name,
+                    retries=retries,
+                    backoff=backoff,
+                    timeout=timeout,
+                    timeout_grace=timeout_grace,
+                    tags=tags,
+                )
+            )
+
+        return decorate(func) if func is not None else decorate
+
+    def definition(self, name: str) -> TaskDefinition:
+        try:
+            return self._definitions[name]
+        except KeyError:
+            raise UnknownTask(f"no task named {name!r} is defined on node {self.owner}") from None
+
+    # -- submit -----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        task: TaskDefinition | str,
+        /,
+        *args: Any,
+        bucket_key: str | None = None,
+        **kwargs: Any,
+    ) -> TaskRun:
+        """Queue one run of ``task`` with ``args``/``kwargs``; return its handle.
+
+        ``bucket_key`` (a business key such as a tenant id) picks the bucket; a node that
+        owns only some buckets refuses keys that map elsewhere (``ConfigurationError``).
+        Raises ``StoreError`` if the store refuses the new task: then nothing was queued.
+        """
+        return self._submit(task, args, kwargs, bucket_key=bucket_key)
+
+    def _submit(
+        self,
+        task: TaskDefinition | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        bucket_key: str | None = None,
+        pipeline_run_id: str | None = None,
+        status: TaskStatus = TaskStatus.QUEUED,
+        tags: Iterable[str] = (),
+    ) -> TaskRun:
+        if self._closing.is_set():
+            raise ControllerClosed(f"controller {self.owner} is closed")
+        definition = self.definition(task) if isinstance(task, str) else self.register(task)
+        bucket = self._check_bucket_ownership(bucket_key)
+        now = self.clock.now()
+        snapshot = TaskSnapshot(
+            task_id=uuid.uuid4().hex,
+            name=definition.name,
+            status=status,
+            status_version=1,
+            created_at=now,
+            tags=definition.tags | frozenset(tags),
+            bucket=bucket,
+            bucket_key=bucket_key,
+            pipeline_run_id=pipeline_run_id,
+            owner=self.owner,
+            lease_owner=self.owner,
+            lease_until=now + timedelta(seconds=self.lease_ttl),
+        )
+        run = TaskRun(self, definition, snapshot, args, kwargs)
+        with self._lock:
+            self._runs[snapshot.task_id] = run  # before create: a command may follow at once
+        try:
+            self.store.create(snapshot)
+        except BaseException:
+            with self._lock:
+                del self._runs[snapshot.task_id]
+            raise
+        run._created(
+            Transition(
+                task_id=snapshot.task_id,
+                version=1,
+                from_status=None,
+                to_status=status,
+                at=now,
+                reason="submitted",
+                actor=self.owner,
+            )
+        )
+        self._start_threads()
+        if status is TaskStatus.QUEUED:
+            self._dispatcher.put(run)
+        return run
+
+    def _enqueue_pending(self, run: TaskRun, reason: str) -> bool:
+        """Move a ``pending`` run to ``queued`` (its dependencies are met)."""
+        with run._lock:
+            if run.status is not TaskStatus.PENDING:
+                return False
+            run._apply(TaskStatus.QUEUED, reason=reason)
+        self._dispatcher.put(run)
+        return True
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def stop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        """Stop a task: a running one stops at its next checkpoint, a waiting one is
+        cancelled. For a task held elsewhere the answer is "request accepted"."""
+        return self._control(task_id, CommandAction.STOP, reason)
+
+    def pause(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return self._control(task_id, CommandAction.PAUSE, reason)
+
+    def resume(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return self._control(task_id, CommandAction.RESUME, reason)
+
+    def cancel(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        """Cancel: recorded as ``cancelled`` (never ``failed``), running or not."""
+        return self._control(task_id, CommandAction.CANCEL, reason)
+
+    def _control(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
+        run = self._runs.get(task_id)
+        if run is not None:
+            outcome = _act(run, action, reason, self.owner)
+            return ControlReceipt(task_id=task_id, action=action, outcome=outcome)
+        snapshot = self.store.get(task_id)
+        if snapshot is None:
+            raise TaskNotFound(f"no task {task_id} in {self.store!r}")
+        if snapshot.is_terminal:
+            return ControlReceipt(task_id=task_id, action=action, outcome="already-terminal")
+        command = Command(
+            command_id=uuid.uuid4().hex,
+            task_id=task_id,
+            action=action,
+            created_at=self.clock.now(),
+            issued_by=self.owner,
+            reason=reason,
+        )
+        self.store.submit_command(command)
+        return ControlReceipt(
+            task_id=task_id, action=action, outcome="accepted", command_id=command.command_id
+        )
+
+    # -- reads (through the store) ---------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskSnapshot:
+        snapshot = self.store.get(task_id)
+        if snapshot is None:
+            raise TaskNotFound(f"no task {task_id} in {self.store!r}")
+        return snapshot
+
+    def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
+        return self.store.history(task_id, since_version=since_version)
+
+    def list_tasks(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        return self.store.query(query)
+
+    def stats(self) -> dict[TaskStatus, int]:
+        """Tasks per status in the store, every status present (zero where none)."""
+        counts = self.store.counts()
+        return {status: counts.get(status, 0) for status in TaskStatus}
+
+    def bucket_counts(self) -> dict[int | None, int]:
+        """Tasks per bucket in the store (``None``: tasks submitted without a key)."""
+        out: dict[int | None, int] = {}
+        for snapshot in self.store.query():
+            out[snapshot.bucket] = out.get(snapshot.bucket, 0) + 1
+        return out
+
+    def wait_for(
+        self,
+        task_id: str,
+        predicate: Callable[[TaskSnapshot], bool] = lambda s: s.is_terminal,
+        *,
+        timeout: float = 30.0,
+        poll: float = 0.05,
+    ) -> TaskSnapshot:
+        """Poll the store until ``predicate(snapshot)`` holds (default: terminal).
+
+        For tasks held anywhere, e.g. to see the effect of an accepted command.
+        """
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, deadline.set)
+        timer.daemon = True
+        timer.start()
+        try:
+            while True:
+                snapshot = self.get(task_id)
+                if predicate(snapshot):
+                    return snapshot
+                if deadline.wait(poll):
+                    raise WaitTimeout(
+                        f"task {task_id} still {snapshot.status.value} after {timeout}s"
+                    )
+        finally:
+            timer.cancel()
+
+    @property
+    def desynced_tasks(self) -> frozenset[str]:
+        """Tasks another writer changed under us: write-through stopped for them."""
+        with self._lock:
+            return frozenset(self._desynced)
+
+    def held(self) -> list[TaskRun]:
+        """Runs this process holds (non-terminal, or not yet fully written)."""
+        with self._lock:
+            return list(self._runs.values())
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every task this process holds is terminal; return whether it is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: all(r.done() for r in self._runs.values()), timeout)
+
+    # -- reconcile --------------------------------------------------------------------------------
+
+    def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
+        """Mark tasks whose supervisor lease expired as ``lost``, in this node's buckets only.
+
+        Never re-executes anything (the store holds states, not arguments). A version
+        conflict means the supervisor came back: reconcile lets go of that task.
+        """
+        query = TaskQuery(
+            statuses=states.NON_TERMINAL,
+            buckets=None if self.owns_all_buckets else self.owned_buckets,
+        )
+        now = self.clock.now()
+        with self._lock:
+            held = set(self._runs)
+        candidates = [
+            s
+            for s in self.store.query(query)
+            if s.task_id not in held and (s.lease_until is None or s.lease_until <= now)
+        ]
+        if dry_run:
+            return ReconcileReport(
+                dry_run=True,
+                examined=len(candidates),
+                lost=tuple(s.task_id for s in candidates),
+                let_go=(),
+            )
+        lost: list[str] = []
+        let_go: list[str] = []
+        for snapshot in candidates:
+            expired = f"supervisor lease of {snapshot.lease_owner or 'nobody'} expired" + (
+                f" at {snapshot.lease_until.isoformat()}" if snapshot.lease_until else ""
+            )
+            version = snapshot.status_version + 1
+            marked = replace(
+                snapshot,
+                status=TaskStatus.LOST,
+                status_version=version,
+                ended_at=now,
+                failure=Failure(
+                    kind=FailureKind.LOST,
+                    message=f"{expired}; result unknown: the task may have run, partly or "
+                    "fully, and may still be running",
+                    carrier_may_run=True,
+                ),
+            )
+            try:
+                self.store.save(marked, expect_version=snapshot.status_version)
+            except ConcurrencyConflict:
+                let_go.append(snapshot.task_id)
+                continue
+            self.store.append(
+                Transition(
+                    task_id=snapshot.task_id,
+                    version=version,
+                    from_status=snapshot.status,
+                    to_status=TaskStatus.LOST,
+                    at=now,
+                    reason=f"reconcile: {expired}",
+                    actor=self.owner,
+                )
+            )
+            lost.append(snapshot.task_id)
+        return ReconcileReport(
+            dry_run=False, examined=len(candidates), lost=tuple(lost), let_go=tuple(let_go)
+        )
+
+    # -- hooks called by runs ----------------------------------------------------------------------
+
+    def _on_terminal(self, run: TaskRun) -> None:
+        with self._idle:
+            if not run._wt.behind(run._snapshot):
+                self._runs.pop(run.task_id, None)
+            self._idle.notify_all()
+
+    def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None:
+        log.error(
+            "task %s: another writer changed it in the store (%s); write-through stopped "
+            "for this task",
+            task_id,
+            exc,
+        )
+        with self._lock:
+            self._desynced.add(task_id)
+            self._behind.discard(task_id)
+
+    def _on_behind(self, task_id: str) -> None:
+        with self._lock:
+            self._behind.add(task_id)
+
+    def _requeue(self, run: TaskRun, delay: float) -> None:
+        self._dispatcher.schedule(run, delay)
+
+    def _abandon(self, run: TaskRun) -> None:
+        """A timed-out carrier ignored its stop: free its slot and start a new carrier."""
+        with self._lock:
+            self._active.pop(run.task_id, None)
+        self._dispatcher.done(run)
+        if not self._closing.is_set():
+            self._spawn_worker()
+
+    # -- threads ---------------------------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        if self._workers:
+            return
+        with self._lock:
+            if self._workers:
+                return
+            for _ in range(self.max_workers):
+                self._spawn_worker(locked=True)
+            self._supervisor = threading.Thread(
+                target=self._supervise, name=f"chongming-supervisor[{self.owner}]"
+            )
+            self._supervisor.start()
+        self._ensure_poller()
+
+    def _spawn_worker(self, *, locked: bool = False) -> None:
+        def spawn() -> None:
+            self._worker_seq += 1
+            # Daemon: a carrier stuck in a task that ignores stop must not hang the
+            # interpreter's exit; close() still joins every carrier it can.
+            thread = threading.Thread(
+                target=self._work, name=f"chongming-worker-{self._worker_seq}", daemon=True
+            )
+            self._workers.append(thread)
+            thread.start()
+
+        if locked:
+            spawn()
+        else:
+            with self._lock:
+                spawn()
+
+    def _work(self) -> None:
+        while True:
+            run = self._dispatcher.get()
+            if run is None:
+                return
+            with self._lock:
+                self._active[run.task_id] = run
+            try:
+                run._execute()
+            except BaseException:
+                log.exception("task %s: carrier crashed", run.task_id)
+            if run.abandoned:
+                return  # _abandon released the slot and started a replacement carrier
+            with self._lock:
+                self._active.pop(run.task_id, None)
+            self._dispatcher.done(run)
+
+    def _ensure_poller(self) -> None:
+        with self._lock:
+            if self._poller is not None or self._closing.is_set():
+                return
+            self._poller = threading.Thread(
+                target=self._poll_commands, name=f"chongming-commands[{self.owner}]"
+            )
+            self._poller.start()
+
+    def _supervise(self) -> None:
+        next_lease = 0.0
+        while not self._shutdown.wait(self.activity_interval):
+            try:
+                now = self.clock.monotonic()
+                self._flush_activity()
+                for run in self._active_runs():
+                    run._check_timeout(now)
+                self._catch_up()
+                if now >= next_lease:
+                    self._renew_leases()
+                    next_lease = now + self.lease_ttl / 3
+            except Exception:
+                log.exception("supervisor loop iteration failed; continuing")
+
+    def _active_runs(self) -> list[TaskRun]:
+        with self._lock:
+            return list(self._active.values())
+
+    def _flush_activity(self) -> None:
+        """Progress and heartbeat go to the store through ``touch``, never ``save``."""
+        for run in self._active_runs():
+            if run.desynced:
+                continue
+            seq, progress, heartbeat = run.token.activity()
+            if seq != run._flushed_activity:
+                self.store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
+                run._flushed_activity = seq
+
+    def _renew_leases(self) -> None:
+        until = self.clock.now() + timedelta(seconds=self.lease_ttl)
+        for run in self.held():
+            if not run.done() and not run.desynced:
+                self.store.touch(run.task_id, lease_owner=self.owner, lease_until=until)
+
+    def _catch_up(self) -> None:
+        with self._lock:
+            behind = [self._runs[t] for t in self._behind if t in self._runs]
+            self._behind.clear()
+        for run in behind:
+            if run._catch_up():
+                if run.done():
+                    with self._idle:
+                        self._runs.pop(run.task_id, None)
+                        self._idle.notify_all()
+            elif not run.desynced:
+                self._on_behind(run.task_id)
+
+    def _poll_commands(self) -> None:
+        while not self._shutdown.is_set():
+            try:
+                self.poll_commands_once()
+            except Exception:
+                log.exception("command poll failed; retrying in %ss", self.command_poll_interval)
+            self._poll_now.wait(self.command_poll_interval)
+            self._poll_now.clear()
+
+    def poll_commands_once(self) -> int:
+        """Claim open commands and act on those for tasks this process holds.
+
+        A command for a task held elsewhere is released (never completed: the holder
+        would never hear of it). Returns how many commands were completed here.
+        """
+        commands = self.store.claim_commands(now=self.clock.now(), lease_seconds=self.command_lease)
+        completed = 0
+        for command in commands:
+            run = self._runs.get(command.task_id)
+            if run is not None:
+                outcome = _act(run, command.action, command.reason, command.issued_by)
+            else:
+                stored = self.store.get(command.task_id)
+                if stored is None:
+                    outcome = "unknown-task"
+                elif stored.is_terminal:
+                    outcome = "already-terminal"
+                else:
+                    self.store.release_command(command.command_id, now=self.clock.now())
+                    continue
+            self.store.complete_command(command.command_id, now=self.clock.now(), outcome=outcome)
+            completed += 1
+        return completed
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting work, cancel waiting tasks, stop running ones (waiting up to
+        ``timeout`` seconds for them), write what is unwritten, and join the threads.
+
+        A task that ignores its stop keeps its ``stopping`` status and lease; once the
+        lease expires, a ``reconcile()`` marks it lost. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._closing.set()
+        for run in self.held():
+            if not run.done():
+                run.stop(reason="controller closed")
+        with self._idle:
+            self._idle.wait_for(lambda: all(r.done() for r in self._runs.values()), timeout)
+        self._dispatcher.close()
+        self._shutdown.set()
+        self._poll_now.set()
+        for thread in [*self._workers, self._supervisor, self._poller]:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+        for run in self.held():
+            run._catch_up()
+        if self._owns_store:
+            self.store.close()
+
+
+def _act(run: TaskRun, action: CommandAction, reason: str | None, actor: str | None) -> str:
+    if action is CommandAction.STOP:
+        return run.stop(reason, actor)
+    if action is CommandAction.PAUSE:
+        return run.pause(reason, actor)
+    if action is CommandAction.RESUME:
+        return run.resume(reason, actor)
+    return run.cancel(reason, actor)

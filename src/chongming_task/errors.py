@@ -1,0 +1,75 @@
+"""Every exception the library raises, under one root.
+
+Control flow inside a task (the stop signal) lives here too, beneath the root, so that a
+blanket ``except ChongmingTaskError`` in user code sees everything we raise.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import TaskSnapshot
+
+
+class ChongmingTaskError(Exception):
+    """Root of every error raised by chongming-task."""
+
+
+class ConfigurationError(ChongmingTaskError, ValueError):
+    """A setting or an argument is wrong; the message says which and how to fix it."""
+
+
+class StoreError(ChongmingTaskError):
+    """The store could not do what was asked: outage, corrupt file, closed store, ..."""
+
+
+class TaskAlreadyExists(StoreError):
+    """``create`` was given a task id that is already stored."""
+
+
+class ConcurrencyConflict(ChongmingTaskError):
+    """``save`` found another version than the one expected: a second writer exists.
+
+    Never retried automatically: every task has exactly one writer, so a conflict is a
+    design fault to surface, not a transient error to paper over.
+    """
+
+
+class TaskNotFound(ChongmingTaskError, LookupError):
+    """No task with that id exists in the store."""
+
+
+class UnknownTask(ChongmingTaskError, LookupError):
+    """No task definition of that name is registered on this controller."""
+
+
+class IllegalTransition(ChongmingTaskError):
+    """The state machine refused a transition; nothing was applied."""
+
+
+class ControllerClosed(ChongmingTaskError):
+    """The controller was closed; it accepts no more work."""
+
+
+class WaitTimeout(ChongmingTaskError, TimeoutError):
+    """A wait for a task's outcome ran out of time; the task itself is unaffected."""
+
+
+class TaskUnsuccessful(ChongmingTaskError):
+    """``TaskRun.result()`` was asked for the result of a task that did not succeed."""
+
+    def __init__(self, snapshot: TaskSnapshot) -> None:
+        failure = f": {snapshot.failure.message}" if snapshot.failure else ""
+        super().__init__(
+            f"task {snapshot.task_id} ({snapshot.name}) ended {snapshot.status}{failure}"
+        )
+        self.snapshot = snapshot
+
+
+class StopRequested(ChongmingTaskError):
+    """Raised by ``CancellationToken.checkpoint()`` when the task was asked to stop.
+
+    Let it propagate out of the task function: the runtime turns it into ``stopped``,
+    ``cancelled`` or ``failed`` (timeout), whichever was asked for.
+    """

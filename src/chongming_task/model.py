@@ -1,0 +1,242 @@
+"""The records: task snapshots, transitions, commands, queries.
+
+All records are frozen, keyword-only dataclasses changed with ``dataclasses.replace``.
+Datetimes are UTC-aware; a naive datetime is rejected at construction, an aware one in
+another zone is normalised to UTC so that every record compares and sorts the same way in
+every process. Legality of status changes lives in ``states``, not here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+JSONValue = Any
+"""A value ``json.dumps(..., allow_nan=False)`` accepts: what task results must be."""
+
+
+class TaskStatus(enum.StrEnum):
+    """Where a task is in its life. Stored by ``.value``."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def is_terminal(self) -> bool:
+        from .states import TERMINAL
+
+        return self in TERMINAL
+
+
+class FailureKind(enum.StrEnum):
+    """Why a task failed (or was lost). Stored by ``.value``."""
+
+    EXCEPTION = "exception"
+    TIMEOUT = "timeout"
+    RESULT_INVALID = "result_invalid"
+    LOST = "lost"
+    DEPENDENCY = "dependency"
+
+
+class CommandAction(enum.StrEnum):
+    """What a cross-process command asks the holder of a task to do."""
+
+    STOP = "stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+def utc(value: datetime, what: str = "datetime") -> datetime:
+    """Return ``value`` in UTC; reject naive datetimes, whose zone is a guess."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be timezone-aware (got naive {value.isoformat()})")
+    if value.tzinfo is UTC:
+        return value
+    return value.astimezone(UTC)
+
+
+def _normalise(record: object, names: Iterable[str]) -> None:
+    for name in names:
+        value = getattr(record, name)
+        if value is not None:
+            object.__setattr__(record, name, utc(value, name))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """How far a task has come. ``total=None`` means the end is unknown."""
+
+    current: float = 0.0
+    total: float | None = None
+    message: str | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return max(0.0, min(1.0, self.current / self.total))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    """Why a task did not succeed.
+
+    ``carrier_may_run`` is the honest part: after a timeout that the task ignored, or a
+    lost supervisor, the code may still be running somewhere (threads cannot be killed).
+    """
+
+    kind: FailureKind
+    message: str
+    exception_type: str | None = None
+    carrier_may_run: bool = False
+
+
+_SNAPSHOT_TIMES = ("created_at", "started_at", "ended_at", "last_heartbeat_at", "lease_until")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSnapshot:
+    """The state of one task as one process knows it.
+
+    ``status_version`` grows by one per transition but the store may skip versions (a
+    write-through catch-up jumps several at once). ``lease_owner`` / ``lease_until`` are
+    written only through ``TaskStore.touch`` by the supervising process; ``save`` never
+    writes them.
+    """
+
+    task_id: str
+    name: str
+    status: TaskStatus
+    status_version: int
+    created_at: datetime
+    attempt: int = 0
+    tags: frozenset[str] = frozenset()
+    bucket: int | None = None
+    bucket_key: str | None = None
+    pipeline_run_id: str | None = None
+    owner: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
+    progress: Progress | None = None
+    failure: Failure | None = None
+    outcome: JSONValue = None
+    lease_owner: str | None = None
+    lease_until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        _normalise(self, _SNAPSHOT_TIMES)
+        if not isinstance(self.tags, frozenset):
+            object.__setattr__(self, "tags", frozenset(self.tags))
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status.is_terminal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """One status change, appended to the audit trail. ``from_status=None`` is creation."""
+
+    task_id: str
+    version: int
+    from_status: TaskStatus | None
+    to_status: TaskStatus
+    at: datetime
+    reason: str | None = None
+    actor: str | None = None
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("at",))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    """A control request for a task held by another process.
+
+    The store only carries it; the holder claims it (with a lease), acts, and completes it
+    with an ``outcome``. ``issued_by`` is the requesting controller's ``owner``.
+    """
+
+    command_id: str
+    task_id: str
+    action: CommandAction
+    created_at: datetime
+    issued_by: str | None = None
+    reason: str | None = None
+    lease_until: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: str | None = None
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("created_at", "lease_until", "finished_at"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskQuery:
+    """Filters for ``TaskStore.query``; every filter set must hold (AND).
+
+    ``tag`` matches one tag exactly (``io`` never matches ``ios``). Results are ordered by
+    ``created_at`` ascending, descending with ``newest_first``.
+    """
+
+    statuses: frozenset[TaskStatus] | None = None
+    name: str | None = None
+    name_prefix: str | None = None
+    tag: str | None = None
+    buckets: frozenset[int] | None = None
+    pipeline_run_id: str | None = None
+    limit: int | None = None
+    newest_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.statuses is not None and not isinstance(self.statuses, frozenset):
+            object.__setattr__(self, "statuses", frozenset(TaskStatus(s) for s in self.statuses))
+        if self.buckets is not None and not isinstance(self.buckets, frozenset):
+            object.__setattr__(self, "buckets", frozenset(self.buckets))
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"limit must be >= 0, got {self.limit}")
+
+    def matches(self, snapshot: TaskSnapshot) -> bool:
+        """Whether ``snapshot`` passes every filter (ordering and limit aside)."""
+        return (
+            (self.statuses is None or snapshot.status in self.statuses)
+            and (self.name is None or snapshot.name == self.name)
+            and (self.name_prefix is None or snapshot.name.startswith(self.name_prefix))
+            and (self.tag is None or self.tag in snapshot.tags)
+            and (self.buckets is None or snapshot.bucket in self.buckets)
+            and (self.pipeline_run_id is None or snapshot.pipeline_run_id == self.pipeline_run_id)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlReceipt:
+    """What a control call (stop/pause/resume/cancel) did.
+
+    ``accepted`` means a command was written for the process that holds the task: the
+    request is accepted, not yet carried out. Otherwise ``outcome`` says what happened
+    here and now (``stopping``, ``paused``, ``already-terminal``, ...).
+    """
+
+    task_id: str
+    action: CommandAction
+    outcome: str
+    command_id: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.command_id is not None

@@ -1,0 +1,116 @@
+"""Policies: which bucket a key lands in, and how long to wait before a retry.
+
+``BucketPolicy`` hashes with blake2b, never the built-in ``hash()``: CPython salts ``str``
+hashes per process, so the same key would land in different buckets in different
+processes, silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+
+DEFAULT_NUM_BUCKETS = 64
+
+
+class BucketPolicy:
+    """Maps a business key to one of ``num_buckets`` buckets, the same everywhere.
+
+    ``num_buckets`` is a deployment-wide agreement: nodes configured with different counts
+    put the same key in different buckets without any error.
+    """
+
+    __slots__ = ("num_buckets",)
+
+    def __init__(self, num_buckets: int = DEFAULT_NUM_BUCKETS) -> None:
+        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 1:
+            raise ConfigurationError(f"num_buckets must be a positive integer, got {num_buckets!r}")
+        self.num_buckets = num_buckets
+
+    def __repr__(self) -> str:
+        return f"BucketPolicy(num_buckets={self.num_buckets})"
+
+    def bucket_for(self, key: str) -> int:
+        digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % self.num_buckets
+
+    def validate(self, buckets: Iterable[int]) -> frozenset[int]:
+        """Return ``buckets`` as a set, or raise if any is outside ``0..num_buckets-1``."""
+        out = frozenset(buckets)
+        bad = sorted(
+            b
+            for b in out
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_buckets
+        )
+        if bad:
+            raise ConfigurationError(
+                f"bucket(s) {', '.join(map(str, bad))} out of range: with num_buckets="
+                f"{self.num_buckets} buckets are 0..{self.num_buckets - 1}"
+            )
+        return out
+
+
+def parse_buckets(spec: str, num_buckets: int) -> frozenset[int]:
+    """Parse ``"0-15,20"`` into a bucket set, validated against ``num_buckets``."""
+    buckets: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            raise ConfigurationError(f"empty item in bucket list {spec!r}")
+        low, dash, high = part.partition("-")
+        try:
+            start = int(low)
+            end = int(high) if dash else start
+        except ValueError:
+            raise ConfigurationError(
+                f"bad bucket range {part!r} in {spec!r}: use numbers like 0-15,20"
+            ) from None
+        if end < start:
+            raise ConfigurationError(f"bad bucket range {part!r}: {end} < {start}")
+        buckets.update(range(start, end + 1))
+    return BucketPolicy(num_buckets).validate(buckets)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: retry ``n`` waits about
+    ``min(max_delay, base_delay * factor ** (n - 1))``, spread by ``±jitter`` (a fraction).
+    """
+
+    retries: int = 0
+    base_delay: float = 1.0
+    factor: float = 2.0
+    max_delay: float = 300.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ConfigurationError(f"retries must be >= 0, got {self.retries}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.factor < 1:
+            raise ConfigurationError("backoff needs base_delay >= 0, max_delay >= 0, factor >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigurationError(f"jitter is a fraction in 0..1, got {self.jitter}")
+
+    def delay(self, retry: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        raw = min(self.max_delay, self.base_delay * self.factor ** max(0, retry - 1))
+        spread = (rng or random).uniform(-self.jitter, self.jitter)
+        return max(0.0, raw * (1.0 + spread))
+
+
+def format_buckets(buckets: Iterable[int]) -> str:
+    """``{0, 1, 2, 3, 20}`` -> ``"0-3,20"`` (the inverse of ``parse_buckets``)."""
+    ordered = sorted(set(buckets))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -1,0 +1,408 @@
+"""``TaskRun``: one task's lifecycle on its carrier thread, and the handle ``submit`` returns.
+
+Every status change goes through ``_apply``: ``states`` checks legality, the snapshot is
+replaced and a ``Transition`` made, and ``WriteThrough`` persists both, in that order,
+under the run's lock. Control calls (stop/pause/resume/cancel) arrive from any thread;
+the task thread hears them at its next ``checkpoint``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from . import states
+from .clock import Clock
+from .errors import ConcurrencyConflict, StopRequested, TaskUnsuccessful, WaitTimeout
+from .model import Failure, FailureKind, JSONValue, TaskSnapshot, Transition
+from .model import TaskStatus as S
+from .stores.codec import encode_json
+from .stores.protocol import TaskStore
+from .token import CancellationToken
+from .writethrough import WriteThrough
+
+if TYPE_CHECKING:
+    from .definitions import TaskDefinition
+
+log = logging.getLogger("chongming_task.run")
+
+_STOPPABLE = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
+
+
+class RunHost(Protocol):
+    """What a run needs from its controller."""
+
+    store: TaskStore
+    clock: Clock
+    owner: str
+    rng: random.Random
+    writethrough_buffer: int
+
+    def _on_terminal(self, run: TaskRun) -> None: ...
+
+    def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
+
+    def _on_behind(self, task_id: str) -> None: ...
+
+    def _requeue(self, run: TaskRun, delay: float) -> None: ...
+
+    def _abandon(self, run: TaskRun) -> None: ...
+
+
+class TaskRun:
+    """A submitted task: ``task_id``, ``wait()``, ``result()``, ``snapshot()``, control."""
+
+    def __init__(
+        self,
+        host: RunHost,
+        definition: TaskDefinition,
+        snapshot: TaskSnapshot,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self._host = host
+        self.definition = definition
+        self._args = args
+        self._kwargs = kwargs
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._snapshot = snapshot
+        self._history: list[Transition] = []
+        self.token = CancellationToken(snapshot.task_id, host.clock, on_pause_ack=self._ack_pause)
+        self._wt = WriteThrough(
+            host.store,
+            snapshot.task_id,
+            written_version=0,
+            buffer_limit=host.writethrough_buffer,
+            on_desync=host._on_desync,
+            on_behind=host._on_behind,
+        )
+        self.abandoned = False
+        self._deadline: float | None = None
+        self._grace_deadline: float | None = None
+        self._paused_at: float | None = None
+        self._flushed_activity = 0
+
+    def __repr__(self) -> str:
+        s = self._snapshot
+        return f"<TaskRun {s.task_id} {s.name} {s.status.value} v{s.status_version}>"
+
+    # -- the handle ------------------------------------------------------------------------------
+
+    @property
+    def task_id(self) -> str:
+        return self._snapshot.task_id
+
+    @property
+    def name(self) -> str:
+        return self._snapshot.name
+
+    @property
+    def status(self) -> S:
+        return self._snapshot.status
+
+    @property
+    def bucket(self) -> int | None:
+        return self._snapshot.bucket
+
+    def snapshot(self) -> TaskSnapshot:
+        """This process's view of the task, with the latest progress and heartbeat."""
+        with self._lock:
+            return self._refreshed(self._snapshot)
+
+    def history(self) -> list[Transition]:
+        """Every transition this process made, in order (the store's trail may be behind)."""
+        with self._lock:
+            return list(self._history)
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> TaskSnapshot:
+        """Block until the task is terminal; return its final snapshot.
+
+        Raises ``WaitTimeout`` if it is not terminal within ``timeout`` seconds.
+        """
+        if not self._done.wait(timeout):
+            raise WaitTimeout(
+                f"task {self.task_id} still {self._snapshot.status.value} after {timeout}s"
+            )
+        return self.snapshot()
+
+    def result(self, timeout: float | None = None) -> JSONValue:
+        """The task's return value; raises ``TaskUnsuccessful`` if it did not succeed."""
+        final = self.wait(timeout)
+        if final.status is not S.SUCCEEDED:
+            raise TaskUnsuccessful(final)
+        return final.outcome
+
+    # -- the one path every transition takes --------------------------------------------------
+
+    def _refreshed(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        """``refresh_activity``: the token's heartbeat and progress, which the background
+        loop writes via ``touch``, synced into the snapshot so a ``save`` never writes them
+        back older."""
+        _, progress, heartbeat = self.token.activity()
+        if progress is snapshot.progress and heartbeat is snapshot.last_heartbeat_at:
+            return snapshot
+        return replace(
+            snapshot,
+            progress=progress if progress is not None else snapshot.progress,
+            last_heartbeat_at=heartbeat if heartbeat is not None else snapshot.last_heartbeat_at,
+        )
+
+    def _apply(
+        self, to: S, *, reason: str | None = None, actor: str | None = None, **changes: Any
+    ) -> TaskSnapshot:
+        with self._lock:
+            current = self._snapshot
+            states.check(current.task_id, current.status, to)
+            now = self._host.clock.now()
+            version = current.status_version + 1
+            if to in states.TERMINAL and "ended_at" not in changes:
+                changes["ended_at"] = now
+            snapshot = replace(
+                self._refreshed(current), status=to, status_version=version, **changes
+            )
+            transition = Transition(
+                task_id=current.task_id,
+                version=version,
+                from_status=current.status,
+                to_status=to,
+                at=now,
+                reason=reason,
+                actor=actor or self._host.owner,
+            )
+            self._snapshot = snapshot
+            self._history.append(transition)
+            self._wt.persist(snapshot, transition)
+            if to in states.TERMINAL:
+                self._done.set()
+                self._host._on_terminal(self)
+            return snapshot
+
+    def _created(self, transition: Transition) -> None:
+        """The store accepted ``create``: record the creation transition."""
+        with self._lock:
+            self._history.append(transition)
+            self._wt.written_version = self._snapshot.status_version
+            self._wt.persist(self._snapshot, transition)
+
+    def _catch_up(self) -> bool:
+        """Retry buffered writes; returns whether the store is up to date."""
+        with self._lock:
+            if not self._wt.behind(self._snapshot):
+                return True
+            return self._wt.flush(self._refreshed(self._snapshot))
+
+    @property
+    def desynced(self) -> bool:
+        return self._wt.desynced
+
+    # -- the carrier: one attempt on a worker thread -------------------------------------------
+
+    def _execute(self) -> None:
+        host = self._host
+        with self._lock:
+            if self._snapshot.status is not S.QUEUED:
+                return  # cancelled or stopped while it waited
+            attempt = self._snapshot.attempt + 1
+            self.token.attempt = attempt
+            self._apply(
+                S.STARTING,
+                attempt=attempt,
+                started_at=host.clock.now(),
+                ended_at=None,
+                reason=f"attempt {attempt}",
+            )
+            if self.token.stop_requested:
+                self._finish_stopped()
+                return
+            self._apply(S.RUNNING)
+            if self.definition.timeout is not None:
+                self._deadline = host.clock.monotonic() + self.definition.timeout
+            if self.token.pause_requested:
+                self._apply(S.PAUSING, reason="pause requested before start")
+        try:
+            result = self.definition.func(self.token, *self._args, **self._kwargs)
+        except StopRequested:
+            with self._lock:
+                if not self._snapshot.is_terminal:
+                    self._finish_stopped()
+        except Exception as exc:
+            self._settle_failure(exc)
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: record, then re-raise
+            self._settle_failure(exc, retry=False)
+            raise
+        else:
+            self._settle(result)
+
+    def _settle(self, result: Any) -> None:
+        """Record a return value. It must be JSON: the store keeps it as ``outcome``, and a
+        value the write-through cannot encode once left the store at ``running`` while the
+        process said ``succeeded`` (distributed design §14.2). Validated *before* success."""
+        with self._lock:
+            if self._snapshot.is_terminal:
+                return  # abandoned after a timeout: this late result is not recorded
+            try:
+                encode_json(result)
+            except (TypeError, ValueError) as exc:
+                failure = Failure(
+                    kind=FailureKind.RESULT_INVALID,
+                    message=f"result is not JSON-serializable: {exc}",
+                    exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                )
+                self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
+                return
+            self._apply(S.SUCCEEDED, outcome=result, failure=None)
+
+    def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
+        with self._lock:
+            current = self._snapshot
+            if current.is_terminal:
+                return
+            failure = Failure(
+                kind=FailureKind.EXCEPTION,
+                message=f"{type(exc).__name__}: {exc}",
+                exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            )
+            policy = self.definition.retry
+            if retry and current.status is not S.STOPPING and current.attempt <= policy.retries:
+                delay = policy.delay(current.attempt, self._host.rng)
+                self._deadline = None
+                self._apply(
+                    S.QUEUED,
+                    failure=failure,
+                    reason=f"retry {current.attempt}/{policy.retries} in {delay:.3g}s after "
+                    f"{failure.message}",
+                )
+                self._host._requeue(self, delay)
+                return
+            self._apply(S.FAILED, failure=failure, reason=failure.message)
+
+    def _finish_stopped(self) -> None:
+        """The task obeyed a stop/cancel/timeout request. Caller holds the lock."""
+        kind = self.token.stop_kind
+        if self._snapshot.status in _STOPPABLE:
+            self._apply(S.STOPPING, reason="stop raised in the task")
+        if kind == "timeout":
+            timeout = self.definition.timeout
+            self._apply(
+                S.FAILED,
+                failure=Failure(
+                    kind=FailureKind.TIMEOUT,
+                    message=f"timed out after {timeout}s (the task stopped at a checkpoint)",
+                ),
+                reason="timeout",
+            )
+        elif kind == "cancel":
+            self._apply(S.CANCELLED, reason="cancelled while running")
+        else:
+            self._apply(S.STOPPED, reason="stopped at a checkpoint")
+
+    # -- control (any thread) ----------------------------------------------------------------
+
+    def _control_stop(self, kind: str, reason: str | None, actor: str | None) -> str:
+        cancel = kind == "cancel"
+        with self._lock:
+            status = self._snapshot.status
+            if status in states.TERMINAL:
+                return "already-terminal"
+            if status in states.WAITING:
+                self._apply(S.CANCELLED, reason=reason or f"{kind} before start", actor=actor)
+                return "cancelled"
+            if status is S.STOPPING:
+                return "already-stopping"
+            self.token.request_stop("cancel" if cancel else "stop", reason)
+            if status is S.STARTING:
+                return "stopping"  # the carrier sees the request before calling the function
+            self._apply(S.STOPPING, reason=reason or f"{kind} requested", actor=actor)
+            return "stopping"
+
+    def stop(self, reason: str | None = None, actor: str | None = None) -> str:
+        """Ask the task to stop at its next checkpoint; a waiting task is cancelled now."""
+        return self._control_stop("stop", reason, actor)
+
+    def cancel(self, reason: str | None = None, actor: str | None = None) -> str:
+        """Cancel: a waiting task never runs; a running one stops and ends ``cancelled``."""
+        return self._control_stop("cancel", reason, actor)
+
+    def pause(self, reason: str | None = None, actor: str | None = None) -> str:
+        """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint."""
+        with self._lock:
+            status = self._snapshot.status
+            if status in states.TERMINAL:
+                return "already-terminal"
+            if status in (S.PAUSING, S.PAUSED):
+                return "already-paused"
+            if status is S.STOPPING:
+                return "stopping"
+            if status is S.RUNNING:
+                self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
+                self.token.request_pause()
+                return "pausing"
+            self.token.request_pause()  # queued / starting: pauses as soon as it runs
+            return "pause-pending"
+
+    def resume(self, reason: str | None = None, actor: str | None = None) -> str:
+        with self._lock:
+            status = self._snapshot.status
+            if status in states.TERMINAL:
+                return "already-terminal"
+            if status is S.STOPPING:
+                return "stopping"
+            if status in (S.PAUSED, S.PAUSING):
+                if self._paused_at is not None and self._deadline is not None:
+                    self._deadline += self._host.clock.monotonic() - self._paused_at
+                self._paused_at = None
+                self._apply(S.RUNNING, reason=reason or "resumed", actor=actor)
+                self.token.resume()
+                return "resumed"
+            if self.token.pause_requested:
+                self.token.resume()
+                return "resumed"
+            return "not-paused"
+
+    def _ack_pause(self) -> None:
+        """Called by the token on the task thread: the task reached a checkpoint."""
+        with self._lock:
+            if self._snapshot.status is S.PAUSING:
+                self._paused_at = self._host.clock.monotonic()
+                self._apply(S.PAUSED, reason="acknowledged at a checkpoint")
+
+    # -- supervision ---------------------------------------------------------------------------
+
+    def _check_timeout(self, now: float) -> None:
+        """Called by the supervisor loop. Paused time does not count against the timeout."""
+        with self._lock:
+            status = self._snapshot.status
+            if status in states.TERMINAL or status is S.PAUSED:
+                return
+            if self._grace_deadline is not None:
+                if now >= self._grace_deadline:
+                    self._abandon_after_timeout()
+                return
+            if self._deadline is None or now < self._deadline or status not in _STOPPABLE:
+                return
+            timeout = self.definition.timeout
+            self._grace_deadline = now + self.definition.timeout_grace
+            self.token.request_stop("timeout", f"timed out after {timeout}s")
+            self._apply(S.STOPPING, reason=f"timeout after {timeout}s")
+
+    def _abandon_after_timeout(self) -> None:
+        timeout, grace = self.definition.timeout, self.definition.timeout_grace
+        self.abandoned = True
+        self._apply(
+            S.FAILED,
+            failure=Failure(
+                kind=FailureKind.TIMEOUT,
+                message=f"timed out after {timeout}s and did not stop within {grace}s; "
+                "its thread may still be running (threads cannot be killed)",
+                carrier_may_run=True,
+            ),
+            reason="timeout; carrier abandoned",
+        )
+        self._host._abandon(self)

@@ -1,0 +1,53 @@
+"""The one table of legal status transitions. Everything else asks this module.
+
+Reading the table: a task is created ``queued`` (or ``pending`` while it waits for
+pipeline dependencies), a worker takes it ``starting`` then ``running``; pause goes
+``pausing`` until the task acknowledges at a checkpoint (``paused``); stop and cancel of a
+running task go through ``stopping``; a retry sends it back to ``queued``. ``lost`` is
+written by ``reconcile()`` for a task whose supervisor vanished.
+"""
+
+from __future__ import annotations
+
+from .errors import IllegalTransition
+from .model import TaskStatus as S
+
+TERMINAL: frozenset[S] = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.CANCELLED, S.LOST})
+ACTIVE: frozenset[S] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING})
+"""Statuses in which a carrier (thread) is executing the task."""
+WAITING: frozenset[S] = frozenset({S.PENDING, S.QUEUED})
+NON_TERMINAL: frozenset[S] = ACTIVE | WAITING
+INITIAL: frozenset[S] = frozenset({S.PENDING, S.QUEUED})
+
+_LEGAL: dict[S, frozenset[S]] = {
+    S.PENDING: frozenset({S.QUEUED, S.CANCELLED, S.LOST}),
+    S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.LOST}),
+    S.STARTING: frozenset({S.RUNNING, S.STOPPED, S.CANCELLED, S.FAILED, S.LOST}),
+    S.RUNNING: frozenset({S.PAUSING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.QUEUED, S.LOST}),
+    S.PAUSING: frozenset(
+        {S.PAUSED, S.RUNNING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.QUEUED, S.LOST}
+    ),
+    S.PAUSED: frozenset({S.RUNNING, S.STOPPING, S.LOST}),
+    S.STOPPING: frozenset({S.STOPPED, S.CANCELLED, S.SUCCEEDED, S.FAILED, S.LOST}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.STOPPED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.LOST: frozenset(),
+}
+
+
+def is_legal(from_status: S, to_status: S) -> bool:
+    return to_status in _LEGAL[from_status]
+
+
+def check(task_id: str, from_status: S, to_status: S) -> None:
+    """Raise ``IllegalTransition`` unless ``from_status -> to_status`` is in the table."""
+    if to_status not in _LEGAL[from_status]:
+        raise IllegalTransition(
+            f"task {task_id}: {from_status.value} -> {to_status.value} is not a legal transition"
+        )
+
+
+def legal_targets(from_status: S) -> frozenset[S]:
+    return _LEGAL[from_status]

@@ -1,0 +1,269 @@
+"""Serialization between records and flat rows (column name -> primitive).
+
+Reuse these instead of writing your own: they carry the three hard rules of the store
+guide. Times are converted to UTC before they are stored (fixed-width ISO 8601, so text
+order is time order); the round trip is exact (``row_to_snapshot(snapshot_to_row(s)) ==
+s``); enums are written by ``.value``. Nested values (progress, failure, outcome) are JSON
+text; a relational store keeps each row as is, a document store as a sub-object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ..model import (
+    Command,
+    CommandAction,
+    Failure,
+    FailureKind,
+    Progress,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    utc,
+)
+
+Primitive = str | int | float | bool | None
+Row = dict[str, Primitive]
+
+TASK_COLUMNS: tuple[str, ...] = (
+    "task_id",
+    "name",
+    "status",
+    "status_version",
+    "attempt",
+    "tags",
+    "bucket",
+    "bucket_key",
+    "pipeline_run_id",
+    "owner",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "last_heartbeat_at",
+    "progress",
+    "failure",
+    "outcome",
+    "lease_owner",
+    "lease_until",
+)
+LEASE_COLUMNS: tuple[str, ...] = ("lease_owner", "lease_until")
+SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in TASK_COLUMNS if c not in LEASE_COLUMNS)
+"""What ``save`` writes: everything but the lease, which only ``touch`` writes."""
+
+TRANSITION_COLUMNS: tuple[str, ...] = (
+    "task_id",
+    "version",
+    "from_status",
+    "to_status",
+    "at",
+    "reason",
+    "actor",
+)
+COMMAND_COLUMNS: tuple[str, ...] = (
+    "command_id",
+    "task_id",
+    "action",
+    "issued_by",
+    "created_at",
+    "reason",
+    "lease_until",
+    "finished_at",
+    "outcome",
+)
+
+_DT_FORMAT = "%Y-%m-%dT%H:%M:%S.%f+00:00"
+
+
+def encode_dt(value: datetime | None) -> str | None:
+    """UTC, fixed-width ISO 8601 text; ``None`` stays ``None``. Naive input is rejected."""
+    if value is None:
+        return None
+    return utc(value).strftime(_DT_FORMAT)
+
+
+def decode_dt(value: str | datetime | None) -> datetime | None:
+    """Inverse of ``encode_dt``; also accepts an aware ``datetime`` (native driver types)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return utc(value)
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"stored time {value!r} has no zone; stores keep UTC")
+    return parsed.astimezone(UTC)
+
+
+def encode_tags(tags: Iterable[str]) -> str:
+    """Tags as a sorted JSON array (exact matching can then test array membership)."""
+    return json.dumps(sorted(tags), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_tags(value: str | list[str] | None) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, list):
+        return frozenset(value)
+    return frozenset(json.loads(value))
+
+
+def encode_json(value: Any) -> str | None:
+    """Strict JSON text (no NaN/Infinity); ``None`` stays ``None`` (SQL NULL)."""
+    if value is None:
+        return None
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def decode_json(value: Any) -> Any:
+    if value is None or not isinstance(value, str | bytes):
+        return value  # already decoded by the driver (e.g. JSONB)
+    return json.loads(value)
+
+
+def encode_progress(progress: Progress | None) -> str | None:
+    if progress is None:
+        return None
+    return encode_json(
+        {"current": progress.current, "total": progress.total, "message": progress.message}
+    )
+
+
+def decode_progress(value: Any) -> Progress | None:
+    data = decode_json(value)
+    if data is None:
+        return None
+    return Progress(current=data["current"], total=data.get("total"), message=data.get("message"))
+
+
+def encode_failure(failure: Failure | None) -> str | None:
+    if failure is None:
+        return None
+    return encode_json(
+        {
+            "kind": failure.kind.value,
+            "message": failure.message,
+            "exception_type": failure.exception_type,
+            "carrier_may_run": failure.carrier_may_run,
+        }
+    )
+
+
+def decode_failure(value: Any) -> Failure | None:
+    data = decode_json(value)
+    if data is None:
+        return None
+    return Failure(
+        kind=FailureKind(data["kind"]),
+        message=data["message"],
+        exception_type=data.get("exception_type"),
+        carrier_may_run=bool(data.get("carrier_may_run", False)),
+    )
+
+
+def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
+    return {
+        "task_id": snapshot.task_id,
+        "name": snapshot.name,
+        "status": snapshot.status.value,
+        "status_version": snapshot.status_version,
+        "attempt": snapshot.attempt,
+        "tags": encode_tags(snapshot.tags),
+        "bucket": snapshot.bucket,
+        "bucket_key": snapshot.bucket_key,
+        "pipeline_run_id": snapshot.pipeline_run_id,
+        "owner": snapshot.owner,
+        "created_at": encode_dt(snapshot.created_at),
+        "started_at": encode_dt(snapshot.started_at),
+        "ended_at": encode_dt(snapshot.ended_at),
+        "last_heartbeat_at": encode_dt(snapshot.last_heartbeat_at),
+        "progress": encode_progress(snapshot.progress),
+        "failure": encode_failure(snapshot.failure),
+        "outcome": encode_json(snapshot.outcome),
+        "lease_owner": snapshot.lease_owner,
+        "lease_until": encode_dt(snapshot.lease_until),
+    }
+
+
+def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
+    created_at = decode_dt(row["created_at"])
+    assert created_at is not None, "created_at is NOT NULL in every store"
+    return TaskSnapshot(
+        task_id=row["task_id"],
+        name=row["name"],
+        status=TaskStatus(row["status"]),
+        status_version=int(row["status_version"]),
+        attempt=int(row["attempt"]),
+        tags=decode_tags(row["tags"]),
+        bucket=row["bucket"],
+        bucket_key=row["bucket_key"],
+        pipeline_run_id=row["pipeline_run_id"],
+        owner=row["owner"],
+        created_at=created_at,
+        started_at=decode_dt(row["started_at"]),
+        ended_at=decode_dt(row["ended_at"]),
+        last_heartbeat_at=decode_dt(row["last_heartbeat_at"]),
+        progress=decode_progress(row["progress"]),
+        failure=decode_failure(row["failure"]),
+        outcome=decode_json(row["outcome"]),
+        lease_owner=row["lease_owner"],
+        lease_until=decode_dt(row["lease_until"]),
+    )
+
+
+def transition_to_row(transition: Transition) -> Row:
+    return {
+        "task_id": transition.task_id,
+        "version": transition.version,
+        "from_status": transition.from_status.value if transition.from_status else None,
+        "to_status": transition.to_status.value,
+        "at": encode_dt(transition.at),
+        "reason": transition.reason,
+        "actor": transition.actor,
+    }
+
+
+def row_to_transition(row: Mapping[str, Any]) -> Transition:
+    at = decode_dt(row["at"])
+    assert at is not None
+    return Transition(
+        task_id=row["task_id"],
+        version=int(row["version"]),
+        from_status=TaskStatus(row["from_status"]) if row["from_status"] else None,
+        to_status=TaskStatus(row["to_status"]),
+        at=at,
+        reason=row["reason"],
+        actor=row["actor"],
+    )
+
+
+def command_to_row(command: Command) -> Row:
+    return {
+        "command_id": command.command_id,
+        "task_id": command.task_id,
+        "action": command.action.value,
+        "issued_by": command.issued_by,
+        "created_at": encode_dt(command.created_at),
+        "reason": command.reason,
+        "lease_until": encode_dt(command.lease_until),
+        "finished_at": encode_dt(command.finished_at),
+        "outcome": command.outcome,
+    }
+
+
+def row_to_command(row: Mapping[str, Any]) -> Command:
+    created_at = decode_dt(row["created_at"])
+    assert created_at is not None
+    return Command(
+        command_id=row["command_id"],
+        task_id=row["task_id"],
+        action=CommandAction(row["action"]),
+        issued_by=row["issued_by"],
+        created_at=created_at,
+        reason=row["reason"],
+        lease_until=decode_dt(row["lease_until"]),
+        finished_at=decode_dt(row["finished_at"]),
+        outcome=row["outcome"],
+    )

@@ -1,0 +1,401 @@
+"""``SqliteTaskStore``: the default store, shared safely by processes on one machine.
+
+One connection per store, opened with ``check_same_thread=False`` and guarded by our own
+lock; WAL so readers never block the writer; ``BEGIN IMMEDIATE`` where a read decides a
+write (claims, prune), and single conditional statements elsewhere (``save`` is one
+``UPDATE ... WHERE status_version = ?``). Not for sharing across machines: network file
+systems do not give SQLite reliable locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
+from ..states import TERMINAL
+from . import codec
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id           TEXT PRIMARY KEY,
+    name              TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    status_version    INTEGER NOT NULL,
+    attempt           INTEGER NOT NULL,
+    tags              TEXT NOT NULL,
+    bucket            INTEGER,
+    bucket_key        TEXT,
+    pipeline_run_id   TEXT,
+    owner             TEXT,
+    created_at        TEXT NOT NULL,
+    started_at        TEXT,
+    ended_at          TEXT,
+    last_heartbeat_at TEXT,
+    progress          TEXT,
+    failure           TEXT,
+    outcome           TEXT,
+    lease_owner       TEXT,
+    lease_until       TEXT
+);
+CREATE INDEX IF NOT EXISTS idx_tasks_status ON tasks (status);
+CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON tasks (bucket);
+CREATE INDEX IF NOT EXISTS idx_tasks_created_at ON tasks (created_at);
+CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
+    WHERE pipeline_run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS transitions (
+    task_id     TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    from_status TEXT,
+    to_status   TEXT NOT NULL,
+    at          TEXT NOT NULL,
+    reason      TEXT,
+    actor       TEXT,
+    PRIMARY KEY (task_id, version)
+);
+CREATE TABLE IF NOT EXISTS commands (
+    command_id  TEXT PRIMARY KEY,
+    task_id     TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    issued_by   TEXT,
+    created_at  TEXT NOT NULL,
+    reason      TEXT,
+    lease_until TEXT,
+    finished_at TEXT,
+    outcome     TEXT
+);
+CREATE INDEX IF NOT EXISTS idx_commands_open ON commands (created_at)
+    WHERE finished_at IS NULL;
+"""
+
+_COLS = ", ".join(codec.TASK_COLUMNS)
+_INSERT_TASK = f"INSERT INTO tasks ({_COLS}) VALUES ({', '.join('?' * len(codec.TASK_COLUMNS))})"
+# save = every column but the lease columns (store guide §2.3).
+_SAVE_TASK = (
+    "UPDATE tasks SET "
+    + ", ".join(f"{c} = ?" for c in codec.SAVE_COLUMNS if c != "task_id")
+    + " WHERE task_id = ? AND status_version = ?"
+)
+_SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
+_GET_TASK = f"SELECT {_COLS} FROM tasks WHERE task_id = ?"
+_TOUCH_TASK = (
+    "UPDATE tasks SET progress = COALESCE(?, progress),"
+    " last_heartbeat_at = COALESCE(?, last_heartbeat_at),"
+    " lease_owner = COALESCE(?, lease_owner), lease_until = COALESCE(?, lease_until)"
+    " WHERE task_id = ?"
+)
+_TR_COLS = ", ".join(codec.TRANSITION_COLUMNS)
+_APPEND = (
+    f"INSERT OR IGNORE INTO transitions ({_TR_COLS}) "
+    f"VALUES ({', '.join('?' * len(codec.TRANSITION_COLUMNS))})"
+)
+_HISTORY = f"SELECT {_TR_COLS} FROM transitions WHERE task_id = ? AND version > ? ORDER BY version"
+_CMD_COLS = ", ".join(codec.COMMAND_COLUMNS)
+_INSERT_COMMAND = (
+    f"INSERT INTO commands ({_CMD_COLS}) VALUES ({', '.join('?' * len(codec.COMMAND_COLUMNS))})"
+)
+_CLAIMABLE = (
+    f"SELECT {_CMD_COLS} FROM commands WHERE finished_at IS NULL"
+    " AND (lease_until IS NULL OR lease_until <= ?) ORDER BY created_at, rowid LIMIT ?"
+)
+_LEASE_COMMAND = "UPDATE commands SET lease_until = ? WHERE command_id = ?"
+_COMPLETE_COMMAND = (
+    "UPDATE commands SET finished_at = ?, outcome = ?, lease_until = NULL WHERE command_id = ?"
+)
+_RELEASE_COMMAND = (
+    "UPDATE commands SET lease_until = NULL WHERE command_id = ? AND finished_at IS NULL"
+)
+_TERMINAL_VALUES = tuple(sorted(s.value for s in TERMINAL))
+_TERMINAL_IN = ", ".join("?" * len(_TERMINAL_VALUES))
+_PRUNABLE = (
+    f"SELECT task_id FROM tasks WHERE status IN ({_TERMINAL_IN})"
+    " ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?"
+)
+
+
+class SqliteTaskStore:
+    """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
+
+    ``create=False`` refuses to create a missing file: read-only tools should say "no
+    such database" rather than silently show an empty one.
+    """
+
+    def __init__(
+        self, path: str | Path = "chongming-task.db", *, create: bool = True, timeout: float = 30.0
+    ) -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._closed = False
+        memory = self.path == ":memory:"
+        if not memory and not create and not Path(self.path).exists():
+            raise StoreError(f"no database at {self.path}")
+        try:
+            self._conn = sqlite3.connect(
+                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        try:
+            with self._guard("open"):
+                self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+                if not memory:
+                    self._conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode survives process crashes; only an OS crash or power
+                # loss may drop the last commits.
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._migrate()
+        except StoreError:
+            self._conn.close()
+            self._closed = True
+            raise
+
+    def __repr__(self) -> str:
+        return f"SqliteTaskStore({self.path!r})"
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        """Turn sqlite3's errors into ``StoreError`` naming the file."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            message = str(exc)
+            if "file is not a database" in message or "malformed" in message:
+                raise StoreError(
+                    f"{self.path} is not a usable SQLite database ({message})"
+                ) from exc
+            raise StoreError(f"SQLite {what} failed on {self.path}: {message}") from exc
+
+    @contextlib.contextmanager
+    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"SqliteTaskStore({self.path}) is closed")
+            with self._guard(what):
+                yield self._conn
+
+    @contextlib.contextmanager
+    def _immediate(self, what: str) -> Iterator[sqlite3.Connection]:
+        """A write transaction taken up front, so a read that decides a write is atomic."""
+        with self._locked(what) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}, newer than this "
+                    f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @staticmethod
+    def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
+        return codec.row_to_snapshot(dict(zip(codec.TASK_COLUMNS, row, strict=True)))
+
+    # -- task snapshots -------------------------------------------------------------------------
+
+    def create(self, snapshot: TaskSnapshot) -> None:
+        row = codec.snapshot_to_row(snapshot)
+        try:
+            with self._locked("create") as conn:
+                conn.execute(_INSERT_TASK, [row[c] for c in codec.TASK_COLUMNS])
+        except StoreError as exc:
+            if isinstance(exc.__cause__, sqlite3.IntegrityError):
+                raise TaskAlreadyExists(f"task {snapshot.task_id} already exists") from exc
+            raise
+
+    def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
+        row = codec.snapshot_to_row(snapshot)
+        params = [row[c] for c in _SAVE_VALUE_COLUMNS]
+        params += [snapshot.task_id, expect_version]
+        with self._locked("save") as conn:
+            updated = conn.execute(_SAVE_TASK, params).rowcount
+            if updated == 1:
+                return
+            found = conn.execute(
+                "SELECT status_version FROM tasks WHERE task_id = ?", (snapshot.task_id,)
+            ).fetchone()
+        stored = "nothing" if found is None else f"version {found[0]}"
+        raise ConcurrencyConflict(
+            f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
+        )
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        with self._locked("get") as conn:
+            row = conn.execute(_GET_TASK, (task_id,)).fetchone()
+        return None if row is None else self._snapshot(row)
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        sql, params = _query_sql(query or TaskQuery())
+        with self._locked("query") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [self._snapshot(r) for r in rows]
+
+    def explain_query(self, query: TaskQuery | None = None) -> list[str]:
+        """SQLite's plan for ``query(query)``: proof that a filter uses its index."""
+        sql, params = _query_sql(query or TaskQuery())
+        with self._locked("explain") as conn:
+            return [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+    def counts(self) -> dict[TaskStatus, int]:
+        with self._locked("counts") as conn:
+            rows = conn.execute("SELECT status, COUNT(*) FROM tasks GROUP BY status").fetchall()
+        return {TaskStatus(status): n for status, n in rows}
+
+    # -- audit trail ------------------------------------------------------------------------------
+
+    def append(self, transition: Transition) -> None:
+        row = codec.transition_to_row(transition)
+        with self._locked("append") as conn:
+            conn.execute(_APPEND, [row[c] for c in codec.TRANSITION_COLUMNS])
+
+    def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
+        with self._locked("history") as conn:
+            rows = conn.execute(_HISTORY, (task_id, since_version)).fetchall()
+        return [
+            codec.row_to_transition(dict(zip(codec.TRANSITION_COLUMNS, r, strict=True)))
+            for r in rows
+        ]
+
+    # -- side channel -----------------------------------------------------------------------------
+
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> None:
+        if (
+            progress is None
+            and heartbeat_at is None
+            and lease_owner is None
+            and lease_until is None
+        ):
+            return
+        params = (
+            codec.encode_progress(progress),
+            codec.encode_dt(heartbeat_at),
+            lease_owner,
+            codec.encode_dt(lease_until),
+            task_id,
+        )
+        with self._locked("touch") as conn:
+            conn.execute(_TOUCH_TASK, params)
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def submit_command(self, command: Command) -> None:
+        row = codec.command_to_row(command)
+        with self._locked("submit_command") as conn:
+            conn.execute(_INSERT_COMMAND, [row[c] for c in codec.COMMAND_COLUMNS])
+
+    def claim_commands(
+        self, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        now = utc(now, "now")
+        until = codec.encode_dt(now + timedelta(seconds=lease_seconds))
+        with self._immediate("claim_commands") as conn:
+            rows = conn.execute(_CLAIMABLE, (codec.encode_dt(now), limit)).fetchall()
+            conn.executemany(_LEASE_COMMAND, [(until, r[0]) for r in rows])
+        claimed = []
+        for r in rows:
+            row = dict(zip(codec.COMMAND_COLUMNS, r, strict=True))
+            row["lease_until"] = until
+            claimed.append(codec.row_to_command(row))
+        return claimed
+
+    def complete_command(
+        self, command_id: str, *, now: datetime, outcome: str | None = None
+    ) -> None:
+        with self._locked("complete_command") as conn:
+            conn.execute(_COMPLETE_COMMAND, (codec.encode_dt(now), outcome, command_id))
+
+    def release_command(self, command_id: str, *, now: datetime) -> None:
+        with self._locked("release_command") as conn:
+            conn.execute(_RELEASE_COMMAND, (command_id,))
+
+    # -- operations -------------------------------------------------------------------------------
+
+    def prune(self, *, keep_terminal: int) -> int:
+        if keep_terminal < 0:
+            raise ValueError(f"keep_terminal must be >= 0, got {keep_terminal}")
+        with self._immediate("prune") as conn:
+            doomed = [(r[0],) for r in conn.execute(_PRUNABLE, (*_TERMINAL_VALUES, keep_terminal))]
+            conn.executemany("DELETE FROM transitions WHERE task_id = ?", doomed)
+            conn.executemany(
+                "DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL", doomed
+            )
+            conn.executemany("DELETE FROM tasks WHERE task_id = ?", doomed)
+        return len(doomed)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._conn.close()
+
+
+def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
+    """The SELECT for a ``TaskQuery``: fixed fragments, values always bound as parameters."""
+    where: list[str] = []
+    params: list[Any] = []
+    if query.statuses is not None:
+        where.append(f"status IN ({', '.join('?' * len(query.statuses))})")
+        params.extend(sorted(s.value for s in query.statuses))
+    if query.name is not None:
+        where.append("name = ?")
+        params.append(query.name)
+    if query.name_prefix is not None:
+        where.append("substr(name, 1, ?) = ?")
+        params.extend((len(query.name_prefix), query.name_prefix))
+    if query.tag is not None:
+        where.append("EXISTS (SELECT 1 FROM json_each(tasks.tags) WHERE json_each.value = ?)")
+        params.append(query.tag)
+    if query.buckets is not None:
+        where.append(f"bucket IN ({', '.join('?' * len(query.buckets))})")
+        params.extend(sorted(query.buckets))
+    if query.pipeline_run_id is not None:
+        where.append("pipeline_run_id = ?")
+        params.append(query.pipeline_run_id)
+    sql = f"SELECT {_COLS} FROM tasks"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += (
+        " ORDER BY created_at DESC, rowid DESC"
+        if query.newest_first
+        else (" ORDER BY created_at, rowid")
+    )
+    if query.limit is not None:
+        sql += " LIMIT ?"
+        params.append(query.limit)
+    return sql, params

@@ -1,0 +1,145 @@
+"""``CancellationToken``: how a running task hears stop and pause, and reports progress.
+
+The task calls ``checkpoint()`` regularly. A checkpoint records the heartbeat and
+progress, raises ``StopRequested`` when a stop, cancel or timeout was asked for, and blocks
+while the task is paused, acknowledging the pause first. Requests come from any thread.
+
+Acknowledgement is driven by a pause generation, not a one-shot flag: a pause requested
+again right after a resume, while the task thread is still inside the wait loop, is
+acknowledged too (the old ``_ack`` defect left the second pause unacknowledged forever).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Literal
+
+from .clock import Clock
+from .errors import StopRequested
+from .model import Progress
+
+StopKind = Literal["stop", "cancel", "timeout"]
+
+
+class CancellationToken:
+    """Cooperative control for one task; passed as the task function's first argument."""
+
+    def __init__(
+        self,
+        task_id: str,
+        clock: Clock,
+        *,
+        on_pause_ack: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.task_id = task_id
+        self.attempt = 0
+        self._clock = clock
+        self._on_pause_ack = on_pause_ack
+        # Re-entrant so a regression test can hold it across resume() + request_pause().
+        self._cond = threading.Condition(threading.RLock())
+        self._stop_kind: StopKind | None = None
+        self._stop_reason: str | None = None
+        self._pause_requested = False
+        self._pause_generation = 0
+        self._acked_generation = 0
+        self._progress: Progress | None = None
+        self._heartbeat: datetime | None = None
+        self._activity = 0  # bumped on every checkpoint; the flusher compares it
+
+    # -- what the task calls ---------------------------------------------------------------------
+
+    def checkpoint(self, progress: Progress | float | None = None) -> None:
+        """Record a heartbeat (and progress), then obey any stop or pause request.
+
+        ``progress`` is a ``Progress`` or a plain number (``current``, total unknown).
+        Raises ``StopRequested`` when asked to stop; let it propagate.
+        """
+        now = self._clock.now()
+        with self._cond:
+            self._heartbeat = now
+            if progress is not None:
+                self._progress = (
+                    progress if isinstance(progress, Progress) else Progress(current=progress)
+                )
+            self._activity += 1
+            if self._stop_kind is not None:
+                raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
+            if not self._pause_requested:
+                return
+        self._wait_while_paused()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds`` of real time, waking at once to raise on a stop request.
+
+        Ends with a ``checkpoint()``, so a pause requested meanwhile is honoured too.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self._stop_kind is not None, timeout=seconds)
+        self.checkpoint()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_kind is not None
+
+    @property
+    def pause_requested(self) -> bool:
+        return self._pause_requested
+
+    @property
+    def stop_kind(self) -> StopKind | None:
+        return self._stop_kind
+
+    @property
+    def progress(self) -> Progress | None:
+        return self._progress
+
+    @property
+    def heartbeat_at(self) -> datetime | None:
+        return self._heartbeat
+
+    # -- what the runtime calls (any thread) -------------------------------------------------------
+
+    def request_stop(self, kind: StopKind = "stop", reason: str | None = None) -> None:
+        with self._cond:
+            if self._stop_kind is None:
+                self._stop_kind = kind
+                self._stop_reason = reason
+            self._cond.notify_all()
+
+    def request_pause(self) -> None:
+        with self._cond:
+            self._pause_requested = True
+            self._pause_generation += 1
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._pause_requested = False
+            self._cond.notify_all()
+
+    def activity(self) -> tuple[int, Progress | None, datetime | None]:
+        with self._cond:
+            return self._activity, self._progress, self._heartbeat
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _wait_while_paused(self) -> None:
+        while True:
+            with self._cond:
+                if self._stop_kind is not None:
+                    raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
+                if not self._pause_requested:
+                    return
+                generation = self._pause_generation
+            self._on_pause_ack()  # pausing -> paused, outside our lock (it takes the run's)
+            with self._cond:
+                self._acked_generation = generation
+                self._cond.wait_for(
+                    lambda: (
+                        self._stop_kind is not None
+                        or not self._pause_requested
+                        or self._pause_generation != self._acked_generation
+                    )
+                )

@@ -1,0 +1,114 @@
+"""Write-through of one task's transitions to the store, surviving failed writes.
+
+The version expected by ``save`` is the version *last actually written*, never "this
+version minus one": that formula assumed every earlier write had landed, so one failed
+write froze the task in the store for good (distributed design §14.1). Transitions whose
+write failed wait in a bounded buffer and land with the next transition, from the
+supervisor loop, or at ``close()``; the store then jumps several versions at once. A
+conflict against the version actually written means another writer changed the task:
+write-through stops for that task and the controller lists it in ``desynced_tasks``.
+
+Order: ``save`` first, then ``append``. Only the writer whose CAS succeeded records the
+version in the audit trail, so a losing writer never leaves a transition behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from .errors import ConcurrencyConflict
+from .model import TaskSnapshot, Transition
+from .stores.protocol import TaskStore
+
+log = logging.getLogger("chongming_task.writethrough")
+
+
+class WriteThrough:
+    """Persists one task. Not thread-safe: the owning ``TaskRun`` calls it under its lock."""
+
+    __slots__ = (
+        "_buffer",
+        "_on_behind",
+        "_on_desync",
+        "_store",
+        "desynced",
+        "dropped",
+        "task_id",
+        "written_version",
+    )
+
+    def __init__(
+        self,
+        store: TaskStore,
+        task_id: str,
+        *,
+        written_version: int,
+        buffer_limit: int,
+        on_desync: Callable[[str, ConcurrencyConflict], None],
+        on_behind: Callable[[str], None],
+    ) -> None:
+        self._store = store
+        self.task_id = task_id
+        self.written_version = written_version
+        self._buffer: deque[Transition] = deque(maxlen=buffer_limit)
+        self._on_desync = on_desync
+        self._on_behind = on_behind
+        self.desynced = False
+        self.dropped = 0
+
+    @property
+    def pending(self) -> int:
+        """Transitions not yet in the store."""
+        return len(self._buffer)
+
+    def behind(self, snapshot: TaskSnapshot) -> bool:
+        return not self.desynced and (
+            bool(self._buffer) or snapshot.status_version != self.written_version
+        )
+
+    def persist(self, snapshot: TaskSnapshot, transition: Transition) -> bool:
+        """Write ``snapshot`` and ``transition`` (and anything still buffered).
+
+        Returns whether the store is now up to date. Never raises for store failures.
+        """
+        if self.desynced:
+            return False
+        if len(self._buffer) == self._buffer.maxlen:
+            self.dropped += 1
+            log.error(
+                "task %s: write-through buffer full; the oldest unwritten transition is "
+                "dropped from the audit trail (the snapshot will still catch up)",
+                self.task_id,
+            )
+        self._buffer.append(transition)
+        return self.flush(snapshot)
+
+    def flush(self, snapshot: TaskSnapshot) -> bool:
+        """Bring the store up to ``snapshot``. Returns whether it is now up to date."""
+        if self.desynced:
+            return False
+        try:
+            if snapshot.status_version != self.written_version:
+                self._store.save(snapshot, expect_version=self.written_version)
+                self.written_version = snapshot.status_version
+            while self._buffer:
+                self._store.append(self._buffer[0])
+                self._buffer.popleft()
+        except ConcurrencyConflict as exc:
+            self.desynced = True
+            self._buffer.clear()
+            self._on_desync(self.task_id, exc)
+            return False
+        except Exception as exc:
+            log.warning(
+                "task %s: write-through failed (%s: %s); %d transition(s) buffered, will catch up",
+                self.task_id,
+                type(exc).__name__,
+                exc,
+                len(self._buffer),
+            )
+            self._on_behind(self.task_id)
+            return False
+        return True
