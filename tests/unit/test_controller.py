@@ -84,7 +84,9 @@ def test_get_and_control_of_an_unknown_task_raise_task_not_found(make_controller
         c.stop("missing")
 
 
-def test_stop_a_running_task_at_its_next_checkpoint(store: TaskStore, make_controller: Make) -> None:
+def test_stop_a_running_task_at_its_next_checkpoint(
+    store: TaskStore, make_controller: Make
+) -> None:
     c = make_controller(store)
     started = threading.Event()
     run = c.submit(c.task(looping, name="loop"), started)
@@ -157,7 +159,13 @@ def test_pause_blocks_at_a_checkpoint_and_resume_continues(
     release.set()
     assert run.result(5) > frozen
     assert statuses(c, run.task_id) == [
-        S.QUEUED, S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.RUNNING, S.SUCCEEDED
+        S.QUEUED,
+        S.STARTING,
+        S.RUNNING,
+        S.PAUSING,
+        S.PAUSED,
+        S.RUNNING,
+        S.SUCCEEDED,
     ]
 
 
@@ -386,7 +394,9 @@ def test_a_save_never_writes_an_older_heartbeat_than_touch_did(make_controller: 
         go_on.wait(5)
 
     run = c.submit(work)
-    wait_until(lambda: (s := store.get(run.task_id)) is not None and s.last_heartbeat_at is not None)
+    wait_until(
+        lambda: (s := store.get(run.task_id)) is not None and s.last_heartbeat_at is not None
+    )
     touched = store.get(run.task_id)
     assert touched is not None
     c.pause(run.task_id)  # a save while the task does not checkpoint

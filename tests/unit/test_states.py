@@ -4,8 +4,7 @@ from datetime import datetime
 
 import pytest
 
-from chongming_task import IllegalTransition, TaskSnapshot, TaskStatus
-from chongming_task import states
+from chongming_task import IllegalTransition, TaskSnapshot, TaskStatus, states
 
 
 def test_every_status_has_a_row_and_terminal_ones_lead_nowhere() -> None:
