@@ -1,18 +1,26 @@
 """The ready queue between ``submit`` and the worker threads.
 
-One FIFO per bucket, served round-robin, so one tenant's backlog in one bucket cannot
-starve another bucket; ``max_parallel_per_bucket`` caps how many of a bucket's tasks run
-at once. Retries wait in a delay heap until their backoff has passed (read from the
-injectable clock, re-checked at least every ``tick`` seconds so a fake clock is noticed).
+Two shapes, one interface:
+
+* ``FifoDispatcher`` (no per-bucket limit): a C-level ``SimpleQueue``; first come, first
+  served, so no bucket can starve another.
+* ``FairDispatcher`` (``max_parallel_per_bucket`` set): one FIFO per bucket, served
+  round-robin, at most N running per bucket, so one tenant's backlog in one bucket does not
+  starve another bucket.
+
+Retries wait in a delay heap until their backoff has passed, read from the injectable
+clock. Due retries are released by the workers when they look for work and by the
+supervisor on every tick, so a fake clock is noticed too.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import queue
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .clock import Clock
 
@@ -20,19 +28,103 @@ if TYPE_CHECKING:
     from .run import TaskRun
 
 
-class Dispatcher:
-    def __init__(
-        self, clock: Clock, *, max_parallel_per_bucket: int | None, tick: float = 0.05
-    ) -> None:
+class Dispatcher(Protocol):
+    def put(self, run: TaskRun) -> None: ...
+
+    def schedule(self, run: TaskRun, delay: float) -> None:
+        """Make ``run`` ready after ``delay`` seconds (a retry's backoff)."""
+
+    def get(self) -> TaskRun | None:
+        """Block until a run may start; ``None`` once closed."""
+
+    def done(self, run: TaskRun) -> None:
+        """The carrier finished with ``run`` (whatever its outcome)."""
+
+    def release_due(self) -> None:
+        """Move retries whose backoff has passed to the ready queue."""
+
+    def close(self) -> None: ...
+
+
+class _DelayHeap:
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
+        self._lock = threading.Lock()
+        self._heap: list[tuple[float, int, TaskRun]] = []
+        self._seq = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def push(self, run: TaskRun, delay: float) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (self._clock.monotonic() + delay, next(self._seq), run))
+
+    def pop_due(self) -> list[TaskRun]:
+        if not self._heap:
+            return []
+        now = self._clock.monotonic()
+        due: list[TaskRun] = []
+        with self._lock:
+            while self._heap and self._heap[0][0] <= now:
+                due.append(heapq.heappop(self._heap)[2])
+        return due
+
+
+_WAKE = object()
+_CLOSE = object()
+
+
+class FifoDispatcher:
+    def __init__(self, clock: Clock, *, tick: float = 0.05) -> None:
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._delayed = _DelayHeap(clock)
+        self._tick = tick
+
+    def put(self, run: TaskRun) -> None:
+        self._queue.put(run)
+
+    def schedule(self, run: TaskRun, delay: float) -> None:
+        if delay <= 0:
+            self._queue.put(run)
+            return
+        self._delayed.push(run, delay)
+        self._queue.put(_WAKE)  # a blocked worker starts watching the delay heap
+
+    def get(self) -> TaskRun | None:
+        while True:
+            self.release_due()
+            try:
+                item = self._queue.get(timeout=self._tick if self._delayed else None)
+            except queue.Empty:
+                continue
+            if item is _WAKE:
+                continue
+            if item is _CLOSE:
+                self._queue.put(_CLOSE)  # pass it on to the next worker
+                return None
+            return item  # type: ignore[return-value]
+
+    def done(self, run: TaskRun) -> None:
+        pass
+
+    def release_due(self) -> None:
+        for run in self._delayed.pop_due():
+            self._queue.put(run)
+
+    def close(self) -> None:
+        self._queue.put(_CLOSE)
+
+
+class FairDispatcher:
+    def __init__(self, clock: Clock, *, max_parallel_per_bucket: int, tick: float = 0.05) -> None:
         self._limit = max_parallel_per_bucket
         self._tick = tick
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threading.Condition(threading.RLock())
         self._queues: dict[int | None, deque[TaskRun]] = {}
         self._rotation: deque[int | None] = deque()  # buckets with queued runs
         self._running: dict[int | None, int] = {}
-        self._delayed: list[tuple[float, int, TaskRun]] = []
-        self._seq = itertools.count()
+        self._delayed = _DelayHeap(clock)
         self._closed = False
 
     def put(self, run: TaskRun) -> None:
@@ -41,74 +133,70 @@ class Dispatcher:
             self._cond.notify()
 
     def schedule(self, run: TaskRun, delay: float) -> None:
-        """Make ``run`` ready after ``delay`` seconds (a retry's backoff)."""
         if delay <= 0:
             self.put(run)
             return
+        self._delayed.push(run, delay)
         with self._cond:
-            due = self._clock.monotonic() + delay
-            heapq.heappush(self._delayed, (due, next(self._seq), run))
             self._cond.notify()
 
     def get(self) -> TaskRun | None:
-        """Block until a run may start; ``None`` once closed."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
-                self._release_due()
+                self.release_due()
                 run = self._pick()
                 if run is not None:
                     return run
                 self._cond.wait(self._tick if self._delayed else None)
 
     def done(self, run: TaskRun) -> None:
-        """The carrier finished with ``run`` (whatever its outcome)."""
         with self._cond:
-            bucket = run.bucket
-            self._running[bucket] -= 1
-            if self._limit is not None and self._queues.get(bucket):
+            self._running[run.bucket] -= 1
+            if self._queues.get(run.bucket):
                 self._cond.notify()
+
+    def release_due(self) -> None:
+        due = self._delayed.pop_due()
+        if due:
+            with self._cond:
+                for run in due:
+                    self._enqueue(run)
+                self._cond.notify(len(due))
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
 
-    def queued(self) -> int:
-        with self._cond:
-            return sum(len(q) for q in self._queues.values()) + len(self._delayed)
-
     # -- internals (caller holds the condition) -------------------------------------------------
 
     def _enqueue(self, run: TaskRun) -> None:
         bucket = run.bucket
-        queue = self._queues.get(bucket)
-        if queue is None:
-            queue = self._queues[bucket] = deque()
-        if not queue:
+        runs = self._queues.get(bucket)
+        if runs is None:
+            runs = self._queues[bucket] = deque()
+        if not runs:
             self._rotation.append(bucket)
-        queue.append(run)
-
-    def _release_due(self) -> None:
-        if not self._delayed:
-            return
-        now = self._clock.monotonic()
-        while self._delayed and self._delayed[0][0] <= now:
-            _, _, run = heapq.heappop(self._delayed)
-            self._enqueue(run)
-            self._cond.notify()
+        runs.append(run)
 
     def _pick(self) -> TaskRun | None:
         for _ in range(len(self._rotation)):
             bucket = self._rotation[0]
             self._rotation.rotate(-1)
-            if self._limit is not None and self._running.get(bucket, 0) >= self._limit:
+            if self._running.get(bucket, 0) >= self._limit:
                 continue
-            queue = self._queues[bucket]
-            run = queue.popleft()
-            if not queue:
+            runs = self._queues[bucket]
+            run = runs.popleft()
+            if not runs:
                 self._rotation.pop()  # the bucket just rotated to the end
             self._running[bucket] = self._running.get(bucket, 0) + 1
             return run
         return None
+
+
+def make_dispatcher(clock: Clock, *, max_parallel_per_bucket: int | None) -> Dispatcher:
+    if max_parallel_per_bucket is None:
+        return FifoDispatcher(clock)
+    return FairDispatcher(clock, max_parallel_per_bucket=max_parallel_per_bucket)

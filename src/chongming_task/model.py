@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,17 +62,17 @@ class CommandAction(enum.StrEnum):
 
 def utc(value: datetime, what: str = "datetime") -> datetime:
     """Return ``value`` in UTC; reject naive datetimes, whose zone is a guess."""
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{what} must be timezone-aware (got naive {value.isoformat()})")
     if value.tzinfo is UTC:
         return value
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be timezone-aware (got naive {value.isoformat()})")
     return value.astimezone(UTC)
 
 
 def _normalise(record: object, names: Iterable[str]) -> None:
     for name in names:
         value = getattr(record, name)
-        if value is not None:
+        if value is not None and value.tzinfo is not UTC:
             object.__setattr__(record, name, utc(value, name))
 
 
@@ -146,6 +146,40 @@ class TaskSnapshot:
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+    def evolve(self, **changes: Any) -> TaskSnapshot:
+        """``dataclasses.replace`` for the hot path (every transition makes one): copies
+        the slots and validates only the fields that change."""
+        if not changes.keys() <= _SNAPSHOT_FIELD_SET:
+            raise TypeError(f"unknown TaskSnapshot field(s): {set(changes) - _SNAPSHOT_FIELD_SET}")
+        new: TaskSnapshot = _copy_snapshot(self, changes)
+        for name in changes.keys() & _SNAPSHOT_TIME_SET:
+            value = changes[name]
+            if value is not None and value.tzinfo is not UTC:
+                object.__setattr__(new, name, utc(value, name))
+        if "tags" in changes and not isinstance(new.tags, frozenset):
+            object.__setattr__(new, "tags", frozenset(new.tags))
+        return new
+
+
+def _make_copier(cls: type, names: tuple[str, ...]) -> Any:
+    """An unrolled ``copy with changes`` for a frozen slots class: one generated function
+    instead of a loop of ``getattr``/``setattr`` calls (about three times faster)."""
+    lines = ["def copy(self, changes):", "    new = _new(_cls)"]
+    for name in names:
+        lines.append(
+            f"    _set(new, {name!r}, changes[{name!r}] if {name!r} in changes else self.{name})"
+        )
+    lines.append("    return new")
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_set": object.__setattr__}
+    exec("\n".join(lines), scope)
+    return scope["copy"]
+
+
+_SNAPSHOT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TaskSnapshot))
+_SNAPSHOT_FIELD_SET = frozenset(_SNAPSHOT_FIELDS)
+_SNAPSHOT_TIME_SET = frozenset(_SNAPSHOT_TIMES)
+_copy_snapshot = _make_copier(TaskSnapshot, _SNAPSHOT_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import states
@@ -68,7 +67,8 @@ class TaskRun:
         self._args = args
         self._kwargs = kwargs
         self._lock = threading.RLock()
-        self._done = threading.Event()
+        self._finished = False
+        self._done: threading.Event | None = None  # made by the first waiter: runs are many
         self._snapshot = snapshot
         self._history: list[Transition] = []
         self.token = CancellationToken(snapshot.task_id, host.clock, on_pause_ack=self._ack_pause)
@@ -85,6 +85,7 @@ class TaskRun:
         self._grace_deadline: float | None = None
         self._paused_at: float | None = None
         self._flushed_activity = 0
+        self._lease_renew_at = 0.0  # monotonic time when the controller renews the lease
 
     def __repr__(self) -> str:
         s = self._snapshot
@@ -119,14 +120,20 @@ class TaskRun:
             return list(self._history)
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def wait(self, timeout: float | None = None) -> TaskSnapshot:
         """Block until the task is terminal; return its final snapshot.
 
         Raises ``WaitTimeout`` if it is not terminal within ``timeout`` seconds.
         """
-        if not self._done.wait(timeout):
+        with self._lock:
+            if self._done is None:
+                self._done = threading.Event()
+                if self._finished:
+                    self._done.set()
+            done = self._done
+        if not done.wait(timeout):
             raise WaitTimeout(
                 f"task {self.task_id} still {self._snapshot.status.value} after {timeout}s"
             )
@@ -148,25 +155,37 @@ class TaskRun:
         _, progress, heartbeat = self.token.activity()
         if progress is snapshot.progress and heartbeat is snapshot.last_heartbeat_at:
             return snapshot
-        return replace(
-            snapshot,
+        return snapshot.evolve(
             progress=progress if progress is not None else snapshot.progress,
             last_heartbeat_at=heartbeat if heartbeat is not None else snapshot.last_heartbeat_at,
         )
 
     def _apply(
-        self, to: S, *, reason: str | None = None, actor: str | None = None, **changes: Any
+        self,
+        to: S,
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        persist: bool = True,
+        **changes: Any,
     ) -> TaskSnapshot:
+        """Make one transition. ``persist=False`` defers the write to the next transition
+        (used for ``starting``, immediately followed by ``running`` under the same lock:
+        one store write carries both, the version jumping by two)."""
         with self._lock:
             current = self._snapshot
             states.check(current.task_id, current.status, to)
             now = self._host.clock.now()
             version = current.status_version + 1
-            if to in states.TERMINAL and "ended_at" not in changes:
+            terminal = to in states.TERMINAL
+            if terminal and "ended_at" not in changes:
                 changes["ended_at"] = now
-            snapshot = replace(
-                self._refreshed(current), status=to, status_version=version, **changes
-            )
+            _, progress, heartbeat = self.token.activity()
+            if progress is not None:
+                changes["progress"] = progress
+            if heartbeat is not None:
+                changes["last_heartbeat_at"] = heartbeat
+            snapshot = current.evolve(status=to, status_version=version, **changes)
             transition = Transition(
                 task_id=current.task_id,
                 version=version,
@@ -178,18 +197,24 @@ class TaskRun:
             )
             self._snapshot = snapshot
             self._history.append(transition)
-            self._wt.persist(snapshot, transition)
-            if to in states.TERMINAL:
-                self._done.set()
+            if persist:
+                self._wt.persist(snapshot, transition)
+            else:
+                self._wt.defer(transition)
+            if terminal:
+                self._finished = True
+                if self._done is not None:
+                    self._done.set()
                 self._host._on_terminal(self)
             return snapshot
 
-    def _created(self, transition: Transition) -> None:
-        """The store accepted ``create``: record the creation transition."""
+    def _created(self, transition: Transition, *, appended: bool) -> None:
+        """The store accepted ``create`` (and, if ``appended``, the creation transition)."""
         with self._lock:
             self._history.append(transition)
             self._wt.written_version = self._snapshot.status_version
-            self._wt.persist(self._snapshot, transition)
+            if not appended:
+                self._wt.persist(self._snapshot, transition)
 
     def _catch_up(self) -> bool:
         """Retry buffered writes; returns whether the store is up to date."""
@@ -211,16 +236,18 @@ class TaskRun:
                 return  # cancelled or stopped while it waited
             attempt = self._snapshot.attempt + 1
             self.token.attempt = attempt
+            if self.token.stop_requested:
+                self._apply(S.STARTING, attempt=attempt, reason=f"attempt {attempt}")
+                self._finish_stopped()
+                return
             self._apply(
                 S.STARTING,
                 attempt=attempt,
                 started_at=host.clock.now(),
                 ended_at=None,
                 reason=f"attempt {attempt}",
+                persist=False,
             )
-            if self.token.stop_requested:
-                self._finish_stopped()
-                return
             self._apply(S.RUNNING)
             if self.definition.timeout is not None:
                 self._deadline = host.clock.monotonic() + self.definition.timeout

@@ -38,7 +38,8 @@ class CancellationToken:
         self._clock = clock
         self._on_pause_ack = on_pause_ack
         # Re-entrant so a regression test can hold it across resume() + request_pause().
-        self._cond = threading.Condition(threading.RLock())
+        self._lock = threading.RLock()
+        self._cond_or_none: threading.Condition | None = None
         self._stop_kind: StopKind | None = None
         self._stop_reason: str | None = None
         self._pause_requested = False
@@ -47,6 +48,20 @@ class CancellationToken:
         self._progress: Progress | None = None
         self._heartbeat: datetime | None = None
         self._activity = 0  # bumped on every checkpoint; the flusher compares it
+
+    @property
+    def _cond(self) -> threading.Condition:
+        """The condition over ``_lock``, made on first use: most tasks never wait on it."""
+        with self._lock:
+            if self._cond_or_none is None:
+                self._cond_or_none = threading.Condition(self._lock)
+            return self._cond_or_none
+
+    def _notify(self) -> None:
+        """Wake waiters, if any. Caller holds ``_lock``; a waiter made the condition under
+        the same lock before waiting, so no wake-up is lost."""
+        if self._cond_or_none is not None:
+            self._cond_or_none.notify_all()
 
     # -- what the task calls ---------------------------------------------------------------------
 
@@ -57,7 +72,7 @@ class CancellationToken:
         Raises ``StopRequested`` when asked to stop; let it propagate.
         """
         now = self._clock.now()
-        with self._cond:
+        with self._lock:
             self._heartbeat = now
             if progress is not None:
                 self._progress = (
@@ -102,32 +117,32 @@ class CancellationToken:
     # -- what the runtime calls (any thread) -------------------------------------------------------
 
     def request_stop(self, kind: StopKind = "stop", reason: str | None = None) -> None:
-        with self._cond:
+        with self._lock:
             if self._stop_kind is None:
                 self._stop_kind = kind
                 self._stop_reason = reason
-            self._cond.notify_all()
+            self._notify()
 
     def request_pause(self) -> None:
-        with self._cond:
+        with self._lock:
             self._pause_requested = True
             self._pause_generation += 1
-            self._cond.notify_all()
+            self._notify()
 
     def resume(self) -> None:
-        with self._cond:
+        with self._lock:
             self._pause_requested = False
-            self._cond.notify_all()
+            self._notify()
 
     def activity(self) -> tuple[int, Progress | None, datetime | None]:
-        with self._cond:
+        with self._lock:
             return self._activity, self._progress, self._heartbeat
 
     # -- internals -------------------------------------------------------------------------------
 
     def _wait_while_paused(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 if self._stop_kind is not None:
                     raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
                 if not self._pause_requested:

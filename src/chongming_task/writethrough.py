@@ -8,8 +8,10 @@ supervisor loop, or at ``close()``; the store then jumps several versions at onc
 conflict against the version actually written means another writer changed the task:
 write-through stops for that task and the controller lists it in ``desynced_tasks``.
 
-Order: ``save`` first, then ``append``. Only the writer whose CAS succeeded records the
-version in the audit trail, so a losing writer never leaves a transition behind.
+A store may offer an optional ``atomic()`` context manager (the built-in SQL stores do):
+then the save and its appends are one transaction. Order: ``save`` first, then
+``append``. Only the writer whose CAS succeeded records the version in the audit trail,
+so a losing writer never leaves a transition behind.
 """
 
 from __future__ import annotations
@@ -85,17 +87,33 @@ class WriteThrough:
         self._buffer.append(transition)
         return self.flush(snapshot)
 
+    def defer(self, transition: Transition) -> None:
+        """Buffer ``transition`` for the next ``persist`` (no store call now)."""
+        if not self.desynced:
+            self._buffer.append(transition)
+
     def flush(self, snapshot: TaskSnapshot) -> bool:
         """Bring the store up to ``snapshot``. Returns whether it is now up to date."""
         if self.desynced:
             return False
         try:
-            if snapshot.status_version != self.written_version:
-                self._store.save(snapshot, expect_version=self.written_version)
+            atomic = getattr(self._store, "atomic", None)
+            if atomic is not None:
+                # One transaction: save and appends land together or not at all.
+                with atomic():
+                    if snapshot.status_version != self.written_version:
+                        self._store.save(snapshot, expect_version=self.written_version)
+                    for transition in self._buffer:
+                        self._store.append(transition)
                 self.written_version = snapshot.status_version
-            while self._buffer:
-                self._store.append(self._buffer[0])
-                self._buffer.popleft()
+                self._buffer.clear()
+            else:
+                if snapshot.status_version != self.written_version:
+                    self._store.save(snapshot, expect_version=self.written_version)
+                    self.written_version = snapshot.status_version
+                while self._buffer:
+                    self._store.append(self._buffer[0])
+                    self._buffer.popleft()
         except ConcurrencyConflict as exc:
             self.desynced = True
             self._buffer.clear()

@@ -183,7 +183,7 @@ def test_pause_resume_pause_is_acknowledged_every_time(make_controller: Make) ->
         # Resume and pause again while the task thread cannot re-check its wait condition
         # (we hold the token's condition): it wakes to find "paused" again, exactly the
         # window of the original defect.
-        with run.token._cond:
+        with run.token._lock:
             c.resume(run.task_id)
             c.pause(run.task_id)
         wait_until(lambda: run.status is S.PAUSED, timeout=5, what=f"re-pause #{round_}")

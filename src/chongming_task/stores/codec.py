@@ -75,14 +75,13 @@ COMMAND_COLUMNS: tuple[str, ...] = (
     "outcome",
 )
 
-_DT_FORMAT = "%Y-%m-%dT%H:%M:%S.%f+00:00"
-
 
 def encode_dt(value: datetime | None) -> str | None:
     """UTC, fixed-width ISO 8601 text; ``None`` stays ``None``. Naive input is rejected."""
     if value is None:
         return None
-    return utc(value).strftime(_DT_FORMAT)
+    # Fixed width ("...T12:00:00.000000+00:00"), so text order is time order.
+    return utc(value).isoformat(timespec="microseconds")
 
 
 def decode_dt(value: str | datetime | None) -> datetime | None:

@@ -51,9 +51,14 @@ class InMemoryTaskStore:
                     f"stored {current.status_version}"
                 )
             # The lease belongs to touch(): carry the stored one over, never the caller's.
-            self._tasks[snapshot.task_id] = replace(
-                snapshot, lease_owner=current.lease_owner, lease_until=current.lease_until
-            )
+            if (snapshot.lease_owner, snapshot.lease_until) != (
+                current.lease_owner,
+                current.lease_until,
+            ):
+                snapshot = snapshot.evolve(
+                    lease_owner=current.lease_owner, lease_until=current.lease_until
+                )
+            self._tasks[snapshot.task_id] = snapshot
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         with self._lock:

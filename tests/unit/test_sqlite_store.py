@@ -1,0 +1,137 @@
+"""SQLite specifics beyond the contract: group commit, atomic(), errors naming the path."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from chongming_task import (
+    CancellationToken,
+    ConcurrencyConflict,
+    Controller,
+    StoreError,
+    TaskQuery,
+    TaskSnapshot,
+    TaskStatus,
+)
+from chongming_task.stores import SqliteTaskStore
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def snap(task_id: str, **changes: object) -> TaskSnapshot:
+    base = TaskSnapshot(
+        task_id=task_id, name="n", status=TaskStatus.QUEUED, status_version=1, created_at=T0
+    )
+    return base.evolve(**changes)
+
+
+def test_concurrent_writers_are_all_committed_and_visible_to_another_connection(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "g.db"
+    store = SqliteTaskStore(path)
+    barrier = threading.Barrier(8)
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        for i in range(50):
+            store.create(snap(f"w{n}-{i}"))
+            store.save(snap(f"w{n}-{i}", status_version=2), expect_version=1)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Every write returned only after its commit: a separate connection sees all of them.
+    other = sqlite3.connect(path)
+    assert other.execute("SELECT COUNT(*), MIN(status_version) FROM tasks").fetchone() == (400, 2)
+    other.close()
+    store.close()
+
+
+def test_a_failing_write_rolls_back_only_itself(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "a.db")
+    store.create(snap("t1"))
+    with pytest.raises(ConcurrencyConflict):
+        store.save(snap("t1", status=TaskStatus.RUNNING, status_version=5), expect_version=3)
+    store.create(snap("t2"))
+    assert [s.task_id for s in store.query()] == ["t1", "t2"]
+    assert store.get("t1") == snap("t1")
+    store.close()
+
+
+def test_atomic_is_all_or_nothing(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "a.db")
+    with pytest.raises(StoreError), store.atomic():
+        store.create(snap("a"))
+        store.create(snap("a"))  # duplicate: the whole block rolls back
+    assert store.query() == []
+    with store.atomic():
+        store.create(snap("b"))
+        store.create(snap("c"))
+    assert len(store.query()) == 2
+    store.close()
+
+
+def test_submit_many_is_all_or_nothing(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "m.db")
+    with Controller(store, activity_interval=0.02) as c:
+        job = c.task(lambda token, x: x * 2, name="double")
+        runs = c.submit_many(job, [(1,), (2,), (3,)])
+        assert [r.result(5) for r in runs] == [2, 4, 6]
+        original_create = store.create
+        calls = {"n": 0}
+
+        def create_failing_on_third(snapshot: TaskSnapshot) -> None:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise StoreError("disk full (injected)")
+            original_create(snapshot)
+
+        store.create = create_failing_on_third  # type: ignore[method-assign]
+        with pytest.raises(StoreError, match="injected"):
+            c.submit_many(job, [(4,), (5,), (6,)])
+        store.create = original_create  # type: ignore[method-assign]
+        assert len(store.query()) == 3 and c.held() == []
+
+
+def test_a_corrupt_file_is_a_clear_store_error_naming_the_path(tmp_path: Path) -> None:
+    bad = tmp_path / "not-a-db.db"
+    bad.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match=r"not-a-db\.db.*not a usable SQLite database"):
+        SqliteTaskStore(bad)
+    assert bad.read_bytes().startswith(b"this is not sqlite")  # untouched
+
+
+def test_a_missing_file_can_be_refused(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no database at"):
+        SqliteTaskStore(tmp_path / "absent.db", create=False)
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_filters_use_the_indexes(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "i.db")
+    plan = " ".join(store.explain_query(TaskQuery(buckets=frozenset({1, 2}))))
+    assert "idx_tasks_bucket" in plan
+    plan = " ".join(store.explain_query(TaskQuery(statuses=frozenset({TaskStatus.RUNNING}))))
+    assert "idx_tasks_status" in plan
+    store.close()
+
+
+def test_a_controller_on_a_path_owns_and_closes_its_store(tmp_path: Path) -> None:
+    c = Controller(tmp_path / "own.db")
+
+    @c.task(name="one")
+    def one(token: CancellationToken) -> int:
+        return 1
+
+    assert c.submit(one).result(5) == 1
+    c.close()
+    with pytest.raises(StoreError, match="closed"):
+        c.store.get("x")
