@@ -1,0 +1,81 @@
+"""A node process for cross-process tests: ``python -m tests.integration.node DB [options]``.
+
+It defines ``loop`` (checkpoints every 5 ms until stopped) and ``silent`` (sleeps
+``seconds`` without ever checkpointing), submits what ``--submit`` asks, prints one JSON
+line per submitted task (``{"task_id": ...}``), then serves until its stdin closes or it is
+killed. ``--claim-on FILE`` makes it claim open commands itself once FILE exists and then
+hang, to stand for a node that dies holding a claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+from chongming_task import CancellationToken, Controller, SqliteTaskStore
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("db")
+    parser.add_argument("--owner", default=None)
+    parser.add_argument("--owned", default=None, help="e.g. 0-31")
+    parser.add_argument("--lease-ttl", type=float, default=30.0)
+    parser.add_argument("--poll", type=float, default=0.05)
+    parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
+    parser.add_argument("--claim-on", default=None)
+    args = parser.parse_args()
+    owned = None
+    if args.owned:
+        low, high = args.owned.split("-")
+        owned = range(int(low), int(high) + 1)
+    store = SqliteTaskStore(args.db)
+    node = Controller(
+        store,
+        owner=args.owner,
+        owned_buckets=owned,
+        lease_ttl=args.lease_ttl,
+        command_poll_interval=args.poll,
+        activity_interval=0.05,
+    )
+
+    @node.task(name="loop")
+    def loop(token: CancellationToken) -> str:
+        while True:
+            token.checkpoint()
+            token.sleep(0.005)
+
+    @node.task(name="silent")
+    def silent(token: CancellationToken, seconds: str) -> str:
+        time.sleep(float(seconds))  # pure work: no checkpoint at all
+        return "done"
+
+    for spec in args.submit:
+        spec, _, key = spec.partition("@")
+        name, _, arg = spec.partition(":")
+        run = node.submit(name, *([arg] if arg else []), bucket_key=key or None)
+        print(json.dumps({"task_id": run.task_id, "bucket": run.bucket}), flush=True)
+    print(json.dumps({"ready": os.getpid()}), flush=True)
+
+    if args.claim_on:
+
+        def claim_and_hang() -> None:
+            while not os.path.exists(args.claim_on):
+                time.sleep(0.01)
+            claimed = store.claim_commands(now=node.clock.now(), lease_seconds=1.0)
+            print(json.dumps({"claimed": [c.command_id for c in claimed]}), flush=True)
+            threading.Event().wait()
+
+        threading.Thread(target=claim_and_hang, daemon=True).start()
+
+    sys.stdin.read()  # serve until the test closes our stdin
+    node.close()
+    store.close()
+
+
+if __name__ == "__main__":
+    main()
