@@ -21,8 +21,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
@@ -56,6 +56,8 @@ from .stores import open_store
 from .stores.protocol import TaskStore
 
 log = logging.getLogger("chongming_task.controller")
+
+_RECONCILE_CHUNK = 500
 
 
 def default_owner() -> str:
@@ -527,43 +529,53 @@ class Controller:
             )
         lost: list[str] = []
         let_go: list[str] = []
-        for snapshot in candidates:
-            expired = f"supervisor lease of {snapshot.lease_owner or 'nobody'} expired" + (
-                f" at {snapshot.lease_until.isoformat()}" if snapshot.lease_until else ""
-            )
-            version = snapshot.status_version + 1
-            marked = replace(
-                snapshot,
-                status=TaskStatus.LOST,
-                status_version=version,
-                ended_at=now,
-                failure=Failure(
-                    kind=FailureKind.LOST,
-                    message=f"{expired}; result unknown: the task may have run, partly or "
-                    "fully, and may still be running",
-                    carrier_may_run=True,
-                ),
-            )
-            try:
-                self.store.save(marked, expect_version=snapshot.status_version)
-            except ConcurrencyConflict:
-                let_go.append(snapshot.task_id)
-                continue
-            self.store.append(
-                Transition(
-                    task_id=snapshot.task_id,
-                    version=version,
-                    from_status=snapshot.status,
-                    to_status=TaskStatus.LOST,
-                    at=now,
-                    reason=f"reconcile: {expired}",
-                    actor=self.owner,
-                )
-            )
-            lost.append(snapshot.task_id)
+        atomic = getattr(self.store, "atomic", None)
+        for offset in range(0, len(candidates), _RECONCILE_CHUNK):
+            chunk = candidates[offset : offset + _RECONCILE_CHUNK]
+            # Each task is still its own compare-and-set; a chunk only shares a commit.
+            with atomic() if atomic is not None else contextlib.nullcontext():
+                for snapshot in chunk:
+                    if self._mark_lost(snapshot, now):
+                        lost.append(snapshot.task_id)
+                    else:
+                        let_go.append(snapshot.task_id)
         return ReconcileReport(
             dry_run=False, examined=len(candidates), lost=tuple(lost), let_go=tuple(let_go)
         )
+
+    def _mark_lost(self, snapshot: TaskSnapshot, now: datetime) -> bool:
+        """CAS one task to ``lost``; ``False`` if its version moved (someone is alive)."""
+        expired = f"supervisor lease of {snapshot.lease_owner or 'nobody'} expired" + (
+            f" at {snapshot.lease_until.isoformat()}" if snapshot.lease_until else ""
+        )
+        version = snapshot.status_version + 1
+        marked = snapshot.evolve(
+            status=TaskStatus.LOST,
+            status_version=version,
+            ended_at=now,
+            failure=Failure(
+                kind=FailureKind.LOST,
+                message=f"{expired}; result unknown: the task may have run, partly or "
+                "fully, and may still be running",
+                carrier_may_run=True,
+            ),
+        )
+        try:
+            self.store.save(marked, expect_version=snapshot.status_version)
+        except ConcurrencyConflict:
+            return False
+        self.store.append(
+            Transition(
+                task_id=snapshot.task_id,
+                version=version,
+                from_status=snapshot.status,
+                to_status=TaskStatus.LOST,
+                at=now,
+                reason=f"reconcile: {expired}",
+                actor=self.owner,
+            )
+        )
+        return True
 
     # -- hooks called by runs ----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
     parser.add_argument("--claim-on", default=None)
+    parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()
     owned = None
     if args.owned:
@@ -41,13 +42,14 @@ def main() -> None:
         lease_ttl=args.lease_ttl,
         command_poll_interval=args.poll,
         activity_interval=0.05,
+        max_workers=args.workers,
     )
 
     @node.task(name="loop")
     def loop(token: CancellationToken) -> str:
         while True:
             token.checkpoint()
-            token.sleep(0.005)
+            token.sleep(0.010)
 
     @node.task(name="silent")
     def silent(token: CancellationToken, seconds: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -463,3 +464,41 @@ def test_bucket_ownership_is_checked_at_submit_and_construction(make_controller:
     everything = make_controller(owned_buckets=range(64))
     assert everything.owns_all_buckets
     assert everything.submit(job).result(5) == 1  # no partition: no bucket_key needed
+
+
+def test_reconcile_lets_go_when_the_holder_finishes_at_the_same_moment() -> None:
+    """Reconcile's save is a compare-and-set: if the holder writes first (the task was
+    finishing, not dead), reconcile gets a conflict and lets go; it never overwrites."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    from chongming_task import TaskSnapshot
+
+    class RacingStore(InMemoryTaskStore):
+        def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
+            if snapshot.status is S.LOST:  # the holder's final write lands just before
+                current = self.get(snapshot.task_id)
+                assert current is not None
+                done = replace(current, status=S.SUCCEEDED, status_version=expect_version + 1)
+                super().save(done, expect_version=expect_version)
+            super().save(snapshot, expect_version=expect_version)
+
+    store = RacingStore()
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    store.create(
+        TaskSnapshot(
+            task_id="t",
+            name="n",
+            status=S.RUNNING,
+            status_version=3,
+            created_at=past,
+            lease_owner="slow-node",
+            lease_until=past,
+        )
+    )
+    c = Controller(store)
+    report = c.reconcile()
+    assert report.lost == () and report.let_go == ("t",)
+    assert store.get("t").status is S.SUCCEEDED  # type: ignore[union-attr]
+    assert store.history("t") == []  # reconcile appended nothing
+    c.close()
