@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,15 +20,11 @@ import threading
 import time
 from pathlib import Path
 
+from _stats import latency_row  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller, SqliteTaskStore, TaskStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUND = 20
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def wait_stopped(b: Controller, task_id: str) -> None:
@@ -122,8 +117,7 @@ def main() -> None:
     print(f"stop request -> 'stopped' in the store, {args.stops} stops, SQLite file")
     print(f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, values in rows.items():
-        ms = [v * 1000 for v in values]
-        print(f"{name:40} {statistics.median(ms):8.1f} {percentile(ms, 99):8.1f} {max(ms):8.1f}")
+        print(latency_row(name, values))
     print(f"target: p99 <= {args.poll * 1000 + 50:.0f} ms")
 
 

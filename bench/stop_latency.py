@@ -10,20 +10,15 @@ noticing it, in the same run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from _stats import latency_row  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller, InMemoryTaskStore, SqliteTaskStore
 
 WORK = 0.010
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def reference(samples: int) -> list[float]:
@@ -98,8 +93,7 @@ def main() -> None:
     print(f"stop latency, task checkpoints every {WORK * 1000:.0f} ms, {args.samples} samples")
     print(f"{'contender':36} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, values in rows.items():
-        ms = [v * 1000 for v in values]
-        print(f"{name:36} {statistics.median(ms):8.2f} {percentile(ms, 99):8.2f} {max(ms):8.2f}")
+        print(latency_row(name, values, 36))
 
 
 if __name__ == "__main__":

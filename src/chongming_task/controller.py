@@ -381,15 +381,6 @@ class Controller:
             self._dispatcher.put(run)
         return run
 
-    def _enqueue_pending(self, run: TaskRun, reason: str) -> bool:
-        """Move a ``pending`` run to ``queued`` (its dependencies are met)."""
-        with run._lock:
-            if run.status is not TaskStatus.PENDING:
-                return False
-            run._apply(TaskStatus.QUEUED, reason=reason)
-        self._dispatcher.put(run)
-        return True
-
     # -- control ----------------------------------------------------------------------------------
 
     def stop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
@@ -468,21 +459,15 @@ class Controller:
 
         For tasks held anywhere, e.g. to see the effect of an accepted command.
         """
-        deadline = threading.Event()
-        timer = threading.Timer(timeout, deadline.set)
-        timer.daemon = True
-        timer.start()
-        try:
-            while True:
-                snapshot = self.get(task_id)
-                if predicate(snapshot):
-                    return snapshot
-                if deadline.wait(poll):
-                    raise WaitTimeout(
-                        f"task {task_id} still {snapshot.status.value} after {timeout}s"
-                    )
-        finally:
-            timer.cancel()
+        deadline = time.monotonic() + timeout
+        tick = threading.Event()
+        while True:
+            snapshot = self.get(task_id)
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"task {task_id} still {snapshot.status.value} after {timeout}s")
+            tick.wait(poll)
 
     @property
     def desynced_tasks(self) -> frozenset[str]:
