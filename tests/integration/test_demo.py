@@ -19,7 +19,11 @@ def test_the_demo_node_runs_and_obeys_a_second_terminal(tmp_path: Path) -> None:
         task_id = None
         while task_id is None and time.monotonic() < deadline:
             ps = subprocess.run([*demo, "ps"], capture_output=True, text=True, check=False)
-            running = [line.split()[0] for line in ps.stdout.splitlines() if " running " in line]
+            running = [  # a long ingest: the flaky task may sit in retry backoff (queued)
+                line.split()[0]
+                for line in ps.stdout.splitlines()
+                if " ingest " in line and " running " in line
+            ]
             task_id = running[0] if running else None
             time.sleep(0.2)
         assert task_id, "no running task appeared"
