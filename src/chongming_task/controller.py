@@ -64,10 +64,14 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+_ids = random.Random(secrets.randbits(128))  # ids need uniqueness, not secrecy
+
+
 def new_task_id() -> str:
     """32 hex digits: milliseconds since the epoch, then 80 random bits. Ids sort roughly by
-    creation, which keeps B-tree inserts local, and never collide across nodes in practice."""
-    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+    creation, which keeps B-tree inserts local, and never collide across nodes in practice
+    (each process seeds its generator from the OS)."""
+    return f"{time.time_ns() // 1_000_000:012x}{_ids.getrandbits(80):020x}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,8 +141,9 @@ class Controller:
         self.activity_interval = activity_interval
         self.writethrough_buffer = writethrough_buffer
 
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # RLock: its Condition checks ownership in C
         self._idle = threading.Condition(self._lock)
+        self._idle_waiters = 0
         self._definitions: dict[str, TaskDefinition] = {}
         self._runs: dict[str, TaskRun] = {}  # held: non-terminal, or terminal but unwritten
         self._active: dict[str, TaskRun] = {}  # on a carrier right now
@@ -482,8 +487,17 @@ class Controller:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every task this process holds is terminal; return whether it is."""
+        return self._wait_all_done(timeout)
+
+    def _wait_all_done(self, timeout: float | None) -> bool:
         with self._idle:
-            return self._idle.wait_for(lambda: all(r.done() for r in self._runs.values()), timeout)
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(
+                    lambda: all(r.done() for r in self._runs.values()), timeout
+                )
+            finally:
+                self._idle_waiters -= 1
 
     # -- reconcile --------------------------------------------------------------------------------
 
@@ -568,7 +582,8 @@ class Controller:
         with self._idle:
             if not run._wt.behind(run._snapshot):
                 self._runs.pop(run.task_id, None)
-            self._idle.notify_all()
+            if self._idle_waiters:
+                self._idle.notify_all()
 
     def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None:
         log.error(
@@ -713,7 +728,8 @@ class Controller:
                 if run.done():
                     with self._idle:
                         self._runs.pop(run.task_id, None)
-                        self._idle.notify_all()
+                        if self._idle_waiters:
+                            self._idle.notify_all()
             elif not run.desynced:
                 self._on_behind(run.task_id)
 
@@ -767,8 +783,7 @@ class Controller:
         for run in self.held():
             if not run.done():
                 run.stop(reason="controller closed")
-        with self._idle:
-            self._idle.wait_for(lambda: all(r.done() for r in self._runs.values()), timeout)
+        self._wait_all_done(timeout)
         self._dispatcher.close()
         self._shutdown.set()
         self._poll_now.set()

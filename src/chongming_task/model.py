@@ -195,7 +195,8 @@ class Transition:
     actor: str | None = None
 
     def __post_init__(self) -> None:
-        _normalise(self, ("at",))
+        if self.at.tzinfo is not UTC:  # one per transition: keep the common case cheap
+            object.__setattr__(self, "at", utc(self.at, "at"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

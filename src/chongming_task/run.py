@@ -71,7 +71,9 @@ class TaskRun:
         self._done: threading.Event | None = None  # made by the first waiter: runs are many
         self._snapshot = snapshot
         self._history: list[Transition] = []
-        self.token = CancellationToken(snapshot.task_id, host.clock, on_pause_ack=self._ack_pause)
+        self.token = CancellationToken(
+            snapshot.task_id, host.clock, on_pause_ack=self._ack_pause, lock=self._lock
+        )
         self._wt = WriteThrough(
             host.store,
             snapshot.task_id,
@@ -127,6 +129,8 @@ class TaskRun:
 
         Raises ``WaitTimeout`` if it is not terminal within ``timeout`` seconds.
         """
+        if self._finished:
+            return self.snapshot()
         with self._lock:
             if self._done is None:
                 self._done = threading.Event()
@@ -174,17 +178,19 @@ class TaskRun:
         one store write carries both, the version jumping by two)."""
         with self._lock:
             current = self._snapshot
-            states.check(current.task_id, current.status, to)
+            if not states.is_legal(current.status, to):
+                states.check(current.task_id, current.status, to)  # raises, with the ids
             now = self._host.clock.now()
             version = current.status_version + 1
             terminal = to in states.TERMINAL
             if terminal and "ended_at" not in changes:
                 changes["ended_at"] = now
-            _, progress, heartbeat = self.token.activity()
-            if progress is not None:
-                changes["progress"] = progress
-            if heartbeat is not None:
-                changes["last_heartbeat_at"] = heartbeat
+            if self.token.checkpointed:  # refresh_activity, when there is any
+                _, progress, heartbeat = self.token.activity()
+                if progress is not None:
+                    changes["progress"] = progress
+                if heartbeat is not None:
+                    changes["last_heartbeat_at"] = heartbeat
             snapshot = current.evolve(status=to, status_version=version, **changes)
             transition = Transition(
                 task_id=current.task_id,
@@ -275,7 +281,8 @@ class TaskRun:
             if self._snapshot.is_terminal:
                 return  # abandoned after a timeout: this late result is not recorded
             try:
-                encode_json(result)
+                if result is not None and type(result) not in (str, int, bool):
+                    encode_json(result)
             except (TypeError, ValueError) as exc:
                 failure = Failure(
                     kind=FailureKind.RESULT_INVALID,

@@ -32,13 +32,15 @@ class CancellationToken:
         clock: Clock,
         *,
         on_pause_ack: Callable[[], None] = lambda: None,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.task_id = task_id
         self.attempt = 0
         self._clock = clock
         self._on_pause_ack = on_pause_ack
-        # Re-entrant so a regression test can hold it across resume() + request_pause().
-        self._lock = threading.RLock()
+        # Re-entrant (a regression test holds it across resume() + request_pause()); the
+        # runtime passes the run's own lock, so token and run never order two locks.
+        self._lock = lock if lock is not None else threading.RLock()
         self._cond_or_none: threading.Condition | None = None
         self._stop_kind: StopKind | None = None
         self._stop_reason: str | None = None
@@ -93,6 +95,11 @@ class CancellationToken:
         with self._cond:
             self._cond.wait_for(lambda: self._stop_kind is not None, timeout=seconds)
         self.checkpoint()
+
+    @property
+    def checkpointed(self) -> bool:
+        """Whether the task has reached a checkpoint at least once."""
+        return self._activity != 0
 
     @property
     def stop_requested(self) -> bool:

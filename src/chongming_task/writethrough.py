@@ -31,6 +31,7 @@ class WriteThrough:
     """Persists one task. Not thread-safe: the owning ``TaskRun`` calls it under its lock."""
 
     __slots__ = (
+        "_atomic",
         "_buffer",
         "_on_behind",
         "_on_desync",
@@ -52,6 +53,7 @@ class WriteThrough:
         on_behind: Callable[[str], None],
     ) -> None:
         self._store = store
+        self._atomic = getattr(store, "atomic", None)
         self.task_id = task_id
         self.written_version = written_version
         self._buffer: deque[Transition] = deque(maxlen=buffer_limit)
@@ -77,6 +79,14 @@ class WriteThrough:
         """
         if self.desynced:
             return False
+        if not self._buffer:  # the common case: write it at once, no buffering
+            if self.flush(snapshot, transition):
+                return True
+            if self.desynced:
+                return False
+            self._buffer.append(transition)
+            self._on_behind(self.task_id)
+            return False
         if len(self._buffer) == self._buffer.maxlen:
             self.dropped += 1
             log.error(
@@ -92,28 +102,31 @@ class WriteThrough:
         if not self.desynced:
             self._buffer.append(transition)
 
-    def flush(self, snapshot: TaskSnapshot) -> bool:
-        """Bring the store up to ``snapshot``. Returns whether it is now up to date."""
+    def flush(self, snapshot: TaskSnapshot, transition: Transition | None = None) -> bool:
+        """Bring the store up to ``snapshot`` (plus ``transition`` when the buffer is empty
+        and the caller has not buffered it). Returns whether it is now up to date."""
         if self.desynced:
             return False
+        pending = [*self._buffer, transition] if transition is not None else list(self._buffer)
         try:
-            atomic = getattr(self._store, "atomic", None)
+            atomic = self._atomic
             if atomic is not None:
                 # One transaction: save and appends land together or not at all.
                 with atomic():
                     if snapshot.status_version != self.written_version:
                         self._store.save(snapshot, expect_version=self.written_version)
-                    for transition in self._buffer:
-                        self._store.append(transition)
+                    for item in pending:
+                        self._store.append(item)
                 self.written_version = snapshot.status_version
                 self._buffer.clear()
             else:
                 if snapshot.status_version != self.written_version:
                     self._store.save(snapshot, expect_version=self.written_version)
                     self.written_version = snapshot.status_version
-                while self._buffer:
-                    self._store.append(self._buffer[0])
-                    self._buffer.popleft()
+                for item in pending:
+                    self._store.append(item)
+                    if self._buffer:
+                        self._buffer.popleft()
         except ConcurrencyConflict as exc:
             self.desynced = True
             self._buffer.clear()
@@ -125,8 +138,9 @@ class WriteThrough:
                 self.task_id,
                 type(exc).__name__,
                 exc,
-                len(self._buffer),
+                len(pending),
             )
-            self._on_behind(self.task_id)
+            if transition is None:
+                self._on_behind(self.task_id)
             return False
         return True
