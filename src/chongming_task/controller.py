@@ -104,6 +104,7 @@ class Controller:
         writethrough_buffer: int = 1000,
         clock: Clock | None = None,
         seed: int | None = None,
+        poll_commands: bool | None = None,
     ) -> None:
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
@@ -160,7 +161,10 @@ class Controller:
         self._supervisor: threading.Thread | None = None
         self._poller: threading.Thread | None = None
         self._poll_now = threading.Event()
-        if self.owned_buckets is not None:
+        # None: the default rule (from construction with owned_buckets, else after the
+        # first submit). False: never, for tools that act for a node without being one.
+        self._polling_allowed = poll_commands is not False
+        if self.owned_buckets is not None and self._polling_allowed:
             self._ensure_poller()
 
     def __repr__(self) -> str:
@@ -663,7 +667,7 @@ class Controller:
 
     def _ensure_poller(self) -> None:
         with self._lock:
-            if self._poller is not None or self._closing.is_set():
+            if self._poller is not None or self._closing.is_set() or not self._polling_allowed:
                 return
             self._poller = threading.Thread(
                 target=self._poll_commands, name=f"chongming-commands[{self.owner}]"

@@ -1,16 +1,12 @@
-"""The demo node: sample tasks with progress on the embedded SQLite store.
+"""The demo node: sample tasks with progress, run by ``chongming-task demo``.
 
-    python -m chongming_task.demo                 # run a node with sample tasks
-    python -m chongming_task.demo ps              # from a second terminal: list tasks
-    python -m chongming_task.demo pause TASK_ID   # ... or stop / resume / cancel one
-
-The second terminal is another process: its control calls become commands in the store,
-which the demo node picks up within half a second.
+While it runs, a second terminal sees and controls its tasks through the store:
+``chongming-task ps``, ``chongming-task pause TASK_ID`` (then ``resume`` / ``stop``).
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import signal
 import sys
 import threading
@@ -18,12 +14,10 @@ import time
 from types import FrameType
 
 from .controller import Controller
-from .errors import ChongmingTaskError
-from .model import Progress, TaskQuery, TaskSnapshot
+from .model import Progress, TaskSnapshot
 from .policies import RetryPolicy
+from .stores.protocol import TaskStore
 from .token import CancellationToken
-
-DEFAULT_DB = "chongming-demo.db"
 
 
 def _bar(snapshot: TaskSnapshot, width: int = 20) -> str:
@@ -73,8 +67,10 @@ def _define(node: Controller) -> None:
         return "recovered"
 
 
-def run_node(db: str, duration: float) -> int:
-    node = Controller(db, owner="demo-node")
+def run_node(store: TaskStore, db: str, duration: float) -> int:
+    """Run the demo node on ``store`` until its tasks finish, ``duration`` passes, or
+    Ctrl-C / SIGTERM (then its tasks are stopped and their state stays stored)."""
+    node = Controller(store, owner=f"demo:{os.getpid()}")
     _define(node)
     runs = [
         node.submit("ingest", 60),
@@ -89,10 +85,11 @@ def run_node(db: str, duration: float) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    me = f"{sys.executable} -m chongming_task.demo --db {db}"
+    me = f"chongming-task --db {db}"
     print(f"demo node {node.owner} running {len(runs)} tasks in {db}")
-    print(f"from another terminal:  {me} ps   |   {me} pause|resume|stop TASK_ID")
-    print("Ctrl-C stops the tasks and exits; their state stays in the database.\n")
+    print(f"from another terminal:  {me} ps   |   {me} watch")
+    print(f"                        {me} pause|resume|stop|cancel TASK_ID")
+    print("Ctrl-C stops the tasks and exits; their state stays in the database.\n", flush=True)
     deadline = time.monotonic() + duration
     while not interrupted.wait(1.0):
         snapshots = [r.snapshot() for r in runs]
@@ -101,43 +98,12 @@ def run_node(db: str, duration: float) -> int:
             break
     node.close()
     print(render([r.snapshot() for r in runs]))
-    print("\nstopped by Ctrl-C; tasks stopped and persisted." if interrupted.is_set() else "")
+    if interrupted.is_set():
+        print("\nstopped by Ctrl-C; tasks stopped and persisted.")
     return 0
 
 
-def control(db: str, verb: str, task_id: str | None) -> int:
-    console = Controller(db, owner="demo-console")
-    try:
-        if verb == "ps":
-            print(render(console.list_tasks(TaskQuery(newest_first=True, limit=20))))
-            return 0
-        assert task_id is not None
-        receipt = getattr(console, verb)(task_id)
-        if receipt.accepted:
-            print(f"{verb} {task_id}: request accepted (the node acts at its next poll)")
-        else:
-            print(f"{verb} {task_id}: {receipt.outcome}")
-        return 0
-    except ChongmingTaskError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        console.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chongming_task.demo", description=__doc__)
-    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite file (default {DEFAULT_DB})")
-    parser.add_argument("--duration", type=float, default=120.0, help="stop after N seconds")
-    parser.add_argument("verb", nargs="?", choices=["ps", "stop", "pause", "resume", "cancel"])
-    parser.add_argument("task_id", nargs="?")
-    args = parser.parse_args(argv)
-    if args.verb is None:
-        return run_node(args.db, args.duration)
-    if args.verb != "ps" and not args.task_id:
-        parser.error(f"{args.verb} needs a TASK_ID")
-    return control(args.db, args.verb, args.task_id)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))

@@ -48,7 +48,7 @@ class BucketPolicy:
         )
         if bad:
             raise ConfigurationError(
-                f"bucket(s) {', '.join(map(str, bad))} out of range: with num_buckets="
+                f"bucket(s) {format_buckets(bad)} out of range: with num_buckets="
                 f"{self.num_buckets} buckets are 0..{self.num_buckets - 1}"
             )
         return out
