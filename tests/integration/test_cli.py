@@ -193,13 +193,21 @@ def test_watch_follows_transitions_incrementally(cluster: tuple[Path, Node, Node
             "--interval",
             "0.1",
             "--count",
-            "60",
+            "40",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
+        assert watch.stdout is not None
+        # watch starts "from now": wait for its first refresh (a progress line for the
+        # running task) before changing anything, or the first events predate it.
+        line = ""
+        while task_id not in line:
+            line = watch.stdout.readline()
+            assert line, "watch ended before its first refresh"
+        assert "running" in line, line
         cli(db, "pause", task_id, "--wait", "20")
         cli(db, "stop", task_id, "--wait", "20")
         out, err = watch.communicate(timeout=60)
