@@ -34,6 +34,9 @@ from .model import TaskQuery as TaskQuery
 from .model import TaskSnapshot as TaskSnapshot
 from .model import TaskStatus as TaskStatus
 from .model import Transition as Transition
+from .pipelines import Pipeline as Pipeline
+from .pipelines import PipelineNode as PipelineNode
+from .pipelines import PipelineRun as PipelineRun
 from .policies import BucketPolicy as BucketPolicy
 from .policies import RetryPolicy as RetryPolicy
 from .run import TaskRun as TaskRun
@@ -60,6 +63,9 @@ __all__ = [
     "FailureKind",
     "IllegalTransition",
     "InMemoryTaskStore",
+    "Pipeline",
+    "PipelineNode",
+    "PipelineRun",
     "Progress",
     "ReconcileReport",
     "RetryPolicy",

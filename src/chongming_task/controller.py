@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import random
 import secrets
 import socket
@@ -50,6 +51,7 @@ from .model import (
     TaskStatus,
     Transition,
 )
+from .pipelines import Pipeline, PipelineRun
 from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy, format_buckets
 from .run import TaskRun
 from .stores import open_store
@@ -159,6 +161,8 @@ class Controller:
         self._shutdown = threading.Event()  # background loops exit
         self._closed = False
         self._supervisor: threading.Thread | None = None
+        self._pipeline_thread: threading.Thread | None = None
+        self._pipeline_events: queue.SimpleQueue[TaskRun | None] = queue.SimpleQueue()
         self._poller: threading.Thread | None = None
         self._poll_now = threading.Event()
         # None: the default rule (from construction with owned_buckets, else after the
@@ -327,6 +331,72 @@ class Controller:
         for run in runs:
             self._dispatcher.put(run)
         return runs
+
+    def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
+        """Submit every node of ``pipeline`` under one new ``pipeline_run_id``.
+
+        Roots are queued at once, the others wait as ``pending`` for their dependencies.
+        All nodes are created in one store transaction when the store offers ``atomic()``.
+        """
+        run_id = new_task_id()
+        nodes: dict[str, TaskRun] = {}
+        atomic = getattr(self.store, "atomic", None)
+        try:
+            with atomic() if atomic is not None else contextlib.nullcontext():
+                for key, node in pipeline.nodes.items():
+                    nodes[key] = self._submit(
+                        node.task,
+                        node.args,
+                        dict(node.kwargs),
+                        bucket_key=node.bucket_key,
+                        pipeline_run_id=run_id,
+                        status=TaskStatus.QUEUED if not node.depends_on else TaskStatus.PENDING,
+                        enqueue=False,
+                    )
+        except BaseException:
+            with self._lock:
+                for run in nodes.values():
+                    self._runs.pop(run.task_id, None)
+            raise
+        handle = PipelineRun(pipeline, run_id, nodes, self._enqueue_pending)
+        for key, run in nodes.items():
+            run.pipeline, run.node_key = handle, key
+        self._ensure_pipeline_thread()
+        for run in nodes.values():
+            if run.status is TaskStatus.QUEUED:
+                self._dispatcher.put(run)
+        return handle
+
+    def _enqueue_pending(self, run: TaskRun, reason: str) -> bool:
+        """Move a ``pending`` run to ``queued``: its dependencies are met."""
+        with run._lock:
+            if run.status is not TaskStatus.PENDING:
+                return False
+            run._apply(TaskStatus.QUEUED, reason=reason)
+        self._dispatcher.put(run)
+        return True
+
+    def _ensure_pipeline_thread(self) -> None:
+        with self._lock:
+            if self._pipeline_thread is None:
+                self._pipeline_thread = threading.Thread(
+                    target=self._pipeline_loop, name=f"chongming-pipelines[{self.owner}]"
+                )
+                self._pipeline_thread.start()
+
+    def _pipeline_loop(self) -> None:
+        """Pipeline reactions, one at a time, holding no run's lock (a node's end may
+        enqueue, cancel or stop other nodes: doing that inside the ending node's lock
+        would order two run locks)."""
+        while True:
+            run = self._pipeline_events.get()
+            if run is None:
+                return
+            try:
+                if run.pipeline is not None:
+                    run.pipeline._node_finished(run)
+            except Exception:
+                log.exception("pipeline reaction to task %s failed", run.task_id)
 
     def _submit(
         self,
@@ -583,6 +653,8 @@ class Controller:
     # -- hooks called by runs ----------------------------------------------------------------------
 
     def _on_terminal(self, run: TaskRun) -> None:
+        if run.pipeline is not None:
+            self._pipeline_events.put(run)
         with self._idle:
             if not run._wt.behind(run._snapshot):
                 self._runs.pop(run.task_id, None)
@@ -791,7 +863,8 @@ class Controller:
         self._dispatcher.close()
         self._shutdown.set()
         self._poll_now.set()
-        for thread in [*self._workers, self._supervisor, self._poller]:
+        self._pipeline_events.put(None)
+        for thread in [*self._workers, self._supervisor, self._poller, self._pipeline_thread]:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout)
         for run in self.held():

@@ -25,6 +25,7 @@ from .writethrough import WriteThrough
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition
+    from .pipelines import PipelineRun
 
 log = logging.getLogger("chongming_task.run")
 
@@ -83,6 +84,8 @@ class TaskRun:
             on_behind=host._on_behind,
         )
         self.abandoned = False
+        self.pipeline: PipelineRun | None = None  # set for pipeline nodes
+        self.node_key: str | None = None
         self._deadline: float | None = None
         self._grace_deadline: float | None = None
         self._paused_at: float | None = None
@@ -363,6 +366,14 @@ class TaskRun:
     def cancel(self, reason: str | None = None, actor: str | None = None) -> str:
         """Cancel: a waiting task never runs; a running one stops and ends ``cancelled``."""
         return self._control_stop("cancel", reason, actor)
+
+    def _cancel_waiting(self, failure: Failure) -> bool:
+        """Cancel this run if it has not started (a pipeline's dependency ended badly)."""
+        with self._lock:
+            if self._snapshot.status not in states.WAITING:
+                return False
+            self._apply(S.CANCELLED, failure=failure, reason=failure.message)
+            return True
 
     def pause(self, reason: str | None = None, actor: str | None = None) -> str:
         """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from .clock import Clock
 from .errors import StopRequested
@@ -36,6 +36,8 @@ class CancellationToken:
     ) -> None:
         self.task_id = task_id
         self.attempt = 0
+        self.upstream: dict[str, Any] = {}
+        """For a pipeline node: each dependency's result, by node key."""
         self._clock = clock
         self._on_pause_ack = on_pause_ack
         # Re-entrant (a regression test holds it across resume() + request_pause()); the
