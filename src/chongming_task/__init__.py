@@ -40,6 +40,9 @@ from .pipelines import PipelineRun as PipelineRun
 from .policies import BucketPolicy as BucketPolicy
 from .policies import RetryPolicy as RetryPolicy
 from .run import TaskRun as TaskRun
+from .schedules import CronTrigger as CronTrigger
+from .schedules import IntervalTrigger as IntervalTrigger
+from .schedules import Schedule as Schedule
 from .stores import InMemoryTaskStore as InMemoryTaskStore
 from .stores import SqliteTaskStore as SqliteTaskStore
 from .stores import TaskStore as TaskStore
@@ -59,16 +62,19 @@ __all__ = [
     "ControlReceipt",
     "Controller",
     "ControllerClosed",
+    "CronTrigger",
     "Failure",
     "FailureKind",
     "IllegalTransition",
     "InMemoryTaskStore",
+    "IntervalTrigger",
     "Pipeline",
     "PipelineNode",
     "PipelineRun",
     "Progress",
     "ReconcileReport",
     "RetryPolicy",
+    "Schedule",
     "SqliteTaskStore",
     "StopRequested",
     "StoreError",

@@ -33,6 +33,7 @@ from .clock import Clock, SystemClock
 from .definitions import TaskDefinition, TaskFunction, define
 from .dispatch import make_dispatcher
 from .errors import (
+    ChongmingTaskError,
     ConcurrencyConflict,
     ConfigurationError,
     ControllerClosed,
@@ -54,6 +55,7 @@ from .model import (
 from .pipelines import Pipeline, PipelineRun
 from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy, format_buckets
 from .run import TaskRun
+from .schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from .stores import open_store
 from .stores.protocol import TaskStore
 
@@ -107,6 +109,7 @@ class Controller:
         clock: Clock | None = None,
         seed: int | None = None,
         poll_commands: bool | None = None,
+        run_schedules: bool = True,
     ) -> None:
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
@@ -162,6 +165,13 @@ class Controller:
         self._closed = False
         self._supervisor: threading.Thread | None = None
         self._pipeline_thread: threading.Thread | None = None
+        # Schedules fire from a thread of their own, or only through tick_schedules()
+        # when run_schedules=False (tests with a fake clock drive them that way).
+        self._run_schedules = run_schedules
+        self._schedules: dict[str, Schedule] = {}
+        self._schedule_lock = threading.Lock()
+        self._schedule_wake = threading.Event()
+        self._scheduler: threading.Thread | None = None
         self._pipeline_events: queue.SimpleQueue[TaskRun | None] = queue.SimpleQueue()
         self._poller: threading.Thread | None = None
         self._poll_now = threading.Event()
@@ -459,6 +469,134 @@ class Controller:
         if enqueue and status is TaskStatus.QUEUED:
             self._dispatcher.put(run)
         return run
+
+    # -- schedules ------------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        task: TaskDefinition | str,
+        trigger: Trigger,
+        /,
+        *args: Any,
+        overlap: Overlap = "skip",
+        misfire_grace: float | None = None,
+        jitter: float = 0.0,
+        bucket_key: str | None = None,
+        tags: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> Schedule:
+        """Fire ``task`` on ``trigger`` from this node.
+
+        ``overlap="skip"`` (default) skips a firing while the previous run of this
+        schedule is still active. After downtime the missed firings coalesce into one
+        run, skipped if the latest missed one is more than ``misfire_grace`` seconds old
+        (``None``: never too late). ``jitter`` delays each firing by up to that many
+        seconds. Ownership is checked now: a key in another node's bucket is refused.
+        """
+        if self._closing.is_set():
+            raise ControllerClosed(f"controller {self.owner} is closed")
+        self.definition(task) if isinstance(task, str) else self.register(task)
+        self._check_bucket_ownership(bucket_key)
+        if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
+            trigger.start_at = self.clock.now()
+        entry = Schedule(
+            name=name,
+            task=task,
+            trigger=trigger,
+            args=args,
+            kwargs=kwargs,
+            overlap=overlap,
+            misfire_grace=misfire_grace,
+            jitter=jitter,
+            bucket_key=bucket_key,
+            tags=frozenset(tags),
+        )
+        with self._schedule_lock:
+            if name in self._schedules:
+                raise ConfigurationError(f"a schedule named {name!r} exists already")
+            self._advance(entry, self.clock.now())
+            self._schedules[name] = entry
+        if self._run_schedules:
+            self._ensure_scheduler()
+        self._schedule_wake.set()
+        return entry
+
+    def unschedule(self, name: str) -> None:
+        with self._schedule_lock:
+            if self._schedules.pop(name, None) is None:
+                raise ConfigurationError(f"no schedule named {name!r}")
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        with self._schedule_lock:
+            return list(self._schedules.values())
+
+    def tick_schedules(self) -> list[TaskRun]:
+        """Fire every schedule that is due by the clock now; return the runs submitted.
+
+        The scheduler thread calls this; with ``run_schedules=False`` it is the only way
+        schedules fire, which lets tests drive them with a fake clock, without sleeping.
+        """
+        now = self.clock.now()
+        fired: list[TaskRun] = []
+        with self._schedule_lock:
+            if self._closing.is_set():
+                return fired
+            for entry in self._schedules.values():
+                if entry.due is None or entry.due > now:
+                    continue
+                latest = entry.trigger.latest_at_or_before(now) or entry.next_fire
+                late = (now - latest).total_seconds() if latest is not None else 0.0
+                if entry.overlap == "skip" and entry.active:
+                    entry.skipped_overlap += 1
+                    log.info("schedule %s: previous run still active, firing skipped", entry.name)
+                elif entry.misfire_grace is not None and late > entry.misfire_grace:
+                    entry.skipped_misfire += 1
+                    log.warning("schedule %s: firing %.1fs late, skipped", entry.name, late)
+                else:
+                    try:
+                        run = self._submit(
+                            entry.task,
+                            entry.args,
+                            dict(entry.kwargs),
+                            bucket_key=entry.bucket_key,
+                            tags=schedule_tags(entry.name, entry.tags),
+                        )
+                    except ChongmingTaskError:
+                        log.exception("schedule %s: submit failed; will try again", entry.name)
+                        continue
+                    entry.last_run = run
+                    entry.fired += 1
+                    fired.append(run)
+                self._advance(entry, now)
+        return fired
+
+    def _advance(self, entry: Schedule, now: datetime) -> None:
+        entry.next_fire = entry.trigger.next_after(now)
+        delay = self.rng.uniform(0, entry.jitter) if entry.jitter else 0.0
+        entry.due = entry.next_fire + timedelta(seconds=delay)
+
+    def _ensure_scheduler(self) -> None:
+        with self._lock:
+            if self._scheduler is None and not self._closing.is_set():
+                self._scheduler = threading.Thread(
+                    target=self._schedule_loop, name=f"chongming-scheduler[{self.owner}]"
+                )
+                self._scheduler.start()
+
+    def _schedule_loop(self) -> None:
+        while not self._shutdown.is_set():
+            try:
+                self.tick_schedules()
+            except Exception:
+                log.exception("scheduler tick failed; continuing")
+            dues = [e.due for e in self.schedules if e.due is not None]
+            wait = 1.0
+            if dues:
+                wait = min(wait, max(0.01, (min(dues) - self.clock.now()).total_seconds()))
+            self._schedule_wake.wait(wait)
+            self._schedule_wake.clear()
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -864,7 +1002,9 @@ class Controller:
         self._shutdown.set()
         self._poll_now.set()
         self._pipeline_events.put(None)
-        for thread in [*self._workers, self._supervisor, self._poller, self._pipeline_thread]:
+        self._schedule_wake.set()
+        threads = [self._scheduler, *self._workers, self._supervisor, self._poller]
+        for thread in [*threads, self._pipeline_thread]:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout)
         for run in self.held():

@@ -15,7 +15,9 @@ from types import FrameType
 
 from .controller import Controller
 from .model import Progress, TaskSnapshot
+from .pipelines import Pipeline
 from .policies import RetryPolicy
+from .schedules import IntervalTrigger
 from .stores.protocol import TaskStore
 from .token import CancellationToken
 
@@ -55,6 +57,19 @@ def _define(node: Controller) -> None:
             token.sleep(0.5)
         return f"{pages} pages"
 
+    @node.task(name="etl.step")
+    def etl_step(token: CancellationToken, step: str, seconds: float) -> dict[str, object]:
+        ticks = int(seconds * 4)
+        for i in range(1, ticks + 1):
+            token.checkpoint(Progress(current=i, total=ticks, message=step))
+            token.sleep(0.25)
+        return {"step": step, "inputs": sorted(token.upstream)}
+
+    @node.task(name="heartbeat")
+    def heartbeat(token: CancellationToken) -> str:
+        token.checkpoint(Progress(current=1, total=1, message="tick"))
+        return "ok"
+
     attempts: dict[str, int] = {}
 
     @node.task(name="flaky", retries=3, backoff=RetryPolicy(base_delay=1.0))
@@ -72,11 +87,18 @@ def run_node(store: TaskStore, db: str, duration: float) -> int:
     Ctrl-C / SIGTERM (then its tasks are stopped and their state stays stored)."""
     node = Controller(store, owner=f"demo:{os.getpid()}")
     _define(node)
+    etl = Pipeline("etl")
+    etl.add("extract", "etl.step", "extract", 3)
+    etl.add("transform", "etl.step", "transform", 4, depends_on=["extract"])
+    etl.add("load", "etl.step", "load", 2, depends_on=["transform"])
+    pipeline = node.submit_pipeline(etl)
+    node.schedule("heartbeat", "heartbeat", IntervalTrigger(15))
     runs = [
         node.submit("ingest", 60),
         node.submit("ingest", 100),
         node.submit("report", 30),
         node.submit("flaky", 2),
+        *pipeline.nodes.values(),
     ]
     interrupted = threading.Event()
 
@@ -89,6 +111,8 @@ def run_node(store: TaskStore, db: str, duration: float) -> int:
     print(f"demo node {node.owner} running {len(runs)} tasks in {db}")
     print(f"from another terminal:  {me} ps   |   {me} watch")
     print(f"                        {me} pause|resume|stop|cancel TASK_ID")
+    print(f"pipeline etl: {me} ps --all --pipeline {pipeline.pipeline_run_id}")
+    print("a 'heartbeat' task fires every 15 s from a node-owned schedule")
     print("Ctrl-C stops the tasks and exits; their state stays in the database.\n", flush=True)
     deadline = time.monotonic() + duration
     while not interrupted.wait(1.0):

@@ -311,3 +311,23 @@ def test_prune_keeps_the_newest_finished_tasks(tmp_path: Path) -> None:
     store.close()
     assert cli_json(db, "prune", "--keep", "1") == {"pruned": 2}
     assert sorted(r["task_id"] for r in cli_json(db, "ps", "--all")) == ["t2", "t3"]  # type: ignore[union-attr,index]
+
+
+def test_ps_pipeline_lists_one_pipeline_run(tmp_path: Path) -> None:
+    from chongming_task import Controller, Pipeline
+
+    db = tmp_path / "p.db"
+    with Controller(db) as node:
+        node.task(lambda token, x: x, name="value")
+        node.task(lambda token: sum(token.upstream.values()), name="add")
+        pipe = Pipeline("tiny")
+        pipe.add("a", "value", 1)
+        pipe.add("b", "add", depends_on=["a"])
+        run = node.submit_pipeline(pipe)
+        other = node.submit_pipeline(pipe)
+        run.wait(10)
+        other.wait(10)
+    rows = cli_json(db, "ps", "--all", "--pipeline", run.pipeline_run_id)
+    ids = {r["task_id"] for r in rows}  # type: ignore[union-attr,index]
+    assert ids == {r.task_id for r in run.nodes.values()}
+    assert {r["pipeline_run_id"] for r in rows} == {run.pipeline_run_id}  # type: ignore[union-attr,index]
