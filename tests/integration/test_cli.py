@@ -111,7 +111,10 @@ def test_pause_and_resume_from_the_cli(cluster: tuple[Path, Node, Node]) -> None
 
 
 def test_reconcile_dry_run_changes_nothing(cluster: tuple[Path, Node, Node]) -> None:
-    db, a, _ = cluster
+    db, a, b = cluster
+    # The nodes' own tasks must be settled (running), or their start-up transitions would
+    # change the store between the two dumps below.
+    wait_until(lambda: _running(db, a.task_ids[0]) and _running(db, b.task_ids[0]))
     store = SqliteTaskStore(db)
     past = datetime.now(UTC) - timedelta(minutes=10)
     dead_key = key_in(0, 31, salt="dead")
