@@ -1,7 +1,8 @@
 """chongming-task: owned business and scheduled tasks with a persisted state machine,
 cooperative stop / pause / resume, and one control plane shared by several nodes.
 
-Core import needs no third-party package.
+Core import needs no third-party package. ``PostgresTaskStore`` is imported on first
+access; it needs ``pip install "chongming-task[postgres]"``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ __all__ = [
     "Pipeline",
     "PipelineNode",
     "PipelineRun",
+    "PostgresTaskStore",
     "Progress",
     "ReconcileReport",
     "RetryPolicy",
@@ -93,3 +95,11 @@ __all__ = [
     "WaitTimeout",
     "define",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "PostgresTaskStore":  # lazy: keeps the driver optional
+        from .stores.postgres import PostgresTaskStore
+
+        return PostgresTaskStore
+    raise AttributeError(f"module 'chongming_task' has no attribute {name!r}")

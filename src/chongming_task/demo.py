@@ -107,7 +107,7 @@ def run_node(store: TaskStore, db: str, duration: float) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    me = f"chongming-task --db {db}"
+    me = f"chongming-task --db {db}"  # the caller passes a printable form
     print(f"demo node {node.owner} running {len(runs)} tasks in {db}")
     print(f"from another terminal:  {me} ps   |   {me} watch")
     print(f"                        {me} pause|resume|stop|cancel TASK_ID")

@@ -269,7 +269,8 @@ def test_bucket_flags_are_checked_before_the_database_is_touched(tmp_path: Path)
     [
         ("missing", "no database at"),
         ("corrupt", "not a usable SQLite database"),
-        ("dsn", "PostgreSQL stores are not available"),
+        ("dsn", "cannot reach PostgreSQL at 127.0.0.1:1/db"),
+        ("bad-dsn", "malformed PostgreSQL DSN"),
         ("directory", "cannot open SQLite database"),
     ],
 )
@@ -281,7 +282,10 @@ def test_store_errors_are_one_line_and_lose_no_data(
         db.write_bytes(b"definitely not sqlite" * 64)
     elif setup == "directory":
         db.mkdir()
-    target = "postgresql://user:secret@127.0.0.1:1/db" if setup == "dsn" else str(db)
+    target = {
+        "dsn": "postgresql://user:secret@127.0.0.1:1/db",
+        "bad-dsn": "postgresql://user:secret@127.0.0.1/db?nonsense=1",
+    }.get(setup, str(db))
     result = subprocess.run(
         [sys.executable, "-m", "chongming_task", "--db", target, "ps"],
         capture_output=True,

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -27,7 +29,7 @@ from ..errors import ChongmingTaskError, ConfigurationError, StoreError, WaitTim
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, format_buckets, parse_buckets
 from ..states import NON_TERMINAL, TERMINAL
-from ..stores import DEFAULT_DATABASE, SqliteTaskStore
+from ..stores import DEFAULT_DATABASE, is_postgres_dsn, open_store
 from ..stores.protocol import TaskStore
 from . import render
 
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--db",
         default=os.environ.get("CHONGMING_DB", DEFAULT_DATABASE),
-        help=f"SQLite file (env CHONGMING_DB, default {DEFAULT_DATABASE})",
+        help=f"SQLite file or postgresql:// DSN (env CHONGMING_DB, default {DEFAULT_DATABASE})",
     )
     parser.add_argument(
         "--num-buckets",
@@ -71,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--owned-buckets",
         default=os.environ.get("CHONGMING_OWNED_BUCKETS"),
         help="this node's buckets, e.g. 0-15,20 (env CHONGMING_OWNED_BUCKETS)",
+    )
+    parser.add_argument(
+        "--pg-schema",
+        default=os.environ.get("CHONGMING_PG_SCHEMA"),
+        help="PostgreSQL schema (env CHONGMING_PG_SCHEMA, default chongming)",
     )
     parser.add_argument(
         "--json",
@@ -122,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("prune", help="delete the oldest finished tasks")
     p.add_argument("--keep", type=int, required=True, metavar="N")
+    sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")
     p = sub.add_parser("demo", help="run a demo node with sample tasks")
     p.add_argument("--duration", type=float, default=300.0)
     return parser
@@ -152,15 +160,16 @@ class Context:
     def db(self) -> str:
         return str(self.args.db)
 
+    @property
+    def shown_db(self) -> str:
+        """The --db value safe to print (a DSN's password is never echoed)."""
+        if is_postgres_dsn(self.db):
+            return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.db)
+        return self.db
+
     def store(self, *, create: bool = False) -> TaskStore:
         if self._store is None:
-            db = self.db
-            if db.startswith(("postgresql://", "postgres://")):
-                raise StoreError(
-                    f"{db.split('@')[-1]}: PostgreSQL stores are not available in this "
-                    "version of chongming-task"
-                )
-            self._store = SqliteTaskStore(db, create=create)
+            self._store = open_store(self.db, create=create, schema=self.args.pg_schema)
         return self._store
 
     def controller(self, *, owned: bool = False) -> Controller:
@@ -208,7 +217,7 @@ def _query(ctx: Context) -> TaskQuery:
 def _get(ctx: Context, task_id: str) -> TaskSnapshot:
     snapshot = ctx.store().get(task_id)
     if snapshot is None:
-        raise LookupError(f"no task {task_id} in {ctx.db}")
+        raise LookupError(f"no task {task_id} in {ctx.shown_db}")
     return snapshot
 
 
@@ -343,7 +352,7 @@ def cmd_control(ctx: Context) -> int:
             text = (
                 f"{action.value} {task_id}: request accepted (command {receipt.command_id}); "
                 f"the node holding it acts at its next poll.\n"
-                f"check with: {PROG} --db {ctx.db} show {task_id}"
+                f"check with: {PROG} --db {ctx.shown_db} show {task_id}"
             )
         else:
             text = f"{action.value} {task_id}: {receipt.outcome}"
@@ -389,10 +398,26 @@ def cmd_prune(ctx: Context) -> int:
     return 0
 
 
+def cmd_migrate(ctx: Context) -> int:
+    """Create the schema. SQLite creates its tables when opened; Postgres needs this once,
+    run by a role with DDL rights, so that nodes and the CLI can run without them."""
+    store = ctx.store(create=True)
+    create_schema = getattr(store, "create_schema", None)
+    if create_schema is not None:
+        create_schema()
+    where = getattr(store, "where", ctx.db)
+    schema = getattr(store, "schema", None)
+    ctx.emit(
+        {"store": where, "schema": schema, "ready": True},
+        f"schema ready at {where}" + (f" (schema {schema})" if schema else ""),
+    )
+    return 0
+
+
 def cmd_demo(ctx: Context) -> int:
     from ..demo import run_node
 
-    return run_node(ctx.store(create=True), ctx.db, ctx.args.duration)
+    return run_node(ctx.store(create=True), ctx.shown_db, ctx.args.duration)
 
 
 COMMANDS = {
@@ -408,6 +433,7 @@ COMMANDS = {
     "cancel": cmd_control,
     "reconcile": cmd_reconcile,
     "prune": cmd_prune,
+    "migrate": cmd_migrate,
     "demo": cmd_demo,
 }
 
@@ -433,6 +459,10 @@ def errors_mapped(exit_code: list[int]) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The pool logs each failed connection attempt; the one-line error says it already.
+    driver_log = logging.getLogger("psycopg")
+    driver_log.addHandler(logging.NullHandler())
+    driver_log.propagate = False
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     code = [0]

@@ -12,11 +12,22 @@ from .memory import InMemoryTaskStore as InMemoryTaskStore
 from .protocol import TaskStore as TaskStore
 from .sqlite import SqliteTaskStore as SqliteTaskStore
 
-__all__ = ["InMemoryTaskStore", "SqliteTaskStore", "TaskStore", "open_store"]
+__all__ = ["InMemoryTaskStore", "SqliteTaskStore", "TaskStore", "is_postgres_dsn", "open_store"]
 
 DEFAULT_DATABASE = "chongming-task.db"
 
 
-def open_store(target: str | Path = DEFAULT_DATABASE, *, create: bool = True) -> TaskStore:
-    """Open the store a ``--db`` value names: a SQLite path (or ``:memory:``)."""
+def is_postgres_dsn(target: str | Path) -> bool:
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(
+    target: str | Path = DEFAULT_DATABASE, *, create: bool = True, schema: str | None = None
+) -> TaskStore:
+    """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
+    (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file."""
+    if is_postgres_dsn(target):
+        from .postgres import DEFAULT_SCHEMA, PostgresTaskStore
+
+        return PostgresTaskStore(str(target), schema=schema or DEFAULT_SCHEMA)
     return SqliteTaskStore(target, create=create)

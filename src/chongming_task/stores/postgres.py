@@ -1,0 +1,427 @@
+"""``PostgresTaskStore``: one store shared by nodes on different machines.
+
+psycopg 3 with a real connection pool shared by the controller's threads; every method
+is one short transaction (no transaction or row lock is ever held while a task runs).
+``save`` is one conditional ``UPDATE``; ``claim_commands`` picks with
+``FOR UPDATE SKIP LOCKED`` and leases in the same statement; tags are ``JSONB`` with a GIN
+index and exact ``@>`` matching; every time is ``TIMESTAMPTZ``.
+
+Schema creation is separate from use: ``create_schema()`` (or ``chongming-task --db DSN
+migrate``) needs DDL rights once; the store itself only reads and writes, so a role
+without DDL rights can run nodes and the read-only CLI.
+
+Recorded deviation (distributed design §15.1): lease decisions still use the caller's
+``now``, not the server's ``now()``. The contract passes time in (``claim_commands(*,
+now, ...)``) so that it can be tested with an injected clock; deciding by server time
+would break that contract for every store. Node clocks must therefore stay within a small
+fraction of the lease TTL of each other (NTP is plenty for the 30 s default).
+
+The driver is optional: without ``pip install "chongming-task[postgres]"`` this module
+still imports, and constructing the store raises a ``StoreError`` naming that command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
+from ..states import TERMINAL
+from . import codec
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError:  # the [postgres] extra is not installed
+    psycopg = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from psycopg import Connection, Cursor
+
+INSTALL_HINT = 'pip install "chongming-task[postgres]"'
+DEFAULT_SCHEMA = "chongming"
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+_JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
+_TIME_COLUMNS = frozenset(
+    {
+        "created_at",
+        "started_at",
+        "ended_at",
+        "last_heartbeat_at",
+        "lease_until",
+        "at",
+        "finished_at",
+    }
+)
+
+
+def _placeholder(column: str) -> str:
+    if column in _JSON_COLUMNS:
+        return "%s::jsonb"
+    if column in _TIME_COLUMNS:
+        return "%s::timestamptz"
+    return "%s"
+
+
+def _select(column: str) -> str:
+    return f"{column}::text" if column in _JSON_COLUMNS else column  # the codec reads text
+
+
+_TASK_SELECT = ", ".join(_select(c) for c in codec.TASK_COLUMNS)
+_INSERT_TASK = (
+    f"INSERT INTO tasks ({', '.join(codec.TASK_COLUMNS)}) "
+    f"VALUES ({', '.join(_placeholder(c) for c in codec.TASK_COLUMNS)}) "
+    "ON CONFLICT (task_id) DO NOTHING"
+)
+_SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
+_SAVE_TASK = (
+    "UPDATE tasks SET "
+    + ", ".join(f"{c} = {_placeholder(c)}" for c in _SAVE_VALUE_COLUMNS)
+    + " WHERE task_id = %s AND status_version = %s"
+)
+_GET_TASK = f"SELECT {_TASK_SELECT} FROM tasks WHERE task_id = %s"
+_TOUCH_TASK = (
+    "UPDATE tasks SET progress = COALESCE(%s::jsonb, progress),"
+    " last_heartbeat_at = COALESCE(%s::timestamptz, last_heartbeat_at),"
+    " lease_owner = COALESCE(%s, lease_owner),"
+    " lease_until = COALESCE(%s::timestamptz, lease_until) WHERE task_id = %s"
+)
+_APPEND = (
+    f"INSERT INTO transitions ({', '.join(codec.TRANSITION_COLUMNS)}) "
+    f"VALUES ({', '.join(_placeholder(c) for c in codec.TRANSITION_COLUMNS)}) "
+    "ON CONFLICT (task_id, version) DO NOTHING"
+)
+_HISTORY = (
+    f"SELECT {', '.join(codec.TRANSITION_COLUMNS)} FROM transitions "
+    "WHERE task_id = %s AND version > %s ORDER BY version"
+)
+_INSERT_COMMAND = (
+    f"INSERT INTO commands ({', '.join(codec.COMMAND_COLUMNS)}) "
+    f"VALUES ({', '.join(_placeholder(c) for c in codec.COMMAND_COLUMNS)})"
+)
+_CLAIM = (
+    "WITH picked AS ("
+    " SELECT command_id FROM commands WHERE finished_at IS NULL"
+    " AND (lease_until IS NULL OR lease_until <= %s::timestamptz)"
+    " ORDER BY created_at, seq LIMIT %s FOR UPDATE SKIP LOCKED)"
+    " UPDATE commands AS c SET lease_until = %s::timestamptz FROM picked"
+    " WHERE c.command_id = picked.command_id"
+    f" RETURNING c.seq, {', '.join('c.' + col for col in codec.COMMAND_COLUMNS)}"
+)
+_COMPLETE = (
+    "UPDATE commands SET finished_at = %s::timestamptz, outcome = %s, lease_until = NULL"
+    " WHERE command_id = %s"
+)
+_RELEASE = "UPDATE commands SET lease_until = NULL WHERE command_id = %s AND finished_at IS NULL"
+_PRUNE = (
+    "WITH doomed AS (SELECT task_id FROM tasks WHERE status = ANY(%s)"
+    " ORDER BY created_at DESC, seq DESC OFFSET %s),"
+    " gone_history AS (DELETE FROM transitions WHERE task_id IN (SELECT task_id FROM doomed)),"
+    " gone_commands AS (DELETE FROM commands WHERE finished_at IS NOT NULL"
+    " AND task_id IN (SELECT task_id FROM doomed))"
+    " DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)"
+)
+_TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PostgresTaskStore:
+    """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 5.0,
+        application_name: str = "chongming-task",
+    ) -> None:
+        if psycopg is None:
+            raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
+        if not _IDENTIFIER.match(schema):
+            raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
+        self.schema = schema
+        try:
+            info = psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise StoreError(f"malformed PostgreSQL DSN: {_first_line(exc)}") from None
+        self.where = (
+            f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        )
+        self._closed = False
+        self._local = threading.local()
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={
+                "options": f"-c search_path={schema}",
+                "application_name": application_name,  # shows in pg_stat_activity
+                "connect_timeout": max(1, round(connect_timeout)),
+            },
+            check=ConnectionPool.check_connection,  # a killed backend is replaced, not used
+            open=False,
+            name=f"chongming:{self.where}",
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout:
+            self._pool.close()
+            raise StoreError(
+                f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"PostgresTaskStore({self.where!r}, schema={self.schema!r})"
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except pg_errors.UndefinedTable:
+            raise StoreError(
+                f"no chongming-task schema {self.schema!r} at {self.where}: create it once "
+                f"with `chongming-task --db DSN migrate` (a role with DDL rights)"
+            ) from None
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StoreError(
+                f"PostgreSQL at {self.where} unreachable during {what}: {_first_line(exc)}"
+            ) from exc
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"PostgreSQL {what} failed at {self.where}: {_first_line(exc)}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _cursor(self, what: str) -> Iterator[Cursor[Any]]:
+        if self._closed:
+            raise StoreError(f"{self!r} is closed")
+        bound: Connection[Any] | None = getattr(self._local, "conn", None)
+        with self._errors(what):
+            if bound is not None:  # inside atomic(): the caller's transaction
+                with bound.cursor() as cur:
+                    yield cur
+                return
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                yield cur  # the pool commits on success, rolls back on error
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Optional capability (not part of ``TaskStore``): calls made inside, on this
+        thread, run in one transaction."""
+        if getattr(self._local, "conn", None) is not None:
+            yield
+            return
+        if self._closed:
+            raise StoreError(f"{self!r} is closed")
+        with self._errors("atomic"), self._pool.connection() as conn:
+            self._local.conn = conn
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
+    def create_schema(self) -> None:
+        """Create the schema, tables and indexes if absent (needs DDL rights; idempotent)."""
+        ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
+        with self._cursor("create_schema") as cur:
+            cur.execute(ddl.replace("{schema}", self.schema).encode())
+
+    @staticmethod
+    def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
+        return codec.row_to_snapshot(dict(zip(codec.TASK_COLUMNS, row, strict=True)))
+
+    # -- task snapshots -------------------------------------------------------------------------
+
+    def create(self, snapshot: TaskSnapshot) -> None:
+        row = codec.snapshot_to_row(snapshot)
+        with self._cursor("create") as cur:
+            cur.execute(_INSERT_TASK, [row[c] for c in codec.TASK_COLUMNS])
+            inserted = cur.rowcount
+        if inserted != 1:
+            raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+
+    def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
+        row = codec.snapshot_to_row(snapshot)
+        params = [row[c] for c in _SAVE_VALUE_COLUMNS] + [snapshot.task_id, expect_version]
+        with self._cursor("save") as cur:
+            cur.execute(_SAVE_TASK, params)
+            if cur.rowcount == 1:
+                return
+            cur.execute("SELECT status_version FROM tasks WHERE task_id = %s", [snapshot.task_id])
+            found = cur.fetchone()
+        stored = "nothing" if found is None else f"version {found[0]}"
+        raise ConcurrencyConflict(
+            f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
+        )
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        with self._cursor("get") as cur:
+            cur.execute(_GET_TASK, [task_id])
+            row = cur.fetchone()
+        return None if row is None else self._snapshot(row)
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        sql, params = _query_sql(query or TaskQuery())
+        with self._cursor("query") as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+        return [self._snapshot(r) for r in rows]
+
+    def explain_query(self, query: TaskQuery | None = None) -> list[str]:
+        sql, params = _query_sql(query or TaskQuery())
+        with self._cursor("explain") as cur:
+            cur.execute("EXPLAIN " + sql, params)
+            return [r[0] for r in cur.fetchall()]
+
+    def counts(self) -> dict[TaskStatus, int]:
+        with self._cursor("counts") as cur:
+            cur.execute("SELECT status, COUNT(*) FROM tasks GROUP BY status")
+            rows = cur.fetchall()
+        return {TaskStatus(status): n for status, n in rows}
+
+    # -- audit trail ------------------------------------------------------------------------------
+
+    def append(self, transition: Transition) -> None:
+        row = codec.transition_to_row(transition)
+        with self._cursor("append") as cur:
+            cur.execute(_APPEND, [row[c] for c in codec.TRANSITION_COLUMNS])
+
+    def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
+        with self._cursor("history") as cur:
+            cur.execute(_HISTORY, [task_id, since_version])
+            rows = cur.fetchall()
+        return [
+            codec.row_to_transition(dict(zip(codec.TRANSITION_COLUMNS, r, strict=True)))
+            for r in rows
+        ]
+
+    # -- side channel -----------------------------------------------------------------------------
+
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> None:
+        if (
+            progress is None
+            and heartbeat_at is None
+            and lease_owner is None
+            and lease_until is None
+        ):
+            return
+        params = [
+            codec.encode_progress(progress),
+            codec.encode_dt(heartbeat_at),
+            lease_owner,
+            codec.encode_dt(lease_until),
+            task_id,
+        ]
+        with self._cursor("touch") as cur:
+            cur.execute(_TOUCH_TASK, params)
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def submit_command(self, command: Command) -> None:
+        row = codec.command_to_row(command)
+        try:
+            with self._cursor("submit_command") as cur:
+                cur.execute(_INSERT_COMMAND, [row[c] for c in codec.COMMAND_COLUMNS])
+        except StoreError as exc:
+            if isinstance(exc.__cause__, pg_errors.UniqueViolation):
+                raise StoreError(f"command {command.command_id} already exists") from None
+            raise
+
+    def claim_commands(
+        self, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        now = utc(now, "now")
+        until = now + timedelta(seconds=lease_seconds)
+        with self._cursor("claim_commands") as cur:
+            cur.execute(_CLAIM, [codec.encode_dt(now), limit, codec.encode_dt(until)])
+            rows = cur.fetchall()
+        rows.sort(key=lambda r: (r[5], r[0]))  # created_at, then insertion order
+        return [
+            codec.row_to_command(dict(zip(codec.COMMAND_COLUMNS, r[1:], strict=True))) for r in rows
+        ]
+
+    def complete_command(
+        self, command_id: str, *, now: datetime, outcome: str | None = None
+    ) -> None:
+        with self._cursor("complete_command") as cur:
+            cur.execute(_COMPLETE, [codec.encode_dt(now), outcome, command_id])
+
+    def release_command(self, command_id: str, *, now: datetime) -> None:
+        with self._cursor("release_command") as cur:
+            cur.execute(_RELEASE, [command_id])
+
+    # -- operations -------------------------------------------------------------------------------
+
+    def prune(self, *, keep_terminal: int) -> int:
+        if keep_terminal < 0:
+            raise ValueError(f"keep_terminal must be >= 0, got {keep_terminal}")
+        with self._cursor("prune") as cur:
+            cur.execute(_PRUNE, [_TERMINAL_VALUES, keep_terminal])
+            return cur.rowcount
+
+    def close(self) -> None:
+        """Close the pool (its connections are really closed). Idempotent; any later call
+        raises ``StoreError``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.close()
+
+
+def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
+    """The SELECT for a ``TaskQuery``: fixed fragments, values always bound as parameters."""
+    where: list[str] = []
+    params: list[Any] = []
+    if query.statuses is not None:
+        where.append("status = ANY(%s)")
+        params.append(sorted(s.value for s in query.statuses))
+    if query.name is not None:
+        where.append("name = %s")
+        params.append(query.name)
+    if query.name_prefix is not None:
+        where.append("starts_with(name, %s)")
+        params.append(query.name_prefix)
+    if query.tag is not None:
+        where.append("tags @> %s::jsonb")
+        params.append(codec.encode_tags([query.tag]))
+    if query.buckets is not None:
+        where.append("bucket = ANY(%s)")
+        params.append(sorted(query.buckets))
+    if query.pipeline_run_id is not None:
+        where.append("pipeline_run_id = %s")
+        params.append(query.pipeline_run_id)
+    sql = f"SELECT {_TASK_SELECT} FROM tasks"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += (
+        " ORDER BY created_at DESC, seq DESC" if query.newest_first else " ORDER BY created_at, seq"
+    )
+    if query.limit is not None:
+        sql += " LIMIT %s"
+        params.append(query.limit)
+    return sql, params

@@ -1,0 +1,62 @@
+-- chongming-task PostgreSQL schema. Run once per schema by a role with DDL rights
+-- (PostgresTaskStore.create_schema() or `chongming-task --db DSN migrate`); the store
+-- itself only reads and writes, so a role without DDL rights can run it.
+-- {schema} is replaced by a validated identifier.
+
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+CREATE TABLE IF NOT EXISTS {schema}.tasks (
+    seq               BIGSERIAL,
+    task_id           TEXT PRIMARY KEY,
+    name              TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    status_version    INTEGER NOT NULL,
+    attempt           INTEGER NOT NULL,
+    tags              JSONB NOT NULL,
+    bucket            INTEGER,
+    bucket_key        TEXT,
+    pipeline_run_id   TEXT,
+    owner             TEXT,
+    created_at        TIMESTAMPTZ NOT NULL,
+    started_at        TIMESTAMPTZ,
+    ended_at          TIMESTAMPTZ,
+    last_heartbeat_at TIMESTAMPTZ,
+    progress          JSONB,
+    failure           JSONB,
+    outcome           JSONB,
+    lease_owner       TEXT,
+    lease_until       TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS idx_tasks_status ON {schema}.tasks (status);
+CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON {schema}.tasks (bucket);
+CREATE INDEX IF NOT EXISTS idx_tasks_created_at ON {schema}.tasks (created_at, seq);
+CREATE INDEX IF NOT EXISTS idx_tasks_tags ON {schema}.tasks USING GIN (tags jsonb_path_ops);
+CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON {schema}.tasks (pipeline_run_id)
+    WHERE pipeline_run_id IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS {schema}.transitions (
+    task_id     TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    from_status TEXT,
+    to_status   TEXT NOT NULL,
+    at          TIMESTAMPTZ NOT NULL,
+    reason      TEXT,
+    actor       TEXT,
+    PRIMARY KEY (task_id, version)
+);
+
+CREATE TABLE IF NOT EXISTS {schema}.commands (
+    seq         BIGSERIAL,
+    command_id  TEXT PRIMARY KEY,
+    task_id     TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    issued_by   TEXT,
+    created_at  TIMESTAMPTZ NOT NULL,
+    reason      TEXT,
+    lease_until TIMESTAMPTZ,
+    finished_at TIMESTAMPTZ,
+    outcome     TEXT
+);
+-- Claims only ever look at open commands, while the table keeps growing.
+CREATE INDEX IF NOT EXISTS idx_commands_open ON {schema}.commands (created_at, seq)
+    WHERE finished_at IS NULL;

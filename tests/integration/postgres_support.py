@@ -1,0 +1,52 @@
+"""Finding the test server: skip visibly without a DSN on a user's machine, fail in CI."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+ENV = "CHONGMING_TEST_POSTGRES"
+
+
+def require_dsn() -> str:
+    dsn = os.environ.get(ENV)
+    if not dsn:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must provide {ENV}: Postgres tests may not be skipped there")
+        pytest.skip(f"set {ENV}=postgresql://user@host:5432/db to run the Postgres tests")
+    try:
+        import psycopg
+
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:  # a DSN that was given but does not work is a failure
+        pytest.fail(f"{ENV} is set but the server is unreachable: {exc}")
+    return dsn
+
+
+def new_schema() -> str:
+    return f"chongming_test_{secrets.token_hex(4)}"
+
+
+def drop_schemas(dsn: str, schemas: list[str]) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # generated names only
+
+
+@pytest.fixture(scope="module")
+def pg_dsn() -> str:
+    return require_dsn()
+
+
+@pytest.fixture
+def schemas(pg_dsn: str) -> Iterator[list[str]]:
+    """Schemas a test creates; all dropped afterwards."""
+    made: list[str] = []
+    yield made
+    drop_schemas(pg_dsn, made)

@@ -1,0 +1,222 @@
+"""PostgresTaskStore against a real server: the contract, and the concurrency the contract
+cannot prove (store guide §6, distributed design §15.4). Each test gets its own schema,
+dropped afterwards. Without CHONGMING_TEST_POSTGRES these skip visibly; in CI they fail.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from chongming_task import (
+    Command,
+    CommandAction,
+    ConcurrencyConflict,
+    StoreError,
+    TaskQuery,
+    TaskSnapshot,
+    TaskStatus,
+    TaskStore,
+)
+from chongming_task.testing import StoreContract
+from tests.integration.postgres_support import (
+    drop_schemas,
+    new_schema,
+    pg_dsn,
+    require_dsn,
+    schemas,
+)
+
+__all__ = ["pg_dsn", "schemas"]  # fixtures used by name
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def make(dsn: str, made: list[str], *, max_size: int = 10):  # type: ignore[no-untyped-def]
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    schema = new_schema()
+    made.append(schema)
+    store = PostgresTaskStore(dsn, schema=schema, max_size=max_size)
+    store.create_schema()
+    return store
+
+
+class TestPostgresStoreContract(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _server(self) -> Iterator[None]:
+        self._dsn = require_dsn()
+        self._made: list[str] = []
+        yield
+        drop_schemas(self._dsn, self._made)
+
+    def make_store(self) -> TaskStore:
+        store: TaskStore = make(self._dsn, self._made)
+        return store
+
+
+def snapshot(task_id: str, **changes: object) -> TaskSnapshot:
+    base = TaskSnapshot(
+        task_id=task_id, name="n", status=TaskStatus.QUEUED, status_version=1, created_at=T0
+    )
+    return base.evolve(**changes)
+
+
+def test_eight_threads_saving_the_same_version_one_wins(pg_dsn: str, schemas: list[str]) -> None:
+    store = make(pg_dsn, schemas, max_size=8)
+    store.create(snapshot("t1"))
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        try:
+            store.save(snapshot("t1", status_version=2, attempt=n), expect_version=1)
+            result = "ok"
+        except ConcurrencyConflict:
+            result = "conflict"
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
+    final = store.get("t1")
+    assert final is not None and final.status_version == 2
+    store.close()
+
+
+def test_eight_consumers_claim_twenty_commands_exactly_once(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    store = make(pg_dsn, schemas, max_size=8)
+    for i in range(20):
+        store.submit_command(
+            Command(
+                command_id=f"c{i:02d}",
+                task_id="t",
+                action=CommandAction.STOP,
+                created_at=T0 + timedelta(seconds=i),
+            )
+        )
+    barrier = threading.Barrier(8)
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def consumer() -> None:
+        barrier.wait()
+        while True:
+            got = store.claim_commands(now=T0 + timedelta(minutes=1), lease_seconds=60, limit=3)
+            if not got:
+                return
+            with lock:
+                claimed.extend(c.command_id for c in got)
+
+    threads = [threading.Thread(target=consumer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 20 and len(set(claimed)) == 20
+    store.close()
+
+
+def test_a_killed_holder_keeps_its_lease_until_expiry_and_the_pool_heals(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    import psycopg
+
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    schema = new_schema()
+    schemas.append(schema)
+    holder = PostgresTaskStore(pg_dsn, schema=schema, max_size=2, application_name="holder")
+    holder.create_schema()
+    other = PostgresTaskStore(pg_dsn, schema=schema, application_name="other")
+    holder.submit_command(
+        Command(command_id="c1", task_id="t", action=CommandAction.STOP, created_at=T0)
+    )
+    now = datetime.now(UTC)
+    (claim,) = holder.claim_commands(now=now, lease_seconds=2)
+    # Kill every backend of the holder's pool, as a crash or a network cut would.
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'holder'"
+        ).fetchall()
+    assert killed and all(row[0] for row in killed), "no holder backend was terminated"
+    # The lease is neither released early ...
+    assert other.claim_commands(now=now + timedelta(seconds=1), lease_seconds=2) == []
+    # ... nor stuck: after expiry another consumer takes it over.
+    again = other.claim_commands(now=now + timedelta(seconds=2), lease_seconds=2)
+    assert [c.command_id for c in again] == [claim.command_id]
+    # The holder's pool replaced its dead connections: it works again without help.
+    holder.create(snapshot("after-kill"))
+    assert holder.get("after-kill") is not None
+    holder.close()
+    other.close()
+
+
+def test_a_role_without_ddl_rights_uses_the_existing_schema(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    owner_store = make(pg_dsn, schemas)
+    schema = owner_store.schema
+    owner_store.create(snapshot("seeded"))
+    role = f"{schema}_app"
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {role}")
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        admin.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
+        )
+        admin.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
+    app_dsn = make_conninfo(**{**conninfo_to_dict(pg_dsn), "user": role})
+    try:
+        app = PostgresTaskStore(app_dsn, schema=schema)
+        assert app.get("seeded") is not None
+        app.create(snapshot("by-app"))
+        app.save(snapshot("by-app", status_version=2), expect_version=1)
+        assert {s.task_id for s in app.query()} == {"seeded", "by-app"}
+        with pytest.raises(StoreError, match="permission denied"):
+            app.create_schema()  # DDL is refused, and nothing else needs it
+        assert app.counts()[TaskStatus.QUEUED] == 2
+        app.close()
+    finally:
+        owner_store.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_tag_queries_use_exact_jsonb_containment(pg_dsn: str, schemas: list[str]) -> None:
+    store = make(pg_dsn, schemas)
+    store.create(snapshot("a", tags=frozenset({"io"})))
+    store.create(snapshot("b", tags=frozenset({"ios"})))
+    assert [s.task_id for s in store.query(TaskQuery(tag="io"))] == ["a"]
+    plan = " ".join(store.explain_query(TaskQuery(tag="io")))
+    assert "@>" in plan
+    store.close()
+
+
+def test_a_missing_schema_is_a_clear_error(pg_dsn: str) -> None:
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    store = PostgresTaskStore(pg_dsn, schema=new_schema())
+    with pytest.raises(StoreError, match="migrate"):
+        store.get("anything")
+    store.close()
