@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 
-from chongming_task import CancellationToken, Controller, SqliteTaskStore
+from chongming_task import CancellationToken, Controller
+from chongming_task.stores import open_store
 
 
 def main() -> None:
@@ -29,12 +30,13 @@ def main() -> None:
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
     parser.add_argument("--claim-on", default=None)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--schema", default=None, help="PostgreSQL schema, with a DSN")
     args = parser.parse_args()
     owned = None
     if args.owned:
         low, high = args.owned.split("-")
         owned = range(int(low), int(high) + 1)
-    store = SqliteTaskStore(args.db)
+    store = open_store(args.db, schema=args.schema)
     node = Controller(
         store,
         owner=args.owner,

@@ -38,7 +38,7 @@ S = TaskStatus
 class Node:
     """A node subprocess and the JSON lines it printed."""
 
-    def __init__(self, db: Path, *args: str) -> None:
+    def __init__(self, db: Path | str, *args: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.node", str(db), *args],
             cwd=ROOT,

@@ -174,6 +174,9 @@ class PostgresTaskStore:
                 "connect_timeout": max(1, round(connect_timeout)),
             },
             check=ConnectionPool.check_connection,  # a killed backend is replaced, not used
+            # During an outage a write fails after this long (the write-through buffers it
+            # and catches up later) instead of holding a task for the pool's default 30 s.
+            timeout=connect_timeout,
             open=False,
             name=f"chongming:{self.where}",
         )
