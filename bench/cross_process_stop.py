@@ -1,7 +1,9 @@
 """Cross-process stop latency: a stop requested in process B until ``stopped`` is in the
 store, for tasks running in node process A (shared SQLite file).
 
-    uv run python bench/cross_process_stop.py [--stops N] [--poll SECONDS]
+    uv run python bench/cross_process_stop.py [--stops N] [--poll SECONDS] [--dsn DSN]
+
+With ``--dsn`` the shared store is PostgreSQL (a fresh schema), else a SQLite file.
 
 A's tasks checkpoint every 10 ms; A polls commands every ``--poll`` seconds. Expected:
 latency spread over one poll interval; the target is p99 <= poll interval + 50 ms. The
@@ -21,7 +23,8 @@ import time
 from pathlib import Path
 
 from _stats import latency_row  # bench/ is on sys.path when run as a script
-from chongming_task import CancellationToken, Controller, SqliteTaskStore, TaskStatus
+from chongming_task import CancellationToken, Controller, TaskStatus, TaskStore
+from chongming_task.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUND = 20
@@ -33,9 +36,14 @@ def wait_stopped(b: Controller, task_id: str) -> None:
         tick.wait(0.001)
 
 
-def remote(db: Path, stops: int, poll: float) -> list[float]:
+def open_shared(db: Path | str, schema: str | None) -> TaskStore:
+    return open_store(db, schema=schema)
+
+
+def remote(db: Path | str, stops: int, poll: float, schema: str | None = None) -> list[float]:
     out: list[float] = []
-    b = Controller(SqliteTaskStore(db), owner="bench-console")
+    b = Controller(open_shared(db, schema), owner="bench-console")
+    extra = ["--schema", schema] if schema else []
     while len(out) < stops:
         node = subprocess.Popen(
             [
@@ -43,6 +51,7 @@ def remote(db: Path, stops: int, poll: float) -> list[float]:
                 "-m",
                 "tests.integration.node",
                 str(db),
+                *extra,
                 "--poll",
                 str(poll),
                 "--workers",
@@ -78,8 +87,8 @@ def remote(db: Path, stops: int, poll: float) -> list[float]:
     return out
 
 
-def local(db: Path, stops: int) -> list[float]:
-    store = SqliteTaskStore(db)
+def local(db: Path | str, stops: int, schema: str | None = None) -> list[float]:
+    store = open_shared(db, schema)
     b = Controller(store, owner="bench-local", max_workers=4)
 
     @b.task(name="loop")
@@ -106,15 +115,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stops", type=int, default=200)
     parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--dsn", default=None, help="share a PostgreSQL store instead")
     args = parser.parse_args()
+    schema = None
     with tempfile.TemporaryDirectory() as tmp:
+        if args.dsn:
+            from chongming_task.stores.postgres import PostgresTaskStore
+
+            schema = f"bench_stop_{int(time.time())}"
+            setup = PostgresTaskStore(args.dsn, schema=schema)
+            setup.create_schema()
+            setup.close()
+        local_db: Path | str = args.dsn or Path(tmp) / "l.db"
+        remote_db: Path | str = args.dsn or Path(tmp) / "r.db"
         rows = {
-            "stop of a task held here (reference)": local(Path(tmp) / "l.db", args.stops),
+            "stop of a task held here (reference)": local(local_db, args.stops, schema),
             f"stop across processes (poll {args.poll}s)": remote(
-                Path(tmp) / "r.db", args.stops, args.poll
+                remote_db, args.stops, args.poll, schema
             ),
         }
-    print(f"stop request -> 'stopped' in the store, {args.stops} stops, SQLite file")
+        if args.dsn and schema:
+            import psycopg
+
+            with psycopg.connect(args.dsn, autocommit=True) as admin:
+                admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    store_name = "PostgreSQL" if args.dsn else "SQLite file"
+    print(f"stop request -> 'stopped' in the store, {args.stops} stops, {store_name}")
     print(f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, values in rows.items():
         print(latency_row(name, values))
