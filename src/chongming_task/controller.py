@@ -741,51 +741,69 @@ class Controller:
         lost: list[str] = []
         let_go: list[str] = []
         atomic = getattr(self.store, "atomic", None)
+        bulk = getattr(self.store, "mark_lost", None)
+        memo: dict[str | None, tuple[Failure, str]] = {}
         for offset in range(0, len(candidates), _RECONCILE_CHUNK):
             chunk = candidates[offset : offset + _RECONCILE_CHUNK]
             # Each task is still its own compare-and-set; a chunk only shares a commit.
-            with atomic() if atomic is not None else contextlib.nullcontext():
-                for snapshot in chunk:
-                    if self._mark_lost(snapshot, now):
-                        lost.append(snapshot.task_id)
-                    else:
-                        let_go.append(snapshot.task_id)
+            if bulk is not None:
+                won = bulk([self._lost_marks(snapshot, now, memo) for snapshot in chunk])
+            else:
+                with atomic() if atomic is not None else contextlib.nullcontext():
+                    won = {s.task_id for s in chunk if self._mark_lost(s, now)}
+            for snapshot in chunk:
+                (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
         return ReconcileReport(
             dry_run=False, examined=len(candidates), lost=tuple(lost), let_go=tuple(let_go)
         )
 
-    def _mark_lost(self, snapshot: TaskSnapshot, now: datetime) -> bool:
-        """CAS one task to ``lost``; ``False`` if its version moved (someone is alive)."""
-        expired = f"supervisor lease of {snapshot.lease_owner or 'nobody'} expired" + (
-            f" at {snapshot.lease_until.isoformat()}" if snapshot.lease_until else ""
-        )
-        version = snapshot.status_version + 1
-        marked = snapshot.evolve(
-            status=TaskStatus.LOST,
-            status_version=version,
-            ended_at=now,
-            failure=Failure(
+    def _lost_marks(
+        self,
+        snapshot: TaskSnapshot,
+        now: datetime,
+        memo: dict[str | None, tuple[Failure, str]] | None = None,
+    ) -> tuple[TaskSnapshot, Transition]:
+        """The ``lost`` snapshot and transition reconcile writes for ``snapshot``.
+
+        ``memo`` shares one ``Failure`` and reason per lease owner across a reconcile (the
+        lease's own expiry time stays visible on the snapshot)."""
+        owner = snapshot.lease_owner
+        cached = memo.get(owner) if memo is not None else None
+        if cached is None:
+            expired = f"supervisor lease of {owner or 'nobody'} expired"
+            failure = Failure(
                 kind=FailureKind.LOST,
                 message=f"{expired}; result unknown: the task may have run, partly or "
                 "fully, and may still be running",
                 carrier_may_run=True,
-            ),
+            )
+            cached = (failure, f"reconcile: {expired}")
+            if memo is not None:
+                memo[owner] = cached
+        failure, reason = cached
+        version = snapshot.status_version + 1
+        marked = snapshot.evolve(
+            status=TaskStatus.LOST, status_version=version, ended_at=now, failure=failure
         )
+        transition = Transition(
+            task_id=snapshot.task_id,
+            version=version,
+            from_status=snapshot.status,
+            to_status=TaskStatus.LOST,
+            at=now,
+            reason=reason,
+            actor=self.owner,
+        )
+        return marked, transition
+
+    def _mark_lost(self, snapshot: TaskSnapshot, now: datetime) -> bool:
+        """CAS one task to ``lost``; ``False`` if its version moved (someone is alive)."""
+        marked, transition = self._lost_marks(snapshot, now)
         try:
             self.store.save(marked, expect_version=snapshot.status_version)
         except ConcurrencyConflict:
             return False
-        self.store.append(
-            Transition(
-                task_id=snapshot.task_id,
-                version=version,
-                from_status=snapshot.status,
-                to_status=TaskStatus.LOST,
-                at=now,
-                reason=f"reconcile: {expired}",
-                actor=self.owner,
-            )
-        )
+        self.store.append(transition)
         return True
 
     # -- hooks called by runs ----------------------------------------------------------------------

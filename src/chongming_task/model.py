@@ -176,10 +176,23 @@ def _make_copier(cls: type, names: tuple[str, ...]) -> Any:
     return scope["copy"]
 
 
+def _make_builder(cls: type, names: tuple[str, ...]) -> Any:
+    """A keyword-only constructor that skips validation, for values a store codec has
+    already normalised (UTC datetimes, frozenset tags): decoding is a hot path."""
+    lines = [f"def build(*, {', '.join(names)}):", "    new = _new(_cls)"]
+    lines += [f"    _set(new, {name!r}, {name})" for name in names]
+    lines.append("    return new")
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_set": object.__setattr__}
+    exec("\n".join(lines), scope)
+    return scope["build"]
+
+
 _SNAPSHOT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TaskSnapshot))
 _SNAPSHOT_FIELD_SET = frozenset(_SNAPSHOT_FIELDS)
 _SNAPSHOT_TIME_SET = frozenset(_SNAPSHOT_TIMES)
 _copy_snapshot = _make_copier(TaskSnapshot, _SNAPSHOT_FIELDS)
+trusted_snapshot = _make_builder(TaskSnapshot, _SNAPSHOT_FIELDS)
+"""Build a ``TaskSnapshot`` from already-normalised values (store codecs only)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -135,3 +135,39 @@ def test_a_controller_on_a_path_owns_and_closes_its_store(tmp_path: Path) -> Non
     c.close()
     with pytest.raises(StoreError, match="closed"):
         c.store.get("x")
+
+
+def test_mark_lost_is_a_compare_and_set_per_task(tmp_path: Path) -> None:
+    """The bulk path reconcile uses on SQLite: a task whose version moved (its holder
+    wrote meanwhile) is left alone and gets no transition; the others are marked."""
+    from chongming_task import Failure, FailureKind, Transition
+
+    store = SqliteTaskStore(tmp_path / "m.db")
+    for task_id in ("a", "b", "c"):
+        store.create(snap(task_id, status=TaskStatus.RUNNING, status_version=3))
+    store.save(snap("b", status=TaskStatus.SUCCEEDED, status_version=4), expect_version=3)
+    failure = Failure(kind=FailureKind.LOST, message="lease expired", carrier_may_run=True)
+    now = datetime(2026, 3, 2, tzinfo=UTC)
+    marks = [
+        (
+            snap(t, status=TaskStatus.LOST, status_version=4, ended_at=now, failure=failure),
+            Transition(
+                task_id=t,
+                version=4,
+                from_status=TaskStatus.RUNNING,
+                to_status=TaskStatus.LOST,
+                at=now,
+                reason="reconcile",
+                actor="me",
+            ),
+        )
+        for t in ("a", "b", "c")
+    ]
+    assert store.mark_lost(marks) == {"a", "c"}
+    lost = store.get("a")
+    assert lost is not None and lost.status is TaskStatus.LOST and lost.failure == failure
+    assert lost.ended_at == now and lost.status_version == 4
+    assert store.get("b").status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert store.history("b") == [] and len(store.history("a")) == 1
+    assert store.mark_lost([]) == set()
+    store.close()

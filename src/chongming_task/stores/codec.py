@@ -23,6 +23,7 @@ from ..model import (
     TaskSnapshot,
     TaskStatus,
     Transition,
+    trusted_snapshot,
     utc,
 )
 
@@ -81,7 +82,9 @@ def encode_dt(value: datetime | None) -> str | None:
     if value is None:
         return None
     # Fixed width ("...T12:00:00.000000+00:00"), so text order is time order.
-    return utc(value).isoformat(timespec="microseconds")
+    if value.tzinfo is not UTC:
+        value = utc(value)
+    return value.isoformat(timespec="microseconds")
 
 
 def decode_dt(value: str | datetime | None) -> datetime | None:
@@ -93,17 +96,22 @@ def decode_dt(value: str | datetime | None) -> datetime | None:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError(f"stored time {value!r} has no zone; stores keep UTC")
-    return parsed.astimezone(UTC)
+    return utc(parsed)
 
 
 def encode_tags(tags: Iterable[str]) -> str:
     """Tags as a sorted JSON array (exact matching can then test array membership)."""
+    if not tags:
+        return "[]"
     return json.dumps(sorted(tags), ensure_ascii=False, separators=(",", ":"))
 
 
+_NO_TAGS: frozenset[str] = frozenset()
+
+
 def decode_tags(value: str | list[str] | None) -> frozenset[str]:
-    if value is None:
-        return frozenset()
+    if value is None or value == "[]":
+        return _NO_TAGS
     if isinstance(value, list):
         return frozenset(value)
     return frozenset(json.loads(value))
@@ -189,7 +197,8 @@ def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
 def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
     created_at = decode_dt(row["created_at"])
     assert created_at is not None, "created_at is NOT NULL in every store"
-    return TaskSnapshot(
+    # Every value below is normalised here (UTC times, frozenset tags): skip re-validation.
+    snapshot: TaskSnapshot = trusted_snapshot(
         task_id=row["task_id"],
         name=row["name"],
         status=TaskStatus(row["status"]),
@@ -210,6 +219,7 @@ def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
         lease_owner=row["lease_owner"],
         lease_until=decode_dt(row["lease_until"]),
     )
+    return snapshot
 
 
 def transition_to_row(transition: Transition) -> Row:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
@@ -97,6 +98,10 @@ _APPEND = (
     f"INSERT OR IGNORE INTO transitions ({_TR_COLS}) "
     f"VALUES ({', '.join('?' * len(codec.TRANSITION_COLUMNS))})"
 )
+_MARK_LOST = (
+    "UPDATE tasks SET status = ?, status_version = ?, ended_at = ?, failure = ?"
+    " WHERE task_id = ? AND status_version = ?"
+)
 _HISTORY = f"SELECT {_TR_COLS} FROM transitions WHERE task_id = ? AND version > ? ORDER BY version"
 _CMD_COLS = ", ".join(codec.COMMAND_COLUMNS)
 _INSERT_COMMAND = (
@@ -172,29 +177,25 @@ class SqliteTaskStore:
 
     # -- plumbing -----------------------------------------------------------------------------
 
+    def _translate(self, exc: sqlite3.DatabaseError, what: str) -> StoreError:
+        """sqlite3's error as a ``StoreError`` naming the file."""
+        message = str(exc)
+        if "file is not a database" in message or "malformed" in message:
+            return StoreError(f"{self.path} is not a usable SQLite database ({message})")
+        return StoreError(f"SQLite {what} failed on {self.path}: {message}")
+
     @contextlib.contextmanager
     def _guard(self, what: str) -> Iterator[None]:
-        """Turn sqlite3's errors into ``StoreError`` naming the file."""
         try:
             yield
         except sqlite3.DatabaseError as exc:
-            message = str(exc)
-            if "file is not a database" in message or "malformed" in message:
-                raise StoreError(
-                    f"{self.path} is not a usable SQLite database ({message})"
-                ) from exc
-            raise StoreError(f"SQLite {what} failed on {self.path}: {message}") from exc
+            raise self._translate(exc, what) from exc
 
-    @contextlib.contextmanager
-    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"SqliteTaskStore({self.path}) is closed")
-            with self._guard(what):
-                yield self._conn
+    def _locked(self, what: str) -> _ReadScope:
+        """``with self._locked(what) as conn``: the connection, under our lock."""
+        return _ReadScope(self, what)
 
-    @contextlib.contextmanager
-    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+    def _write(self, what: str) -> _WriteScope:
         """Run a write (or a read that decides a write) atomically and durably.
 
         Group commit: writes from several threads share one ``BEGIN IMMEDIATE``
@@ -203,41 +204,10 @@ class SqliteTaskStore:
         only once its own work is committed, so each write is as durable as with one
         transaction per call, at a fraction of the commits under concurrency. Holding the
         write lock from ``BEGIN IMMEDIATE`` keeps read-then-write steps (claims, prune)
-        atomic against other processes.
+        atomic against other processes. Inside ``atomic()`` a write joins the caller's
+        savepoint.
         """
-        batch: int | None = None
-        try:
-            with self._locked(what) as conn:
-                if self._depth:  # inside atomic(): part of the caller's savepoint
-                    self._depth += 1
-                    try:
-                        yield conn
-                    finally:
-                        self._depth -= 1
-                    return
-                if not self._in_transaction:
-                    conn.execute("BEGIN IMMEDIATE")
-                    self._in_transaction = True
-                    self._batch += 1
-                batch = self._batch
-                conn.execute("SAVEPOINT write")
-                self._depth = 1
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK TO write")
-                    raise
-                finally:
-                    self._depth = 0
-                    conn.execute("RELEASE write")
-        except BaseException:
-            if batch is not None:  # never leave the shared transaction open
-                with contextlib.suppress(StoreError):
-                    self._commit(batch)
-            raise
-        if batch is not None:
-            # Outside the connection lock: the lock order is commit lock, then connection.
-            self._commit(batch)
+        return _WriteScope(self, what)
 
     def _commit(self, batch: int) -> None:
         with self._commit_lock:
@@ -418,6 +388,73 @@ class SqliteTaskStore:
         with self._write("release_command") as conn:
             conn.execute(_RELEASE_COMMAND, (command_id,))
 
+    def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
+        """Optional capability (not part of ``TaskStore``), used by ``reconcile()``.
+
+        For each ``(lost snapshot, its transition)``: compare-and-set ``status``,
+        ``status_version``, ``ended_at`` and ``failure`` where the stored version is still
+        ``transition.version - 1``, and append the transition only where that won. One
+        transaction. Returns the ids marked; the others moved on (their holder is alive).
+        """
+        if not marks:
+            return set()
+        # Reconcile marks many tasks with the same time and failure: encode each once.
+        times: dict[datetime | None, str | None] = {}
+        failures: dict[int, str | None] = {}
+
+        def dt(value: datetime | None) -> str | None:
+            if value not in times:
+                times[value] = codec.encode_dt(value)
+            return times[value]
+
+        def failure(m: TaskSnapshot) -> str | None:
+            key = id(m.failure)
+            if key not in failures:
+                failures[key] = codec.encode_failure(m.failure)
+            return failures[key]
+
+        params = [
+            (m.status.value, m.status_version, dt(m.ended_at), failure(m), m.task_id, t.version - 1)
+            for m, t in marks
+        ]
+        wanted = {m.task_id: m.status_version for m, _ in marks}
+        with self._write("mark_lost") as conn:
+            changed = conn.executemany(_MARK_LOST, params).rowcount
+            if changed == len(marks):
+                won = set(wanted)
+            else:  # someone moved: read back which rows carry our version and status
+                won = set()
+                ids = list(wanted)
+                for offset in range(0, len(ids), 500):
+                    part = ids[offset : offset + 500]
+                    rows = conn.execute(
+                        f"SELECT task_id, status, status_version FROM tasks WHERE task_id IN "
+                        f"({', '.join('?' * len(part))})",
+                        part,
+                    ).fetchall()
+                    won.update(
+                        task_id
+                        for task_id, status, version in rows
+                        if status == TaskStatus.LOST.value and version == wanted[task_id]
+                    )
+            conn.executemany(
+                _APPEND,
+                (
+                    (
+                        t.task_id,
+                        t.version,
+                        t.from_status.value if t.from_status else None,
+                        t.to_status.value,
+                        dt(t.at),
+                        t.reason,
+                        t.actor,
+                    )
+                    for m, t in marks
+                    if m.task_id in won
+                ),
+            )
+        return won
+
     # -- operations -------------------------------------------------------------------------------
 
     def prune(self, *, keep_terminal: int) -> int:
@@ -476,3 +513,96 @@ def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
         sql += " LIMIT ?"
         params.append(query.limit)
     return sql, params
+
+
+class _ReadScope:
+    """Lock, closed check and error translation, as a plain class: these run on every
+    store call, where generator-based context managers cost more than the SQL."""
+
+    __slots__ = ("_store", "_what")
+
+    def __init__(self, store: SqliteTaskStore, what: str) -> None:
+        self._store = store
+        self._what = what
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        if store._closed:
+            store._lock.release()
+            raise StoreError(f"SqliteTaskStore({store.path}) is closed")
+        return store._conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._store._lock.release()
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise self._store._translate(exc, self._what) from exc
+
+
+class _WriteScope:
+    """See ``SqliteTaskStore._write``."""
+
+    __slots__ = ("_batch", "_nested", "_store", "_what")
+
+    def __init__(self, store: SqliteTaskStore, what: str) -> None:
+        self._store = store
+        self._what = what
+        self._batch = 0
+        self._nested = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        try:
+            if store._closed:
+                raise StoreError(f"SqliteTaskStore({store.path}) is closed")
+            if store._depth:  # inside atomic(): part of the caller's savepoint
+                store._depth += 1
+                self._nested = True
+                return store._conn
+            if not store._in_transaction:
+                store._conn.execute("BEGIN IMMEDIATE")
+                store._in_transaction = True
+                store._batch += 1
+            self._batch = store._batch
+            store._conn.execute("SAVEPOINT write")
+            store._depth = 1
+            return store._conn
+        except sqlite3.DatabaseError as exc:
+            store._lock.release()
+            raise store._translate(exc, self._what) from exc
+        except BaseException:
+            store._lock.release()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        store = self._store
+        if self._nested:
+            store._depth -= 1
+            store._lock.release()
+        else:
+            try:
+                store._depth = 0
+                if exc is not None:
+                    store._conn.execute("ROLLBACK TO write")
+                store._conn.execute("RELEASE write")
+            finally:
+                store._lock.release()
+            # Outside the connection lock: the lock order is commit lock, then connection.
+            if exc is None:
+                store._commit(self._batch)
+                return
+            with contextlib.suppress(StoreError):  # never leave the shared transaction open
+                store._commit(self._batch)
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise store._translate(exc, self._what) from exc
