@@ -166,6 +166,12 @@ def test_a_poller_that_claims_a_command_for_a_task_it_does_not_hold_releases_it(
         assert command == (receipt.command_id, None, None)  # ... and released it, unfinished
         assert b.wait_for(task_id, timeout=10).status is S.STOPPED  # A got it
         assert open_commands(db) == []
+        conn = sqlite3.connect(db)
+        row = conn.execute(
+            "SELECT issued_by, outcome FROM commands WHERE command_id = ?", (receipt.command_id,)
+        ).fetchone()
+        conn.close()
+        assert row == ("console", "stopping")  # who asked, and what the holder did
     finally:
         b.close()
 
@@ -271,6 +277,8 @@ def test_each_node_reconciles_only_its_own_buckets(db: Path) -> None:
     low = Controller(SqliteTaskStore(db), owner="low", owned_buckets=range(0, 32))
     high = Controller(SqliteTaskStore(db), owner="high", owned_buckets=range(32, 64))
     try:
+        counts = low.bucket_counts()
+        assert counts == {0: 1, 5: 1, 31: 1, 32: 1, 40: 1, 63: 1}
         assert set(low.reconcile(dry_run=True).lost) == set(mine)
         assert set(low.reconcile().lost) == set(mine)
         assert all(store.get(t).status is S.RUNNING for t in theirs)  # type: ignore[union-attr]
