@@ -547,13 +547,14 @@ class _ReadScope:
 class _WriteScope:
     """See ``SqliteTaskStore._write``."""
 
-    __slots__ = ("_batch", "_nested", "_store", "_what")
+    __slots__ = ("_batch", "_began", "_nested", "_store", "_what")
 
     def __init__(self, store: SqliteTaskStore, what: str) -> None:
         self._store = store
         self._what = what
         self._batch = 0
         self._nested = False
+        self._began = False
 
     def __enter__(self) -> sqlite3.Connection:
         store = self._store
@@ -566,11 +567,15 @@ class _WriteScope:
                 self._nested = True
                 return store._conn
             if not store._in_transaction:
+                # We open the batch: nobody can join while we hold the lock, so a failure
+                # rolls the whole transaction back and no savepoint is needed.
                 store._conn.execute("BEGIN IMMEDIATE")
                 store._in_transaction = True
                 store._batch += 1
+                self._began = True
+            else:
+                store._conn.execute("SAVEPOINT write")  # others' work is in this batch
             self._batch = store._batch
-            store._conn.execute("SAVEPOINT write")
             store._depth = 1
             return store._conn
         except sqlite3.DatabaseError as exc:
@@ -590,12 +595,24 @@ class _WriteScope:
         if self._nested:
             store._depth -= 1
             store._lock.release()
+        elif self._began and exc is not None:
+            try:
+                store._depth = 0
+                store._conn.execute("ROLLBACK")  # only our own work was in it
+            finally:
+                store._in_transaction = False
+                store._committed = self._batch
+                store._lock.release()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise store._translate(exc, self._what) from exc
+            return
         else:
             try:
                 store._depth = 0
-                if exc is not None:
-                    store._conn.execute("ROLLBACK TO write")
-                store._conn.execute("RELEASE write")
+                if not self._began:
+                    if exc is not None:
+                        store._conn.execute("ROLLBACK TO write")
+                    store._conn.execute("RELEASE write")
             finally:
                 store._lock.release()
             # Outside the connection lock: the lock order is commit lock, then connection.
