@@ -55,6 +55,30 @@ class RunHost(Protocol):
 class TaskRun:
     """A submitted task: ``task_id``, ``wait()``, ``result()``, ``snapshot()``, control."""
 
+    # Slots: a node holds many runs, and every instance dict is one more object for the
+    # cyclic garbage collector to walk on each full collection.
+    __slots__ = (
+        "_args",
+        "_deadline",
+        "_done",
+        "_finished",
+        "_flushed_activity",
+        "_grace_deadline",
+        "_history",
+        "_host",
+        "_kwargs",
+        "_lease_renew_at",
+        "_lock",
+        "_paused_at",
+        "_snapshot",
+        "_wt",
+        "abandoned",
+        "definition",
+        "node_key",
+        "pipeline",
+        "token",
+    )
+
     def __init__(
         self,
         host: RunHost,

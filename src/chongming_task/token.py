@@ -26,6 +26,24 @@ StopKind = Literal["stop", "cancel", "timeout"]
 class CancellationToken:
     """Cooperative control for one task; passed as the task function's first argument."""
 
+    __slots__ = (
+        "_acked_generation",
+        "_activity",
+        "_clock",
+        "_cond_or_none",
+        "_heartbeat",
+        "_lock",
+        "_on_pause_ack",
+        "_pause_generation",
+        "_pause_requested",
+        "_progress",
+        "_stop_kind",
+        "_stop_reason",
+        "attempt",
+        "task_id",
+        "upstream",
+    )
+
     def __init__(
         self,
         task_id: str,
@@ -36,8 +54,7 @@ class CancellationToken:
     ) -> None:
         self.task_id = task_id
         self.attempt = 0
-        self.upstream: dict[str, Any] = {}
-        """For a pipeline node: each dependency's result, by node key."""
+        self.upstream: dict[str, Any] = {}  # pipeline nodes: each dependency's result
         self._clock = clock
         self._on_pause_ack = on_pause_ack
         # Re-entrant (a regression test holds it across resume() + request_pause()); the

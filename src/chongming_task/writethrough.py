@@ -33,6 +33,7 @@ class WriteThrough:
     __slots__ = (
         "_atomic",
         "_buffer",
+        "_limit",
         "_on_behind",
         "_on_desync",
         "_store",
@@ -56,7 +57,8 @@ class WriteThrough:
         self._atomic = getattr(store, "atomic", None)
         self.task_id = task_id
         self.written_version = written_version
-        self._buffer: deque[Transition] = deque(maxlen=buffer_limit)
+        self._limit = buffer_limit
+        self._buffer: deque[Transition] | None = None  # made on the first failed write
         self._on_desync = on_desync
         self._on_behind = on_behind
         self.desynced = False
@@ -65,7 +67,12 @@ class WriteThrough:
     @property
     def pending(self) -> int:
         """Transitions not yet in the store."""
-        return len(self._buffer)
+        return len(self._buffer) if self._buffer else 0
+
+    def _buffered(self) -> deque[Transition]:
+        if self._buffer is None:
+            self._buffer = deque(maxlen=self._limit)
+        return self._buffer
 
     def behind(self, snapshot: TaskSnapshot) -> bool:
         return not self.desynced and (
@@ -84,30 +91,31 @@ class WriteThrough:
                 return True
             if self.desynced:
                 return False
-            self._buffer.append(transition)
+            self._buffered().append(transition)
             self._on_behind(self.task_id)
             return False
-        if len(self._buffer) == self._buffer.maxlen:
+        if len(self._buffer) == self._limit:
             self.dropped += 1
             log.error(
                 "task %s: write-through buffer full; the oldest unwritten transition is "
                 "dropped from the audit trail (the snapshot will still catch up)",
                 self.task_id,
             )
-        self._buffer.append(transition)
+        self._buffered().append(transition)
         return self.flush(snapshot)
 
     def defer(self, transition: Transition) -> None:
         """Buffer ``transition`` for the next ``persist`` (no store call now)."""
         if not self.desynced:
-            self._buffer.append(transition)
+            self._buffered().append(transition)
 
     def flush(self, snapshot: TaskSnapshot, transition: Transition | None = None) -> bool:
         """Bring the store up to ``snapshot`` (plus ``transition`` when the buffer is empty
         and the caller has not buffered it). Returns whether it is now up to date."""
         if self.desynced:
             return False
-        pending = [*self._buffer, transition] if transition is not None else list(self._buffer)
+        buffered = self._buffer or ()
+        pending = [*buffered, transition] if transition is not None else list(buffered)
         try:
             atomic = self._atomic
             if atomic is not None:
@@ -118,7 +126,8 @@ class WriteThrough:
                     for item in pending:
                         self._store.append(item)
                 self.written_version = snapshot.status_version
-                self._buffer.clear()
+                if self._buffer:
+                    self._buffer.clear()
             else:
                 if snapshot.status_version != self.written_version:
                     self._store.save(snapshot, expect_version=self.written_version)
@@ -129,7 +138,7 @@ class WriteThrough:
                         self._buffer.popleft()
         except ConcurrencyConflict as exc:
             self.desynced = True
-            self._buffer.clear()
+            self._buffer = None
             self._on_desync(self.task_id, exc)
             return False
         except Exception as exc:
