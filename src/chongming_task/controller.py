@@ -174,6 +174,7 @@ class Controller:
         self._scheduler: threading.Thread | None = None
         self._pipeline_events: queue.SimpleQueue[TaskRun | None] = queue.SimpleQueue()
         self._poller: threading.Thread | None = None
+        self._unsubscribe: Callable[[], None] | None = None
         self._poll_now = threading.Event()
         # None: the default rule (from construction with owned_buckets, else after the
         # first submit). False: never, for tools that act for a node without being one.
@@ -901,6 +902,11 @@ class Controller:
                 target=self._poll_commands, name=f"chongming-commands[{self.owner}]"
             )
             self._poller.start()
+            # Stores that can push a wake-up (Postgres LISTEN/NOTIFY) shorten the wait;
+            # the poll interval still bounds it when a notification is lost.
+            subscribe = getattr(self.store, "subscribe_commands", None)
+            if subscribe is not None:
+                self._unsubscribe = subscribe(self._poll_now.set)
 
     def _supervise(self) -> None:
         next_lease = 0.0
@@ -1019,6 +1025,8 @@ class Controller:
         self._dispatcher.close()
         self._shutdown.set()
         self._poll_now.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         self._pipeline_events.put(None)
         self._schedule_wake.set()
         threads = [self._scheduler, *self._workers, self._supervisor, self._poller]

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -197,3 +198,21 @@ def _safe_get(store: PostgresTaskStore, task_id: str) -> TaskSnapshot | None:
         return store.get(task_id)
     except StoreError:
         return None  # still coming back
+
+
+def test_notify_wakes_a_slow_poller_and_polling_still_delivers(pg_dsn: str, schema: str) -> None:
+    """A node polling only every 30 s still obeys a stop within a second: LISTEN/NOTIFY
+    wakes its poller. The command itself is still claimed from the table."""
+    a = Node(pg_dsn, "--schema", schema, "--owner", "node-a", "--poll", "30", "--submit", "loop")
+    console = Controller(PostgresTaskStore(pg_dsn, schema=schema), owner="console")
+    try:
+        (task_id,) = a.task_ids
+        wait_until(lambda: console.get(task_id).status is S.RUNNING)
+        started = time.monotonic()
+        assert console.stop(task_id).accepted
+        assert console.wait_for(task_id, timeout=20).status is S.STOPPED
+        assert time.monotonic() - started < 5, "the poller was not woken early"
+    finally:
+        console.close()
+        console.store.close()
+        a.finish()

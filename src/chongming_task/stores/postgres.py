@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -155,6 +155,8 @@ class PostgresTaskStore:
         if not _IDENTIFIER.match(schema):
             raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
         self.schema = schema
+        self._channel = f"chongming_commands_{schema}"  # a validated identifier
+        self._dsn = dsn  # for the listener's own connection; never printed (password)
         try:
             info = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
@@ -350,6 +352,8 @@ class PostgresTaskStore:
         try:
             with self._cursor("submit_command") as cur:
                 cur.execute(_INSERT_COMMAND, [row[c] for c in codec.COMMAND_COLUMNS])
+                # Delivered at commit, to listeners only: a wake-up, never the delivery.
+                cur.execute(f"NOTIFY {self._channel}".encode())
         except StoreError as exc:
             if isinstance(exc.__cause__, pg_errors.UniqueViolation):
                 raise StoreError(f"command {command.command_id} already exists") from None
@@ -367,6 +371,39 @@ class PostgresTaskStore:
         return [
             codec.row_to_command(dict(zip(codec.COMMAND_COLUMNS, r[1:], strict=True))) for r in rows
         ]
+
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Optional capability (not part of ``TaskStore``): call ``wake()`` soon after any
+        process submits a command, so a poller can claim it before its next interval.
+
+        Polling stays the source of truth (distributed design §17 point 4): a lost
+        notification only costs latency. One dedicated connection ``LISTEN``s on a
+        thread of its own and reconnects after failures. Returns a function that stops it.
+        """
+        stop = threading.Event()
+        dsn = self._dsn
+
+        def listen() -> None:
+            while not stop.is_set():
+                try:
+                    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                        conn.execute(f"LISTEN {self._channel}".encode())
+                        while not stop.is_set():
+                            for _ in conn.notifies(timeout=0.5, stop_after=1):
+                                wake()
+                except psycopg.Error:
+                    stop.wait(1.0)  # the server is away: polling carries on meanwhile
+
+        thread = threading.Thread(
+            target=listen, name=f"chongming-listen[{self.where}]", daemon=True
+        )
+        thread.start()
+
+        def unsubscribe() -> None:
+            stop.set()
+            thread.join(5)
+
+        return unsubscribe
 
     def complete_command(
         self, command_id: str, *, now: datetime, outcome: str | None = None
