@@ -171,33 +171,3 @@ def test_mark_lost_is_a_compare_and_set_per_task(tmp_path: Path) -> None:
     assert store.history("b") == [] and len(store.history("a")) == 1
     assert store.mark_lost([]) == set()
     store.close()
-
-
-def test_a_failing_write_that_joined_a_batch_rolls_back_only_itself(tmp_path: Path) -> None:
-    """Group commit: writer A's transaction is still open (its commit is held back) when
-    writer B joins it and fails. B's savepoint rolls back B alone; A's work commits."""
-    store = SqliteTaskStore(tmp_path / "j.db")
-    store.create(snap("dup"))
-    original_commit = store._commit
-    a_waiting, release_a = threading.Event(), threading.Event()
-
-    def held_commit(batch: int) -> None:
-        if threading.current_thread().name == "writer-a":
-            a_waiting.set()
-            release_a.wait(10)
-        original_commit(batch)
-
-    store._commit = held_commit  # type: ignore[method-assign]
-    writer_a = threading.Thread(target=store.create, args=(snap("from-a"),), name="writer-a")
-    writer_a.start()
-    assert a_waiting.wait(10)  # A wrote and left the lock; its transaction is still open
-    assert store._in_transaction
-    with pytest.raises(StoreError):
-        store.create(snap("dup"))  # B joins A's batch and fails
-    release_a.set()
-    writer_a.join(10)
-    store._commit = original_commit  # type: ignore[method-assign]
-    other = sqlite3.connect(tmp_path / "j.db")
-    assert sorted(r[0] for r in other.execute("SELECT task_id FROM tasks")) == ["dup", "from-a"]
-    other.close()
-    store.close()

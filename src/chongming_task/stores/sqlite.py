@@ -1,10 +1,10 @@
 """``SqliteTaskStore``: the default store, shared safely by processes on one machine.
 
 One connection per store, opened with ``check_same_thread=False`` and guarded by our own
-lock; WAL so readers never block the writer; ``BEGIN IMMEDIATE`` where a read decides a
-write (claims, prune), and single conditional statements elsewhere (``save`` is one
-``UPDATE ... WHERE status_version = ?``). Not for sharing across machines: network file
-systems do not give SQLite reliable locks.
+lock; WAL so readers never block the writer; every write is one ``BEGIN IMMEDIATE ...
+COMMIT``, so a read that decides a write (claims, prune) is atomic across processes, and
+``save`` is one ``UPDATE ... WHERE status_version = ?``. Not for sharing across
+machines: network file systems do not give SQLite reliable locks.
 """
 
 from __future__ import annotations
@@ -138,12 +138,7 @@ class SqliteTaskStore:
     ) -> None:
         self.path = str(path)
         self._lock = threading.RLock()  # re-entrant: methods run inside atomic()
-        self._commit_lock = threading.Lock()
-        self._in_transaction = False
-        self._depth = 0
-        self._batch = 0
-        self._committed = 0
-        self._failed_batches: dict[int, sqlite3.Error] = {}
+        self._depth = 0  # > 0 while a write scope (or atomic()) holds the transaction
         self._closed = False
         memory = self.path == ":memory:"
         if not memory and not create and not Path(self.path).exists():
@@ -196,37 +191,16 @@ class SqliteTaskStore:
         return _ReadScope(self, what)
 
     def _write(self, what: str) -> _WriteScope:
-        """Run a write (or a read that decides a write) atomically and durably.
+        """Run a write (or a read that decides a write) atomically and durably: one
+        ``BEGIN IMMEDIATE ... COMMIT`` under our lock, so a read that decides a write
+        (claims, prune) is atomic against other processes too. Inside ``atomic()`` a
+        write joins the caller's transaction.
 
-        Group commit: writes from several threads share one ``BEGIN IMMEDIATE``
-        transaction, each in its own savepoint (a failing write rolls back only itself);
-        the first writer to reach the commit commits for all who joined. Every call returns
-        only once its own work is committed, so each write is as durable as with one
-        transaction per call, at a fraction of the commits under concurrency. Holding the
-        write lock from ``BEGIN IMMEDIATE`` keeps read-then-write steps (claims, prune)
-        atomic against other processes. Inside ``atomic()`` a write joins the caller's
-        savepoint.
+        Group commit (writers of several threads sharing one transaction) was measured
+        and dropped: handing the lock over once more for the shared commit cost more
+        than the commits it saved (docs/benchmarks.md).
         """
         return _WriteScope(self, what)
-
-    def _commit(self, batch: int) -> None:
-        with self._commit_lock:
-            if self._committed < batch:
-                with self._lock, self._guard("commit"):
-                    try:
-                        self._conn.execute("COMMIT")
-                    except sqlite3.Error as exc:
-                        self._failed_batches[batch] = exc
-                        if self._conn.in_transaction:
-                            self._conn.execute("ROLLBACK")
-                        raise
-                    finally:
-                        self._in_transaction = False
-                        self._committed = batch
-                return
-        failure = self._failed_batches.get(batch)
-        if failure is not None:
-            raise StoreError(f"SQLite commit failed on {self.path}: {failure}") from failure
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -470,12 +444,10 @@ class SqliteTaskStore:
         return len(doomed)
 
     def close(self) -> None:
-        with self._commit_lock, self._lock:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if self._conn.in_transaction:
-                self._conn.execute("COMMIT")
             self._conn.close()
 
 
@@ -547,14 +519,12 @@ class _ReadScope:
 class _WriteScope:
     """See ``SqliteTaskStore._write``."""
 
-    __slots__ = ("_batch", "_began", "_nested", "_store", "_what")
+    __slots__ = ("_nested", "_store", "_what")
 
     def __init__(self, store: SqliteTaskStore, what: str) -> None:
         self._store = store
         self._what = what
-        self._batch = 0
         self._nested = False
-        self._began = False
 
     def __enter__(self) -> sqlite3.Connection:
         store = self._store
@@ -562,20 +532,11 @@ class _WriteScope:
         try:
             if store._closed:
                 raise StoreError(f"SqliteTaskStore({store.path}) is closed")
-            if store._depth:  # inside atomic(): part of the caller's savepoint
+            if store._depth:  # inside atomic(): part of the caller's transaction
                 store._depth += 1
                 self._nested = True
                 return store._conn
-            if not store._in_transaction:
-                # We open the batch: nobody can join while we hold the lock, so a failure
-                # rolls the whole transaction back and no savepoint is needed.
-                store._conn.execute("BEGIN IMMEDIATE")
-                store._in_transaction = True
-                store._batch += 1
-                self._began = True
-            else:
-                store._conn.execute("SAVEPOINT write")  # others' work is in this batch
-            self._batch = store._batch
+            store._conn.execute("BEGIN IMMEDIATE")
             store._depth = 1
             return store._conn
         except sqlite3.DatabaseError as exc:
@@ -595,31 +556,20 @@ class _WriteScope:
         if self._nested:
             store._depth -= 1
             store._lock.release()
-        elif self._began and exc is not None:
-            try:
-                store._depth = 0
-                store._conn.execute("ROLLBACK")  # only our own work was in it
-            finally:
-                store._in_transaction = False
-                store._committed = self._batch
-                store._lock.release()
             if isinstance(exc, sqlite3.DatabaseError):
                 raise store._translate(exc, self._what) from exc
             return
-        else:
-            try:
-                store._depth = 0
-                if not self._began:
-                    if exc is not None:
-                        store._conn.execute("ROLLBACK TO write")
-                    store._conn.execute("RELEASE write")
-            finally:
-                store._lock.release()
-            # Outside the connection lock: the lock order is commit lock, then connection.
+        try:
+            store._depth = 0
             if exc is None:
-                store._commit(self._batch)
-                return
-            with contextlib.suppress(StoreError):  # never leave the shared transaction open
-                store._commit(self._batch)
+                store._conn.execute("COMMIT")
+            else:
+                store._conn.execute("ROLLBACK")
+        except sqlite3.DatabaseError as end_error:
+            if store._conn.in_transaction:
+                store._conn.execute("ROLLBACK")
+            raise store._translate(end_error, "commit") from end_error
+        finally:
+            store._lock.release()
         if isinstance(exc, sqlite3.DatabaseError):
             raise store._translate(exc, self._what) from exc
