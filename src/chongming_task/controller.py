@@ -453,9 +453,12 @@ class Controller:
             reason="submitted",
             actor=self.owner,
         )
+        fast = getattr(self.store, "write_transitions", None)
         atomic = getattr(self.store, "atomic", None)
         try:
-            if atomic is not None:
+            if fast is not None:
+                fast(snapshot, expect_version=None, transitions=[created])
+            elif atomic is not None:
                 with atomic():
                     self.store.create(snapshot)
                     self.store.append(created)
@@ -465,7 +468,7 @@ class Controller:
             with self._lock:
                 del self._runs[snapshot.task_id]
             raise
-        run._created(created, appended=atomic is not None)
+        run._created(created, appended=fast is not None or atomic is not None)
         self._start_threads()
         if enqueue and status is TaskStatus.QUEUED:
             self._dispatcher.put(run)

@@ -33,6 +33,7 @@ class WriteThrough:
     __slots__ = (
         "_atomic",
         "_buffer",
+        "_fast",
         "_limit",
         "_on_behind",
         "_on_desync",
@@ -55,6 +56,7 @@ class WriteThrough:
     ) -> None:
         self._store = store
         self._atomic = getattr(store, "atomic", None)
+        self._fast = getattr(store, "write_transitions", None)
         self.task_id = task_id
         self.written_version = written_version
         self._limit = buffer_limit
@@ -117,8 +119,23 @@ class WriteThrough:
         buffered = self._buffer or ()
         pending = [*buffered, transition] if transition is not None else list(buffered)
         try:
-            atomic = self._atomic
-            if atomic is not None:
+            fast = self._fast
+            if fast is not None:
+                # Rows encoded before the store's lock is taken; one transaction.
+                expect = (
+                    self.written_version
+                    if snapshot.status_version != self.written_version
+                    else None
+                )
+                if expect is None:
+                    for item in pending:
+                        self._store.append(item)
+                else:
+                    fast(snapshot, expect_version=expect, transitions=pending)
+                self.written_version = snapshot.status_version
+                if self._buffer:
+                    self._buffer.clear()
+            elif (atomic := self._atomic) is not None:
                 # One transaction: save and appends land together or not at all.
                 with atomic():
                     if snapshot.status_version != self.written_version:

@@ -85,19 +85,19 @@ def test_submit_many_is_all_or_nothing(tmp_path: Path) -> None:
         job = c.task(lambda token, x: x * 2, name="double")
         runs = c.submit_many(job, [(1,), (2,), (3,)])
         assert [r.result(5) for r in runs] == [2, 4, 6]
-        original_create = store.create
+        original = store.write_transitions
         calls = {"n": 0}
 
-        def create_failing_on_third(snapshot: TaskSnapshot) -> None:
+        def failing_on_third(snapshot: TaskSnapshot, **kwargs: object) -> None:
             calls["n"] += 1
             if calls["n"] == 3:
                 raise StoreError("disk full (injected)")
-            original_create(snapshot)
+            original(snapshot, **kwargs)  # type: ignore[arg-type]
 
-        store.create = create_failing_on_third  # type: ignore[method-assign]
+        store.write_transitions = failing_on_third  # type: ignore[method-assign]
         with pytest.raises(StoreError, match="injected"):
             c.submit_many(job, [(4,), (5,), (6,)])
-        store.create = original_create  # type: ignore[method-assign]
+        store.write_transitions = original  # type: ignore[method-assign]
         assert len(store.query()) == 3 and c.held() == []
 
 
@@ -170,4 +170,42 @@ def test_mark_lost_is_a_compare_and_set_per_task(tmp_path: Path) -> None:
     assert store.get("b").status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
     assert store.history("b") == [] and len(store.history("a")) == 1
     assert store.mark_lost([]) == set()
+    store.close()
+
+
+def test_write_transitions_is_a_compare_and_set_with_its_trail(tmp_path: Path) -> None:
+    from chongming_task import Transition
+
+    store = SqliteTaskStore(tmp_path / "w.db")
+    created = Transition(
+        task_id="t", version=1, from_status=None, to_status=TaskStatus.QUEUED, at=T0
+    )
+    store.write_transitions(snap("t"), expect_version=None, transitions=[created])
+    with pytest.raises(StoreError):  # create twice
+        store.write_transitions(snap("t"), expect_version=None, transitions=[created])
+    running = snap("t", status=TaskStatus.RUNNING, status_version=3)
+    steps = [
+        Transition(task_id="t", version=v, from_status=f, to_status=to, at=T0)
+        for v, f, to in [
+            (2, TaskStatus.QUEUED, TaskStatus.STARTING),
+            (3, TaskStatus.STARTING, TaskStatus.RUNNING),
+        ]
+    ]
+    store.write_transitions(running, expect_version=1, transitions=steps)
+    with pytest.raises(ConcurrencyConflict, match="stored version 3"):
+        store.write_transitions(
+            snap("t", status=TaskStatus.FAILED, status_version=4),
+            expect_version=1,
+            transitions=[
+                Transition(
+                    task_id="t",
+                    version=4,
+                    from_status=TaskStatus.RUNNING,
+                    to_status=TaskStatus.FAILED,
+                    at=T0,
+                )
+            ],
+        )
+    assert store.get("t") == running  # the losing write changed nothing ...
+    assert [t.version for t in store.history("t")] == [1, 2, 3]  # ... and left no trail
     store.close()

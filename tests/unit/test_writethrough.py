@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from chongming_task import (
     CancellationToken,
@@ -157,3 +158,42 @@ def test_an_external_writer_desyncs_the_task_instead_of_being_overwritten(
     after = store.get(run.task_id)
     assert after is not None and after.status is S.LOST  # not clobbered
     assert all(t.to_status is not S.SUCCEEDED for t in store.history(run.task_id))
+
+
+def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
+    make_controller: Make, tmp_path: Path
+) -> None:
+    """§14.1 again, through SqliteTaskStore.write_transitions (rows encoded before the
+    lock): one failed write of `running` is caught up by the final one."""
+    from chongming_task import StoreError, Transition
+
+    class BlipStore(SqliteTaskStore):
+        blipped = False
+
+        def write_transitions(
+            self,
+            snapshot: TaskSnapshot,
+            *,
+            expect_version: int | None,
+            transitions: Sequence[Transition],
+        ) -> None:
+            if snapshot.status is S.RUNNING and not self.blipped:
+                self.blipped = True
+                raise StoreError("network blip (injected)")
+            super().write_transitions(
+                snapshot, expect_version=expect_version, transitions=transitions
+            )
+
+    store = BlipStore(tmp_path / "blip.db")
+    c = make_controller(store)
+    run = c.submit(c.task(lambda token: "done", name="blip"))
+    assert run.result(5) == "done" and store.blipped
+    stored = store.get(run.task_id)
+    assert stored is not None and stored.status is S.SUCCEEDED and stored.status_version == 4
+    assert [t.to_status for t in store.history(run.task_id)] == [
+        S.QUEUED,
+        S.STARTING,
+        S.RUNNING,
+        S.SUCCEEDED,
+    ]
+    assert c.desynced_tasks == frozenset()

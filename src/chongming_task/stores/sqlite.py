@@ -362,6 +362,48 @@ class SqliteTaskStore:
         with self._write("release_command") as conn:
             conn.execute(_RELEASE_COMMAND, (command_id,))
 
+    def write_transitions(
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int | None,
+        transitions: Sequence[Transition],
+    ) -> None:
+        """Optional capability (not part of ``TaskStore``), used by the write-through:
+        ``create`` (``expect_version=None``) or ``save`` the snapshot and ``append`` the
+        transitions, in one transaction, with every row encoded before the connection
+        lock is taken. Same errors as ``create`` / ``save``."""
+        row = codec.snapshot_to_row(snapshot)
+        trail = [
+            [r[c] for c in codec.TRANSITION_COLUMNS]
+            for r in map(codec.transition_to_row, transitions)
+        ]
+        if expect_version is None:
+            params = [row[c] for c in codec.TASK_COLUMNS]
+        else:
+            params = [row[c] for c in _SAVE_VALUE_COLUMNS]
+            params += [snapshot.task_id, expect_version]
+        found = None
+        try:
+            with self._write("write_transitions") as conn:
+                if expect_version is None:
+                    conn.execute(_INSERT_TASK, params)
+                elif conn.execute(_SAVE_TASK, params).rowcount != 1:
+                    found = conn.execute(
+                        "SELECT status_version FROM tasks WHERE task_id = ?", (snapshot.task_id,)
+                    ).fetchone()
+                    raise _Conflict
+                conn.executemany(_APPEND, trail)
+        except _Conflict:
+            stored = "nothing" if found is None else f"version {found[0]}"
+            raise ConcurrencyConflict(
+                f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
+            ) from None
+        except StoreError as exc:
+            if isinstance(exc.__cause__, sqlite3.IntegrityError):
+                raise TaskAlreadyExists(f"task {snapshot.task_id} already exists") from exc
+            raise
+
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
         """Optional capability (not part of ``TaskStore``), used by ``reconcile()``.
 
@@ -485,6 +527,10 @@ def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
         sql += " LIMIT ?"
         params.append(query.limit)
     return sql, params
+
+
+class _Conflict(Exception):
+    """Internal: roll the write scope back on a version mismatch."""
 
 
 class _ReadScope:
