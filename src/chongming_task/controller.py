@@ -321,24 +321,12 @@ class Controller:
     ) -> list[TaskRun]:
         """Queue one run of ``task`` per positional-argument tuple in ``calls``.
 
-        With a store that offers ``atomic()`` (the built-in SQLite store) all the tasks are
-        created in one transaction: all are stored, or none (``StoreError``).
+        With a store that can create in one transaction (the built-in SQL stores), all
+        the tasks are stored, or none (``StoreError``).
         """
-        atomic = getattr(self.store, "atomic", None)
-        if atomic is None:
-            return [self._submit(task, tuple(args), {}, bucket_key=bucket_key) for args in calls]
-        runs: list[TaskRun] = []
-        try:
-            with atomic():
-                for args in calls:
-                    runs.append(
-                        self._submit(task, tuple(args), {}, bucket_key=bucket_key, enqueue=False)
-                    )
-        except BaseException:
-            with self._lock:  # rolled back: none of them exists
-                for run in runs:
-                    self._runs.pop(run.task_id, None)
-            raise
+        prepared = [self._prepare(task, tuple(args), {}, bucket_key=bucket_key) for args in calls]
+        self._persist_new(prepared)
+        runs = [run for run, _ in prepared]
         for run in runs:
             self._dispatcher.put(run)
         return runs
@@ -350,25 +338,19 @@ class Controller:
         All nodes are created in one store transaction when the store offers ``atomic()``.
         """
         run_id = new_task_id()
-        nodes: dict[str, TaskRun] = {}
-        atomic = getattr(self.store, "atomic", None)
-        try:
-            with atomic() if atomic is not None else contextlib.nullcontext():
-                for key, node in pipeline.nodes.items():
-                    nodes[key] = self._submit(
-                        node.task,
-                        node.args,
-                        dict(node.kwargs),
-                        bucket_key=node.bucket_key,
-                        pipeline_run_id=run_id,
-                        status=TaskStatus.QUEUED if not node.depends_on else TaskStatus.PENDING,
-                        enqueue=False,
-                    )
-        except BaseException:
-            with self._lock:
-                for run in nodes.values():
-                    self._runs.pop(run.task_id, None)
-            raise
+        prepared = {
+            key: self._prepare(
+                node.task,
+                node.args,
+                dict(node.kwargs),
+                bucket_key=node.bucket_key,
+                pipeline_run_id=run_id,
+                status=TaskStatus.QUEUED if not node.depends_on else TaskStatus.PENDING,
+            )
+            for key, node in pipeline.nodes.items()
+        }
+        self._persist_new(list(prepared.values()))
+        nodes = {key: run for key, (run, _) in prepared.items()}
         handle = PipelineRun(pipeline, run_id, nodes, self._enqueue_pending)
         for key, run in nodes.items():
             run.pipeline, run.node_key = handle, key
@@ -416,11 +398,25 @@ class Controller:
         kwargs: dict[str, Any],
         *,
         bucket_key: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> TaskRun:
+        prepared = self._prepare(task, args, kwargs, bucket_key=bucket_key, tags=tags)
+        self._persist_new([prepared])
+        self._dispatcher.put(prepared[0])
+        return prepared[0]
+
+    def _prepare(
+        self,
+        task: TaskDefinition | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        bucket_key: str | None = None,
         pipeline_run_id: str | None = None,
         status: TaskStatus = TaskStatus.QUEUED,
         tags: Iterable[str] = (),
-        enqueue: bool = True,
-    ) -> TaskRun:
+    ) -> tuple[TaskRun, Transition]:
+        """Build and register a run and its creation transition; nothing stored yet."""
         if self._closing.is_set():
             raise ControllerClosed(f"controller {self.owner} is closed")
         definition = self.definition(task) if isinstance(task, str) else self.register(task)
@@ -453,26 +449,45 @@ class Controller:
             reason="submitted",
             actor=self.owner,
         )
-        fast = getattr(self.store, "write_transitions", None)
-        atomic = getattr(self.store, "atomic", None)
+        return run, created
+
+    def _persist_new(self, prepared: list[tuple[TaskRun, Transition]]) -> None:
+        """Store new runs (all in one transaction when the store can); on failure none
+        is kept. Starts the worker threads on the first success."""
+        store = self.store
+        create_many = getattr(store, "create_many", None)
+        atomic = getattr(store, "atomic", None)
         try:
-            if fast is not None:
-                fast(snapshot, expect_version=None, transitions=[created])
+            if create_many is not None:  # rows encoded before the store's lock is taken
+                create_many([(run._snapshot, created) for run, created in prepared])
             elif atomic is not None:
                 with atomic():
-                    self.store.create(snapshot)
-                    self.store.append(created)
+                    for run, created in prepared:
+                        store.create(run._snapshot)
+                        store.append(created)
             else:
-                self.store.create(snapshot)
+                stored = 0
+                try:
+                    for run, _ in prepared:
+                        store.create(run._snapshot)
+                        stored += 1
+                except BaseException as exc:
+                    # No transaction to roll back: what was stored is recorded as cancelled
+                    # (it never ran), never left without a holder.
+                    for run, created in prepared[:stored]:
+                        run._created(created, appended=False)
+                        run.cancel(reason=f"batch submit failed: {exc}")
+                    prepared = prepared[stored:]
+                    raise
         except BaseException:
             with self._lock:
-                del self._runs[snapshot.task_id]
+                for run, _ in prepared:
+                    self._runs.pop(run.task_id, None)
             raise
-        run._created(created, appended=fast is not None or atomic is not None)
+        appended = create_many is not None or atomic is not None
+        for run, created in prepared:
+            run._created(created, appended=appended)
         self._start_threads()
-        if enqueue and status is TaskStatus.QUEUED:
-            self._dispatcher.put(run)
-        return run
 
     # -- schedules ------------------------------------------------------------------------------
 

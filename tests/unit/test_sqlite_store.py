@@ -85,20 +85,59 @@ def test_submit_many_is_all_or_nothing(tmp_path: Path) -> None:
         job = c.task(lambda token, x: x * 2, name="double")
         runs = c.submit_many(job, [(1,), (2,), (3,)])
         assert [r.result(5) for r in runs] == [2, 4, 6]
-        original = store.write_transitions
-        calls = {"n": 0}
+        original = store.create_many
 
-        def failing_on_third(snapshot: TaskSnapshot, **kwargs: object) -> None:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise StoreError("disk full (injected)")
-            original(snapshot, **kwargs)  # type: ignore[arg-type]
+        def failing(items: object) -> None:
+            raise StoreError("disk full (injected)")
 
-        store.write_transitions = failing_on_third  # type: ignore[method-assign]
+        store.create_many = failing  # type: ignore[method-assign,assignment]
         with pytest.raises(StoreError, match="injected"):
             c.submit_many(job, [(4,), (5,), (6,)])
-        store.write_transitions = original  # type: ignore[method-assign]
+        store.create_many = original  # type: ignore[method-assign]
         assert len(store.query()) == 3 and c.held() == []
+
+
+def test_a_batch_rolls_back_whole_when_one_id_exists(tmp_path: Path) -> None:
+    from chongming_task import TaskAlreadyExists, Transition
+
+    store = SqliteTaskStore(tmp_path / "b.db")
+
+    def item(task_id: str) -> tuple[TaskSnapshot, Transition]:
+        return snap(task_id), Transition(
+            task_id=task_id, version=1, from_status=None, to_status=TaskStatus.QUEUED, at=T0
+        )
+
+    store.create_many([item("a")])
+    with pytest.raises(TaskAlreadyExists):
+        store.create_many([item("b"), item("a"), item("c")])
+    assert [s.task_id for s in store.query()] == ["a"] and store.history("b") == []
+    store.close()
+
+
+def test_submit_many_on_a_store_without_transactions_cancels_what_it_stored() -> None:
+    """No transaction to roll back: the tasks stored before the failure are recorded as
+    cancelled (they never ran), never left queued without a holder."""
+    from chongming_task import InMemoryTaskStore
+    from chongming_task.testing import FaultyStore
+
+    inner = InMemoryTaskStore()
+    store = FaultyStore(inner)
+    c = Controller(store, activity_interval=0.02)
+    job = c.task(lambda token, x: x, name="echo")
+    calls = {"n": 0}
+
+    def third(snapshot: TaskSnapshot) -> bool:
+        calls["n"] += 1
+        return calls["n"] == 3
+
+    store.fail_when("create", third)
+    with pytest.raises(StoreError, match="injected"):
+        c.submit_many(job, [(1,), (2,), (3,), (4,)])
+    stored = inner.query()
+    assert len(stored) == 2 and {s.status for s in stored} == {TaskStatus.CANCELLED}
+    assert all("batch submit failed" in (inner.history(s.task_id)[-1].reason or "") for s in stored)
+    assert c.held() == []
+    c.close()
 
 
 def test_a_corrupt_file_is_a_clear_store_error_naming_the_path(tmp_path: Path) -> None:

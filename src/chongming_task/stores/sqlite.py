@@ -362,6 +362,28 @@ class SqliteTaskStore:
         with self._write("release_command") as conn:
             conn.execute(_RELEASE_COMMAND, (command_id,))
 
+    def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
+        """Optional capability (not part of ``TaskStore``), used by ``submit``,
+        ``submit_many`` and ``submit_pipeline``: ``create`` every snapshot and ``append`` its
+        transition in one transaction, all rows encoded before the connection lock is
+        taken. All or nothing; an existing id raises ``TaskAlreadyExists``."""
+        tasks = [
+            [row[c] for c in codec.TASK_COLUMNS]
+            for row in (codec.snapshot_to_row(s) for s, _ in items)
+        ]
+        trail = [
+            [row[c] for c in codec.TRANSITION_COLUMNS]
+            for row in (codec.transition_to_row(t) for _, t in items)
+        ]
+        try:
+            with self._write("create_many") as conn:
+                conn.executemany(_INSERT_TASK, tasks)
+                conn.executemany(_APPEND, trail)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, sqlite3.IntegrityError):
+                raise TaskAlreadyExists(f"a task id among {len(items)} already exists") from exc
+            raise
+
     def write_transitions(
         self,
         snapshot: TaskSnapshot,
