@@ -219,9 +219,7 @@ def test_write_transitions_is_a_compare_and_set_with_its_trail(tmp_path: Path) -
     created = Transition(
         task_id="t", version=1, from_status=None, to_status=TaskStatus.QUEUED, at=T0
     )
-    store.write_transitions(snap("t"), expect_version=None, transitions=[created])
-    with pytest.raises(StoreError):  # create twice
-        store.write_transitions(snap("t"), expect_version=None, transitions=[created])
+    store.create_many([(snap("t"), created)])
     running = snap("t", status=TaskStatus.RUNNING, status_version=3)
     steps = [
         Transition(task_id="t", version=v, from_status=f, to_status=to, at=T0)

@@ -174,7 +174,7 @@ def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
             self,
             snapshot: TaskSnapshot,
             *,
-            expect_version: int | None,
+            expect_version: int,
             transitions: Sequence[Transition],
         ) -> None:
             if snapshot.status is S.RUNNING and not self.blipped:

@@ -388,29 +388,23 @@ class SqliteTaskStore:
         self,
         snapshot: TaskSnapshot,
         *,
-        expect_version: int | None,
+        expect_version: int,
         transitions: Sequence[Transition],
     ) -> None:
         """Optional capability (not part of ``TaskStore``), used by the write-through:
-        ``create`` (``expect_version=None``) or ``save`` the snapshot and ``append`` the
-        transitions, in one transaction, with every row encoded before the connection
-        lock is taken. Same errors as ``create`` / ``save``."""
+        ``save`` the snapshot (compare-and-set on ``expect_version``) and ``append`` the
+        transitions in one transaction, every row encoded before the connection lock is
+        taken. Raises ``ConcurrencyConflict`` like ``save``, with nothing written."""
         row = codec.snapshot_to_row(snapshot)
+        params = [row[c] for c in _SAVE_VALUE_COLUMNS] + [snapshot.task_id, expect_version]
         trail = [
             [r[c] for c in codec.TRANSITION_COLUMNS]
             for r in map(codec.transition_to_row, transitions)
         ]
-        if expect_version is None:
-            params = [row[c] for c in codec.TASK_COLUMNS]
-        else:
-            params = [row[c] for c in _SAVE_VALUE_COLUMNS]
-            params += [snapshot.task_id, expect_version]
         found = None
         try:
             with self._write("write_transitions") as conn:
-                if expect_version is None:
-                    conn.execute(_INSERT_TASK, params)
-                elif conn.execute(_SAVE_TASK, params).rowcount != 1:
+                if conn.execute(_SAVE_TASK, params).rowcount != 1:
                     found = conn.execute(
                         "SELECT status_version FROM tasks WHERE task_id = ?", (snapshot.task_id,)
                     ).fetchone()
@@ -421,10 +415,6 @@ class SqliteTaskStore:
             raise ConcurrencyConflict(
                 f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
             ) from None
-        except StoreError as exc:
-            if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                raise TaskAlreadyExists(f"task {snapshot.task_id} already exists") from exc
-            raise
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
         """Optional capability (not part of ``TaskStore``), used by ``reconcile()``.
