@@ -287,6 +287,10 @@ class Controller:
 
         return decorate(func) if func is not None else decorate
 
+    def _resolve(self, task: TaskDefinition | str) -> TaskDefinition:
+        """A name must be defined here; a definition is registered on first use."""
+        return self.definition(task) if isinstance(task, str) else self.register(task)
+
     def definition(self, name: str) -> TaskDefinition:
         try:
             return self._definitions[name]
@@ -419,7 +423,7 @@ class Controller:
         """Build and register a run and its creation transition; nothing stored yet."""
         if self._closing.is_set():
             raise ControllerClosed(f"controller {self.owner} is closed")
-        definition = self.definition(task) if isinstance(task, str) else self.register(task)
+        definition = self._resolve(task)
         bucket = self._check_bucket_ownership(bucket_key)
         now = self.clock.now()
         snapshot = TaskSnapshot(
@@ -515,7 +519,7 @@ class Controller:
         """
         if self._closing.is_set():
             raise ControllerClosed(f"controller {self.owner} is closed")
-        self.definition(task) if isinstance(task, str) else self.register(task)
+        self._resolve(task)  # an unknown name fails now, not at the first firing
         self._check_bucket_ownership(bucket_key)
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
             trigger.start_at = self.clock.now()

@@ -6,7 +6,7 @@ blanket ``except ChongmingTaskError`` in user code sees everything we raise.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
     from .model import TaskSnapshot
@@ -34,6 +34,13 @@ class ConcurrencyConflict(ChongmingTaskError):
     Never retried automatically: every task has exactly one writer, so a conflict is a
     design fault to surface, not a transient error to paper over.
     """
+
+    @classmethod
+    def version_mismatch(cls, task_id: str, expected: int, stored: int | None) -> Self:
+        """The conflict for ``task_id``: ``stored`` is the stored version, ``None`` if the
+        task is not stored at all."""
+        found = "nothing" if stored is None else f"version {stored}"
+        return cls(f"task {task_id}: expected version {expected}, stored {found}")
 
 
 class TaskNotFound(ChongmingTaskError, LookupError):

@@ -179,17 +179,23 @@ class TaskRun:
 
     # -- the one path every transition takes --------------------------------------------------
 
-    def _refreshed(self, snapshot: TaskSnapshot) -> TaskSnapshot:
-        """``refresh_activity``: the token's heartbeat and progress, which the background
-        loop writes via ``touch``, synced into the snapshot so a ``save`` never writes them
-        back older."""
+    def _activity(self) -> dict[str, Any]:
+        """``refresh_activity``: the token's heartbeat and progress (which the background
+        loop writes via ``touch``) as snapshot changes, so a ``save`` never writes them
+        back older. Empty while the task has not reached a checkpoint."""
+        if not self.token.checkpointed:
+            return {}
         _, progress, heartbeat = self.token.activity()
-        if progress is snapshot.progress and heartbeat is snapshot.last_heartbeat_at:
-            return snapshot
-        return snapshot.evolve(
-            progress=progress if progress is not None else snapshot.progress,
-            last_heartbeat_at=heartbeat if heartbeat is not None else snapshot.last_heartbeat_at,
-        )
+        changes: dict[str, Any] = {}
+        if progress is not None:
+            changes["progress"] = progress
+        if heartbeat is not None:
+            changes["last_heartbeat_at"] = heartbeat
+        return changes
+
+    def _refreshed(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        changes = self._activity()
+        return snapshot.evolve(**changes) if changes else snapshot
 
     def _apply(
         self,
@@ -212,12 +218,7 @@ class TaskRun:
             terminal = to in states.TERMINAL
             if terminal and "ended_at" not in changes:
                 changes["ended_at"] = now
-            if self.token.checkpointed:  # refresh_activity, when there is any
-                _, progress, heartbeat = self.token.activity()
-                if progress is not None:
-                    changes["progress"] = progress
-                if heartbeat is not None:
-                    changes["last_heartbeat_at"] = heartbeat
+            changes.update(self._activity())
             snapshot = current.evolve(status=to, status_version=version, **changes)
             transition = Transition(
                 task_id=current.task_id,

@@ -10,7 +10,7 @@ text; a relational store keeps each row as is, a document store as a sub-object.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -276,3 +276,18 @@ def row_to_command(row: Mapping[str, Any]) -> Command:
         finished_at=decode_dt(row["finished_at"]),
         outcome=row["outcome"],
     )
+
+
+# Positional rows (a SQL cursor's tuples, columns in the order of the *_COLUMNS above).
+
+
+def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
+    return row_to_snapshot(dict(zip(TASK_COLUMNS, values, strict=True)))
+
+
+def values_to_transition(values: Sequence[Any]) -> Transition:
+    return row_to_transition(dict(zip(TRANSITION_COLUMNS, values, strict=True)))
+
+
+def values_to_command(values: Sequence[Any]) -> Command:
+    return row_to_command(dict(zip(COMMAND_COLUMNS, values, strict=True)))

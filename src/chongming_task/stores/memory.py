@@ -43,12 +43,11 @@ class InMemoryTaskStore:
         with self._lock:
             self._check_open()
             current = self._tasks.get(snapshot.task_id)
-            if current is None:
-                raise ConcurrencyConflict(f"task {snapshot.task_id} is not stored")
-            if current.status_version != expect_version:
-                raise ConcurrencyConflict(
-                    f"task {snapshot.task_id}: expected version {expect_version}, "
-                    f"stored {current.status_version}"
+            if current is None or current.status_version != expect_version:
+                raise ConcurrencyConflict.version_mismatch(
+                    snapshot.task_id,
+                    expect_version,
+                    None if current is None else current.status_version,
                 )
             # The lease belongs to touch(): carry the stored one over, never the caller's.
             if (snapshot.lease_owner, snapshot.lease_until) != (

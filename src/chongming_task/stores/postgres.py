@@ -250,7 +250,7 @@ class PostgresTaskStore:
 
     @staticmethod
     def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
-        return codec.row_to_snapshot(dict(zip(codec.TASK_COLUMNS, row, strict=True)))
+        return codec.values_to_snapshot(row)
 
     # -- task snapshots -------------------------------------------------------------------------
 
@@ -271,9 +271,8 @@ class PostgresTaskStore:
                 return
             cur.execute("SELECT status_version FROM tasks WHERE task_id = %s", [snapshot.task_id])
             found = cur.fetchone()
-        stored = "nothing" if found is None else f"version {found[0]}"
-        raise ConcurrencyConflict(
-            f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
+        raise ConcurrencyConflict.version_mismatch(
+            snapshot.task_id, expect_version, None if found is None else found[0]
         )
 
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -312,10 +311,7 @@ class PostgresTaskStore:
         with self._cursor("history") as cur:
             cur.execute(_HISTORY, [task_id, since_version])
             rows = cur.fetchall()
-        return [
-            codec.row_to_transition(dict(zip(codec.TRANSITION_COLUMNS, r, strict=True)))
-            for r in rows
-        ]
+        return [codec.values_to_transition(r) for r in rows]
 
     # -- side channel -----------------------------------------------------------------------------
 
@@ -368,9 +364,7 @@ class PostgresTaskStore:
             cur.execute(_CLAIM, [codec.encode_dt(now), limit, codec.encode_dt(until)])
             rows = cur.fetchall()
         rows.sort(key=lambda r: (r[5], r[0]))  # created_at, then insertion order
-        return [
-            codec.row_to_command(dict(zip(codec.COMMAND_COLUMNS, r[1:], strict=True))) for r in rows
-        ]
+        return [codec.values_to_command(r[1:]) for r in rows]
 
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (not part of ``TaskStore``): call ``wake()`` soon after any

@@ -231,7 +231,7 @@ class SqliteTaskStore:
 
     @staticmethod
     def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
-        return codec.row_to_snapshot(dict(zip(codec.TASK_COLUMNS, row, strict=True)))
+        return codec.values_to_snapshot(row)
 
     # -- task snapshots -------------------------------------------------------------------------
 
@@ -260,9 +260,8 @@ class SqliteTaskStore:
             )
         if updated == 1:
             return
-        stored = "nothing" if found is None else f"version {found[0]}"
-        raise ConcurrencyConflict(
-            f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
+        raise ConcurrencyConflict.version_mismatch(
+            snapshot.task_id, expect_version, None if found is None else found[0]
         )
 
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -297,10 +296,7 @@ class SqliteTaskStore:
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._locked("history") as conn:
             rows = conn.execute(_HISTORY, (task_id, since_version)).fetchall()
-        return [
-            codec.row_to_transition(dict(zip(codec.TRANSITION_COLUMNS, r, strict=True)))
-            for r in rows
-        ]
+        return [codec.values_to_transition(r) for r in rows]
 
     # -- side channel -----------------------------------------------------------------------------
 
@@ -411,9 +407,8 @@ class SqliteTaskStore:
                     raise _Conflict
                 conn.executemany(_APPEND, trail)
         except _Conflict:
-            stored = "nothing" if found is None else f"version {found[0]}"
-            raise ConcurrencyConflict(
-                f"task {snapshot.task_id}: expected version {expect_version}, stored {stored}"
+            raise ConcurrencyConflict.version_mismatch(
+                snapshot.task_id, expect_version, None if found is None else found[0]
             ) from None
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
