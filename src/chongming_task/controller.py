@@ -231,6 +231,8 @@ class Controller:
     # -- definitions ------------------------------------------------------------------------------
 
     def register(self, definition: TaskDefinition) -> TaskDefinition:
+        if self._definitions.get(definition.name) is definition:
+            return definition  # every submit passes here: no lock once registered
         with self._lock:
             existing = self._definitions.get(definition.name)
             if existing is not None and existing is not definition:
@@ -442,8 +444,10 @@ class Controller:
         )
         run = TaskRun(self, definition, snapshot, args, kwargs)
         run._lease_renew_at = self.clock.monotonic() + self.lease_ttl / 3
-        with self._lock:
-            self._runs[snapshot.task_id] = run  # before create: a command may follow at once
+        # Before create: a command may follow at once. One dict operation, atomic on its
+        # own: the submitting thread takes no lock the workers take (a lock held across a
+        # GIL switch makes the other threads queue behind it).
+        self._runs[snapshot.task_id] = run
         created = Transition(
             task_id=snapshot.task_id,
             version=1,
@@ -717,8 +721,7 @@ class Controller:
 
     def held(self) -> list[TaskRun]:
         """Runs this process holds (non-terminal, or not yet fully written)."""
-        with self._lock:
-            return list(self._runs.values())
+        return list(self._runs.values())
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every task this process holds is terminal; return whether it is."""
@@ -729,7 +732,7 @@ class Controller:
             self._idle_waiters += 1
             try:
                 return self._idle.wait_for(
-                    lambda: all(r.done() for r in self._runs.values()), timeout
+                    lambda: all(r.done() for r in list(self._runs.values())), timeout
                 )
             finally:
                 self._idle_waiters -= 1
@@ -834,10 +837,12 @@ class Controller:
     def _on_terminal(self, run: TaskRun) -> None:
         if run.pipeline is not None:
             self._pipeline_events.put(run)
-        with self._idle:
-            if not run._wt.behind(run._snapshot):
-                self._runs.pop(run.task_id, None)
-            if self._idle_waiters:
+        if not run._wt.behind(run._snapshot):
+            self._runs.pop(run.task_id, None)
+        # Read after the pop: a waiter counted itself under the lock before checking, so
+        # either it sees the pop or we see it and wake it.
+        if self._idle_waiters:
+            with self._idle:
                 self._idle.notify_all()
 
     def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None:
@@ -904,16 +909,14 @@ class Controller:
             run = self._dispatcher.get()
             if run is None:
                 return
-            with self._lock:
-                self._active[run.task_id] = run
+            self._active[run.task_id] = run  # single dict operations: atomic, no lock
             try:
                 run._execute()
             except BaseException:
                 log.exception("task %s: carrier crashed", run.task_id)
             if run.abandoned:
                 return  # _abandon released the slot and started a replacement carrier
-            with self._lock:
-                self._active.pop(run.task_id, None)
+            self._active.pop(run.task_id, None)
             self._dispatcher.done(run)
 
     def _ensure_poller(self) -> None:
@@ -947,8 +950,7 @@ class Controller:
                 log.exception("supervisor loop iteration failed; continuing")
 
     def _active_runs(self) -> list[TaskRun]:
-        with self._lock:
-            return list(self._active.values())
+        return list(self._active.values())
 
     def _flush_activity(self) -> None:
         """Progress and heartbeat go to the store through ``touch``, never ``save``."""
@@ -981,7 +983,8 @@ class Controller:
 
     def _catch_up(self) -> None:
         with self._lock:
-            behind = [self._runs[t] for t in self._behind if t in self._runs]
+            found = (self._runs.get(t) for t in self._behind)
+            behind = [run for run in found if run is not None]
             self._behind.clear()
         for run in behind:
             if run._catch_up():
