@@ -17,6 +17,7 @@ from chongming_task import (
     TaskQuery,
     TaskSnapshot,
     TaskStatus,
+    Transition,
 )
 from chongming_task.stores import SqliteTaskStore
 
@@ -245,4 +246,165 @@ def test_write_transitions_is_a_compare_and_set_with_its_trail(tmp_path: Path) -
         )
     assert store.get("t") == running  # the losing write changed nothing ...
     assert [t.version for t in store.history("t")] == [1, 2, 3]  # ... and left no trail
+    store.close()
+
+
+# -- group commit -------------------------------------------------------------------------------
+
+
+def _created(task_id: str) -> tuple[TaskSnapshot, Transition]:
+    return snap(task_id), Transition(
+        task_id=task_id, version=1, from_status=None, to_status=TaskStatus.QUEUED, at=T0
+    )
+
+
+def _step(task_id: str, version: int) -> tuple[TaskSnapshot, list[Transition]]:
+    moved = snap(task_id, status=TaskStatus.RUNNING, status_version=version, attempt=1)
+    return moved, [
+        Transition(
+            task_id=task_id,
+            version=version,
+            from_status=TaskStatus.QUEUED,
+            to_status=TaskStatus.RUNNING,
+            at=T0,
+            reason=f"to v{version}",
+        )
+    ]
+
+
+def _queued_writes(store: SqliteTaskStore, calls: list[object]) -> list[BaseException | None]:
+    """Run each call on its own thread while the test holds the store's lock, so they all
+    queue; then release it: one thread commits them as one batch. Returns each call's
+    error (or None)."""
+    from typing import Any
+
+    results: list[BaseException | None] = [None] * len(calls)
+    threads = []
+    store._lock.acquire()
+    try:
+        for i, call in enumerate(calls):
+
+            def run(i: int = i, call: Any = call) -> None:
+                try:
+                    call()
+                except BaseException as exc:
+                    results[i] = exc
+
+            t = threading.Thread(target=run)
+            t.start()
+            threads.append(t)
+        deadline = threading.Event()
+        while len(store._group._queue) < len(calls):
+            deadline.wait(0.001)
+    finally:
+        store._lock.release()
+    store._group.serve()
+    for t in threads:
+        t.join(10)
+    return results
+
+
+def test_a_batch_lands_in_one_statement_and_each_caller_sees_its_commit(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "g.db")
+    for name in ("a", "b"):
+        store.create_many([_created(name)])
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    a, a_trail = _step("a", 2)
+    b, b_trail = _step("b", 2)
+    results = _queued_writes(
+        store,
+        [
+            lambda: store.write_transitions(a, expect_version=1, transitions=a_trail),
+            lambda: store.create_many([_created("c"), _created("d")]),
+            lambda: store.write_transitions(b, expect_version=1, transitions=b_trail),
+        ],
+    )
+    store._conn.set_trace_callback(None)
+    assert results == [None, None, None]
+    # One statement for the three callers (the trace repeats it for each trigger run).
+    writes = {s for s in statements if s.startswith("INSERT INTO task_writes")}
+    assert len(writes) == 1 and not any(s.startswith("BEGIN") for s in statements), statements
+    assert store.get("a") == a and store.get("b") == b
+    assert {s.task_id for s in store.query()} == {"a", "b", "c", "d"}
+    assert [t.reason for t in store.history("a")] == [None, "to v2"]
+    other = sqlite3.connect(tmp_path / "g.db")  # committed: another connection sees it
+    assert other.execute("SELECT COUNT(*) FROM transitions").fetchone() == (6,)
+    other.close()
+    store.close()
+
+
+def test_a_conflict_in_a_batch_fails_only_its_own_caller(tmp_path: Path) -> None:
+    from chongming_task import TaskAlreadyExists
+
+    store = SqliteTaskStore(tmp_path / "g.db")
+    for name in ("a", "b", "x"):
+        store.create_many([_created(name)])
+    a, a_trail = _step("a", 2)
+    stale, stale_trail = _step("b", 5)
+    results = _queued_writes(
+        store,
+        [
+            lambda: store.write_transitions(a, expect_version=1, transitions=a_trail),
+            lambda: store.write_transitions(stale, expect_version=4, transitions=stale_trail),
+            lambda: store.create_many([_created("y"), _created("x")]),  # x exists
+            lambda: store.create_many([_created("z")]),
+        ],
+    )
+    assert results[0] is None and results[3] is None
+    assert isinstance(results[1], ConcurrencyConflict) and "stored version 1" in str(results[1])
+    assert isinstance(results[2], TaskAlreadyExists)
+    assert store.get("a") == a  # the others landed
+    stored_b = store.get("b")
+    assert stored_b is not None and stored_b.status_version == 1  # the loser changed nothing
+    assert [t.version for t in store.history("b")] == [1]  # and left no trail
+    assert store.get("y") is None and store.history("y") == []  # all or nothing
+    assert store.get("z") is not None
+    store.close()
+
+
+def test_a_batch_of_more_than_64_rows_is_still_all_or_nothing(tmp_path: Path) -> None:
+    from chongming_task import TaskAlreadyExists
+
+    store = SqliteTaskStore(tmp_path / "g.db")
+    store.create_many([_created("dup")])
+    many = [_created(f"t{i:03}") for i in range(100)]
+    with pytest.raises(TaskAlreadyExists):
+        store.create_many([*many, _created("dup")])  # 202 rows, 4 statements
+    assert [s.task_id for s in store.query()] == ["dup"]
+    store.create_many(many)
+    assert len(store.query()) == 101 and len(store.history("t099")) == 1
+    with store.atomic():  # inside atomic(): on the caller's thread and transaction
+        with pytest.raises(TaskAlreadyExists):
+            store.create_many([_created(f"u{i:03}") for i in range(70)] + [_created("dup")])
+        store.create_many([_created("v")])
+    assert store.get("u000") is None and store.get("v") is not None
+    store.close()
+
+
+def test_writes_inside_atomic_commit_with_it_and_roll_back_with_it(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "g.db")
+    with pytest.raises(RuntimeError), store.atomic():
+        store.create_many([_created("gone")])
+        raise RuntimeError("roll back")
+    assert store.get("gone") is None
+    store.close()
+
+
+def test_an_old_sqlite_file_gains_the_write_view_on_open(tmp_path: Path) -> None:
+    """Files made before the group commit have no ``task_writes`` view: opening adds it
+    and the data stays."""
+    path = tmp_path / "old.db"
+    store = SqliteTaskStore(path)
+    store.create_many([_created("kept")])
+    store.close()
+    raw = sqlite3.connect(path)
+    for name in ("task_writes_new", "task_writes_life", "task_writes_trail"):
+        raw.execute(f"DROP TRIGGER {name}")
+    raw.execute("DROP VIEW task_writes")
+    raw.commit()
+    raw.close()
+    store = SqliteTaskStore(path)
+    store.create_many([_created("new")])
+    assert {s.task_id for s in store.query()} == {"kept", "new"}
     store.close()
