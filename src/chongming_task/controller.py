@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
@@ -51,6 +51,9 @@ from .model import (
     TaskSnapshot,
     TaskStatus,
     Transition,
+    trusted_snapshot,
+    trusted_transition,
+    utc,
 )
 from .pipelines import Pipeline, PipelineRun
 from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy, format_buckets
@@ -144,6 +147,7 @@ class Controller:
         self.command_poll_interval = command_poll_interval
         self.command_lease = command_lease
         self.lease_ttl = lease_ttl
+        self._lease_delta = timedelta(seconds=lease_ttl)
         self.activity_interval = activity_interval
         self.writethrough_buffer = writethrough_buffer
 
@@ -428,19 +432,30 @@ class Controller:
         definition = self._resolve(task)
         bucket = self._check_bucket_ownership(bucket_key)
         now = self.clock.now()
-        snapshot = TaskSnapshot(
+        if now.tzinfo is not UTC:
+            now = utc(now, "clock.now()")
+        # Every value here is already normalised (UTC times, frozenset tags): the trusted
+        # builders skip re-validation on this hot path.
+        snapshot: TaskSnapshot = trusted_snapshot(
             task_id=new_task_id(),
             name=definition.name,
             status=status,
             status_version=1,
             created_at=now,
-            tags=definition.tags | frozenset(tags),
+            attempt=0,
+            tags=frozenset(definition.tags).union(tags) if tags else frozenset(definition.tags),
             bucket=bucket,
             bucket_key=bucket_key,
             pipeline_run_id=pipeline_run_id,
             owner=self.owner,
+            started_at=None,
+            ended_at=None,
+            last_heartbeat_at=None,
+            progress=None,
+            failure=None,
+            outcome=None,
             lease_owner=self.owner,
-            lease_until=now + timedelta(seconds=self.lease_ttl),
+            lease_until=now + self._lease_delta,
         )
         run = TaskRun(self, definition, snapshot, args, kwargs)
         run._lease_renew_at = self.clock.monotonic() + self.lease_ttl / 3
@@ -448,7 +463,7 @@ class Controller:
         # own: the submitting thread takes no lock the workers take (a lock held across a
         # GIL switch makes the other threads queue behind it).
         self._runs[snapshot.task_id] = run
-        created = Transition(
+        created: Transition = trusted_transition(
             task_id=snapshot.task_id,
             version=1,
             from_status=None,

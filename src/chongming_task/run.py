@@ -11,12 +11,21 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import states
 from .clock import Clock
 from .errors import ConcurrencyConflict, StopRequested, TaskUnsuccessful, WaitTimeout
-from .model import Failure, FailureKind, JSONValue, TaskSnapshot, Transition
+from .model import (
+    Failure,
+    FailureKind,
+    JSONValue,
+    TaskSnapshot,
+    Transition,
+    trusted_transition,
+    utc,
+)
 from .model import TaskStatus as S
 from .stores.codec import encode_json
 from .stores.protocol import TaskStore
@@ -30,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("chongming_task.run")
 
 _STOPPABLE = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
+_LEGAL = {status: states.legal_targets(status) for status in S}
+_TERMINAL = states.TERMINAL
 
 
 class RunHost(Protocol):
@@ -211,16 +222,21 @@ class TaskRun:
         one store write carries both, the version jumping by two)."""
         with self._lock:
             current = self._snapshot
-            if not states.is_legal(current.status, to):
+            if to not in _LEGAL[current.status]:
                 states.check(current.task_id, current.status, to)  # raises, with the ids
             now = self._host.clock.now()
+            if now.tzinfo is not UTC:
+                now = utc(now, "clock.now()")
             version = current.status_version + 1
-            terminal = to in states.TERMINAL
+            terminal = to in _TERMINAL
             if terminal and "ended_at" not in changes:
                 changes["ended_at"] = now
-            changes.update(self._activity())
-            snapshot = current.evolve(status=to, status_version=version, **changes)
-            transition = Transition(
+            if self.token.checkpointed:
+                changes.update(self._activity())
+            changes["status"] = to
+            changes["status_version"] = version
+            snapshot = current.evolve(**changes)
+            transition = trusted_transition(
                 task_id=current.task_id,
                 version=version,
                 from_status=current.status,
@@ -306,7 +322,7 @@ class TaskRun:
         value the write-through cannot encode once left the store at ``running`` while the
         process said ``succeeded`` (distributed design §14.2). Validated *before* success."""
         with self._lock:
-            if self._snapshot.is_terminal:
+            if self._snapshot.status in _TERMINAL:
                 return  # abandoned after a timeout: this late result is not recorded
             try:
                 if result is not None and type(result) not in (str, int, bool):

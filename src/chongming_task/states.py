@@ -10,9 +10,10 @@ written by ``reconcile()`` for a task whose supervisor vanished.
 from __future__ import annotations
 
 from .errors import IllegalTransition
+from .model import _TERMINAL
 from .model import TaskStatus as S
 
-TERMINAL: frozenset[S] = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.CANCELLED, S.LOST})
+TERMINAL: frozenset[S] = _TERMINAL
 ACTIVE: frozenset[S] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING})
 """Statuses in which a carrier (thread) is executing the task."""
 WAITING: frozenset[S] = frozenset({S.PENDING, S.QUEUED})
