@@ -93,7 +93,8 @@ class FifoDispatcher:
 
     def get(self) -> TaskRun | None:
         while True:
-            self.release_due()
+            if self._delayed:
+                self.release_due()
             try:
                 item = self._queue.get(timeout=self._tick if self._delayed else None)
             except queue.Empty:

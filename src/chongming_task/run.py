@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import states
 from .clock import Clock
-from .errors import ConcurrencyConflict, StopRequested, TaskUnsuccessful, WaitTimeout
+from .errors import StopRequested, TaskUnsuccessful, WaitTimeout
 from .model import (
     Failure,
     FailureKind,
@@ -28,9 +28,8 @@ from .model import (
 )
 from .model import TaskStatus as S
 from .stores.codec import encode_json
-from .stores.protocol import TaskStore
 from .token import CancellationToken
-from .writethrough import WriteThrough
+from .writethrough import WriteThrough, WriteThroughHost
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition
@@ -39,24 +38,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("chongming_task.run")
 
 _STOPPABLE = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
+
+
+def _no_pause_ack() -> None:
+    pass
+
+
 _LEGAL = {status: states.legal_targets(status) for status in S}
 _TERMINAL = states.TERMINAL
 
 
-class RunHost(Protocol):
+class RunHost(WriteThroughHost, Protocol):
     """What a run needs from its controller."""
 
-    store: TaskStore
     clock: Clock
     owner: str
     rng: random.Random
     writethrough_buffer: int
 
     def _on_terminal(self, run: TaskRun) -> None: ...
-
-    def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
-
-    def _on_behind(self, task_id: str) -> None: ...
 
     def _requeue(self, run: TaskRun, delay: float) -> None: ...
 
@@ -111,12 +111,7 @@ class TaskRun:
             snapshot.task_id, host.clock, on_pause_ack=self._ack_pause, lock=self._lock
         )
         self._wt = WriteThrough(
-            host.store,
-            snapshot.task_id,
-            written_version=0,
-            buffer_limit=host.writethrough_buffer,
-            on_desync=host._on_desync,
-            on_behind=host._on_behind,
+            host, snapshot.task_id, written_version=0, buffer_limit=host.writethrough_buffer
         )
         self.abandoned = False
         self.pipeline: PipelineRun | None = None  # set for pipeline nodes
@@ -214,12 +209,9 @@ class TaskRun:
         *,
         reason: str | None = None,
         actor: str | None = None,
-        persist: bool = True,
         **changes: Any,
     ) -> TaskSnapshot:
-        """Make one transition. ``persist=False`` defers the write to the next transition
-        (used for ``starting``, immediately followed by ``running`` under the same lock:
-        one store write carries both, the version jumping by two)."""
+        """Make one transition and write it through (``_start`` is the one other path)."""
         with self._lock:
             current = self._snapshot
             if to not in _LEGAL[current.status]:
@@ -247,12 +239,13 @@ class TaskRun:
             )
             self._snapshot = snapshot
             self._history.append(transition)
-            if persist:
-                self._wt.persist(snapshot, transition)
-            else:
-                self._wt.defer(transition)
+            self._wt.persist(snapshot, transition)
             if terminal:
                 self._finished = True
+                # A terminal run acknowledges no pause: drop the token's bound method, the
+                # one reference cycle (run -> token -> run), so a run its caller lets go of
+                # is freed at once instead of waiting for a full garbage collection.
+                self.token._on_pause_ack = _no_pause_ack
                 if self._done is not None:
                     self._done.set()
                 self._host._on_terminal(self)
@@ -290,15 +283,7 @@ class TaskRun:
                 self._apply(S.STARTING, attempt=attempt, reason=f"attempt {attempt}")
                 self._finish_stopped()
                 return
-            self._apply(
-                S.STARTING,
-                attempt=attempt,
-                started_at=host.clock.now(),
-                ended_at=None,
-                reason=f"attempt {attempt}",
-                persist=False,
-            )
-            self._apply(S.RUNNING)
+            self._start(attempt)
             if self.definition.timeout is not None:
                 self._deadline = host.clock.monotonic() + self.definition.timeout
             if self.token.pause_requested:
@@ -316,6 +301,49 @@ class TaskRun:
             raise
         else:
             self._settle(result)
+
+    def _start(self, attempt: int) -> None:
+        """``queued -> starting -> running``: two transitions, one snapshot and one store
+        write (the stored version jumps by two). Caller holds the lock and has checked
+        that the run is ``queued``; nobody can observe the ``starting`` snapshot under the
+        lock, so it is never built."""
+        current = self._snapshot
+        host = self._host
+        now = host.clock.now()
+        if now.tzinfo is not UTC:
+            now = utc(now, "clock.now()")
+        task_id, owner = current.task_id, host.owner
+        version = current.status_version + 1
+        starting = trusted_transition(
+            task_id=task_id,
+            version=version,
+            from_status=S.QUEUED,
+            to_status=S.STARTING,
+            at=now,
+            reason=f"attempt {attempt}",
+            actor=owner,
+        )
+        running = trusted_transition(
+            task_id=task_id,
+            version=version + 1,
+            from_status=S.STARTING,
+            to_status=S.RUNNING,
+            at=now,
+            reason=None,
+            actor=owner,
+        )
+        changes = self._activity() if self.token.checkpointed else {}
+        snapshot = current.evolve(
+            status=S.RUNNING,
+            status_version=version + 1,
+            attempt=attempt,
+            started_at=now,
+            ended_at=None,
+            **changes,
+        )
+        self._snapshot = snapshot
+        self._history += (starting, running)
+        self._wt.persist(snapshot, running, earlier=(starting,))
 
     def _settle(self, result: Any) -> None:
         """Record a return value. It must be JSON: the store keeps it as ``outcome``, and a

@@ -12,13 +12,16 @@ acknowledged too (the old ``_ack`` defect left the second pause unacknowledged f
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Literal
 
 from .clock import Clock
 from .errors import StopRequested
 from .model import Progress
+
+_NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
 
 StopKind = Literal["stop", "cancel", "timeout"]
 
@@ -54,7 +57,9 @@ class CancellationToken:
     ) -> None:
         self.task_id = task_id
         self.attempt = 0
-        self.upstream: dict[str, Any] = {}  # pipeline nodes: each dependency's result
+        # Pipeline nodes: each dependency's result (the runtime sets a new dict; the shared
+        # empty default costs nothing per task).
+        self.upstream: Mapping[str, Any] = _NO_UPSTREAM
         self._clock = clock
         self._on_pause_ack = on_pause_ack
         # Re-entrant (a regression test holds it across resume() + request_pause()); the

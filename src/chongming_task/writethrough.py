@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from .errors import ConcurrencyConflict
 from .model import TaskSnapshot, Transition
@@ -27,17 +29,28 @@ from .stores.protocol import TaskStore
 log = logging.getLogger("chongming_task.writethrough")
 
 
+class WriteThroughHost(Protocol):
+    """The controller, as a write-through sees it: its store, the store's optional
+    capabilities looked up once, and where to report trouble."""
+
+    store: TaskStore
+    store_atomic: Callable[[], AbstractContextManager[None]] | None
+    store_write_transitions: Callable[..., None] | None
+
+    def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
+
+    def _on_behind(self, task_id: str) -> None: ...
+
+
 class WriteThrough:
     """Persists one task. Not thread-safe: the owning ``TaskRun`` calls it under its lock."""
 
+    # A node holds one per run: no per-instance bound methods or containers until a write
+    # fails (every tracked object is one more for each full garbage collection to walk).
     __slots__ = (
-        "_atomic",
         "_buffer",
-        "_fast",
+        "_host",
         "_limit",
-        "_on_behind",
-        "_on_desync",
-        "_store",
         "desynced",
         "dropped",
         "task_id",
@@ -46,23 +59,17 @@ class WriteThrough:
 
     def __init__(
         self,
-        store: TaskStore,
+        host: WriteThroughHost,
         task_id: str,
         *,
         written_version: int,
         buffer_limit: int,
-        on_desync: Callable[[str, ConcurrencyConflict], None],
-        on_behind: Callable[[str], None],
     ) -> None:
-        self._store = store
-        self._atomic = getattr(store, "atomic", None)
-        self._fast = getattr(store, "write_transitions", None)
+        self._host = host
         self.task_id = task_id
         self.written_version = written_version
         self._limit = buffer_limit
         self._buffer: deque[Transition] | None = None  # made on the first failed write
-        self._on_desync = on_desync
-        self._on_behind = on_behind
         self.desynced = False
         self.dropped = 0
 
@@ -81,20 +88,23 @@ class WriteThrough:
             bool(self._buffer) or snapshot.status_version != self.written_version
         )
 
-    def persist(self, snapshot: TaskSnapshot, transition: Transition) -> bool:
-        """Write ``snapshot`` and ``transition`` (and anything still buffered).
+    def persist(
+        self, snapshot: TaskSnapshot, transition: Transition, *, earlier: Sequence[Transition] = ()
+    ) -> bool:
+        """Write ``snapshot`` and ``transition`` (after ``earlier`` transitions made in the
+        same step, and anything still buffered).
 
         Returns whether the store is now up to date. Never raises for store failures.
         """
         if self.desynced:
             return False
         if not self._buffer:  # the common case: write it at once, no buffering
-            if self.flush(snapshot, transition):
+            if self.flush(snapshot, transition, earlier=earlier):
                 return True
             if self.desynced:
                 return False
-            self._buffered().append(transition)
-            self._on_behind(self.task_id)
+            self._buffered().extend((*earlier, transition))
+            self._host._on_behind(self.task_id)
             return False
         if len(self._buffer) == self._limit:
             self.dropped += 1
@@ -103,23 +113,27 @@ class WriteThrough:
                 "dropped from the audit trail (the snapshot will still catch up)",
                 self.task_id,
             )
-        self._buffered().append(transition)
+        self._buffered().extend((*earlier, transition))
         return self.flush(snapshot)
 
-    def defer(self, transition: Transition) -> None:
-        """Buffer ``transition`` for the next ``persist`` (no store call now)."""
-        if not self.desynced:
-            self._buffered().append(transition)
-
-    def flush(self, snapshot: TaskSnapshot, transition: Transition | None = None) -> bool:
-        """Bring the store up to ``snapshot`` (plus ``transition`` when the buffer is empty
-        and the caller has not buffered it). Returns whether it is now up to date."""
+    def flush(
+        self,
+        snapshot: TaskSnapshot,
+        transition: Transition | None = None,
+        *,
+        earlier: Sequence[Transition] = (),
+    ) -> bool:
+        """Bring the store up to ``snapshot`` (plus ``earlier`` and ``transition`` when the
+        buffer is empty and the caller has not buffered them). Returns whether it is now
+        up to date."""
         if self.desynced:
             return False
         buffered = self._buffer or ()
-        pending = [*buffered, transition] if transition is not None else list(buffered)
+        pending = [*buffered, *earlier, transition] if transition is not None else list(buffered)
+        host = self._host
+        store = host.store
         try:
-            fast = self._fast
+            fast = host.store_write_transitions
             if fast is not None:
                 # Rows encoded before the store's lock is taken; one transaction.
                 expect = (
@@ -129,34 +143,34 @@ class WriteThrough:
                 )
                 if expect is None:
                     for item in pending:
-                        self._store.append(item)
+                        store.append(item)
                 else:
                     fast(snapshot, expect_version=expect, transitions=pending)
                 self.written_version = snapshot.status_version
                 if self._buffer:
                     self._buffer.clear()
-            elif (atomic := self._atomic) is not None:
+            elif (atomic := host.store_atomic) is not None:
                 # One transaction: save and appends land together or not at all.
                 with atomic():
                     if snapshot.status_version != self.written_version:
-                        self._store.save(snapshot, expect_version=self.written_version)
+                        store.save(snapshot, expect_version=self.written_version)
                     for item in pending:
-                        self._store.append(item)
+                        store.append(item)
                 self.written_version = snapshot.status_version
                 if self._buffer:
                     self._buffer.clear()
             else:
                 if snapshot.status_version != self.written_version:
-                    self._store.save(snapshot, expect_version=self.written_version)
+                    store.save(snapshot, expect_version=self.written_version)
                     self.written_version = snapshot.status_version
                 for item in pending:
-                    self._store.append(item)
+                    store.append(item)
                     if self._buffer:
                         self._buffer.popleft()
         except ConcurrencyConflict as exc:
             self.desynced = True
             self._buffer = None
-            self._on_desync(self.task_id, exc)
+            host._on_desync(self.task_id, exc)
             return False
         except Exception as exc:
             log.warning(
@@ -167,6 +181,6 @@ class WriteThrough:
                 len(pending),
             )
             if transition is None:
-                self._on_behind(self.task_id)
+                host._on_behind(self.task_id)
             return False
         return True
