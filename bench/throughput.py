@@ -94,10 +94,20 @@ def main() -> None:
         best = min(fn() for _ in range(args.repeat))
         rates[name] = args.tasks / best
     reference = rates["ThreadPoolExecutor (reference)"]
+    targets: dict[str, tuple[str, bool]] = {
+        "Controller + InMemoryTaskStore": (
+            ">= 25% of pool",
+            rates["Controller + InMemoryTaskStore"] >= 0.25 * reference,
+        ),
+    }
+    for name in list(rates)[2:]:
+        targets[name] = (">= 3,000/s", rates[name] >= 3000)
     print(f"{args.tasks} no-op tasks, {args.workers} workers, best of {args.repeat}")
-    print(f"{'contender':44} {'tasks/s':>10} {'vs pool':>8}")
+    print(f"{'contender':44} {'tasks/s':>10} {'vs pool':>8}  target")
     for name, rate in rates.items():
-        print(f"{name:44} {rate:10,.0f} {rate / reference:8.1%}")
+        target, met = targets.get(name, ("", True))
+        verdict = f"  {target}: {'met' if met else 'NOT met'}" if target else ""
+        print(f"{name:44} {rate:10,.0f} {rate / reference:8.1%}{verdict}")
     tmp.cleanup()
 
 

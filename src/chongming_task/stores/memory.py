@@ -176,10 +176,16 @@ class InMemoryTaskStore:
             terminal = [s for s in list(self._tasks.values()) if s.status in TERMINAL]
             terminal.sort(key=lambda s: s.created_at)
             doomed = terminal[: max(0, len(terminal) - keep_terminal)]
+            pruned = 0
             for snapshot in doomed:
-                del self._tasks[snapshot.task_id]
-                self._history.pop(snapshot.task_id, None)
-            return len(doomed)
+                task_id = snapshot.task_id
+                with self._stripes[hash(task_id) % _STRIPES]:  # against a racing save
+                    if self._tasks.get(task_id) is not snapshot:
+                        continue  # written since the scan: no longer the row we judged
+                    del self._tasks[task_id]
+                self._history.pop(task_id, None)
+                pruned += 1
+            return pruned
 
     def close(self) -> None:
         self._closed = True

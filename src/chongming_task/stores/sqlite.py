@@ -707,11 +707,14 @@ class _WriteScope:
 
 _AT = {c: i for i, c in enumerate(_WRITE_VIEW_COLUMNS)}
 _WIDTH = len(_WRITE_VIEW_COLUMNS)
-_ROWS_PER_STATEMENT = 64  # 64 x 27 parameters, well under SQLite's limit
+_ROWS_PER_STATEMENT = 64  # 64 x 27 parameters, well under SQLite's limit (32766)
+
+
+_NEW_PAD = [None] * (1 + len(_TRAIL_VALUES))  # expect, trail columns
 
 
 def _new_row(row: codec.Row) -> list[Any]:
-    return ["new", *(row[c] for c in codec.TASK_COLUMNS), *([None] * (1 + len(_TRAIL_VALUES)))]
+    return ["new", *[row[c] for c in codec.TASK_COLUMNS], *_NEW_PAD]
 
 
 _TRAIL_PAD = [None] * (len(codec.TASK_COLUMNS) - 1 + 1)  # task columns after task_id, expect
@@ -735,13 +738,16 @@ _ONE_ROW = "(" + ", ".join("?" * _WIDTH) + ")"
 _WRITE_HEAD = f"INSERT INTO task_writes ({', '.join(_WRITE_VIEW_COLUMNS)}) VALUES "
 
 
+# The statement for each row count, built once: the same string object each time keeps
+# the sqlite3 statement-cache lookup to a cached hash.
+_WRITE_SQL = ["", *(_WRITE_HEAD + ", ".join([_ONE_ROW] * n) for n in range(1, 65))]
+
+
 def _write_rows(conn: sqlite3.Connection, rows: list[list[Any]]) -> None:
     """Insert ``rows`` into the write view: one statement (per 64 rows)."""
     for offset in range(0, len(rows), _ROWS_PER_STATEMENT):
         part = rows[offset : offset + _ROWS_PER_STATEMENT]
-        conn.execute(
-            _WRITE_HEAD + ", ".join([_ONE_ROW] * len(part)), [v for row in part for v in row]
-        )
+        conn.execute(_WRITE_SQL[len(part)], [v for row in part for v in row])
 
 
 class _WriteRequest:
@@ -873,7 +879,13 @@ class _GroupCommit:
         except BaseException as exc:  # the transaction failed: none of the batch landed
             for request in batch:
                 if request.error is None:
-                    request.error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+                    # One exception per caller: each raises it on its own thread.
+                    request.error = StoreError(str(exc) or type(exc).__name__)
+                    request.error.__cause__ = exc
+            if not isinstance(exc, Exception):  # KeyboardInterrupt & co: after the waiters
+                for request in batch:
+                    request.done.release()
+                raise
         for request in batch:
             request.done.release()
 
