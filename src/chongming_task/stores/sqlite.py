@@ -30,18 +30,16 @@ SCHEMA_VERSION = 1
 # The columns a task's life changes (write_transitions writes only these). Identity columns
 # (name, tags, bucket, bucket_key, pipeline_run_id, created_at) are fixed at create, and
 # leaving them out spares SQLite rewriting three indexes on every write.
-_LIFE_COLUMNS_SQL = (
-    "status",
-    "status_version",
-    "attempt",
-    "owner",
-    "started_at",
-    "ended_at",
-    "last_heartbeat_at",
-    "progress",
-    "failure",
-    "outcome",
+_IDENTITY_COLUMNS = (
+    "task_id",
+    "name",
+    "tags",
+    "bucket",
+    "bucket_key",
+    "pipeline_run_id",
+    "created_at",
 )
+_LIFE_COLUMNS_SQL = tuple(c for c in codec.SAVE_COLUMNS if c not in _IDENTITY_COLUMNS)
 PAGE_SIZE = 1024  # for new files; see __init__
 
 _SCHEMA = """
