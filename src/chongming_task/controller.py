@@ -142,8 +142,8 @@ class Controller:
             self._owns_store = True
         # The store's optional capabilities, looked up once (a bound method per run and
         # lookup would be garbage for the collector to walk).
-        self.store_atomic = getattr(self.store, "atomic", None)
-        self.store_write_transitions = getattr(self.store, "write_transitions", None)
+        self._store_atomic = getattr(self.store, "atomic", None)
+        self._store_write_transitions = getattr(self.store, "write_transitions", None)
         self.owner = owner or default_owner()
         self.clock: Clock = clock or SystemClock()
         self.rng = random.Random(seed)

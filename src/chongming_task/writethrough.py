@@ -34,8 +34,8 @@ class WriteThroughHost(Protocol):
     capabilities looked up once, and where to report trouble."""
 
     store: TaskStore
-    store_atomic: Callable[[], AbstractContextManager[None]] | None
-    store_write_transitions: Callable[..., None] | None
+    _store_atomic: Callable[[], AbstractContextManager[None]] | None
+    _store_write_transitions: Callable[..., None] | None
 
     def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
 
@@ -133,7 +133,7 @@ class WriteThrough:
         host = self._host
         store = host.store
         try:
-            fast = host.store_write_transitions
+            fast = host._store_write_transitions
             if fast is not None:
                 # Rows encoded before the store's lock is taken; one transaction.
                 expect = (
@@ -149,7 +149,7 @@ class WriteThrough:
                 self.written_version = snapshot.status_version
                 if self._buffer:
                     self._buffer.clear()
-            elif (atomic := host.store_atomic) is not None:
+            elif (atomic := host._store_atomic) is not None:
                 # One transaction: save and appends land together or not at all.
                 with atomic():
                     if snapshot.status_version != self.written_version:
