@@ -794,21 +794,24 @@ _MAX_BATCH = 256
 class _GroupCommit:
     """Group commit for the write-through and submit paths, by flat combining: a thread
     that finds the connection free commits its own write and every write queued by other
-    threads, in one ``BEGIN IMMEDIATE ... COMMIT`` with one statement per kind of row (new
-    tasks, compare-and-sets, trail rows). A thread that finds the connection busy queues
-    its write and sleeps until a combiner has committed it. Every call is still durable
-    when it returns; an uncontended write runs on its own thread with no hand-off.
+    threads as one INSERT into the ``task_writes`` view (one statement per 64 rows; a
+    single statement is its own transaction). A thread that finds the connection busy
+    queues its write and sleeps until a combiner has committed it. Every call is still
+    durable when it returns; an uncontended write runs on its own thread, no hand-off.
 
     Why: with one connection taken by lock, worker threads queued behind whoever held it
-    across a GIL switch, and every commit rewrote the same hot pages (a task row's leaf,
-    the status index, the trail) in the WAL. Here a waiter never takes the lock again
-    after waking, and a batch writes shared pages once. (A dedicated writer thread was
-    measured too: two thread hand-offs per write cost ~90 us on the reference VM.)
+    across a GIL switch; every statement released the GIL that its thread then had to win
+    back; and every commit rewrote the same hot pages (a task row's leaf, the status
+    index, the trail) in the WAL. Here a waiter never takes the lock again after waking,
+    a batch costs one statement, and it writes shared pages once. (A dedicated writer
+    thread was measured too: two thread hand-offs per write cost ~90 us on the reference
+    VM.)
 
-    If the batch's compare-and-set changes fewer rows than it holds, or a new id exists,
-    the transaction is rolled back and redone request by request (each in a savepoint):
-    the failing requests raise on their own and the others land. An error of the
-    transaction itself fails every request in it, with nothing written.
+    If the statement fails on a constraint (a compare-and-set found another version, or
+    a new id exists), nothing of the batch was written: it is redone request by request
+    in one transaction, each in a savepoint, so the failing requests raise on their own
+    and the others land. Any other error fails every request in the batch, with nothing
+    written.
     """
 
     # Safety net only: every release of the store's lock serves the queue, so a queued
