@@ -408,3 +408,30 @@ def test_an_old_sqlite_file_gains_the_write_view_on_open(tmp_path: Path) -> None
     store.create_many([_created("new")])
     assert {s.task_id for s in store.query()} == {"kept", "new"}
     store.close()
+
+
+def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releasing the connection serves the queue: a queued write never waits for its
+    writer's retry timer (here an hour, so only the hand-over can commit it)."""
+    from chongming_task.stores import sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module._GroupCommit, "_RETRY", 3600.0)
+    store = SqliteTaskStore(tmp_path / "g.db")
+    finished = threading.Event()
+
+    def writer() -> None:
+        store.create_many([_created("queued")])
+        finished.set()
+
+    with store._locked("a long read"):
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        while not store._group._queue:
+            finished.wait(0.001)
+        assert not finished.is_set()  # queued behind us
+    assert finished.wait(10), "the queued write was not committed when the lock came free"
+    thread.join()
+    assert store.get("queued") is not None
+    store.close()
