@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
@@ -435,9 +435,7 @@ class Controller:
             raise ControllerClosed(f"controller {self.owner} is closed")
         definition = self._resolve(task)
         bucket = self._check_bucket_ownership(bucket_key)
-        now = self.clock.now()
-        if now.tzinfo is not UTC:
-            now = utc(now, "clock.now()")
+        now = utc(self.clock.now(), "clock.now()")
         # Every value here is already normalised (UTC times, frozenset tags): the trusted
         # builders skip re-validation on this hot path.
         snapshot: TaskSnapshot = trusted_snapshot(

@@ -184,11 +184,7 @@ def _make_copier(cls: type, names: tuple[str, ...]) -> Any:
     ]
     lines.append("    else:")
     lines += [f"        _set_{name}(new, self.{name})" for name in names]
-    lines.append("    return new")
-    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    scope.update({f"_set_{name}": cls.__dict__[name].__set__ for name in names})
-    exec("\n".join(lines), scope)
-    return scope["copy"]
+    return _compile(cls, names, lines, "copy")
 
 
 def _make_builder(cls: type, names: tuple[str, ...]) -> Any:
@@ -196,11 +192,16 @@ def _make_builder(cls: type, names: tuple[str, ...]) -> Any:
     (UTC datetimes, frozenset tags): store codecs and the runtime's own transitions."""
     lines = [f"def build(*, {', '.join(names)}):", "    new = _new(_cls)"]
     lines += [f"    _set_{name}(new, {name})" for name in names]
-    lines.append("    return new")
+    return _compile(cls, names, lines, "build")
+
+
+def _compile(cls: type, names: tuple[str, ...], lines: list[str], function: str) -> Any:
+    """Define ``function`` from ``lines`` (plus ``return new``), with ``_new``, ``_cls`` and
+    one ``_set_<name>`` slot setter per field in scope."""
     scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     scope.update({f"_set_{name}": cls.__dict__[name].__set__ for name in names})
-    exec("\n".join(lines), scope)
-    return scope["build"]
+    exec("\n".join([*lines, "    return new"]), scope)
+    return scope[function]
 
 
 _SNAPSHOT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TaskSnapshot))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import states
@@ -42,10 +41,6 @@ _STOPPABLE = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
 
 def _no_pause_ack() -> None:
     pass
-
-
-_LEGAL = {status: states.legal_targets(status) for status in S}
-_TERMINAL = states.TERMINAL
 
 
 class RunHost(WriteThroughHost, Protocol):
@@ -214,13 +209,11 @@ class TaskRun:
         """Make one transition and write it through (``_start`` is the one other path)."""
         with self._lock:
             current = self._snapshot
-            if to not in _LEGAL[current.status]:
+            if not states.is_legal(current.status, to):
                 states.check(current.task_id, current.status, to)  # raises, with the ids
-            now = self._host.clock.now()
-            if now.tzinfo is not UTC:
-                now = utc(now, "clock.now()")
+            now = utc(self._host.clock.now(), "clock.now()")
             version = current.status_version + 1
-            terminal = to in _TERMINAL
+            terminal = to in states.TERMINAL
             if terminal and "ended_at" not in changes:
                 changes["ended_at"] = now
             if self.token.checkpointed:
@@ -309,9 +302,7 @@ class TaskRun:
         lock, so it is never built."""
         current = self._snapshot
         host = self._host
-        now = host.clock.now()
-        if now.tzinfo is not UTC:
-            now = utc(now, "clock.now()")
+        now = utc(host.clock.now(), "clock.now()")
         task_id, owner = current.task_id, host.owner
         version = current.status_version + 1
         starting = trusted_transition(
@@ -350,7 +341,7 @@ class TaskRun:
         value the write-through cannot encode once left the store at ``running`` while the
         process said ``succeeded`` (distributed design §14.2). Validated *before* success."""
         with self._lock:
-            if self._snapshot.status in _TERMINAL:
+            if self._snapshot.status in states.TERMINAL:
                 return  # abandoned after a timeout: this late result is not recorded
             try:
                 if result is not None and type(result) not in (str, int, bool):

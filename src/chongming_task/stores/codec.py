@@ -281,6 +281,42 @@ def row_to_command(row: Mapping[str, Any]) -> Command:
 # Positional rows (a SQL cursor's tuples, columns in the order of the *_COLUMNS above).
 
 
+def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
+    row = snapshot_to_row(snapshot)
+    return [row[c] for c in TASK_COLUMNS]
+
+
+def transition_to_values(transition: Transition) -> list[Any]:
+    row = transition_to_row(transition)
+    return [row[c] for c in TRANSITION_COLUMNS]
+
+
+def command_to_values(command: Command) -> list[Any]:
+    row = command_to_row(command)
+    return [row[c] for c in COMMAND_COLUMNS]
+
+
+def touch_values(
+    task_id: str,
+    progress: Progress | None,
+    heartbeat_at: datetime | None,
+    lease_owner: str | None,
+    lease_until: datetime | None,
+) -> list[Any] | None:
+    """``touch``'s parameters for a SQL ``UPDATE ... SET col = COALESCE(?, col)`` (progress,
+    heartbeat, lease owner, lease until, then the id); ``None`` when there is nothing to
+    write."""
+    if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
+        return None
+    return [
+        encode_progress(progress),
+        encode_dt(heartbeat_at),
+        lease_owner,
+        encode_dt(lease_until),
+        task_id,
+    ]
+
+
 def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
     return row_to_snapshot(dict(zip(TASK_COLUMNS, values, strict=True)))
 

@@ -35,6 +35,9 @@ class InMemoryTaskStore:
     def __repr__(self) -> str:
         return f"InMemoryTaskStore(tasks={len(self._tasks)})"
 
+    def _stripe(self, task_id: str) -> threading.Lock:
+        return self._stripes[hash(task_id) % _STRIPES]
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("InMemoryTaskStore is closed")
@@ -49,7 +52,7 @@ class InMemoryTaskStore:
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
         self._check_open()
         task_id = snapshot.task_id
-        with self._stripes[hash(task_id) % _STRIPES]:  # compare and set
+        with self._stripe(task_id):  # compare and set
             current = self._tasks.get(task_id)
             if current is not None and current.status_version == expect_version:
                 # The lease belongs to touch(): carry the stored one over, never the caller's.
@@ -112,7 +115,7 @@ class InMemoryTaskStore:
         lease_until: datetime | None = None,
     ) -> None:
         self._check_open()
-        with self._stripes[hash(task_id) % _STRIPES]:
+        with self._stripe(task_id):
             current = self._tasks.get(task_id)
             if current is None:
                 return
@@ -179,7 +182,7 @@ class InMemoryTaskStore:
             pruned = 0
             for snapshot in doomed:
                 task_id = snapshot.task_id
-                with self._stripes[hash(task_id) % _STRIPES]:  # against a racing save
+                with self._stripe(task_id):  # against a racing save
                     if self._tasks.get(task_id) is not snapshot:
                         continue  # written since the scan: no longer the row we judged
                     del self._tasks[task_id]

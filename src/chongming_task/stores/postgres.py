@@ -255,9 +255,9 @@ class PostgresTaskStore:
     # -- task snapshots -------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot) -> None:
-        row = codec.snapshot_to_row(snapshot)
+        values = codec.snapshot_to_values(snapshot)
         with self._cursor("create") as cur:
-            cur.execute(_INSERT_TASK, [row[c] for c in codec.TASK_COLUMNS])
+            cur.execute(_INSERT_TASK, values)
             inserted = cur.rowcount
         if inserted != 1:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
@@ -303,9 +303,9 @@ class PostgresTaskStore:
     # -- audit trail ------------------------------------------------------------------------------
 
     def append(self, transition: Transition) -> None:
-        row = codec.transition_to_row(transition)
+        values = codec.transition_to_values(transition)
         with self._cursor("append") as cur:
-            cur.execute(_APPEND, [row[c] for c in codec.TRANSITION_COLUMNS])
+            cur.execute(_APPEND, values)
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._cursor("history") as cur:
@@ -324,30 +324,19 @@ class PostgresTaskStore:
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> None:
-        if (
-            progress is None
-            and heartbeat_at is None
-            and lease_owner is None
-            and lease_until is None
-        ):
+        params = codec.touch_values(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        if params is None:
             return
-        params = [
-            codec.encode_progress(progress),
-            codec.encode_dt(heartbeat_at),
-            lease_owner,
-            codec.encode_dt(lease_until),
-            task_id,
-        ]
         with self._cursor("touch") as cur:
             cur.execute(_TOUCH_TASK, params)
 
     # -- commands ---------------------------------------------------------------------------------
 
     def submit_command(self, command: Command) -> None:
-        row = codec.command_to_row(command)
+        values = codec.command_to_values(command)
         try:
             with self._cursor("submit_command") as cur:
-                cur.execute(_INSERT_COMMAND, [row[c] for c in codec.COMMAND_COLUMNS])
+                cur.execute(_INSERT_COMMAND, values)
                 # Delivered at commit, to listeners only: a wake-up, never the delivery.
                 cur.execute(f"NOTIFY {self._channel}".encode())
         except StoreError as exc:

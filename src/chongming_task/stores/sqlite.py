@@ -295,10 +295,10 @@ class SqliteTaskStore:
     # -- task snapshots -------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot) -> None:
-        row = codec.snapshot_to_row(snapshot)
+        values = codec.snapshot_to_values(snapshot)  # encoded before the lock is taken
         try:
             with self._write("create") as conn:
-                conn.execute(_INSERT_TASK, [row[c] for c in codec.TASK_COLUMNS])
+                conn.execute(_INSERT_TASK, values)
         except StoreError as exc:
             if isinstance(exc.__cause__, sqlite3.IntegrityError):
                 raise TaskAlreadyExists(f"task {snapshot.task_id} already exists") from exc
@@ -348,9 +348,9 @@ class SqliteTaskStore:
     # -- audit trail ------------------------------------------------------------------------------
 
     def append(self, transition: Transition) -> None:
-        row = codec.transition_to_row(transition)
+        values = codec.transition_to_values(transition)  # encoded before the lock is taken
         with self._write("append") as conn:
-            conn.execute(_APPEND, [row[c] for c in codec.TRANSITION_COLUMNS])
+            conn.execute(_APPEND, values)
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._locked("history") as conn:
@@ -368,29 +368,18 @@ class SqliteTaskStore:
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> None:
-        if (
-            progress is None
-            and heartbeat_at is None
-            and lease_owner is None
-            and lease_until is None
-        ):
+        params = codec.touch_values(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        if params is None:
             return
-        params = (
-            codec.encode_progress(progress),
-            codec.encode_dt(heartbeat_at),
-            lease_owner,
-            codec.encode_dt(lease_until),
-            task_id,
-        )
         with self._write("touch") as conn:
             conn.execute(_TOUCH_TASK, params)
 
     # -- commands ---------------------------------------------------------------------------------
 
     def submit_command(self, command: Command) -> None:
-        row = codec.command_to_row(command)
+        values = codec.command_to_values(command)  # encoded before the lock is taken
         with self._write("submit_command") as conn:
-            conn.execute(_INSERT_COMMAND, [row[c] for c in codec.COMMAND_COLUMNS])
+            conn.execute(_INSERT_COMMAND, values)
 
     def claim_commands(
         self, *, now: datetime, lease_seconds: float, limit: int = 50
@@ -425,7 +414,7 @@ class SqliteTaskStore:
 
         Committed by group commit (``_GroupCommit``): it returns once the rows are
         committed, possibly in one transaction with other threads' writes."""
-        rows = [_new_row(codec.snapshot_to_row(s)) for s, _ in items]
+        rows = [["new", *codec.snapshot_to_values(s), *_NEW_PAD] for s, _ in items]
         rows += [_trail_row(t) for _, t in items]
         self._group_write(_WriteRequest(rows, creates=len(items)))
 
@@ -711,25 +700,12 @@ _ROWS_PER_STATEMENT = 64  # 64 x 27 parameters, well under SQLite's limit (32766
 _NEW_PAD = [None] * (1 + len(_TRAIL_VALUES))  # expect, trail columns
 
 
-def _new_row(row: codec.Row) -> list[Any]:
-    return ["new", *[row[c] for c in codec.TASK_COLUMNS], *_NEW_PAD]
-
-
 _TRAIL_PAD = [None] * (len(codec.TASK_COLUMNS) - 1 + 1)  # task columns after task_id, expect
 
 
 def _trail_row(t: Transition) -> list[Any]:
-    return [
-        "trail",
-        t.task_id,
-        *_TRAIL_PAD,
-        t.version,
-        t.from_status.value if t.from_status else None,
-        t.to_status.value,
-        codec.encode_dt(t.at),
-        t.reason,
-        t.actor,
-    ]
+    task_id, *trail = codec.transition_to_values(t)
+    return ["trail", task_id, *_TRAIL_PAD, *trail]
 
 
 _ONE_ROW = "(" + ", ".join("?" * _WIDTH) + ")"
