@@ -454,17 +454,7 @@ class SqliteTaskStore:
         ``atomic()``), else through the group-commit writer."""
         if self._holder == threading.get_ident():
             with self._write("write") as conn:
-                if len(request.rows) > _ROWS_PER_STATEMENT:
-                    conn.execute("SAVEPOINT request")  # several statements: all or nothing
-                    try:
-                        request.apply_alone(conn)
-                    except BaseException:
-                        conn.execute("ROLLBACK TO request")
-                        raise
-                    finally:
-                        conn.execute("RELEASE request")
-                else:
-                    request.apply_alone(conn)
+                request.apply_alone(conn)
             return
         self._group.run(request)
 
@@ -746,8 +736,18 @@ class _WriteRequest:
         self.done.acquire()  # released once the request is committed or has failed
 
     def apply_alone(self, conn: sqlite3.Connection) -> None:
-        """This request by itself. With more than 64 rows, call inside a transaction: a
-        single statement is all or nothing on its own, several are not."""
+        """This request by itself, all or nothing, in a savepoint of the caller's
+        transaction; on a conflict or an existing id it raises with nothing written."""
+        conn.execute("SAVEPOINT request")
+        try:
+            self._insert(conn)
+        except BaseException:
+            conn.execute("ROLLBACK TO request")
+            raise
+        finally:
+            conn.execute("RELEASE request")
+
+    def _insert(self, conn: sqlite3.Connection) -> None:
         try:
             _write_rows(conn, self.rows)
         except sqlite3.IntegrityError as exc:
@@ -871,10 +871,7 @@ class _GroupCommit:
         transaction, each request in a savepoint, so only the failing ones fail."""
         with self._store._write("group commit") as conn:
             for request in batch:
-                conn.execute("SAVEPOINT request")
                 try:
                     request.apply_alone(conn)
                 except (ConcurrencyConflict, TaskAlreadyExists) as exc:
-                    conn.execute("ROLLBACK TO request")
                     request.error = exc  # its own failure: nothing of it written
-                conn.execute("RELEASE request")
