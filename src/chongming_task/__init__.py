@@ -18,8 +18,10 @@ from .errors import ConcurrencyConflict as ConcurrencyConflict
 from .errors import ConfigurationError as ConfigurationError
 from .errors import ControllerClosed as ControllerClosed
 from .errors import IllegalTransition as IllegalTransition
+from .errors import InvalidValue as InvalidValue
 from .errors import StopRequested as StopRequested
 from .errors import StoreError as StoreError
+from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TaskAlreadyExists as TaskAlreadyExists
 from .errors import TaskNotFound as TaskNotFound
 from .errors import TaskUnsuccessful as TaskUnsuccessful
@@ -69,6 +71,7 @@ __all__ = [
     "IllegalTransition",
     "InMemoryTaskStore",
     "IntervalTrigger",
+    "InvalidValue",
     "Pipeline",
     "PipelineNode",
     "PipelineRun",
@@ -80,6 +83,7 @@ __all__ = [
     "SqliteTaskStore",
     "StopRequested",
     "StoreError",
+    "StoreUnavailable",
     "SystemClock",
     "TaskAlreadyExists",
     "TaskDefinition",

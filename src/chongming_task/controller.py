@@ -37,6 +37,7 @@ from .errors import (
     ConcurrencyConflict,
     ConfigurationError,
     ControllerClosed,
+    StoreUnavailable,
     TaskNotFound,
     UnknownTask,
     WaitTimeout,
@@ -61,6 +62,7 @@ from .run import TaskRun
 from .schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from .stores import open_store
 from .stores.protocol import TaskStore
+from .values import check_text, rules_of
 
 log = logging.getLogger("chongming_task.controller")
 
@@ -144,8 +146,12 @@ class Controller:
         # lookup would be garbage for the collector to walk).
         self._store_atomic = getattr(self.store, "atomic", None)
         self._store_write_transitions = getattr(self.store, "write_transitions", None)
+        # What the store can hold: every value handed over is checked against it.
+        self.value_rules = rules_of(self.store)
         self.owner = owner or default_owner()
+        check_text(self.owner, "owner", self.value_rules)
         self.clock: Clock = clock or SystemClock()
+        self._now()  # a clock that gives naive times is refused now, not at the first task
         self.rng = random.Random(seed)
         self.max_workers = max_workers
         self.command_poll_interval = command_poll_interval
@@ -172,6 +178,8 @@ class Controller:
         self._shutdown = threading.Event()  # background loops exit
         self._closed = False
         self._supervisor: threading.Thread | None = None
+        self._next_lease = 0.0  # monotonic time of the supervisor's next lease renewal
+        self._store_unreachable = False
         self._pipeline_thread: threading.Thread | None = None
         # Schedules fire from a thread of their own, or only through tick_schedules()
         # when run_schedules=False (tests with a fake clock drive them that way).
@@ -204,6 +212,17 @@ class Controller:
     ) -> None:
         self.close()
 
+    def _now(self) -> datetime:
+        """The clock's reading in UTC; a naive reading is a configuration fault."""
+        now = self.clock.now()
+        try:
+            return utc(now, "clock.now()")
+        except (ValueError, AttributeError):
+            raise ConfigurationError(
+                f"the clock of node {self.owner} returned {now!r}: a clock must return "
+                "timezone-aware datetimes (SystemClock does)"
+            ) from None
+
     # -- ownership --------------------------------------------------------------------------------
 
     @property
@@ -220,6 +239,8 @@ class Controller:
         return self.owned_buckets is None or bucket in self.owned_buckets
 
     def _check_bucket_ownership(self, bucket_key: str | None) -> int | None:
+        if bucket_key is not None:
+            check_text(bucket_key, "bucket_key", self.value_rules)
         if bucket_key is None:
             if not self.owns_all_buckets:
                 raise ConfigurationError(
@@ -241,6 +262,11 @@ class Controller:
     def register(self, definition: TaskDefinition) -> TaskDefinition:
         if self._definitions.get(definition.name) is definition:
             return definition  # every submit passes here: no lock once registered
+        # Checked once per node, against this node's store: every task of this definition
+        # carries its name and tags into the store.
+        check_text(definition.name, "task name", self.value_rules)
+        for tag in definition.tags:
+            check_text(tag, f"tag of task {definition.name!r}", self.value_rules)
         with self._lock:
             existing = self._definitions.get(definition.name)
             if existing is not None and existing is not definition:
@@ -435,7 +461,7 @@ class Controller:
             raise ControllerClosed(f"controller {self.owner} is closed")
         definition = self._resolve(task)
         bucket = self._check_bucket_ownership(bucket_key)
-        now = utc(self.clock.now(), "clock.now()")
+        now = self._now()
         # Every value here is already normalised (UTC times, frozenset tags): the trusted
         # builders skip re-validation on this hot path.
         snapshot: TaskSnapshot = trusted_snapshot(
@@ -541,9 +567,11 @@ class Controller:
         if self._closing.is_set():
             raise ControllerClosed(f"controller {self.owner} is closed")
         self._resolve(task)  # an unknown name fails now, not at the first firing
+        for tag in schedule_tags(name, tags):
+            check_text(tag, f"tag of schedule {name!r}", self.value_rules)
         self._check_bucket_ownership(bucket_key)
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
-            trigger.start_at = self.clock.now()
+            trigger.start_at = self._now()
         entry = Schedule(
             name=name,
             task=task,
@@ -559,7 +587,7 @@ class Controller:
         with self._schedule_lock:
             if name in self._schedules:
                 raise ConfigurationError(f"a schedule named {name!r} exists already")
-            self._advance(entry, self.clock.now())
+            self._advance(entry, self._now())
             self._schedules[name] = entry
         if self._run_schedules:
             self._ensure_scheduler()
@@ -582,7 +610,7 @@ class Controller:
         The scheduler thread calls this; with ``run_schedules=False`` it is the only way
         schedules fire, which lets tests drive them with a fake clock, without sleeping.
         """
-        now = self.clock.now()
+        now = self._now()
         fired: list[TaskRun] = []
         with self._schedule_lock:
             if self._closing.is_set():
@@ -638,7 +666,7 @@ class Controller:
             dues = [e.due for e in self.schedules if e.due is not None]
             wait = 1.0
             if dues:
-                wait = min(wait, max(0.01, (min(dues) - self.clock.now()).total_seconds()))
+                wait = min(wait, max(0.01, (min(dues) - self._now()).total_seconds()))
             self._schedule_wake.wait(wait)
             self._schedule_wake.clear()
 
@@ -660,6 +688,9 @@ class Controller:
         return self._control(task_id, CommandAction.CANCEL, reason)
 
     def _control(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
+        check_text(task_id, "task id", self.value_rules)
+        if reason is not None:
+            check_text(reason, "reason", self.value_rules)
         run = self._runs.get(task_id)
         if run is not None:
             outcome = _act(run, action, reason, self.owner)
@@ -673,7 +704,7 @@ class Controller:
             command_id=uuid.uuid4().hex,
             task_id=task_id,
             action=action,
-            created_at=self.clock.now(),
+            created_at=self._now(),
             issued_by=self.owner,
             reason=reason,
         )
@@ -766,7 +797,7 @@ class Controller:
             statuses=states.NON_TERMINAL,
             buckets=None if self.owns_all_buckets else self.owned_buckets,
         )
-        now = self.clock.now()
+        now = self._now()
         with self._lock:
             held = set(self._runs)
         candidates = [
@@ -929,8 +960,9 @@ class Controller:
             self._active[run.task_id] = run  # single dict operations: atomic, no lock
             try:
                 run._execute()
-            except BaseException:
+            except BaseException as exc:
                 log.exception("task %s: carrier crashed", run.task_id)
+                run._carrier_crashed(exc)  # never leave the task active with no carrier
             if run.abandoned:
                 return  # _abandon released the slot and started a replacement carrier
             self._active.pop(run.task_id, None)
@@ -951,20 +983,49 @@ class Controller:
                 self._unsubscribe = subscribe(self._poll_now.set)
 
     def _supervise(self) -> None:
-        next_lease = 0.0
         while not self._shutdown.wait(self.activity_interval):
+            self._supervise_once()
+
+    def _supervise_once(self) -> None:
+        """One supervisor pass. Leases first: after a store outage they are the writes
+        that keep other nodes' ``reconcile()`` off this node's live tasks. Every step, and
+        every task within a step, is isolated: one task's store error is logged for that
+        task and costs no other task its lease renewal, timeout check or progress. A
+        store that is unreachable (``StoreUnavailable``) ends a step at once, so a pass
+        stays short during an outage."""
+        now = self.clock.monotonic()
+        if now >= self._next_lease:
+            renewed = self._step("lease renewal", self._renew_leases)
+            # Renewal that did not complete is retried on the very next pass.
+            self._next_lease = now + min(1.0, self.lease_ttl / 6) if renewed else now
+        self._step("retry release", self._dispatcher.release_due)
+        self._step("activity flush", self._flush_activity)
+        for run in self._active_runs():
             try:
-                now = self.clock.monotonic()
-                self._dispatcher.release_due()
-                self._flush_activity()
-                for run in self._active_runs():
-                    run._check_timeout(now)
-                self._catch_up()
-                if now >= next_lease:
-                    self._renew_leases()
-                    next_lease = now + min(1.0, self.lease_ttl / 6)
+                run._check_timeout(now)
             except Exception:
-                log.exception("supervisor loop iteration failed; continuing")
+                log.exception("task %s: timeout check failed; continuing", run.task_id)
+        self._step("write-through catch-up", self._catch_up)
+
+    def _step(self, what: str, step: Callable[[], object]) -> bool:
+        """Run one supervisor step; ``False`` (logged, never raised) if it failed."""
+        try:
+            return step() is not False
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+        except Exception:
+            log.exception("supervisor %s failed; continuing", what)
+        return False
+
+    def _store_down(self, exc: StoreUnavailable) -> None:
+        if not self._store_unreachable:
+            self._store_unreachable = True
+            log.warning("store unreachable (%s); leases, progress and writes wait for it", exc)
+
+    def _store_up(self) -> None:
+        if self._store_unreachable:
+            self._store_unreachable = False
+            log.warning("store reachable again; leases renewed first")
 
     def _active_runs(self) -> list[TaskRun]:
         return list(self._active.values())
@@ -975,13 +1036,24 @@ class Controller:
             if run.desynced:
                 continue
             seq, progress, heartbeat = run.token.activity()
-            if seq != run._flushed_activity:
+            if seq == run._flushed_activity:
+                continue
+            try:
                 self.store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
-                run._flushed_activity = seq
+            except StoreUnavailable:
+                raise  # nobody's activity can be written now: end the step
+            except Exception:
+                # This task's values cannot be written (checkpoint() checks them, so this
+                # is a store fault): drop this reading, keep flushing the others.
+                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
+            run._flushed_activity = seq
 
-    def _renew_leases(self) -> None:
+    def _renew_leases(self) -> bool:
         """Renew leases that have used a third of their TTL, in one transaction when the
-        store offers ``atomic()``: a fresh backlog of queued tasks costs nothing here."""
+        store offers ``atomic()`` (a fresh backlog of queued tasks costs nothing here).
+        If that transaction fails, each lease is renewed on its own, so one task's fault
+        never costs another task its lease. Returns whether every due lease was renewed.
+        """
         mono = self.clock.monotonic()
         due = [
             run
@@ -989,14 +1061,31 @@ class Controller:
             if not run.done() and not run.desynced and run._lease_renew_at <= mono
         ]
         if not due:
-            return
-        until = self.clock.now() + timedelta(seconds=self.lease_ttl)
+            return True
+        until = self._now() + timedelta(seconds=self.lease_ttl)
         atomic = getattr(self.store, "atomic", None)
-        with atomic() if atomic is not None else contextlib.nullcontext():
+        renewed = due
+        try:
+            with atomic() if atomic is not None else contextlib.nullcontext():
+                for run in due:
+                    self.store.touch(run.task_id, lease_owner=self.owner, lease_until=until)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            renewed = []
             for run in due:
-                self.store.touch(run.task_id, lease_owner=self.owner, lease_until=until)
-        for run in due:
+                try:
+                    self.store.touch(run.task_id, lease_owner=self.owner, lease_until=until)
+                except StoreUnavailable:
+                    raise
+                except Exception:
+                    log.exception("task %s: lease not renewed; will retry", run.task_id)
+                else:
+                    renewed.append(run)
+        self._store_up()
+        for run in renewed:
             run._lease_renew_at = mono + self.lease_ttl / 3
+        return len(renewed) == len(due)
 
     def _catch_up(self) -> None:
         with self._lock:
@@ -1028,7 +1117,7 @@ class Controller:
         A command for a task held elsewhere is released (never completed: the holder
         would never hear of it). Returns how many commands were completed here.
         """
-        commands = self.store.claim_commands(now=self.clock.now(), lease_seconds=self.command_lease)
+        commands = self.store.claim_commands(now=self._now(), lease_seconds=self.command_lease)
         completed = 0
         for command in commands:
             run = self._runs.get(command.task_id)
@@ -1041,9 +1130,9 @@ class Controller:
                 elif stored.is_terminal:
                     outcome = "already-terminal"
                 else:
-                    self.store.release_command(command.command_id, now=self.clock.now())
+                    self.store.release_command(command.command_id, now=self._now())
                     continue
-            self.store.complete_command(command.command_id, now=self.clock.now(), outcome=outcome)
+            self.store.complete_command(command.command_id, now=self._now(), outcome=outcome)
             completed += 1
         return completed
 

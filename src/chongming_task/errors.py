@@ -20,8 +20,20 @@ class ConfigurationError(ChongmingTaskError, ValueError):
     """A setting or an argument is wrong; the message says which and how to fix it."""
 
 
+class InvalidValue(ChongmingTaskError, ValueError):
+    """A value handed over (a result, progress, a name, a tag, a key, a reason) is one the
+    store could not hold; it was refused where it was handed over, and nothing was stored.
+    """
+
+
 class StoreError(ChongmingTaskError):
     """The store could not do what was asked: outage, corrupt file, closed store, ..."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached right now (a database outage); the same call may work
+    later. Raised at once while the store is known to be away, instead of waiting out a
+    connection timeout per call."""
 
 
 class TaskAlreadyExists(StoreError):

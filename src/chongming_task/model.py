@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from .errors import InvalidValue
+
 JSONValue = Any
 """A value ``json.dumps(..., allow_nan=False)`` accepts: what task results must be."""
 
@@ -279,6 +281,13 @@ class TaskQuery:
             object.__setattr__(self, "buckets", frozenset(self.buckets))
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
+        for name in ("name", "name_prefix", "tag", "pipeline_run_id"):
+            value = getattr(self, name)
+            if value is not None and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidValue(f"query {name} is not valid UTF-8 text: {value!a}") from None
 
     def matches(self, snapshot: TaskSnapshot) -> bool:
         """Whether ``snapshot`` passes every filter (ordering and limit aside)."""

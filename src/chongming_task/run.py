@@ -8,6 +8,7 @@ the task thread hears them at its next ``checkpoint``.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import states
 from .clock import Clock
-from .errors import StopRequested, TaskUnsuccessful, WaitTimeout
+from .errors import InvalidValue, StopRequested, TaskUnsuccessful, WaitTimeout
 from .model import (
     Failure,
     FailureKind,
@@ -26,8 +27,8 @@ from .model import (
     utc,
 )
 from .model import TaskStatus as S
-from .stores.codec import encode_json
 from .token import CancellationToken
+from .values import ValueRules, check_json, check_text, storable_text
 from .writethrough import WriteThrough, WriteThroughHost
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("chongming_task.run")
 
 _STOPPABLE = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
+_SAFE_INT = 1 << 53  # ints below this need no check: every store holds them exactly
 
 
 def _no_pause_ack() -> None:
@@ -50,6 +52,7 @@ class RunHost(WriteThroughHost, Protocol):
     owner: str
     rng: random.Random
     writethrough_buffer: int
+    value_rules: ValueRules
 
     def _on_terminal(self, run: TaskRun) -> None: ...
 
@@ -103,7 +106,11 @@ class TaskRun:
         self._snapshot = snapshot
         self._history: list[Transition] = []
         self.token = CancellationToken(
-            snapshot.task_id, host.clock, on_pause_ack=self._ack_pause, lock=self._lock
+            snapshot.task_id,
+            host.clock,
+            on_pause_ack=self._ack_pause,
+            lock=self._lock,
+            rules=host.value_rules,
         )
         self._wt = WriteThrough(
             host, snapshot.task_id, written_version=0, buffer_limit=host.writethrough_buffer
@@ -337,24 +344,41 @@ class TaskRun:
         self._wt.persist(snapshot, running, earlier=(starting,))
 
     def _settle(self, result: Any) -> None:
-        """Record a return value. It must be JSON: the store keeps it as ``outcome``, and a
-        value the write-through cannot encode once left the store at ``running`` while the
-        process said ``succeeded`` (distributed design §14.2). Validated *before* success."""
+        """Record a return value. The store must be able to hold it: it keeps it as
+        ``outcome``, and a value the write-through cannot write once left the store at
+        ``running`` while the process said ``succeeded`` (distributed design §14.2). So it
+        is checked against the store's rules *before* success, and any failure of that
+        check (a value nested too deep, text that is not UTF-8, NaN) fails the task as
+        ``result_invalid``, never retried. The outcome kept is the value as the store
+        will give it back (JSON: tuples become lists, keys become strings), so this
+        process and the store say the same thing."""
         with self._lock:
             if self._snapshot.status in states.TERMINAL:
                 return  # abandoned after a timeout: this late result is not recorded
             try:
-                if result is not None and type(result) not in (str, int, bool):
-                    encode_json(result)
-            except (TypeError, ValueError) as exc:
+                outcome = self._storable(result)
+            except Exception as exc:  # InvalidValue, or anything the check itself hit
+                message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
                 failure = Failure(
                     kind=FailureKind.RESULT_INVALID,
-                    message=f"result is not JSON-serializable: {exc}",
+                    message=storable_text(message, self._host.value_rules),
                     exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
                 )
                 self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
                 return
-            self._apply(S.SUCCEEDED, outcome=result, failure=None)
+            self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
+
+    def _storable(self, result: Any) -> Any:
+        """``result`` as the store will hold it, or ``InvalidValue``."""
+        kind = type(result)
+        if result is None or kind is bool or (kind is int and -_SAFE_INT < result < _SAFE_INT):
+            return result
+        rules = self._host.value_rules
+        if kind is str:
+            check_text(result, "the result", rules)
+            return result
+        text = check_json(result, "the result", rules)
+        return None if text is None else json.loads(text)
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         with self._lock:
@@ -363,7 +387,7 @@ class TaskRun:
                 return
             failure = Failure(
                 kind=FailureKind.EXCEPTION,
-                message=f"{type(exc).__name__}: {exc}",
+                message=storable_text(_describe(exc), self._host.value_rules),
                 exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
             )
             policy = self.definition.retry
@@ -399,6 +423,31 @@ class TaskRun:
             self._apply(S.CANCELLED, reason="cancelled while running")
         else:
             self._apply(S.STOPPED, reason="stopped at a checkpoint")
+
+    def _carrier_crashed(self, exc: BaseException) -> None:
+        """Last resort, when the runtime itself failed while carrying this task: end the
+        task ``failed`` (``cancelled`` if it never started) rather than leave it active in
+        memory and store with nobody to finish it."""
+        with self._lock:
+            if self._snapshot.is_terminal:
+                return
+            failure = Failure(
+                kind=FailureKind.EXCEPTION,
+                message=storable_text(
+                    f"the runtime failed while carrying this task: {_describe(exc)}",
+                    self._host.value_rules,
+                ),
+                exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            )
+            try:
+                if self._snapshot.status in states.WAITING:
+                    self._apply(S.CANCELLED, failure=failure, reason="carrier crashed")
+                    return
+                if not states.is_legal(self._snapshot.status, S.FAILED):
+                    self._apply(S.STOPPING, reason="carrier crashed")
+                self._apply(S.FAILED, failure=failure, reason="carrier crashed")
+            except Exception:
+                log.exception("task %s: could not record the carrier's crash", self.task_id)
 
     # -- control (any thread) ----------------------------------------------------------------
 
@@ -511,3 +560,12 @@ class TaskRun:
             reason="timeout; carrier abandoned",
         )
         self._host._abandon(self)
+
+
+def _describe(exc: BaseException) -> str:
+    """``"Type: message"``, even for an exception whose ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<the exception's str() raised>"
+    return f"{type(exc).__name__}: {text}"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from .clock import Clock
 from .errors import StopRequested
 from .model import Progress
+from .values import STRICT, ValueRules, check_progress
 
 _NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
 
@@ -40,6 +41,7 @@ class CancellationToken:
         "_pause_generation",
         "_pause_requested",
         "_progress",
+        "_rules",
         "_stop_kind",
         "_stop_reason",
         "attempt",
@@ -54,8 +56,10 @@ class CancellationToken:
         *,
         on_pause_ack: Callable[[], None] = lambda: None,
         lock: threading.RLock | None = None,
+        rules: ValueRules = STRICT,
     ) -> None:
         self.task_id = task_id
+        self._rules = rules  # what the store can hold: progress is checked against it
         self.attempt = 0
         # Pipeline nodes: each dependency's result (the runtime sets a new dict; the shared
         # empty default costs nothing per task).
@@ -95,15 +99,19 @@ class CancellationToken:
         """Record a heartbeat (and progress), then obey any stop or pause request.
 
         ``progress`` is a ``Progress`` or a plain number (``current``, total unknown).
-        Raises ``StopRequested`` when asked to stop; let it propagate.
+        Raises ``StopRequested`` when asked to stop; let it propagate. Raises
+        ``InvalidValue`` (a ``ValueError``), recording nothing, for progress the store could
+        not hold (NaN, infinity, a ``Decimal``, a message that is not UTF-8 text): it is
+        this task's fault, reported in this task's thread, and never reaches the
+        supervisor that renews every task's lease.
         """
+        if progress is not None:
+            progress = check_progress(progress, self._rules)
         now = self._clock.now()
         with self._lock:
             self._heartbeat = now
             if progress is not None:
-                self._progress = (
-                    progress if isinstance(progress, Progress) else Progress(current=progress)
-                )
+                self._progress = progress
             self._activity += 1
             if self._stop_kind is not None:
                 raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")

@@ -6,6 +6,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -272,6 +273,7 @@ def test_bucket_flags_are_checked_before_the_database_is_touched(tmp_path: Path)
         ("dsn", "cannot reach PostgreSQL at 127.0.0.1:1/db"),
         ("bad-dsn", "malformed PostgreSQL DSN"),
         ("directory", "cannot open SQLite database"),
+        ("empty", "is not a chongming-task database"),
     ],
 )
 def test_store_errors_are_one_line_and_lose_no_data(
@@ -282,6 +284,8 @@ def test_store_errors_are_one_line_and_lose_no_data(
         db.write_bytes(b"definitely not sqlite" * 64)
     elif setup == "directory":
         db.mkdir()
+    elif setup == "empty":
+        db.write_bytes(b"")
     target = {
         "dsn": "postgresql://user:secret@127.0.0.1:1/db",
         "bad-dsn": "postgresql://user:secret@127.0.0.1/db?nonsense=1",
@@ -299,6 +303,74 @@ def test_store_errors_are_one_line_and_lose_no_data(
         assert db.read_bytes() == b"definitely not sqlite" * 64
     if setup == "missing":
         assert not db.exists()
+    if setup == "empty":
+        assert db.read_bytes() == b""  # a read command never gives a file a schema
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (b"ps", b"--tag", b"caf\xe9"),
+        (b"show", b"\xff\xfe"),
+        (b"stop", b"abc", b"--reason", b"caf\xe9"),
+        (b"ps", b"--name", b"\xed\xa0\x80"),
+    ],
+)
+def test_arguments_that_are_not_utf8_are_a_one_line_usage_error(
+    tmp_path: Path, args: tuple[bytes, ...]
+) -> None:
+    db = tmp_path / "t.db"
+    SqliteTaskStore(db).close()
+    result = subprocess.run(
+        [sys.executable.encode(), b"-m", b"chongming_task", b"--db", str(db).encode(), *args],
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2, stderr
+    assert stderr.count("\n") == 1 and "not valid UTF-8" in stderr, stderr
+    assert "Traceback" not in stderr and result.stdout == b""
+
+
+_HOLD_WRITE_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE tasks SET attempt = attempt")
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_read_commands_read_while_another_process_holds_the_write_lock(tmp_path: Path) -> None:
+    """``ps`` once ran the schema migration's ``BEGIN IMMEDIATE`` on open: it queued behind
+    any writer and failed after the 30 s busy timeout, and rewrote the header of a file
+    it only read. Under WAL a reader never waits for a writer."""
+    db = tmp_path / "busy.db"
+    store = SqliteTaskStore(db)
+    now = datetime.now(UTC)
+    store.create(
+        TaskSnapshot(
+            task_id="t1", name="n", status=TaskStatus.QUEUED, status_version=1, created_at=now
+        )
+    )
+    store.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_WRITE_LOCK, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        before = db.read_bytes()
+        for args in (("ps", "--all"), ("show", "t1"), ("stats",), ("history", "t1")):
+            started = time.monotonic()
+            result = cli(db, *args)
+            assert time.monotonic() - started < 10, f"{args} waited for the writer"
+            assert result.returncode == 0
+        assert "t1" in cli(db, "ps", "--all").stdout
+        assert db.read_bytes() == before  # reading wrote nothing to the file
+    finally:
+        holder.kill()
+        holder.wait(10)
 
 
 def test_prune_keeps_the_newest_finished_tasks(tmp_path: Path) -> None:

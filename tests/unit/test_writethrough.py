@@ -65,7 +65,8 @@ def test_an_outage_mid_run_is_caught_up_by_the_supervisor(make_controller: Make)
         return 7
 
     run = c.submit(work)
-    wait_until(lambda: run.status is S.RUNNING)
+    # The store's view, not the process's: the run's status changes before its write.
+    wait_until(lambda: store.inner.get(run.task_id).status is S.RUNNING)  # type: ignore[union-attr]
     store.outage()
     gate.set()
     assert run.result(5) == 7  # the process knows; the store does not yet

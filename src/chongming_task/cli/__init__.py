@@ -25,7 +25,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from ..controller import Controller
-from ..errors import ChongmingTaskError, ConfigurationError, StoreError, WaitTimeout
+from ..errors import (
+    ChongmingTaskError,
+    ConfigurationError,
+    InvalidValue,
+    StoreError,
+    WaitTimeout,
+)
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, format_buckets, parse_buckets
 from ..states import NON_TERMINAL, TERMINAL
@@ -448,7 +454,7 @@ def errors_mapped(exit_code: list[int]) -> Iterator[None]:
 
     try:
         yield
-    except UsageError as exc:
+    except (UsageError, InvalidValue) as exc:
         fail(2, str(exc))
     except (LookupError, WaitTimeout, StoreError, ChongmingTaskError) as exc:
         fail(1, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -456,6 +462,22 @@ def errors_mapped(exit_code: list[int]) -> Iterator[None]:
         fail(130, "interrupted")
     except BrokenPipeError:
         exit_code[0] = 0  # e.g. piped into head
+
+
+def _check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse an argument (or environment default) that is not UTF-8 text: Python turns
+    undecodable bytes into lone surrogates that no store can hold or match."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    flag = name.upper() if name == "task_id" else "--" + name.replace("_", "-")
+                    raise UsageError(
+                        f"{flag} {item!a} is not valid UTF-8 text (check the terminal's "
+                        "or the environment's encoding)"
+                    ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -469,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx: Context | None = None
     with errors_mapped(code):
         args = build_parser().parse_args(argv)
+        _check_text_arguments(args)
         ctx = Context(args)  # bucket flags are validated here, before anything else
         try:
             code[0] = COMMANDS[args.command](ctx)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..states import TERMINAL
+from ..values import ValueRules
 
 _STRIPES = 64
 
@@ -31,6 +32,9 @@ class InMemoryTaskStore:
         self._history: dict[str, dict[int, Transition]] = {}
         self._commands: dict[str, Command] = {}
         self._closed = False
+
+    value_rules = ValueRules(nul_in_text=True)
+    """Objects are kept as they are; NUL is fine (see ``chongming_task.values``)."""
 
     def __repr__(self) -> str:
         return f"InMemoryTaskStore(tasks={len(self._tasks)})"

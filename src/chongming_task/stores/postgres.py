@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..states import TERMINAL
+from ..values import STRICT
 from . import codec
 
 try:
@@ -190,6 +191,9 @@ class PostgresTaskStore:
                 f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s"
             ) from None
 
+    value_rules = STRICT
+    """``TEXT`` and ``JSONB`` refuse NUL (see ``chongming_task.values``)."""
+
     def __repr__(self) -> str:
         return f"PostgresTaskStore({self.where!r}, schema={self.schema!r})"
 
@@ -211,6 +215,11 @@ class PostgresTaskStore:
         except psycopg.Error as exc:
             raise StoreError(
                 f"PostgreSQL {what} failed at {self.where}: {_first_line(exc)}"
+            ) from exc
+        except UnicodeEncodeError as exc:
+            raise StoreError(
+                f"PostgreSQL {what} at {self.where}: a value is not valid UTF-8 text "
+                f"({exc.object[exc.start : exc.end]!r}); nothing was written"
             ) from exc
 
     @contextlib.contextmanager

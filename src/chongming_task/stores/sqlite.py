@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..states import TERMINAL
+from ..values import ValueRules
 from . import codec
 
 SCHEMA_VERSION = 1
@@ -207,26 +208,66 @@ class SqliteTaskStore:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         try:
             with self._guard("open"):
-                self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-                # A new file gets small pages: every commit copies each page it dirtied
-                # into the WAL, and a task's write dirties a few pages (its row, the status
-                # index, its trail) to change a few hundred bytes. No effect on an existing
-                # file.
-                self._conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-                if not memory:
-                    self._conn.execute("PRAGMA journal_mode = WAL")
-                # NORMAL in WAL mode survives process crashes; only an OS crash or power
-                # loss may drop the last commits.
-                self._conn.execute("PRAGMA synchronous = NORMAL")
-                # Task rows are rewritten several times in their first second: checkpoint
-                # less often so a hot page is copied back once, not once per transition.
-                self._conn.execute("PRAGMA wal_autocheckpoint = 8192")
-                self._conn.execute(f"PRAGMA journal_size_limit = {64 * 1024 * 1024}")
-                self._migrate()
+                self._open(memory=memory, create=create, timeout=timeout)
         except StoreError:
             self._conn.close()
             self._closed = True
             raise
+
+    def _open(self, *, memory: bool, create: bool, timeout: float) -> None:
+        """Configure the connection; create or upgrade the schema only when it is not
+        current. Opening a current file writes nothing and takes no lock, so a reader
+        (``ps``, ``show``) opens and reads under WAL while another process holds the write
+        lock, and never rewrites the header of a file it only reads."""
+        conn = self._conn
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        # Per connection, nothing written: NORMAL in WAL mode survives process crashes
+        # (only an OS crash or power loss may drop the last commits); task rows are
+        # rewritten several times in their first second, so checkpoint less often and a
+        # hot page is copied back once, not once per transition.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 8192")
+        conn.execute(f"PRAGMA journal_size_limit = {64 * 1024 * 1024}")
+        if self._schema_is_current():
+            return
+        if not create and not memory and not self._has_tables():
+            raise StoreError(
+                f"{self.path} is not a chongming-task database (it has no tasks table"
+                f"{'; the file is empty' if Path(self.path).stat().st_size == 0 else ''}): "
+                "check --db, or create it with `chongming-task --db PATH migrate`"
+            )
+        # A new file gets small pages: every commit copies each page it dirtied into the
+        # WAL, and a task's write dirties a few pages (its row, the status index, its
+        # trail) to change a few hundred bytes. No effect on an existing file.
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        if not memory:
+            conn.execute("PRAGMA journal_mode = WAL")
+        self._migrate()
+
+    def _schema_is_current(self) -> bool:
+        """Whether the schema is this version's, to the last object (a read, no lock)."""
+        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this "
+                f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
+            )
+        if version < SCHEMA_VERSION:
+            return False
+        (found,) = self._conn.execute(
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'task_writes_trail'"
+        ).fetchone()
+        mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+        return bool(found) and (self.path == ":memory:" or mode == "wal")
+
+    def _has_tables(self) -> bool:
+        (found,) = self._conn.execute(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
+        ).fetchone()
+        return bool(found)
+
+    value_rules = ValueRules(nul_in_text=True)
+    """SQLite keeps any UTF-8 text, NUL included (see ``chongming_task.values``)."""
 
     def __repr__(self) -> str:
         return f"SqliteTaskStore({self.path!r})"
@@ -239,6 +280,13 @@ class SqliteTaskStore:
         if "file is not a database" in message or "malformed" in message:
             return StoreError(f"{self.path} is not a usable SQLite database ({message})")
         return StoreError(f"SQLite {what} failed on {self.path}: {message}")
+
+    def _not_text(self, exc: UnicodeEncodeError, what: str) -> StoreError:
+        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else "?"
+        return StoreError(
+            f"SQLite {what} on {self.path}: a value is not valid UTF-8 text ({bad!r}); "
+            "nothing was written"
+        )
 
     @contextlib.contextmanager
     def _guard(self, what: str) -> Iterator[None]:
@@ -451,7 +499,12 @@ class SqliteTaskStore:
 
     def _group_write(self, request: _WriteRequest) -> None:
         """Commit ``request``: on this thread if it already holds the transaction (inside
-        ``atomic()``), else through the group-commit writer."""
+        ``atomic()``), else through the group-commit writer.
+
+        Every value is checked before the request joins a batch: a batch is one
+        statement, and a value SQLite cannot bind would fail every caller in it, not
+        just the one who handed it over."""
+        _check_text_values(self, request.rows)
         if self._holder == threading.get_ident():
             with self._write("write") as conn:
                 request.apply_alone(conn)
@@ -617,6 +670,8 @@ class _ReadScope:
             store._group.serve()  # writes queued while we held the lock
         if isinstance(exc, sqlite3.DatabaseError):
             raise store._translate(exc, self._what) from exc
+        if isinstance(exc, UnicodeEncodeError):
+            raise store._not_text(exc, self._what) from exc
 
 
 class _WriteScope:
@@ -662,6 +717,8 @@ class _WriteScope:
             store._lock.release()
             if isinstance(exc, sqlite3.DatabaseError):
                 raise store._translate(exc, self._what) from exc
+            if isinstance(exc, UnicodeEncodeError):
+                raise store._not_text(exc, self._what) from exc
             return
         try:
             store._depth = 0
@@ -680,6 +737,19 @@ class _WriteScope:
                 store._group.serve()  # writes queued while we held the lock
         if isinstance(exc, sqlite3.DatabaseError):
             raise store._translate(exc, self._what) from exc
+        if isinstance(exc, UnicodeEncodeError):
+            raise store._not_text(exc, self._what) from exc
+
+
+def _check_text_values(store: SqliteTaskStore, rows: list[list[Any]]) -> None:
+    """Raise ``StoreError`` (this caller's alone) if a text value is not UTF-8."""
+    for row in rows:
+        for value in row:
+            if type(value) is str and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise store._not_text(exc, f"write of task {row[1]}") from None
 
 
 _AT = {c: i for i, c in enumerate(_WRITE_VIEW_COLUMNS)}

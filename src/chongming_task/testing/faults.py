@@ -7,9 +7,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition
 from ..stores.protocol import TaskStore
+from ..values import ValueRules, rules_of
 
 
 class FaultyStore:
@@ -17,7 +18,8 @@ class FaultyStore:
 
     ``fail_next("save", times=1)`` makes the next ``save`` raise ``StoreError`` (a network
     blip); ``fail_when("save", predicate)`` fails every call whose arguments match;
-    ``outage()`` / ``restore()`` fail every call in between. ``calls`` counts calls.
+    ``outage()`` / ``restore()`` fail every call in between with ``StoreUnavailable``.
+    ``calls`` counts calls. It holds what ``inner`` holds (``value_rules``).
     """
 
     def __init__(self, inner: TaskStore) -> None:
@@ -28,6 +30,10 @@ class FaultyStore:
         self._down = False
         self.calls: dict[str, int] = {}
         self.failures: dict[str, int] = {}
+
+    @property
+    def value_rules(self) -> ValueRules:
+        return rules_of(self.inner)
 
     def fail_next(self, method: str, times: int = 1) -> None:
         with self._lock:
@@ -46,7 +52,7 @@ class FaultyStore:
     def _maybe_fail(self, method: str, *args: Any, **kwargs: Any) -> None:
         with self._lock:
             self.calls[method] = self.calls.get(method, 0) + 1
-            fail = self._down and method != "close"
+            down = fail = self._down and method != "close"
             if not fail and self._fail_next.get(method, 0) > 0:
                 self._fail_next[method] -= 1
                 fail = True
@@ -55,6 +61,8 @@ class FaultyStore:
                 fail = True
             if fail:
                 self.failures[method] = self.failures.get(method, 0) + 1
+        if down:
+            raise StoreUnavailable(f"injected outage in {method}")
         if fail:
             raise StoreError(f"injected failure in {method}")
 

@@ -1,0 +1,176 @@
+"""What a store can hold: the checks every value passes where the user hands it over.
+
+A value that reaches the store and cannot be written there fails on the write-through
+path, where a failure is buffered and retried but never fails the task: the process says
+``succeeded`` while the store stays ``running``, and a later ``reconcile()`` calls a
+successful task ``lost`` (distributed design §14.2). So every value that crosses into the
+store is checked at the boundary where the user hands it over (``submit``, ``checkpoint``,
+a task's return value, a control call's reason), against what the store can hold, and is
+refused there with ``InvalidValue`` (a ``ValueError``) in the caller's own thread.
+
+The rules every store shares: text is UTF-8 (no lone surrogates such as ``"\\udcff"``,
+which ``os.fsdecode`` makes of undecodable bytes); JSON is strict (no NaN or Infinity,
+string keys); numbers in progress are finite reals. One rule is the store's own: whether
+text may hold NUL (``"\\x00"``). PostgreSQL's ``TEXT`` and ``JSONB`` refuse it, SQLite and
+memory keep it. A store says so with a ``value_rules`` attribute; a store that says
+nothing gets the strict rules, which every store can hold.
+
+Text the runtime writes itself (failure messages made from a task's exception) is not the
+user's to fix: ``storable_text`` makes it storable (escapes what cannot be kept, bounds
+its length) instead of refusing it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidValue
+from .model import Progress
+
+__all__ = [
+    "STRICT",
+    "ValueRules",
+    "check_json",
+    "check_progress",
+    "check_text",
+    "rules_of",
+    "storable_text",
+]
+
+MAX_MESSAGE = 4000
+"""Characters kept of a message the runtime builds from an exception (failure, reason)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValueRules:
+    """What one store can hold beyond the rules every store shares."""
+
+    nul_in_text: bool = False
+    """Whether text (and strings inside JSON) may contain ``"\\x00"``."""
+
+
+STRICT = ValueRules(nul_in_text=False)
+"""What every store can hold; the rules of a store that declares none."""
+
+
+def rules_of(store: object) -> ValueRules:
+    """The store's declared ``value_rules``, or ``STRICT``."""
+    rules = getattr(store, "value_rules", None)
+    return rules if isinstance(rules, ValueRules) else STRICT
+
+
+# An escaped NUL in JSON text: "\u0000" preceded by an even number of backslashes (an odd
+# count would make the backslash before "u" itself escaped, i.e. the literal text "\u0000").
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _text_fault(value: str, rules: ValueRules) -> str | None:
+    """Why ``value`` cannot be stored, or ``None``."""
+    if value.isascii():
+        if "\x00" in value and not rules.nul_in_text:
+            return "contains a NUL character (\\x00), which this store cannot hold"
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start : exc.end]
+        return (
+            f"is not valid UTF-8 text ({bad!r} at position {exc.start}: a lone surrogate, "
+            "as made from undecodable bytes)"
+        )
+    if "\x00" in value and not rules.nul_in_text:
+        return "contains a NUL character (\\x00), which this store cannot hold"
+    return None
+
+
+def check_text(value: object, what: str, rules: ValueRules = STRICT) -> None:
+    """Raise ``InvalidValue`` unless ``value`` is a ``str`` the store can hold."""
+    if not isinstance(value, str):
+        raise InvalidValue(f"{what} must be a str, got {type(value).__name__}")
+    fault = _text_fault(value, rules)
+    if fault is not None:
+        raise InvalidValue(f"{what} {fault}: {_shown(value)}")
+
+
+def check_json(value: Any, what: str, rules: ValueRules = STRICT) -> str | None:
+    """Encode ``value`` as the strict JSON text a store keeps; raise ``InvalidValue`` if
+    the store could not hold it. Any failure of the encoder counts (``RecursionError``
+    for a value nested too deep, a ``TypeError`` for a set, a ``ValueError`` for NaN or an
+    ``int`` too long to print), so that no value can escape this check and fail later
+    on the write-through path."""
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except Exception as exc:  # the class of fault, not a list of known cases
+        raise InvalidValue(
+            f"{what} is not JSON a store can hold ({type(exc).__name__}: {_first(exc)})"
+        ) from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidValue(
+                f"{what} holds text that is not valid UTF-8 ({text[exc.start : exc.end]!r}: "
+                "a lone surrogate, as made from undecodable bytes)"
+            ) from None
+    if not rules.nul_in_text and "\\u0000" in text and _JSON_NUL.search(text):
+        raise InvalidValue(f"{what} holds a NUL character (\\x00), which this store cannot hold")
+    return text
+
+
+def check_progress(progress: object, rules: ValueRules = STRICT) -> Progress:
+    """The ``Progress`` a checkpoint may publish, or ``InvalidValue``: finite real numbers
+    (``bool`` and ``Decimal`` are refused: neither survives the store as itself) and a
+    message the store can hold."""
+    if not isinstance(progress, Progress):
+        if _finite(progress):
+            return Progress(current=progress)  # type: ignore[arg-type]
+        raise InvalidValue(
+            f"progress must be a Progress or a finite number, got {_described(progress)}"
+        )
+    if not _finite(progress.current):
+        raise InvalidValue(
+            f"progress.current must be a finite number, got {_described(progress.current)}"
+        )
+    if progress.total is not None and not _finite(progress.total):
+        raise InvalidValue(
+            f"progress.total must be a finite number or None, got {_described(progress.total)}"
+        )
+    if progress.message is not None:
+        check_text(progress.message, "progress.message", rules)
+    return progress
+
+
+def storable_text(value: str, rules: ValueRules = STRICT, *, limit: int = MAX_MESSAGE) -> str:
+    """``value`` made storable: lone surrogates backslash-escaped, NUL escaped where the
+    store refuses it, cut to ``limit`` characters (an exception message can be huge)."""
+    if len(value) > limit:
+        value = value[:limit] + f"... [{len(value) - limit} more characters]"
+    if _text_fault(value, rules) is None:
+        return value
+    value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value.replace("\x00", "\\x00")
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _described(value: object) -> str:
+    return f"{type(value).__name__} {_shown(value)}"
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """A short, printable rendering of a bad value for an error message."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return storable_text(text.splitlines()[0], limit=200) if text else type(exc).__name__
