@@ -1106,6 +1106,8 @@ class Controller:
         while not self._shutdown.is_set():
             try:
                 self.poll_commands_once()
+            except StoreUnavailable as exc:
+                log.debug("command poll: %s", exc)  # the supervisor reports the outage
             except Exception:
                 log.exception("command poll failed; retrying in %ss", self.command_poll_interval)
             self._poll_now.wait(self.command_poll_interval)

@@ -1,21 +1,18 @@
 """Nodes sharing one PostgreSQL store end to end: control across processes, reconcile by
-bucket, the CLI on a DSN, and a server restart in the middle of a run."""
+bucket, the CLI on a DSN. (Server outages: test_postgres_outage.py, on a throwaway
+cluster: a test never stops the server it was given.)"""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
-from chongming_task import CancellationToken, Controller, TaskSnapshot, TaskStatus
+from chongming_task import Controller, TaskSnapshot, TaskStatus
 from chongming_task.policies import BucketPolicy
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.conftest import wait_until
@@ -135,69 +132,6 @@ def test_the_cli_works_on_a_dsn(pg_dsn: str) -> None:
         assert "succeeded  1" in stats.stdout
     finally:
         drop_schemas(pg_dsn, [schema])
-
-
-def _cluster() -> list[str] | None:
-    if shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
-        return None
-    versions = sorted(os.listdir("/etc/postgresql")) if Path("/etc/postgresql").is_dir() else []
-    if not versions:
-        return None
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main"]
-
-
-def test_a_server_restart_mid_run_loses_nothing(pg_dsn: str, schema: str) -> None:
-    """The server goes away while a task runs and finishes; its transitions wait in the
-    write-through buffer and land once the server is back."""
-    cluster = _cluster()
-    if cluster is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root with pg_ctlcluster: the restart test must run")
-        pytest.skip("needs root and pg_ctlcluster to restart the local server")
-    store = PostgresTaskStore(pg_dsn, schema=schema, connect_timeout=2)
-    node = Controller(store, activity_interval=0.1)
-    finish = threading.Event()
-
-    @node.task(name="through-restart")
-    def work(token: CancellationToken) -> str:
-        token.checkpoint()
-        finish.wait(60)
-        return "done"
-
-    run = node.submit(work)
-    wait_until(lambda: store.get(run.task_id).status is S.RUNNING)  # type: ignore[union-attr]
-    try:
-        subprocess.run([*cluster, "stop", "-m", "fast"], check=True, timeout=60)
-        finish.set()
-        assert run.result(30) == "done"  # the process knows at once ...
-        assert run in node.held()  # ... the store does not: the run is held until written
-    finally:
-        subprocess.run([*cluster, "start"], check=True, timeout=120)
-    wait_until(
-        lambda: (s := _safe_get(store, run.task_id)) is not None and s.status is S.SUCCEEDED,
-        timeout=60,
-        what="catch-up after the restart",
-    )
-    final = store.get(run.task_id)
-    assert final is not None and final.outcome == "done" and final.status_version == 4
-    assert [t.to_status for t in store.history(run.task_id)] == [
-        S.QUEUED,
-        S.STARTING,
-        S.RUNNING,
-        S.SUCCEEDED,
-    ]
-    assert node.desynced_tasks == frozenset()
-    node.close()
-    store.close()
-
-
-def _safe_get(store: PostgresTaskStore, task_id: str) -> TaskSnapshot | None:
-    from chongming_task import StoreError
-
-    try:
-        return store.get(task_id)
-    except StoreError:
-        return None  # still coming back
 
 
 def test_notify_wakes_a_slow_poller_and_polling_still_delivers(pg_dsn: str, schema: str) -> None:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..states import TERMINAL
 from ..values import STRICT
@@ -133,6 +134,20 @@ _PRUNE = (
 _TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
 
 
+_PROBE_INTERVAL = 0.2
+"""Seconds between direct connection attempts while the server is away."""
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """A fault of the connection, not of the statement: no connection from the pool, a
+    client-side connection error (no SQLSTATE), a connection exception (class 08) or
+    the server shutting down or starting (57P01-57P03). A cancelled query is not one."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -167,22 +182,18 @@ class PostgresTaskStore:
         )
         self._closed = False
         self._local = threading.local()
-        self._pool = ConnectionPool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs={
-                "options": f"-c search_path={schema}",
-                "application_name": application_name,  # shows in pg_stat_activity
-                "connect_timeout": max(1, round(connect_timeout)),
-            },
-            check=ConnectionPool.check_connection,  # a killed backend is replaced, not used
-            # During an outage a write fails after this long (the write-through buffers it
-            # and catches up later) instead of holding a task for the pool's default 30 s.
-            timeout=connect_timeout,
-            open=False,
-            name=f"chongming:{self.where}",
-        )
+        self._connect_timeout = connect_timeout
+        self._connect_kwargs: dict[str, Any] = {
+            "options": f"-c search_path={schema}",
+            "application_name": application_name,  # shows in pg_stat_activity
+            "connect_timeout": max(1, round(connect_timeout)),
+        }
+        self._min_size, self._max_size = min_size, max_size
+        self._health = threading.Lock()
+        self._down_since: float | None = None  # monotonic time the outage was noticed
+        self._prober: threading.Thread | None = None
+        self._stopped = threading.Event()  # set by close(): the prober exits
+        self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout:
@@ -191,6 +202,20 @@ class PostgresTaskStore:
                 f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s"
             ) from None
 
+    def _new_pool(self) -> ConnectionPool:
+        return ConnectionPool(
+            self._dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            kwargs=self._connect_kwargs,
+            check=ConnectionPool.check_connection,  # a killed backend is replaced, not used
+            # During an outage a write fails after this long (the write-through buffers it
+            # and catches up later) instead of holding a task for the pool's default 30 s.
+            timeout=self._connect_timeout,
+            open=False,
+            name=f"chongming:{self.where}",
+        )
+
     value_rules = STRICT
     """``TEXT`` and ``JSONB`` refuse NUL (see ``chongming_task.values``)."""
 
@@ -198,6 +223,66 @@ class PostgresTaskStore:
         return f"PostgresTaskStore({self.where!r}, schema={self.schema!r})"
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    # -- outages: fail fast while the server is away, a fresh pool the moment it is back ----
+
+    def _live_pool(self, what: str) -> ConnectionPool:
+        """The pool, or ``StoreUnavailable`` at once while an outage is known.
+
+        Without this, every call during an outage waited the pool timeout (a supervisor
+        pass waited it once per lagging task), and after the server came back the pool's
+        own reconnect back-off (1, 2, 4, 8, 16 s...) kept the store unusable for up to
+        16 s more, while leases stayed expired and any reconcile marked live tasks lost.
+        """
+        if self._closed:
+            raise StoreError(f"{self!r} is closed")
+        down_since = self._down_since
+        if down_since is not None:
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.where} unreachable during {what} (for "
+                f"{time.monotonic() - down_since:.1f}s; reconnecting)"
+            )
+        return self._pool
+
+    def _went_down(self) -> None:
+        """A call found the server unreachable: fail fast from now on, and probe for the
+        server's return on a thread of our own (so no caller waits a connect timeout)."""
+        with self._health:
+            if self._down_since is not None or self._closed:
+                return
+            self._down_since = time.monotonic()
+            self._prober = threading.Thread(
+                target=self._probe, name=f"chongming-pg-probe[{self.where}]", daemon=True
+            )
+            self._prober.start()
+
+    def _probe(self) -> None:
+        """Connect directly every ``_PROBE_INTERVAL`` seconds; once the server answers,
+        swap in a fresh pool (the old one's reconnect attempts sit in back-off) and
+        declare the store usable again."""
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+                    conn.execute("SELECT 1")
+                fresh = self._new_pool()
+                try:
+                    fresh.open(wait=True, timeout=self._connect_timeout)
+                except BaseException:
+                    fresh.close()
+                    raise
+            except Exception:
+                self._stopped.wait(_PROBE_INTERVAL)
+                continue
+            with self._health:
+                old, self._pool = self._pool, fresh
+                self._down_since = None
+                self._prober = None
+                closed = self._closed
+            if closed:
+                fresh.close()
+            # The old pool's workers may sit in a reconnect back-off: close it apart.
+            threading.Thread(target=old.close, kwargs={"timeout": 1.0}, daemon=True).start()
+            return
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -209,8 +294,13 @@ class PostgresTaskStore:
                 f"with `chongming-task --db DSN migrate` (a role with DDL rights)"
             ) from None
         except (psycopg.OperationalError, PoolTimeout) as exc:
+            if _is_outage(exc):
+                self._went_down()
+                raise StoreUnavailable(
+                    f"PostgreSQL at {self.where} unreachable during {what}: {_first_line(exc)}"
+                ) from exc
             raise StoreError(
-                f"PostgreSQL at {self.where} unreachable during {what}: {_first_line(exc)}"
+                f"PostgreSQL {what} failed at {self.where}: {_first_line(exc)}"
             ) from exc
         except psycopg.Error as exc:
             raise StoreError(
@@ -227,13 +317,13 @@ class PostgresTaskStore:
         if self._closed:
             raise StoreError(f"{self!r} is closed")
         bound: Connection[Any] | None = getattr(self._local, "conn", None)
-        with self._errors(what):
-            if bound is not None:  # inside atomic(): the caller's transaction
-                with bound.cursor() as cur:
-                    yield cur
-                return
-            with self._pool.connection() as conn, conn.cursor() as cur:
-                yield cur  # the pool commits on success, rolls back on error
+        if bound is not None:  # inside atomic(): the caller's transaction
+            with self._errors(what), bound.cursor() as cur:
+                yield cur
+            return
+        pool = self._live_pool(what)
+        with self._errors(what), pool.connection() as conn, conn.cursor() as cur:
+            yield cur  # the pool commits on success, rolls back on error
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -242,9 +332,8 @@ class PostgresTaskStore:
         if getattr(self._local, "conn", None) is not None:
             yield
             return
-        if self._closed:
-            raise StoreError(f"{self!r} is closed")
-        with self._errors("atomic"), self._pool.connection() as conn:
+        pool = self._live_pool("atomic")
+        with self._errors("atomic"), pool.connection() as conn:
             self._local.conn = conn
             try:
                 yield
@@ -419,10 +508,13 @@ class PostgresTaskStore:
     def close(self) -> None:
         """Close the pool (its connections are really closed). Idempotent; any later call
         raises ``StoreError``."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pool.close()
+        with self._health:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopped.set()
+            pool = self._pool
+        pool.close()
 
 
 def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
