@@ -614,8 +614,12 @@ def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
         where.append("substr(name, 1, ?) = ?")
         params.extend((len(query.name_prefix), query.name_prefix))
     if query.tag is not None:
-        where.append("EXISTS (SELECT 1 FROM json_each(tasks.tags) WHERE json_each.value = ?)")
-        params.append(query.tag)
+        # Exact element match on the tags' JSON text: ",<encoded tag>," within the array
+        # with its brackets turned into commas. Inside a JSON string every quote is
+        # escaped, so '"' after a ',' only starts an element. (json_each cuts a string at
+        # an escaped NUL, so it could not match a tag holding one.)
+        where.append("instr(',' || substr(tags, 2, length(tags) - 2) || ',', ?) > 0")
+        params.append("," + codec.encode_tags([query.tag])[1:-1] + ",")
     if query.buckets is not None:
         where.append(f"bucket IN ({', '.join('?' * len(query.buckets))})")
         params.extend(sorted(query.buckets))

@@ -34,6 +34,7 @@ from ..model import (
     Transition,
 )
 from ..stores.protocol import TaskStore
+from ..values import rules_of
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -154,6 +155,39 @@ class StoreContract:
                 got = store.get(f"o{i}")
                 assert got is not None and got.outcome == outcome
                 assert type(got.outcome) is type(outcome)
+
+    def test_text_round_trips_exactly(self) -> None:
+        """Any UTF-8 text, in every text field and inside JSON, comes back as it went in;
+        NUL too when the store declares ``value_rules.nul_in_text``."""
+        texts = [
+            "naïve café",
+            "日本語 ✓ 🚀",
+            'quote " backslash \\ and the literal text \\u0000',
+            "tab\tnew\nline",
+        ]
+        with self._store() as store:
+            if rules_of(store).nul_in_text:
+                texts.append("nul\x00inside")
+            for i, text in enumerate(texts):
+                task_id = f"text-{i}"
+                snap = self.snapshot(
+                    task_id,
+                    name=text,
+                    tags=frozenset({text}),
+                    bucket_key=text,
+                    owner=text,
+                    progress=Progress(current=1, message=text),
+                    failure=Failure(kind=FailureKind.EXCEPTION, message=text),
+                    outcome={text: [text]},
+                    created_at=_at(i),
+                )
+                store.create(snap)
+                assert store.get(task_id) == snap, f"text {text!r} did not round-trip"
+                trail = self.transition(task_id, 1, TaskStatus.QUEUED, reason=text, actor=text)
+                store.append(trail)
+                assert store.history(task_id) == [trail]
+                assert self._ids(store.query(TaskQuery(tag=text))) == [task_id]
+                assert self._ids(store.query(TaskQuery(name=text))) == [task_id]
 
     def test_get_of_a_missing_task_returns_none(self) -> None:
         with self._store() as store:
@@ -336,10 +370,14 @@ class StoreContract:
             store.create(self.snapshot("ios", tags=frozenset({"ios"})))
             store.create(self.snapshot("bio", tags=frozenset({"bio", "x"})))
             store.create(self.snapshot("quoted", tags=frozenset({'"io"'})))
+            # An element whose JSON text holds another tag's JSON text, quotes and all.
+            store.create(self.snapshot("tricky", tags=frozenset({'x","io', "a\\"})))
             assert self._ids(store.query(TaskQuery(tag="io"))) == ["io"]
             assert self._ids(store.query(TaskQuery(tag="i"))) == []
             assert self._ids(store.query(TaskQuery(tag='"io"'))) == ["quoted"]
             assert self._ids(store.query(TaskQuery(tag="%"))) == []
+            assert self._ids(store.query(TaskQuery(tag='x","io'))) == ["tricky"]
+            assert self._ids(store.query(TaskQuery(tag="a\\"))) == ["tricky"]
 
     def test_counts_by_status(self) -> None:
         with self._store() as store:
