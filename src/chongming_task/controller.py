@@ -239,8 +239,6 @@ class Controller:
         return self.owned_buckets is None or bucket in self.owned_buckets
 
     def _check_bucket_ownership(self, bucket_key: str | None) -> int | None:
-        if bucket_key is not None:
-            check_text(bucket_key, "bucket_key", self.value_rules)
         if bucket_key is None:
             if not self.owns_all_buckets:
                 raise ConfigurationError(
@@ -248,6 +246,7 @@ class Controller:
                     f"{format_buckets(self.owned_buckets or ())}: submit needs a bucket_key"
                 )
             return None
+        check_text(bucket_key, "bucket_key", self.value_rules)
         bucket = self.bucket_policy.bucket_for(bucket_key)
         if not self.owns_bucket(bucket):
             raise ConfigurationError(
@@ -1040,6 +1039,7 @@ class Controller:
                 continue
             try:
                 self.store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
+                self._store_up()
             except StoreUnavailable:
                 raise  # nobody's activity can be written now: end the step
             except Exception:
@@ -1092,7 +1092,7 @@ class Controller:
             found = (self._runs.get(t) for t in self._behind)
             behind = [run for run in found if run is not None]
             self._behind.clear()
-        for run in behind:
+        for i, run in enumerate(behind):
             if run._catch_up():
                 if run.done():
                     with self._idle:
@@ -1101,6 +1101,11 @@ class Controller:
                             self._idle.notify_all()
             elif not run.desynced:
                 self._on_behind(run.task_id)
+                if isinstance(run.write_error, StoreUnavailable):
+                    # The store is away for everyone: the rest wait for the next pass.
+                    for rest in behind[i + 1 :]:
+                        self._on_behind(rest.task_id)
+                    raise run.write_error
 
     def _poll_commands(self) -> None:
         while not self._shutdown.is_set():

@@ -270,6 +270,11 @@ class TaskRun:
     def desynced(self) -> bool:
         return self._wt.desynced
 
+    @property
+    def write_error(self) -> BaseException | None:
+        """Why the latest write-through of this task failed (``None``: none has)."""
+        return self._wt.last_error
+
     # -- the carrier: one attempt on a worker thread -------------------------------------------
 
     def _execute(self) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from .errors import ConcurrencyConflict
+from .errors import ConcurrencyConflict, StoreUnavailable
 from .model import TaskSnapshot, Transition
 from .stores.protocol import TaskStore
 
@@ -53,6 +53,7 @@ class WriteThrough:
         "_limit",
         "desynced",
         "dropped",
+        "last_error",
         "task_id",
         "written_version",
     )
@@ -72,6 +73,7 @@ class WriteThrough:
         self._buffer: deque[Transition] | None = None  # made on the first failed write
         self.desynced = False
         self.dropped = 0
+        self.last_error: BaseException | None = None  # of the latest failed write
 
     @property
     def pending(self) -> int:
@@ -173,7 +175,10 @@ class WriteThrough:
             host._on_desync(self.task_id, exc)
             return False
         except Exception as exc:
-            log.warning(
+            self.last_error = exc
+            # An outage is reported once, by the supervisor; other failures per task.
+            log.log(
+                logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
                 "task %s: write-through failed (%s: %s); %d transition(s) buffered, will catch up",
                 self.task_id,
                 type(exc).__name__,
@@ -183,4 +188,5 @@ class WriteThrough:
             if transition is None:
                 host._on_behind(self.task_id)
             return False
+        self.last_error = None
         return True
