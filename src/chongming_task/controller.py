@@ -62,7 +62,7 @@ from .run import TaskRun
 from .schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from .stores import open_store
 from .stores.protocol import TaskStore
-from .values import check_text, rules_of
+from .values import check_text, rules_of, storable_text
 
 log = logging.getLogger("chongming_task.controller")
 
@@ -526,7 +526,9 @@ class Controller:
                     # (it never ran), never left without a holder.
                     for run, created in prepared[:stored]:
                         run._created(created, appended=False)
-                        run.cancel(reason=f"batch submit failed: {exc}")
+                        run.cancel(
+                            reason=storable_text(f"batch submit failed: {exc}", self.value_rules)
+                        )
                     prepared = prepared[stored:]
                     raise
         except BaseException:

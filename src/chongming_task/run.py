@@ -456,8 +456,18 @@ class TaskRun:
 
     # -- control (any thread) ----------------------------------------------------------------
 
+    def _check_words(self, reason: str | None, actor: str | None) -> None:
+        """A reason and an actor go into the trail: refuse what the store cannot hold
+        here, in the caller's thread, not on the write-through path."""
+        rules = self._host.value_rules
+        if reason is not None:
+            check_text(reason, "reason", rules)
+        if actor is not None:
+            check_text(actor, "actor", rules)
+
     def _control_stop(self, kind: str, reason: str | None, actor: str | None) -> str:
         cancel = kind == "cancel"
+        self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:
@@ -491,6 +501,7 @@ class TaskRun:
 
     def pause(self, reason: str | None = None, actor: str | None = None) -> str:
         """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint."""
+        self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:
@@ -507,6 +518,7 @@ class TaskRun:
             return "pause-pending"
 
     def resume(self, reason: str | None = None, actor: str | None = None) -> str:
+        self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:

@@ -309,6 +309,13 @@ def test_submit_refuses_names_tags_and_keys_the_store_cannot_hold(
     run.wait(5)
     with pytest.raises(InvalidValue, match="reason"):
         c.stop(run.task_id, reason="because\udcff")
+    held = c.submit(c.task(lambda token: token.sleep(5), name="held"))
+    with pytest.raises(InvalidValue, match="reason"):
+        held.pause(reason="\udcff")  # the handle's own control checks too
+    with pytest.raises(InvalidValue, match="actor"):
+        held.stop(actor="\udcff")
+    assert held.cancel() in ("cancelled", "stopping")
+    assert held.wait(5).status is S.CANCELLED
     with pytest.raises(InvalidValue, match="tag of schedule"):
         from chongming_task import IntervalTrigger
 
