@@ -29,6 +29,7 @@ from .errors import UnknownTask as UnknownTask
 from .errors import WaitTimeout as WaitTimeout
 from .model import Command as Command
 from .model import CommandAction as CommandAction
+from .model import ControlOutcome as ControlOutcome
 from .model import ControlReceipt as ControlReceipt
 from .model import Failure as Failure
 from .model import FailureKind as FailureKind
@@ -62,6 +63,7 @@ __all__ = [
     "CommandAction",
     "ConcurrencyConflict",
     "ConfigurationError",
+    "ControlOutcome",
     "ControlReceipt",
     "Controller",
     "ControllerClosed",

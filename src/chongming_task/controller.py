@@ -45,6 +45,7 @@ from .errors import (
 from .model import (
     Command,
     CommandAction,
+    ControlOutcome,
     ControlReceipt,
     Failure,
     FailureKind,
@@ -700,7 +701,9 @@ class Controller:
         if snapshot is None:
             raise TaskNotFound(f"no task {task_id} in {self.store!r}")
         if snapshot.is_terminal:
-            return ControlReceipt(task_id=task_id, action=action, outcome="already-terminal")
+            return ControlReceipt(
+                task_id=task_id, action=action, outcome=ControlOutcome.ALREADY_TERMINAL
+            )
         command = Command(
             command_id=uuid.uuid4().hex,
             task_id=task_id,
@@ -711,7 +714,10 @@ class Controller:
         )
         self.store.submit_command(command)
         return ControlReceipt(
-            task_id=task_id, action=action, outcome="accepted", command_id=command.command_id
+            task_id=task_id,
+            action=action,
+            outcome=ControlOutcome.ACCEPTED,
+            command_id=command.command_id,
         )
 
     # -- reads (through the store) ---------------------------------------------------------------
@@ -856,6 +862,7 @@ class Controller:
             if memo is not None:
                 memo[owner] = cached
         failure, reason = cached
+        states.check(snapshot.task_id, snapshot.status, TaskStatus.LOST)
         version = snapshot.status_version + 1
         marked = snapshot.evolve(
             status=TaskStatus.LOST, status_version=version, ended_at=now, failure=failure
@@ -1135,13 +1142,13 @@ class Controller:
             else:
                 stored = self.store.get(command.task_id)
                 if stored is None:
-                    outcome = "unknown-task"
+                    outcome = ControlOutcome.UNKNOWN_TASK
                 elif stored.is_terminal:
-                    outcome = "already-terminal"
+                    outcome = ControlOutcome.ALREADY_TERMINAL
                 else:
                     self.store.release_command(command.command_id, now=self._now())
                     continue
-            self.store.complete_command(command.command_id, now=self._now(), outcome=outcome)
+            self.store.complete_command(command.command_id, now=self._now(), outcome=outcome.value)
             completed += 1
         return completed
 
@@ -1179,7 +1186,9 @@ class Controller:
             self.store.close()
 
 
-def _act(run: TaskRun, action: CommandAction, reason: str | None, actor: str | None) -> str:
+def _act(
+    run: TaskRun, action: CommandAction, reason: str | None, actor: str | None
+) -> ControlOutcome:
     if action is CommandAction.STOP:
         return run.stop(reason, actor)
     if action is CommandAction.PAUSE:

@@ -301,6 +301,26 @@ class TaskQuery:
         )
 
 
+class ControlOutcome(enum.StrEnum):
+    """What a stop / pause / resume / cancel did. Stored by ``.value`` as a command's
+    ``outcome``."""
+
+    ACCEPTED = "accepted"
+    """A command was written for the process that holds the task: request accepted."""
+    STOPPING = "stopping"
+    CANCELLED = "cancelled"
+    PAUSING = "pausing"
+    PAUSE_PENDING = "pause-pending"
+    """Not started yet: it pauses at its first checkpoint."""
+    RESUMED = "resumed"
+    ALREADY_TERMINAL = "already-terminal"
+    ALREADY_STOPPING = "already-stopping"
+    ALREADY_PAUSED = "already-paused"
+    NOT_PAUSED = "not-paused"
+    UNKNOWN_TASK = "unknown-task"
+    """(A command's outcome only) no such task in the store."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ControlReceipt:
     """What a control call (stop/pause/resume/cancel) did.
@@ -312,7 +332,7 @@ class ControlReceipt:
 
     task_id: str
     action: CommandAction
-    outcome: str
+    outcome: ControlOutcome
     command_id: str | None = None
 
     @property

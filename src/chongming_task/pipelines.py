@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import states
 from .definitions import TaskDefinition
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from .run import TaskRun
 
 S = TaskStatus
-_TRIGGERS_FAIL_FAST = frozenset({S.FAILED, S.LOST})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,7 +174,7 @@ class PipelineRun:
         if not self._done.is_set():
             return None
         ends = {run.status for run in self.nodes.values()}
-        for status in (S.FAILED, S.LOST, S.STOPPED, S.CANCELLED):
+        for status in states.WORST_FIRST:
             if status in ends:
                 return status
         return S.SUCCEEDED
@@ -200,7 +200,7 @@ class PipelineRun:
                     self._enqueue(child_run, f"dependencies {', '.join(deps)} succeeded")
         else:
             self._cancel_dependents(key, status)
-            if status in _TRIGGERS_FAIL_FAST and self.pipeline.fail_fast:
+            if status in states.TRIGGERS_FAIL_FAST and self.pipeline.fail_fast:
                 self._fail_fast(key, status)
         self._check_done()
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import states
 from .clock import Clock
 from .errors import InvalidValue, StopRequested, TaskUnsuccessful, WaitTimeout
+from .model import ControlOutcome as O
 from .model import (
     Failure,
     FailureKind,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chongming_task.run")
 
-_STOPPABLE = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
 _SAFE_INT = 1 << 53  # ints below this need no check: every store holds them exactly
 
 
@@ -314,6 +314,9 @@ class TaskRun:
         lock, so it is never built."""
         current = self._snapshot
         host = self._host
+        # The one table decides here too (two lookups; the caller checked ``queued``).
+        states.check(current.task_id, current.status, S.STARTING)
+        states.check(current.task_id, S.STARTING, S.RUNNING)
         now = utc(host.clock.now(), "clock.now()")
         task_id, owner = current.task_id, host.owner
         version = current.status_version + 1
@@ -412,7 +415,7 @@ class TaskRun:
     def _finish_stopped(self) -> None:
         """The task obeyed a stop/cancel/timeout request. Caller holds the lock."""
         kind = self.token.stop_kind
-        if self._snapshot.status in _STOPPABLE:
+        if self._snapshot.status in states.STOPPABLE:
             self._apply(S.STOPPING, reason="stop raised in the task")
         if kind == "timeout":
             timeout = self.definition.timeout
@@ -465,29 +468,29 @@ class TaskRun:
         if actor is not None:
             check_text(actor, "actor", rules)
 
-    def _control_stop(self, kind: str, reason: str | None, actor: str | None) -> str:
+    def _control_stop(self, kind: str, reason: str | None, actor: str | None) -> O:
         cancel = kind == "cancel"
         self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:
-                return "already-terminal"
+                return O.ALREADY_TERMINAL
             if status in states.WAITING:
                 self._apply(S.CANCELLED, reason=reason or f"{kind} before start", actor=actor)
-                return "cancelled"
+                return O.CANCELLED
             if status is S.STOPPING:
-                return "already-stopping"
+                return O.ALREADY_STOPPING
             self.token.request_stop("cancel" if cancel else "stop", reason)
             if status is S.STARTING:
-                return "stopping"  # the carrier sees the request before calling the function
+                return O.STOPPING  # the carrier sees the request before calling the function
             self._apply(S.STOPPING, reason=reason or f"{kind} requested", actor=actor)
-            return "stopping"
+            return O.STOPPING
 
-    def stop(self, reason: str | None = None, actor: str | None = None) -> str:
+    def stop(self, reason: str | None = None, actor: str | None = None) -> O:
         """Ask the task to stop at its next checkpoint; a waiting task is cancelled now."""
         return self._control_stop("stop", reason, actor)
 
-    def cancel(self, reason: str | None = None, actor: str | None = None) -> str:
+    def cancel(self, reason: str | None = None, actor: str | None = None) -> O:
         """Cancel: a waiting task never runs; a running one stops and ends ``cancelled``."""
         return self._control_stop("cancel", reason, actor)
 
@@ -499,43 +502,43 @@ class TaskRun:
             self._apply(S.CANCELLED, failure=failure, reason=failure.message)
             return True
 
-    def pause(self, reason: str | None = None, actor: str | None = None) -> str:
+    def pause(self, reason: str | None = None, actor: str | None = None) -> O:
         """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint."""
         self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:
-                return "already-terminal"
-            if status in (S.PAUSING, S.PAUSED):
-                return "already-paused"
+                return O.ALREADY_TERMINAL
+            if status in states.PAUSE_HELD:
+                return O.ALREADY_PAUSED
             if status is S.STOPPING:
-                return "stopping"
+                return O.STOPPING
             if status is S.RUNNING:
                 self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
                 self.token.request_pause()
-                return "pausing"
+                return O.PAUSING
             self.token.request_pause()  # queued / starting: pauses as soon as it runs
-            return "pause-pending"
+            return O.PAUSE_PENDING
 
-    def resume(self, reason: str | None = None, actor: str | None = None) -> str:
+    def resume(self, reason: str | None = None, actor: str | None = None) -> O:
         self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:
-                return "already-terminal"
+                return O.ALREADY_TERMINAL
             if status is S.STOPPING:
-                return "stopping"
-            if status in (S.PAUSED, S.PAUSING):
+                return O.STOPPING
+            if status in states.PAUSE_HELD:
                 if self._paused_at is not None and self._deadline is not None:
                     self._deadline += self._host.clock.monotonic() - self._paused_at
                 self._paused_at = None
                 self._apply(S.RUNNING, reason=reason or "resumed", actor=actor)
                 self.token.resume()
-                return "resumed"
+                return O.RESUMED
             if self.token.pause_requested:
                 self.token.resume()
-                return "resumed"
-            return "not-paused"
+                return O.RESUMED
+            return O.NOT_PAUSED
 
     def _ack_pause(self) -> None:
         """Called by the token on the task thread: the task reached a checkpoint."""
@@ -556,7 +559,7 @@ class TaskRun:
                 if now >= self._grace_deadline:
                     self._abandon_after_timeout()
                 return
-            if self._deadline is None or now < self._deadline or status not in _STOPPABLE:
+            if self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
                 return
             timeout = self.definition.timeout
             self._grace_deadline = now + self.definition.timeout_grace

@@ -17,8 +17,19 @@ TERMINAL: frozenset[S] = _TERMINAL
 ACTIVE: frozenset[S] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING})
 """Statuses in which a carrier (thread) is executing the task."""
 WAITING: frozenset[S] = frozenset({S.PENDING, S.QUEUED})
+"""Statuses of a task that has not started (a stop cancels it at once)."""
 NON_TERMINAL: frozenset[S] = ACTIVE | WAITING
-INITIAL: frozenset[S] = frozenset({S.PENDING, S.QUEUED})
+STOPPABLE: frozenset[S] = frozenset({S.RUNNING, S.PAUSING, S.PAUSED})
+"""Statuses from which a stop, cancel or timeout goes through ``stopping``."""
+PAUSE_HELD: frozenset[S] = frozenset({S.PAUSING, S.PAUSED})
+"""A pause was asked for and not yet lifted (acknowledged or not)."""
+SHOWS_PROGRESS: frozenset[S] = frozenset({S.RUNNING, S.PAUSED})
+"""Statuses whose progress bar a live view shows."""
+TRIGGERS_FAIL_FAST: frozenset[S] = frozenset({S.FAILED, S.LOST})
+"""A pipeline node ending so stops a ``fail_fast`` run; ``cancelled`` never does (no
+chain reaction of cancels: distributed design §12)."""
+WORST_FIRST: tuple[S, ...] = (S.FAILED, S.LOST, S.STOPPED, S.CANCELLED)
+"""Terminal statuses other than ``succeeded``, worst first (a pipeline's outcome)."""
 
 _LEGAL: dict[S, frozenset[S]] = {
     S.PENDING: frozenset({S.QUEUED, S.CANCELLED, S.LOST}),

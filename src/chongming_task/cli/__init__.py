@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, format_buckets, parse_buckets
-from ..states import NON_TERMINAL, TERMINAL
+from ..states import NON_TERMINAL, SHOWS_PROGRESS, TERMINAL
 from ..stores import DEFAULT_DATABASE, is_postgres_dsn, open_store
 from ..stores.protocol import TaskStore
 from . import render
@@ -274,7 +274,7 @@ def cmd_watch(ctx: Context) -> int:
                 seen[s.task_id] = s.status_version
         first = False
         events.sort(key=lambda t: t.at)
-        running = [s for s in snapshots if s.status in (TaskStatus.RUNNING, TaskStatus.PAUSED)]
+        running = [s for s in snapshots if s.status in SHOWS_PROGRESS]
         if ctx.args.json:
             for t in events:
                 print(json.dumps({"event": "transition", **render.transition_json(t)}))

@@ -640,10 +640,6 @@ def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
     return sql, params
 
 
-class _Conflict(Exception):
-    """Internal: roll the write scope back on a version mismatch."""
-
-
 class _ReadScope:
     """Lock, closed check and error translation, as a plain class: these run on every
     store call, where generator-based context managers cost more than the SQL."""
