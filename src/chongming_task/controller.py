@@ -11,7 +11,6 @@ submit otherwise, never for a pure query client).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -62,8 +61,9 @@ from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy, format_buc
 from .run import TaskRun
 from .schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from .stores import open_store
+from .stores.capabilities import Capabilities, PartialCreate
 from .stores.protocol import TaskStore
-from .values import check_text, rules_of, storable_text
+from .values import check_text, storable_text
 
 log = logging.getLogger("chongming_task.controller")
 
@@ -143,12 +143,10 @@ class Controller:
         else:
             self.store = open_store(store if store is not None else "chongming-task.db")
             self._owns_store = True
-        # The store's optional capabilities, looked up once (a bound method per run and
-        # lookup would be garbage for the collector to walk).
-        self._store_atomic = getattr(self.store, "atomic", None)
-        self._store_write_transitions = getattr(self.store, "write_transitions", None)
+        # The store's optional capabilities, resolved once, each with its fallback.
+        self.capabilities = Capabilities(self.store)
         # What the store can hold: every value handed over is checked against it.
-        self.value_rules = rules_of(self.store)
+        self.value_rules = self.capabilities.value_rules
         self.owner = owner or default_owner()
         check_text(self.owner, "owner", self.value_rules)
         self.clock: Clock = clock or SystemClock()
@@ -505,42 +503,30 @@ class Controller:
     def _persist_new(self, prepared: list[tuple[TaskRun, Transition]]) -> None:
         """Store new runs (all in one transaction when the store can); on failure none
         is kept. Starts the worker threads on the first success."""
-        store = self.store
-        create_many = getattr(store, "create_many", None)
-        atomic = getattr(store, "atomic", None)
+        items = [(run._snapshot, created) for run, created in prepared]
         try:
-            if create_many is not None:  # rows encoded before the store's lock is taken
-                create_many([(run._snapshot, created) for run, created in prepared])
-            elif atomic is not None:
-                with atomic():
-                    for run, created in prepared:
-                        store.create(run._snapshot)
-                        store.append(created)
-            else:
-                stored = 0
-                try:
-                    for run, _ in prepared:
-                        store.create(run._snapshot)
-                        stored += 1
-                except BaseException as exc:
-                    # No transaction to roll back: what was stored is recorded as cancelled
-                    # (it never ran), never left without a holder.
-                    for run, created in prepared[:stored]:
-                        run._created(created, appended=False)
-                        run.cancel(
-                            reason=storable_text(f"batch submit failed: {exc}", self.value_rules)
-                        )
-                    prepared = prepared[stored:]
-                    raise
+            appended = self.capabilities.create_many(items)
+        except PartialCreate as exc:
+            # No transaction to roll back: what was stored is recorded as cancelled (it
+            # never ran), never left without a holder; the rest is forgotten.
+            cause = exc.__cause__ or exc
+            reason = storable_text(f"batch submit failed: {cause}", self.value_rules)
+            for run, created in prepared[: exc.created]:
+                run._created(created, appended=False)
+                run.cancel(reason=reason)
+            self._forget(prepared[exc.created :])
+            raise cause from None
         except BaseException:
-            with self._lock:
-                for run, _ in prepared:
-                    self._runs.pop(run.task_id, None)
+            self._forget(prepared)
             raise
-        appended = create_many is not None or atomic is not None
         for run, created in prepared:
             run._created(created, appended=appended)
         self._start_threads()
+
+    def _forget(self, prepared: list[tuple[TaskRun, Transition]]) -> None:
+        with self._lock:
+            for run, _ in prepared:
+                self._runs.pop(run.task_id, None)
 
     # -- schedules ------------------------------------------------------------------------------
 
@@ -821,17 +807,13 @@ class Controller:
             )
         lost: list[str] = []
         let_go: list[str] = []
-        atomic = getattr(self.store, "atomic", None)
-        bulk = getattr(self.store, "mark_lost", None)
         memo: dict[str | None, tuple[Failure, str]] = {}
         for offset in range(0, len(candidates), _RECONCILE_CHUNK):
             chunk = candidates[offset : offset + _RECONCILE_CHUNK]
             # Each task is still its own compare-and-set; a chunk only shares a commit.
-            if bulk is not None:
-                won = bulk([self._lost_marks(snapshot, now, memo) for snapshot in chunk])
-            else:
-                with atomic() if atomic is not None else contextlib.nullcontext():
-                    won = {s.task_id for s in chunk if self._mark_lost(s, now)}
+            won = self.capabilities.mark_lost(
+                [self._lost_marks(snapshot, now, memo) for snapshot in chunk]
+            )
             for snapshot in chunk:
                 (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
         return ReconcileReport(
@@ -877,16 +859,6 @@ class Controller:
             actor=self.owner,
         )
         return marked, transition
-
-    def _mark_lost(self, snapshot: TaskSnapshot, now: datetime) -> bool:
-        """CAS one task to ``lost``; ``False`` if its version moved (someone is alive)."""
-        marked, transition = self._lost_marks(snapshot, now)
-        try:
-            self.store.save(marked, expect_version=snapshot.status_version)
-        except ConcurrencyConflict:
-            return False
-        self.store.append(transition)
-        return True
 
     # -- hooks called by runs ----------------------------------------------------------------------
 
@@ -986,9 +958,7 @@ class Controller:
             self._poller.start()
             # Stores that can push a wake-up (Postgres LISTEN/NOTIFY) shorten the wait;
             # the poll interval still bounds it when a notification is lost.
-            subscribe = getattr(self.store, "subscribe_commands", None)
-            if subscribe is not None:
-                self._unsubscribe = subscribe(self._poll_now.set)
+            self._unsubscribe = self.capabilities.subscribe_commands(self._poll_now.set)
 
     def _supervise(self) -> None:
         while not self._shutdown.wait(self.activity_interval):
@@ -1072,10 +1042,9 @@ class Controller:
         if not due:
             return True
         until = self._now() + timedelta(seconds=self.lease_ttl)
-        atomic = getattr(self.store, "atomic", None)
         renewed = due
         try:
-            with atomic() if atomic is not None else contextlib.nullcontext():
+            with self.capabilities.atomic():
                 for run in due:
                     self.store.touch(run.task_id, lease_owner=self.owner, lease_until=until)
         except StoreUnavailable:

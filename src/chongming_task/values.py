@@ -37,7 +37,6 @@ __all__ = [
     "check_json",
     "check_progress",
     "check_text",
-    "rules_of",
     "storable_text",
 ]
 
@@ -55,12 +54,6 @@ class ValueRules:
 
 STRICT = ValueRules(nul_in_text=False)
 """What every store can hold; the rules of a store that declares none."""
-
-
-def rules_of(store: object) -> ValueRules:
-    """The store's declared ``value_rules``, or ``STRICT``."""
-    rules = getattr(store, "value_rules", None)
-    return rules if isinstance(rules, ValueRules) else STRICT
 
 
 # An escaped NUL in JSON text: "\u0000" preceded by an even number of backslashes (an odd

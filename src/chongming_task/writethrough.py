@@ -8,34 +8,32 @@ supervisor loop, or at ``close()``; the store then jumps several versions at onc
 conflict against the version actually written means another writer changed the task:
 write-through stops for that task and the controller lists it in ``desynced_tasks``.
 
-A store may offer an optional ``atomic()`` context manager (the built-in SQL stores do):
-then the save and its appends are one transaction. Order: ``save`` first, then
-``append``. Only the writer whose CAS succeeded records the version in the audit trail,
-so a losing writer never leaves a transition behind.
+Each write goes through the store's ``Capabilities.write_transitions``: one transaction
+where the store offers one (the built-in SQL stores do), else ``save`` then ``append``.
+Order: the compare-and-set first, then the trail: only the writer whose CAS succeeded
+records the version in the audit trail, so a losing writer never leaves a transition
+behind.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from typing import Protocol
 
 from .errors import ConcurrencyConflict, StoreUnavailable
 from .model import TaskSnapshot, Transition
-from .stores.protocol import TaskStore
+from .stores.capabilities import Capabilities, PartialWrite
 
 log = logging.getLogger("chongming_task.writethrough")
 
 
 class WriteThroughHost(Protocol):
-    """The controller, as a write-through sees it: its store, the store's optional
-    capabilities looked up once, and where to report trouble."""
+    """The controller, as a write-through sees it: its store's capabilities (resolved
+    once, with fallbacks) and where to report trouble."""
 
-    store: TaskStore
-    _store_atomic: Callable[[], AbstractContextManager[None]] | None
-    _store_write_transitions: Callable[..., None] | None
+    capabilities: Capabilities
 
     def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
 
@@ -133,60 +131,47 @@ class WriteThrough:
         buffered = self._buffer or ()
         pending = [*buffered, *earlier, transition] if transition is not None else list(buffered)
         host = self._host
-        store = host.store
         try:
-            fast = host._store_write_transitions
-            if fast is not None:
-                # Rows encoded before the store's lock is taken; one transaction.
-                expect = (
+            # One transaction where the store can (rows encoded before its lock is
+            # taken); ``None``: the row is current, only the trail is behind.
+            host.capabilities.write_transitions(
+                snapshot,
+                expect_version=(
                     self.written_version
                     if snapshot.status_version != self.written_version
                     else None
-                )
-                if expect is None:
-                    for item in pending:
-                        store.append(item)
-                else:
-                    fast(snapshot, expect_version=expect, transitions=pending)
-                self.written_version = snapshot.status_version
-                if self._buffer:
-                    self._buffer.clear()
-            elif (atomic := host._store_atomic) is not None:
-                # One transaction: save and appends land together or not at all.
-                with atomic():
-                    if snapshot.status_version != self.written_version:
-                        store.save(snapshot, expect_version=self.written_version)
-                    for item in pending:
-                        store.append(item)
-                self.written_version = snapshot.status_version
-                if self._buffer:
-                    self._buffer.clear()
-            else:
-                if snapshot.status_version != self.written_version:
-                    store.save(snapshot, expect_version=self.written_version)
-                    self.written_version = snapshot.status_version
-                for item in pending:
-                    store.append(item)
-                    if self._buffer:
-                        self._buffer.popleft()
+                ),
+                transitions=pending,
+            )
+            self.written_version = snapshot.status_version
+            if self._buffer:
+                self._buffer.clear()
+        except PartialWrite as exc:
+            # The save landed, an append did not: the stored version moved. The trail
+            # stays buffered (appends are idempotent, so rewriting them is harmless).
+            self.written_version = snapshot.status_version
+            return self._failed(exc, len(pending), transition is None)
         except ConcurrencyConflict as exc:
             self.desynced = True
             self._buffer = None
             host._on_desync(self.task_id, exc)
             return False
         except Exception as exc:
-            self.last_error = exc
-            # An outage is reported once, by the supervisor; other failures per task.
-            log.log(
-                logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
-                "task %s: write-through failed (%s: %s); %d transition(s) buffered, will catch up",
-                self.task_id,
-                type(exc).__name__,
-                exc,
-                len(pending),
-            )
-            if transition is None:
-                host._on_behind(self.task_id)
-            return False
+            return self._failed(exc, len(pending), transition is None)
         self.last_error = None
         return True
+
+    def _failed(self, exc: Exception, pending: int, catching_up: bool) -> bool:
+        self.last_error = exc
+        # An outage is reported once, by the supervisor; other failures per task.
+        log.log(
+            logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
+            "task %s: write-through failed (%s: %s); %d transition(s) buffered, will catch up",
+            self.task_id,
+            type(exc).__name__,
+            exc,
+            pending,
+        )
+        if catching_up:
+            self._host._on_behind(self.task_id)
+        return False

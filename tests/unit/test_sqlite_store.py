@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -81,20 +82,23 @@ def test_atomic_is_all_or_nothing(tmp_path: Path) -> None:
 
 
 def test_submit_many_is_all_or_nothing(tmp_path: Path) -> None:
-    store = SqliteTaskStore(tmp_path / "m.db")
+    class DiskFills(SqliteTaskStore):
+        full = False
+
+        def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
+            if self.full:
+                raise StoreError("disk full (injected)")
+            super().create_many(items)
+
+    store = DiskFills(tmp_path / "m.db")
     with Controller(store, activity_interval=0.02) as c:
         job = c.task(lambda token, x: x * 2, name="double")
         runs = c.submit_many(job, [(1,), (2,), (3,)])
         assert [r.result(5) for r in runs] == [2, 4, 6]
-        original = store.create_many
-
-        def failing(items: object) -> None:
-            raise StoreError("disk full (injected)")
-
-        store.create_many = failing  # type: ignore[method-assign,assignment]
+        store.full = True
         with pytest.raises(StoreError, match="injected"):
             c.submit_many(job, [(4,), (5,), (6,)])
-        store.create_many = original  # type: ignore[method-assign]
+        store.full = False
         assert len(store.query()) == 3 and c.held() == []
 
 

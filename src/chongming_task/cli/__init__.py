@@ -36,6 +36,7 @@ from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, format_buckets, parse_buckets
 from ..states import NON_TERMINAL, SHOWS_PROGRESS, TERMINAL
 from ..stores import DEFAULT_DATABASE, is_postgres_dsn, open_store
+from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from . import render
 
@@ -407,12 +408,8 @@ def cmd_prune(ctx: Context) -> int:
 def cmd_migrate(ctx: Context) -> int:
     """Create the schema. SQLite creates its tables when opened; Postgres needs this once,
     run by a role with DDL rights, so that nodes and the CLI can run without them."""
-    store = ctx.store(create=True)
-    create_schema = getattr(store, "create_schema", None)
-    if create_schema is not None:
-        create_schema()
-    where = getattr(store, "where", ctx.db)
-    schema = getattr(store, "schema", None)
+    made = Capabilities(ctx.store(create=True)).create_schema()
+    where, schema = made if made is not None else (ctx.shown_db, None)
     ctx.emit(
         {"store": where, "schema": schema, "ready": True},
         f"schema ready at {where}" + (f" (schema {schema})" if schema else ""),

@@ -1,0 +1,277 @@
+"""Optional store capabilities: what a store *may* offer beyond the 14 methods of
+``TaskStore``, declared as protocols, and ``Capabilities``, the one adapter that resolves
+them once per store and falls back to the 14 methods where a store lacks one.
+
+The runtime never asks a store what it can do; it asks its ``Capabilities``, so it has one
+code path whatever the store. A third-party store needs none of these; a store that
+declares one proves it with the capability section of ``StoreContract``, which runs only
+for the capabilities the store declares. ``docs/stores.md`` §10 gives each contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
+
+from ..errors import ConcurrencyConflict, StoreError
+from ..model import TaskSnapshot, Transition
+from ..values import STRICT, ValueRules
+from .protocol import TaskStore
+
+__all__ = [
+    "Capabilities",
+    "DeclaresValueRules",
+    "PartialCreate",
+    "PartialWrite",
+    "SupportsAtomic",
+    "SupportsCommandWakeups",
+    "SupportsCreateMany",
+    "SupportsCreateSchema",
+    "SupportsMarkLost",
+    "SupportsWriteTransitions",
+    "rules_of",
+]
+
+Creation = tuple[TaskSnapshot, Transition]
+
+
+@runtime_checkable
+class SupportsAtomic(Protocol):
+    def atomic(self) -> AbstractContextManager[None]:
+        """A context manager: the store calls made inside it, on this thread, commit
+        together or not at all (an exception inside undoes them all)."""
+        ...
+
+
+@runtime_checkable
+class SupportsCreateMany(Protocol):
+    def create_many(self, items: Sequence[Creation]) -> None:
+        """``create`` every snapshot and ``append`` its creation transition, in one
+        transaction: all or nothing. An existing id raises ``TaskAlreadyExists`` with
+        nothing of the batch stored."""
+        ...
+
+
+@runtime_checkable
+class SupportsWriteTransitions(Protocol):
+    def write_transitions(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        """Compare-and-set the columns a task's life changes (status, version, attempt,
+        owner, times, progress, failure, outcome; never the identity columns fixed at
+        ``create``, never the lease) where the stored version is ``expect_version``, and
+        ``append`` the transitions, in one transaction. A conflict raises
+        ``ConcurrencyConflict`` with nothing written."""
+        ...
+
+
+@runtime_checkable
+class SupportsMarkLost(Protocol):
+    def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
+        """For each ``(lost snapshot, its transition)``: compare-and-set ``status``,
+        ``status_version``, ``ended_at`` and ``failure`` where the stored version is
+        ``transition.version - 1``, and append the transition only where that won.
+        Returns the ids marked; the others moved on (their holder is alive)."""
+        ...
+
+
+@runtime_checkable
+class SupportsCommandWakeups(Protocol):
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` soon after any process submits a command (a latency
+        optimisation: polling stays the truth). Returns a function that unsubscribes."""
+        ...
+
+
+@runtime_checkable
+class SupportsCreateSchema(Protocol):
+    """A store whose schema is created apart from use (by a role with DDL rights)."""
+
+    where: str
+    """Where the store is, safe to print (no password)."""
+    schema: str
+
+    def create_schema(self) -> None:
+        """Create the store's schema if absent (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class DeclaresValueRules(Protocol):
+    """A store that says what text it can hold (``chongming_task.values``)."""
+
+    value_rules: ValueRules
+
+
+def rules_of(store: object) -> ValueRules:
+    """What ``store`` declares it can hold (``value_rules``), or ``STRICT``."""
+    if isinstance(store, DeclaresValueRules) and isinstance(store.value_rules, ValueRules):
+        return store.value_rules
+    return STRICT
+
+
+class PartialCreate(StoreError):
+    """A store without transactions created the first ``created`` tasks of a batch, then
+    failed (the cause is chained). Those tasks are stored; the rest are not."""
+
+    def __init__(self, created: int, cause: BaseException) -> None:
+        super().__init__(f"{created} task(s) created before the batch failed: {cause}")
+        self.created = created
+
+
+class PartialWrite(StoreError):
+    """A store without transactions saved the snapshot, then failed to append (the cause
+    is chained). The stored version is the snapshot's; the trail is behind, and appending
+    the same transitions again is harmless (``append`` is idempotent)."""
+
+
+class Capabilities:
+    """A store's optional capabilities, resolved once, each with its fallback.
+
+    Attributes that say what was found (``transactional``, ...) are for reports and
+    tests; the runtime calls the methods, which behave the same either way.
+    """
+
+    __slots__ = (
+        "_atomic",
+        "_create_many",
+        "_mark_lost",
+        "_subscribe",
+        "_write_transitions",
+        "schema_creator",
+        "store",
+        "transactional",
+        "value_rules",
+    )
+
+    def __init__(self, store: TaskStore) -> None:
+        self.store = store
+        self.value_rules = rules_of(store)
+        self.transactional = isinstance(store, SupportsAtomic)
+        self._atomic: Callable[[], AbstractContextManager[None]] | None = (
+            store.atomic if isinstance(store, SupportsAtomic) else None
+        )
+        self._create_many = store.create_many if isinstance(store, SupportsCreateMany) else None
+        self._write_transitions = (
+            store.write_transitions if isinstance(store, SupportsWriteTransitions) else None
+        )
+        self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
+        self._subscribe = (
+            store.subscribe_commands if isinstance(store, SupportsCommandWakeups) else None
+        )
+        self.schema_creator: SupportsCreateSchema | None = (
+            store if isinstance(store, SupportsCreateSchema) else None
+        )
+
+    def __repr__(self) -> str:
+        found = [
+            name
+            for name, present in (
+                ("atomic", self._atomic),
+                ("create_many", self._create_many),
+                ("write_transitions", self._write_transitions),
+                ("mark_lost", self._mark_lost),
+                ("subscribe_commands", self._subscribe),
+                ("create_schema", self.schema_creator),
+            )
+            if present is not None
+        ]
+        return f"Capabilities({self.store!r}: {', '.join(found) or 'none'})"
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """The store's transaction, or a no-op context (each call then stands alone)."""
+        return self._atomic() if self._atomic is not None else contextlib.nullcontext()
+
+    def create_many(self, items: Sequence[Creation]) -> bool:
+        """Store new tasks, all or nothing where the store can. Returns whether their
+        creation transitions were appended too (``False``: the caller appends them,
+        through the write-through, so a failed append is retried).
+
+        Without transactions, tasks are created one by one; a failure after some were
+        created raises ``PartialCreate`` naming how many."""
+        if self._create_many is not None:
+            self._create_many(items)
+            return True
+        store = self.store
+        if self._atomic is not None:
+            with self._atomic():
+                for snapshot, created in items:
+                    store.create(snapshot)
+                    store.append(created)
+            return True
+        done = 0
+        try:
+            for snapshot, _ in items:
+                store.create(snapshot)
+                done += 1
+        except Exception as exc:
+            if done == 0:
+                raise
+            raise PartialCreate(done, exc) from exc
+        return False
+
+    def write_transitions(
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int | None,
+        transitions: Sequence[Transition],
+    ) -> None:
+        """Bring the stored task to ``snapshot`` (compare-and-set against
+        ``expect_version``; ``None``: the row is current, only append) and append
+        ``transitions``: one transaction where the store can. Without transactions a
+        failed append after the save raises ``PartialWrite``."""
+        store = self.store
+        if expect_version is None:
+            for item in transitions:
+                store.append(item)
+            return
+        if self._write_transitions is not None:
+            self._write_transitions(
+                snapshot, expect_version=expect_version, transitions=transitions
+            )
+            return
+        if self._atomic is not None:
+            with self._atomic():
+                store.save(snapshot, expect_version=expect_version)
+                for item in transitions:
+                    store.append(item)
+            return
+        store.save(snapshot, expect_version=expect_version)
+        try:
+            for item in transitions:
+                store.append(item)
+        except Exception as exc:
+            raise PartialWrite(f"saved task {snapshot.task_id}, trail behind: {exc}") from exc
+
+    def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
+        """``reconcile()``'s writes: each task its own compare-and-set (in one
+        transaction where the store can). Returns the ids marked."""
+        if self._mark_lost is not None:
+            return self._mark_lost(marks)
+        won: set[str] = set()
+        store = self.store
+        with self.atomic():
+            for marked, transition in marks:
+                try:
+                    store.save(marked, expect_version=transition.version - 1)
+                except ConcurrencyConflict:
+                    continue  # it moved: its supervisor is alive after all
+                store.append(transition)
+                won.add(marked.task_id)
+        return won
+
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
+        """Subscribe ``wake`` to command wake-ups; ``None`` where the store has none
+        (the poller's interval alone then bounds the latency)."""
+        return self._subscribe(wake) if self._subscribe is not None else None
+
+    def create_schema(self) -> tuple[str, str] | None:
+        """Create the schema where the store needs it done apart; then return where it
+        is and the schema's name (``None``: the store makes its own, as SQLite does)."""
+        if self.schema_creator is None:
+            return None
+        self.schema_creator.create_schema()
+        return self.schema_creator.where, self.schema_creator.schema
