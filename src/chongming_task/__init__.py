@@ -10,7 +10,6 @@ from __future__ import annotations
 from .clock import Clock as Clock
 from .clock import SystemClock as SystemClock
 from .controller import Controller as Controller
-from .controller import ReconcileReport as ReconcileReport
 from .definitions import TaskDefinition as TaskDefinition
 from .definitions import define as define
 from .errors import ChongmingTaskError as ChongmingTaskError
@@ -50,6 +49,7 @@ from .schedules import Schedule as Schedule
 from .stores import InMemoryTaskStore as InMemoryTaskStore
 from .stores import SqliteTaskStore as SqliteTaskStore
 from .stores import TaskStore as TaskStore
+from .supervision import ReconcileReport as ReconcileReport
 from .token import CancellationToken as CancellationToken
 
 __version__ = "0.1.0"

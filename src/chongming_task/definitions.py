@@ -1,13 +1,16 @@
-"""``TaskDefinition``: a node-owned function plus its defaults, and the ``task`` decorator."""
+"""``TaskDefinition``: a node-owned function plus its defaults; ``define`` builds one and
+``Definitions`` holds a node's, by name."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, overload
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, UnknownTask
 from .policies import RetryPolicy
+from .values import ValueRules, check_text
 
 TaskFunction = Callable[..., Any]
 """Called as ``func(token, *args, **kwargs)``; returns a JSON-serializable result."""
@@ -63,3 +66,107 @@ def define(
         timeout_grace=timeout_grace,
         tags=frozenset(tags),
     )
+
+
+class Definitions:
+    """The task definitions one node owns, by name. A definition's name and tags are
+    checked against the node's store once, when it is registered."""
+
+    def __init__(self, owner: str, rules: ValueRules) -> None:
+        self._owner = owner
+        self._rules = rules
+        self._lock = threading.Lock()
+        self._by_name: dict[str, TaskDefinition] = {}
+
+    def register(self, definition: TaskDefinition) -> TaskDefinition:
+        if self._by_name.get(definition.name) is definition:
+            return definition  # every submit passes here: no lock once registered
+        check_text(definition.name, "task name", self._rules)
+        for tag in definition.tags:
+            check_text(tag, f"tag of task {definition.name!r}", self._rules)
+        with self._lock:
+            existing = self._by_name.get(definition.name)
+            if existing is not None and existing is not definition:
+                raise ConfigurationError(f"a task named {definition.name!r} is already defined")
+            self._by_name[definition.name] = definition
+        return definition
+
+    def get(self, name: str) -> TaskDefinition:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise UnknownTask(f"no task named {name!r} is defined on node {self._owner}") from None
+
+    def resolve(self, task: TaskDefinition | str) -> TaskDefinition:
+        """A name must be defined here; a definition is registered on first use."""
+        return self.get(task) if isinstance(task, str) else self.register(task)
+
+    @overload
+    def task(self, func: TaskFunction, /) -> TaskDefinition: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+    ) -> Callable[[TaskFunction], TaskDefinition]: ...
+
+    def task(
+        self,
+        func: TaskFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+    ) -> TaskDefinition | Callable[[TaskFunction], TaskDefinition]:
+        """Decorator defining a task on this node: ``@controller.task(retries=3)``.
+
+        The function is called as ``func(token, *args, **kwargs)``.
+        """
+
+        def decorate(f: TaskFunction) -> TaskDefinition:
+            return self.register(
+                define(
+                    f,
+                    name=name,
+                    retries=retries,
+                    backoff=backoff,
+                    timeout=timeout,
+                    timeout_grace=timeout_grace,
+                    tags=tags,
+                )
+            )
+
+        return decorate(func) if func is not None else decorate
+
+
+class TaskDecorator(Protocol):
+    """``Controller.task``: ``@node.task`` or ``@node.task(name=..., retries=...)``."""
+
+    @overload
+    def __call__(self, func: TaskFunction, /) -> TaskDefinition: ...
+
+    @overload
+    def __call__(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+    ) -> Callable[[TaskFunction], TaskDefinition]: ...

@@ -18,6 +18,8 @@ Semantics:
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from .run import TaskRun
 
 S = TaskStatus
+log = logging.getLogger("chongming_task.pipelines")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,3 +239,56 @@ class PipelineRun:
     def _check_done(self) -> None:
         if all(run.done() for run in self.nodes.values()):
             self._done.set()
+
+
+class PipelineRunner:
+    """Reacts to pipeline nodes ending, one at a time, on a thread of its own, holding no
+    run's lock: a node's end may enqueue, cancel or stop other nodes, and doing that inside
+    the ending node's lock would order two run locks."""
+
+    def __init__(self, *, owner: str) -> None:
+        self.name = f"chongming-pipelines[{owner}]"
+        self._events: queue.SimpleQueue[TaskRun | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def node_ended(self, run: TaskRun) -> None:
+        """Called by the run's transition to a terminal status (any thread)."""
+        self._events.put(run)
+
+    def run_once(self, block: bool = True) -> bool:
+        """React to the next ended node; ``False`` once stopped (or, not blocking, when
+        there is nothing to do)."""
+        try:
+            run = self._events.get(block=block)
+        except queue.Empty:
+            return False
+        if run is None:
+            return False
+        try:
+            if run.pipeline is not None:
+                run.pipeline._node_finished(run)
+        except Exception:
+            log.exception("pipeline reaction to task %s failed", run.task_id)
+        return True
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self.name)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while self.run_once():
+            pass
+
+    def stop(self) -> None:
+        self._events.put(None)
+
+    def join(self, timeout: float | None) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

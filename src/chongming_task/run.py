@@ -271,6 +271,25 @@ class TaskRun:
         return self._wt.desynced
 
     @property
+    def written(self) -> bool:
+        """Whether the store has every transition this process made (or never will:
+        desynced)."""
+        return not self._wt.behind(self._snapshot)
+
+    @property
+    def snapshot_unrefreshed(self) -> TaskSnapshot:
+        """The snapshot as last transitioned (no activity merged): what ``create`` stores."""
+        return self._snapshot
+
+    def _dependencies_met(self, reason: str) -> bool:
+        """``pending -> queued`` for a pipeline node; ``False`` if it is no longer pending."""
+        with self._lock:
+            if self._snapshot.status is not S.PENDING:
+                return False
+            self._apply(S.QUEUED, reason=reason)
+            return True
+
+    @property
     def write_error(self) -> BaseException | None:
         """Why the latest write-through of this task failed (``None``: none has)."""
         return self._wt.last_error

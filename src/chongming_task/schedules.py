@@ -16,21 +16,27 @@ occurrence.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterable
+import random
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .errors import ConfigurationError
+from .errors import ChongmingTaskError, ConfigurationError
 from .model import utc
+from .services import LoopService, NodeContext
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition
     from .run import TaskRun
 
 Overlap = Literal["skip", "allow"]
+
+log = logging.getLogger("chongming_task.schedules")
 
 
 class Trigger(Protocol):
@@ -217,3 +223,93 @@ class Schedule:
 
 def schedule_tags(name: str, tags: Iterable[str]) -> frozenset[str]:
     return frozenset(tags) | {f"schedule:{name}"}
+
+
+Submit = Callable[[Schedule], "TaskRun"]
+"""Submits one firing of a schedule (the controller's ``submit``, with its tags)."""
+
+
+class ScheduleRunner(LoopService):
+    """Fires a node's schedules: ``run_once()`` fires every schedule due by the clock now.
+
+    With ``run_schedules=False`` a controller never starts its thread and tests drive it
+    through ``Controller.tick_schedules()`` with a fake clock, without sleeping.
+    """
+
+    def __init__(
+        self,
+        node: NodeContext,
+        *,
+        rng: random.Random,
+        submit: Submit,
+        accepting: Callable[[], bool],
+    ) -> None:
+        super().__init__()
+        self.name = f"chongming-scheduler[{node.owner}]"
+        self._now = node.now
+        self._rng = rng
+        self._submit = submit
+        self._accepting = accepting
+        self._lock = threading.Lock()
+        self._schedules: dict[str, Schedule] = {}
+
+    def add(self, entry: Schedule) -> None:
+        with self._lock:
+            if entry.name in self._schedules:
+                raise ConfigurationError(f"a schedule named {entry.name!r} exists already")
+            self._advance(entry, self._now())
+            self._schedules[entry.name] = entry
+        self.wake()
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            if self._schedules.pop(name, None) is None:
+                raise ConfigurationError(f"no schedule named {name!r}")
+
+    def entries(self) -> list[Schedule]:
+        with self._lock:
+            return list(self._schedules.values())
+
+    def run_once(self) -> float | None:
+        self.tick()
+        dues = [e.due for e in self.entries() if e.due is not None]
+        if not dues:
+            return 1.0
+        return min(1.0, max(0.01, (min(dues) - self._now()).total_seconds()))
+
+    def tick(self) -> list[TaskRun]:
+        """Fire every schedule that is due now; return the runs submitted. A firing is
+        skipped while the previous run is active (``overlap="skip"``) or when it is later
+        than ``misfire_grace``; missed firings coalesce into one."""
+        now = self._now()
+        fired: list[TaskRun] = []
+        with self._lock:
+            if not self._accepting():
+                return fired
+            for entry in self._schedules.values():
+                if entry.due is None or entry.due > now:
+                    continue
+                latest = entry.trigger.latest_at_or_before(now) or entry.next_fire
+                late = (now - latest).total_seconds() if latest is not None else 0.0
+                if entry.overlap == "skip" and entry.active:
+                    entry.skipped_overlap += 1
+                    log.info("schedule %s: previous run still active, firing skipped", entry.name)
+                elif entry.misfire_grace is not None and late > entry.misfire_grace:
+                    entry.skipped_misfire += 1
+                    log.warning("schedule %s: firing %.1fs late, skipped", entry.name, late)
+                else:
+                    try:
+                        run = self._submit(entry)
+                    except ChongmingTaskError:
+                        log.exception("schedule %s: submit failed; will try again", entry.name)
+                        continue
+                    entry.last_run = run
+                    entry.fired += 1
+                    fired.append(run)
+                self._advance(entry, now)
+        return fired
+
+    def _advance(self, entry: Schedule, now: datetime) -> None:
+        entry.next_fire = entry.trigger.next_after(now)
+        delay = self._rng.uniform(0, entry.jitter) if entry.jitter else 0.0
+        entry.due = entry.next_fire + timedelta(seconds=delay)

@@ -1,0 +1,141 @@
+"""Control across processes: ``ControlRouter`` sends a control call to the run this
+process holds or, for any other task, into the store as a ``Command``; ``CommandPoller``
+is the holder's side: claim → act on a run held here, or release → complete.
+
+Control of a task held by another process arrives as a ``Command`` in the store. The
+poller claims open commands under a lease; a command for a run held here is carried out
+and completed with its outcome; a command for a task held elsewhere is *released*, never
+completed (the holder would never hear of it: store guide §2.4); a command for a task
+that is gone or already terminal is completed as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+from .errors import StoreUnavailable, TaskNotFound
+from .model import Command, CommandAction, ControlOutcome, ControlReceipt
+from .run import TaskRun
+from .services import LoopService, NodeContext
+from .values import check_text
+
+__all__ = ["CommandPoller", "ControlRouter", "act"]
+
+log = logging.getLogger("chongming_task.commands")
+
+
+def act(
+    run: TaskRun, action: CommandAction, reason: str | None, actor: str | None
+) -> ControlOutcome:
+    """Carry out ``action`` on a run this process holds."""
+    if action is CommandAction.STOP:
+        return run.stop(reason, actor)
+    if action is CommandAction.PAUSE:
+        return run.pause(reason, actor)
+    if action is CommandAction.RESUME:
+        return run.resume(reason, actor)
+    return run.cancel(reason, actor)
+
+
+class CommandPoller(LoopService):
+    """Polls every ``interval`` seconds, sooner when the store pushes a wake-up."""
+
+    def __init__(self, node: NodeContext, *, lease: float, interval: float) -> None:
+        super().__init__()
+        self.name = f"chongming-commands[{node.owner}]"
+        self.interval = interval
+        self._registry = node.registry
+        self._caps = node.capabilities
+        self._store = node.capabilities.store
+        self._now = node.now
+        self._lease = lease
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        if self.started:
+            return
+        super().start()
+        # Stores that can push a wake-up (Postgres LISTEN/NOTIFY) shorten the wait; the
+        # poll interval still bounds it when a notification is lost.
+        self._unsubscribe = self._caps.subscribe_commands(self.wake)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def run_once(self) -> float | None:
+        try:
+            self.poll_once()
+        except StoreUnavailable as exc:
+            log.debug("command poll: %s", exc)  # the supervisor reports the outage
+        return None
+
+    def poll_once(self) -> int:
+        """Claim open commands and act on those for runs held here. Returns how many
+        commands were completed here."""
+        store = self._store
+        commands = store.claim_commands(now=self._now(), lease_seconds=self._lease)
+        completed = 0
+        for command in commands:
+            run = self._registry.get(command.task_id)
+            if run is not None:
+                outcome = act(run, command.action, command.reason, command.issued_by)
+            else:
+                stored = store.get(command.task_id)
+                if stored is None:
+                    outcome = ControlOutcome.UNKNOWN_TASK
+                elif stored.is_terminal:
+                    outcome = ControlOutcome.ALREADY_TERMINAL
+                else:
+                    store.release_command(command.command_id, now=self._now())
+                    continue
+            store.complete_command(command.command_id, now=self._now(), outcome=outcome.value)
+            completed += 1
+        return completed
+
+
+class ControlRouter:
+    """Where a control call goes: to the run when this process holds it, else into the
+    store as a command for the holder's poller (the answer: "request accepted")."""
+
+    def __init__(self, node: NodeContext) -> None:
+        self._owner = node.owner
+        self._registry = node.registry
+        self._store = node.capabilities.store
+        self._now = node.now
+        self._rules = node.capabilities.value_rules
+
+    def route(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
+        check_text(task_id, "task id", self._rules)
+        if reason is not None:
+            check_text(reason, "reason", self._rules)
+        run = self._registry.get(task_id)
+        if run is not None:
+            outcome = act(run, action, reason, self._owner)
+            return ControlReceipt(task_id=task_id, action=action, outcome=outcome)
+        snapshot = self._store.get(task_id)
+        if snapshot is None:
+            raise TaskNotFound(f"no task {task_id} in {self._store!r}")
+        if snapshot.is_terminal:
+            return ControlReceipt(
+                task_id=task_id, action=action, outcome=ControlOutcome.ALREADY_TERMINAL
+            )
+        command = Command(
+            command_id=uuid.uuid4().hex,
+            task_id=task_id,
+            action=action,
+            created_at=self._now(),
+            issued_by=self._owner,
+            reason=reason,
+        )
+        self._store.submit_command(command)
+        return ControlReceipt(
+            task_id=task_id,
+            action=action,
+            outcome=ControlOutcome.ACCEPTED,
+            command_id=command.command_id,
+        )

@@ -1,0 +1,110 @@
+"""``RunRegistry``: the runs one node holds, and which of them are on a carrier, behind in
+the store, or desynced. Shared by the controller and its services (supervisor, command
+poller, workers); it runs no thread and does no store I/O.
+
+A run is *held* from the moment it is prepared until it is terminal **and** fully
+written: a run whose terminal transition is still buffered stays held, so the supervisor
+keeps catching it up and renewing nothing for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .run import TaskRun
+
+__all__ = ["RunRegistry"]
+
+
+class RunRegistry:
+    """Held, active, behind and desynced runs of one node."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # RLock: its Condition checks ownership in C
+        self._idle = threading.Condition(self._lock)
+        self._idle_waiters = 0
+        # Single dict operations are atomic on their own: the hot paths (submit, a worker
+        # taking a run) take no lock another thread holds across a GIL switch.
+        self._held: dict[str, TaskRun] = {}
+        self._active: dict[str, TaskRun] = {}
+        self._behind: set[str] = set()
+        self._desynced: set[str] = set()
+
+    # -- held ---------------------------------------------------------------------------------
+
+    def add(self, run: TaskRun) -> None:
+        self._held[run.task_id] = run
+
+    def get(self, task_id: str) -> TaskRun | None:
+        return self._held.get(task_id)
+
+    def held(self) -> list[TaskRun]:
+        return list(self._held.values())
+
+    def held_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._held)
+
+    def forget(self, runs: Iterable[TaskRun]) -> None:
+        """Drop runs that were never stored."""
+        with self._lock:
+            for run in runs:
+                self._held.pop(run.task_id, None)
+
+    def ended(self, run: TaskRun, *, written: bool) -> None:
+        """``run`` is terminal: no longer held once ``written``. Wakes ``wait_all_done``."""
+        if written:
+            self._held.pop(run.task_id, None)
+        # Read after the pop: a waiter counted itself under the lock before checking, so
+        # either it sees the pop or we see it and wake it.
+        if self._idle_waiters:
+            with self._idle:
+                self._idle.notify_all()
+
+    def wait_all_done(self, timeout: float | None) -> bool:
+        """Wait until every held run is terminal; return whether they are."""
+        with self._idle:
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(
+                    lambda: all(r.done() for r in list(self._held.values())), timeout
+                )
+            finally:
+                self._idle_waiters -= 1
+
+    # -- on a carrier -------------------------------------------------------------------------
+
+    def started(self, run: TaskRun) -> None:
+        self._active[run.task_id] = run
+
+    def finished(self, run: TaskRun) -> None:
+        self._active.pop(run.task_id, None)
+
+    def active(self) -> list[TaskRun]:
+        return list(self._active.values())
+
+    # -- store state --------------------------------------------------------------------------
+
+    def mark_behind(self, task_id: str) -> None:
+        with self._lock:
+            self._behind.add(task_id)
+
+    def take_behind(self) -> list[TaskRun]:
+        """The held runs marked behind since the last call (the marks are cleared)."""
+        with self._lock:
+            found = (self._held.get(t) for t in self._behind)
+            behind = [run for run in found if run is not None]
+            self._behind.clear()
+        return behind
+
+    def mark_desynced(self, task_id: str) -> None:
+        with self._lock:
+            self._desynced.add(task_id)
+            self._behind.discard(task_id)
+
+    def desynced(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._desynced)

@@ -1,0 +1,114 @@
+"""The node's background services, and its one lifecycle.
+
+Each loop of a node is an object: its work is ``run_once()``, callable from a test with
+no thread at all, and ``LoopService`` runs it on a named thread until stopped. The
+controller starts every service in one place (``Controller._start``) and stops them all
+in one place (``close()``), moving through ``NodeState`` once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .registry import RunRegistry
+    from .stores.capabilities import Capabilities
+
+__all__ = ["LoopService", "NodeContext", "NodeState", "Service"]
+
+log = logging.getLogger("chongming_task.services")
+
+
+class NodeState(enum.Enum):
+    """A controller's life: it takes work while ``OPEN``, finishes what it holds while
+    ``CLOSING``, and is done once ``CLOSED``. It never goes back."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeContext:
+    """What every service of one node shares, handed in at construction (a service never
+    holds the controller)."""
+
+    owner: str
+    clock: Clock
+    now: Callable[[], datetime]
+    """The clock's reading in UTC (a naive reading is refused)."""
+    registry: RunRegistry
+    capabilities: Capabilities
+
+
+class Service(Protocol):
+    """What the controller starts and stops."""
+
+    name: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        """Ask the service to end (no waiting)."""
+        ...
+
+    def join(self, timeout: float | None) -> None: ...
+
+
+class LoopService:
+    """A loop on one named, non-daemon thread: ``run_once()``, then wait up to the
+    seconds it returned (``None``: ``interval``) or until ``wake()``; until ``stop()``.
+
+    A step that raises is logged and the loop goes on: a background loop never dies
+    of one bad pass.
+    """
+
+    name = "service"
+    interval = 1.0
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> float | None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name)
+            self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                delay = self.run_once()
+            except Exception:
+                log.exception("%s: pass failed; continuing", self.name)
+                delay = None
+            if self._stopped.is_set():
+                return
+            self._wake.wait(self.interval if delay is None else delay)
+            self._wake.clear()

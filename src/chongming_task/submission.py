@@ -1,0 +1,263 @@
+"""Submission: from a call to ``submit`` to a stored, queued run.
+
+``Submitter`` builds each run and its creation transition (``prepare``), stores new runs
+all at once where the store can (``persist``: what a store without transactions created
+before a failure is recorded ``cancelled``, never left without a holder), and hands them
+to the dispatcher. It checks bucket ownership at that moment: a task that lands in
+another node's bucket would sit ``queued`` forever with no error (distributed §8).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigurationError, ControllerClosed
+from .model import TaskSnapshot, TaskStatus, Transition, trusted_snapshot, trusted_transition
+from .pipelines import Pipeline, PipelineRun
+from .policies import BucketPolicy, format_buckets
+from .run import RunHost, TaskRun
+from .services import NodeContext
+from .stores.capabilities import PartialCreate
+from .values import check_text, storable_text
+
+if TYPE_CHECKING:
+    from .definitions import TaskDefinition
+    from .dispatch import Dispatcher
+
+__all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
+
+Prepared = tuple[TaskRun, Transition]
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+_ids = random.Random(secrets.randbits(128))  # ids need uniqueness, not secrecy
+
+
+def new_task_id() -> str:
+    """32 hex digits: milliseconds since the epoch, then 80 random bits. Ids sort roughly by
+    creation, which keeps B-tree inserts local, and never collide across nodes in practice
+    (each process seeds its generator from the OS)."""
+    return f"{time.time_ns() // 1_000_000:012x}{_ids.getrandbits(80):020x}"
+
+
+class Ownership:
+    """Which buckets a node owns (``None``: no partition), and the submit-time check."""
+
+    def __init__(self, policy: BucketPolicy, owned: frozenset[int] | None, owner: str) -> None:
+        self.policy = policy
+        self.owned = owned
+        self._owner = owner
+
+    @property
+    def owns_all(self) -> bool:
+        """No partition: no buckets declared, or every bucket declared."""
+        return self.owned is None or len(self.owned) == self.policy.num_buckets
+
+    def owns(self, bucket: int) -> bool:
+        """Whether ``bucket`` is this node's (says nothing about bucketless tasks)."""
+        return self.owned is None or bucket in self.owned
+
+    def bucket_for(self, bucket_key: str | None) -> int | None:
+        """The bucket a new task with ``bucket_key`` lands in; ``ConfigurationError`` if
+        it is not this node's to run."""
+        owned = format_buckets(self.owned or ())
+        if bucket_key is None:
+            if not self.owns_all:
+                raise ConfigurationError(
+                    f"node {self._owner} owns only buckets {owned}: submit needs a bucket_key"
+                )
+            return None
+        bucket = self.policy.bucket_for(bucket_key)
+        if not self.owns(bucket):
+            raise ConfigurationError(
+                f"bucket_key {bucket_key!r} maps to bucket {bucket}, which node {self._owner} "
+                f"does not own (owned: {owned}); no node would run it here: submit it on the "
+                f"node that owns bucket {bucket}"
+            )
+        return bucket
+
+
+class Submitter:
+    """Prepares, stores and queues new runs for one node."""
+
+    def __init__(
+        self,
+        node: NodeContext,
+        *,
+        host: RunHost,
+        dispatcher: Dispatcher,
+        ownership: Ownership,
+        lease_ttl: float,
+        resolve: Callable[[TaskDefinition | str], TaskDefinition],
+        accepting: Callable[[], bool],
+        stored: Callable[[], None],
+    ) -> None:
+        self._host = host
+        self._registry = node.registry
+        self._caps = node.capabilities
+        self._dispatcher = dispatcher
+        self._ownership = ownership
+        self._clock = node.clock
+        self._now = node.now
+        self._lease_ttl = lease_ttl
+        self._lease_delta = timedelta(seconds=lease_ttl)
+        self._resolve = resolve
+        self._accepting = accepting
+        self._stored = stored  # called after each success: starts the node's services
+
+    def submit(
+        self,
+        task: TaskDefinition | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        bucket_key: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> TaskRun:
+        prepared = self.prepare(task, args, kwargs, bucket_key=bucket_key, tags=tags)
+        self.persist([prepared])
+        self._dispatcher.put(prepared[0])
+        return prepared[0]
+
+    def submit_many(
+        self, task: TaskDefinition | str, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
+    ) -> list[TaskRun]:
+        prepared = [self.prepare(task, tuple(args), {}, bucket_key=bucket_key) for args in calls]
+        self.persist(prepared)
+        runs = [run for run, _ in prepared]
+        for run in runs:
+            self._dispatcher.put(run)
+        return runs
+
+    def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
+        run_id = new_task_id()
+        prepared = {
+            key: self.prepare(
+                node.task,
+                node.args,
+                dict(node.kwargs),
+                bucket_key=node.bucket_key,
+                pipeline_run_id=run_id,
+                status=TaskStatus.QUEUED if not node.depends_on else TaskStatus.PENDING,
+            )
+            for key, node in pipeline.nodes.items()
+        }
+        self.persist(list(prepared.values()))
+        nodes = {key: run for key, (run, _) in prepared.items()}
+        handle = PipelineRun(pipeline, run_id, nodes, self.enqueue_pending)
+        for key, run in nodes.items():
+            run.pipeline, run.node_key = handle, key
+        for run in nodes.values():
+            if run.status is TaskStatus.QUEUED:
+                self._dispatcher.put(run)
+        return handle
+
+    def enqueue_pending(self, run: TaskRun, reason: str) -> bool:
+        """Move a ``pending`` run to ``queued``: its dependencies are met."""
+        if not run._dependencies_met(reason):
+            return False
+        self._dispatcher.put(run)
+        return True
+
+    def check(
+        self, task: TaskDefinition | str, bucket_key: str | None, tags: Iterable[str] = ()
+    ) -> tuple[TaskDefinition, int | None]:
+        """What a submit (or a schedule, before its first firing) must pass: the node is
+        open, the task is defined here, the tags and key are text the store can hold, and
+        the key's bucket is this node's. Returns the definition and the bucket."""
+        host = self._host
+        if not self._accepting():
+            raise ControllerClosed(f"controller {host.owner} is closed")
+        definition = self._resolve(task)
+        for tag in tags:
+            check_text(tag, "tag", host.value_rules)
+        if bucket_key is not None:
+            check_text(bucket_key, "bucket_key", host.value_rules)
+        return definition, self._ownership.bucket_for(bucket_key)
+
+    def prepare(
+        self,
+        task: TaskDefinition | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        bucket_key: str | None = None,
+        pipeline_run_id: str | None = None,
+        status: TaskStatus = TaskStatus.QUEUED,
+        tags: Iterable[str] = (),
+    ) -> Prepared:
+        """Build and register a run and its creation transition; nothing stored yet."""
+        host = self._host
+        definition, bucket = self.check(task, bucket_key)
+        now = self._now()
+        # Every value here is already normalised (UTC times, frozenset tags): the trusted
+        # builders skip re-validation on this hot path.
+        snapshot: TaskSnapshot = trusted_snapshot(
+            task_id=new_task_id(),
+            name=definition.name,
+            status=status,
+            status_version=1,
+            created_at=now,
+            attempt=0,
+            tags=frozenset(definition.tags).union(tags) if tags else frozenset(definition.tags),
+            bucket=bucket,
+            bucket_key=bucket_key,
+            pipeline_run_id=pipeline_run_id,
+            owner=host.owner,
+            started_at=None,
+            ended_at=None,
+            last_heartbeat_at=None,
+            progress=None,
+            failure=None,
+            outcome=None,
+            lease_owner=host.owner,
+            lease_until=now + self._lease_delta,
+        )
+        run = TaskRun(host, definition, snapshot, args, kwargs)
+        run._lease_renew_at = self._clock.monotonic() + self._lease_ttl / 3
+        # Before create: a command may follow at once. One dict operation, atomic on its
+        # own: the submitting thread takes no lock the workers take.
+        self._registry.add(run)
+        created: Transition = trusted_transition(
+            task_id=snapshot.task_id,
+            version=1,
+            from_status=None,
+            to_status=status,
+            at=now,
+            reason="submitted",
+            actor=host.owner,
+        )
+        return run, created
+
+    def persist(self, prepared: list[Prepared]) -> None:
+        """Store new runs (all in one transaction where the store can); on failure none
+        is kept. Tells the node after each success (its services start then)."""
+        items = [(run.snapshot_unrefreshed, created) for run, created in prepared]
+        try:
+            appended = self._caps.create_many(items)
+        except PartialCreate as exc:
+            # No transaction to roll back: what was stored is recorded as cancelled (it
+            # never ran), never left without a holder; the rest is forgotten.
+            cause = exc.__cause__ or exc
+            reason = storable_text(f"batch submit failed: {cause}", self._host.value_rules)
+            for run, created in prepared[: exc.created]:
+                run._created(created, appended=False)
+                run.cancel(reason=reason)
+            self._registry.forget(run for run, _ in prepared[exc.created :])
+            raise cause from None
+        except BaseException:
+            self._registry.forget(run for run, _ in prepared)
+            raise
+        for run, created in prepared:
+            run._created(created, appended=appended)
+        self._stored()

@@ -1,0 +1,257 @@
+"""Supervision: the loop that keeps a node's tasks honest in the store, and reconcile.
+
+``Supervisor`` is the node's background pass: lease renewal (first: after an outage these
+are the writes that keep other nodes' ``reconcile()`` off live tasks), releasing due
+retries, the progress/heartbeat flush through ``touch``, timeout checks and the
+write-through catch-up. ``Reconciler`` marks ``lost`` the tasks whose supervisor lease
+expired, in the node's own buckets, and lets go of any whose version moved (its
+supervisor is alive after all). Neither holds a reference to the controller: each gets
+its collaborators handed in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from . import states
+from .errors import StoreUnavailable
+from .model import Failure, FailureKind, TaskQuery, TaskSnapshot, TaskStatus, Transition
+from .services import LoopService, NodeContext
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+
+__all__ = ["ReconcileReport", "Reconciler", "Supervisor"]
+
+log = logging.getLogger("chongming_task.supervision")
+
+_RECONCILE_CHUNK = 500
+
+
+class Supervisor(LoopService):
+    """One node's supervision pass, every ``interval`` seconds."""
+
+    def __init__(
+        self, node: NodeContext, *, dispatcher: Dispatcher, lease_ttl: float, interval: float
+    ) -> None:
+        super().__init__()
+        self.name = f"chongming-supervisor[{node.owner}]"
+        self.interval = interval
+        self._owner = node.owner
+        self._registry = node.registry
+        self._caps = node.capabilities
+        self._store = node.capabilities.store
+        self._dispatcher = dispatcher
+        self._clock = node.clock
+        self._now = node.now
+        self._lease_ttl = lease_ttl
+        self._next_lease = 0.0  # monotonic time of the next lease renewal
+        self._unreachable = False
+
+    def run_once(self) -> float | None:
+        """One pass. Every step, and every task within a step, is isolated: one task's
+        store error is logged for that task and costs no other task its lease renewal,
+        timeout check or progress. A store that is unreachable (``StoreUnavailable``)
+        ends a step at once, so a pass stays short during an outage."""
+        now = self._clock.monotonic()
+        if now >= self._next_lease:
+            renewed = self._step("lease renewal", self.renew_leases)
+            # Renewal that did not complete is retried on the very next pass.
+            self._next_lease = now + min(1.0, self._lease_ttl / 6) if renewed else now
+        self._step("retry release", self._dispatcher.release_due)
+        self._step("activity flush", self.flush_activity)
+        for run in self._registry.active():
+            try:
+                run._check_timeout(now)
+            except Exception:
+                log.exception("task %s: timeout check failed; continuing", run.task_id)
+        self._step("write-through catch-up", self.catch_up)
+        return None
+
+    def _step(self, what: str, step: Callable[[], object]) -> bool:
+        """Run one step; ``False`` (logged, never raised) if it failed."""
+        try:
+            return step() is not False
+        except StoreUnavailable as exc:
+            if not self._unreachable:
+                self._unreachable = True
+                log.warning("store unreachable (%s); leases, progress and writes wait", exc)
+        except Exception:
+            log.exception("supervisor %s failed; continuing", what)
+        return False
+
+    def _reachable(self) -> None:
+        if self._unreachable:
+            self._unreachable = False
+            log.warning("store reachable again; leases renewed first")
+
+    def flush_activity(self) -> None:
+        """Progress and heartbeat go to the store through ``touch``, never ``save``."""
+        for run in self._registry.active():
+            if run.desynced:
+                continue
+            seq, progress, heartbeat = run.token.activity()
+            if seq == run._flushed_activity:
+                continue
+            try:
+                self._store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
+                self._reachable()
+            except StoreUnavailable:
+                raise  # nobody's activity can be written now: end the step
+            except Exception:
+                # This task's values cannot be written (checkpoint() checks them, so this
+                # is a store fault): drop this reading, keep flushing the others.
+                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
+            run._flushed_activity = seq
+
+    def renew_leases(self) -> bool:
+        """Renew leases that have used a third of their TTL, in one transaction where the
+        store offers one (a fresh backlog of queued tasks costs nothing here). If that
+        transaction fails, each lease is renewed on its own, so one task's fault never
+        costs another task its lease. Returns whether every due lease was renewed."""
+        mono = self._clock.monotonic()
+        due = [
+            run
+            for run in self._registry.held()
+            if not run.done() and not run.desynced and run._lease_renew_at <= mono
+        ]
+        if not due:
+            return True
+        until = self._now() + timedelta(seconds=self._lease_ttl)
+        store, owner = self._store, self._owner
+        renewed = due
+        try:
+            with self._caps.atomic():
+                for run in due:
+                    store.touch(run.task_id, lease_owner=owner, lease_until=until)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            renewed = []
+            for run in due:
+                try:
+                    store.touch(run.task_id, lease_owner=owner, lease_until=until)
+                except StoreUnavailable:
+                    raise
+                except Exception:
+                    log.exception("task %s: lease not renewed; will retry", run.task_id)
+                else:
+                    renewed.append(run)
+        self._reachable()
+        for run in renewed:
+            run._lease_renew_at = mono + self._lease_ttl / 3
+        return len(renewed) == len(due)
+
+    def catch_up(self) -> None:
+        """Retry the buffered writes of runs that are behind in the store."""
+        registry = self._registry
+        behind = registry.take_behind()
+        for i, run in enumerate(behind):
+            if run._catch_up():
+                if run.done():
+                    registry.ended(run, written=True)
+            elif not run.desynced:
+                registry.mark_behind(run.task_id)
+                if isinstance(run.write_error, StoreUnavailable):
+                    # The store is away for everyone: the rest wait for the next pass.
+                    for rest in behind[i + 1 :]:
+                        registry.mark_behind(rest.task_id)
+                    raise run.write_error
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileReport:
+    """What ``reconcile()`` did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    examined: int
+    lost: tuple[str, ...]
+    let_go: tuple[str, ...]
+    """Tasks whose version moved under reconcile: their supervisor is alive after all."""
+
+
+class Reconciler:
+    """Marks ``lost`` the tasks whose supervisor lease expired, in ``buckets`` only
+    (``None``: every bucket), never a task this node holds."""
+
+    def __init__(self, node: NodeContext, *, buckets: frozenset[int] | None) -> None:
+        self._owner = node.owner
+        self._registry = node.registry
+        self._caps = node.capabilities
+        self._now = node.now
+        self._buckets = buckets
+
+    def run(self, *, dry_run: bool = False) -> ReconcileReport:
+        """Never re-executes anything (the store holds states, not arguments). A version
+        conflict means the supervisor came back: reconcile lets go of that task."""
+        query = TaskQuery(statuses=states.NON_TERMINAL, buckets=self._buckets)
+        now = self._now()
+        held = self._registry.held_ids()
+        candidates = [
+            s
+            for s in self._caps.store.query(query)
+            if s.task_id not in held and (s.lease_until is None or s.lease_until <= now)
+        ]
+        if dry_run:
+            return ReconcileReport(
+                dry_run=True,
+                examined=len(candidates),
+                lost=tuple(s.task_id for s in candidates),
+                let_go=(),
+            )
+        lost: list[str] = []
+        let_go: list[str] = []
+        memo: dict[str | None, tuple[Failure, str]] = {}
+        for offset in range(0, len(candidates), _RECONCILE_CHUNK):
+            chunk = candidates[offset : offset + _RECONCILE_CHUNK]
+            # Each task is still its own compare-and-set; a chunk only shares a commit.
+            won = self._caps.mark_lost([self.lost_marks(s, now, memo) for s in chunk])
+            for snapshot in chunk:
+                (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
+        return ReconcileReport(
+            dry_run=False, examined=len(candidates), lost=tuple(lost), let_go=tuple(let_go)
+        )
+
+    def lost_marks(
+        self,
+        snapshot: TaskSnapshot,
+        now: datetime,
+        memo: dict[str | None, tuple[Failure, str]] | None = None,
+    ) -> tuple[TaskSnapshot, Transition]:
+        """The ``lost`` snapshot and transition reconcile writes for ``snapshot``.
+
+        ``memo`` shares one ``Failure`` and reason per lease owner across a reconcile (the
+        lease's own expiry time stays visible on the snapshot)."""
+        owner = snapshot.lease_owner
+        cached = memo.get(owner) if memo is not None else None
+        if cached is None:
+            expired = f"supervisor lease of {owner or 'nobody'} expired"
+            failure = Failure(
+                kind=FailureKind.LOST,
+                message=f"{expired}; result unknown: the task may have run, partly or "
+                "fully, and may still be running",
+                carrier_may_run=True,
+            )
+            cached = (failure, f"reconcile: {expired}")
+            if memo is not None:
+                memo[owner] = cached
+        failure, reason = cached
+        states.check(snapshot.task_id, snapshot.status, TaskStatus.LOST)
+        version = snapshot.status_version + 1
+        marked = snapshot.evolve(
+            status=TaskStatus.LOST, status_version=version, ended_at=now, failure=failure
+        )
+        transition = Transition(
+            task_id=snapshot.task_id,
+            version=version,
+            from_status=snapshot.status,
+            to_status=TaskStatus.LOST,
+            at=now,
+            reason=reason,
+            actor=self._owner,
+        )
+        return marked, transition

@@ -1,0 +1,93 @@
+"""``WorkerPool``: the carrier threads that run a node's tasks, one attempt at a time.
+
+A worker takes the next run from the dispatcher and executes it. A carrier whose task
+timed out and ignored its stop is abandoned (threads cannot be killed): its slot is
+freed and a fresh worker replaces it, so the pool keeps its size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from .registry import RunRegistry
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+    from .run import TaskRun
+
+__all__ = ["WorkerPool"]
+
+log = logging.getLogger("chongming_task.workers")
+
+
+class WorkerPool:
+    def __init__(self, *, registry: RunRegistry, dispatcher: Dispatcher, size: int) -> None:
+        self.name = "chongming-workers"
+        self._registry = registry
+        self._dispatcher = dispatcher
+        self._size = size
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._seq = 0
+        self._stopping = False
+
+    @property
+    def started(self) -> bool:
+        return bool(self._threads)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._threads or self._stopping:
+                return
+            for _ in range(self._size):
+                self._spawn()
+
+    def _spawn(self) -> None:
+        """Caller holds ``_lock``."""
+        self._seq += 1
+        # Daemon: a carrier stuck in a task that ignores stop must not hang the
+        # interpreter's exit; close() still joins every carrier it can.
+        thread = threading.Thread(
+            target=self._work, name=f"chongming-worker-{self._seq}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def abandon(self, run: TaskRun) -> None:
+        """A timed-out carrier ignored its stop: free its slot and start a new carrier."""
+        self._registry.finished(run)
+        self._dispatcher.done(run)
+        with self._lock:
+            if not self._stopping:
+                self._spawn()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        self._dispatcher.close()
+
+    def join(self, timeout: float | None) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def _work(self) -> None:
+        registry, dispatcher = self._registry, self._dispatcher
+        while True:
+            run = dispatcher.get()
+            if run is None:
+                return
+            registry.started(run)
+            try:
+                run._execute()
+            except BaseException as exc:
+                log.exception("task %s: carrier crashed", run.task_id)
+                run._carrier_crashed(exc)  # never leave the task active with no carrier
+            if run.abandoned:
+                return  # abandon() released the slot and started a replacement carrier
+            registry.finished(run)
+            dispatcher.done(run)

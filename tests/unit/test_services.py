@@ -1,0 +1,91 @@
+"""Each background loop is an object whose pass can be called directly: no thread, no
+sleep, time from a fake clock."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from chongming_task import (
+    CancellationToken,
+    Controller,
+    InMemoryTaskStore,
+    IntervalTrigger,
+    SystemClock,
+    TaskStatus,
+)
+from chongming_task.commands import CommandPoller
+from chongming_task.registry import RunRegistry
+from chongming_task.services import NodeContext
+from chongming_task.stores.capabilities import Capabilities
+from chongming_task.testing import FakeClock
+from tests.conftest import wait_until
+
+
+def test_a_supervisor_pass_renews_a_lease_that_used_a_third_of_its_ttl() -> None:
+    clock = FakeClock()
+    release = threading.Event()
+    # A long interval: the supervisor's own thread makes one pass at start, then sleeps;
+    # the passes below are the test's.
+    with Controller(clock=clock, lease_ttl=30, activity_interval=3600) as c:
+        run = c.submit(c.task(lambda token: release.wait(10), name="wait"))
+        first = c.get(run.task_id).lease_until
+        assert first == clock.now() + timedelta(seconds=30)
+        clock.advance(5)  # a sixth of the TTL: not due yet
+        c._supervisor.run_once()
+        assert c.get(run.task_id).lease_until == first
+        clock.advance(6)  # past a third
+        c._supervisor.run_once()
+        assert c.get(run.task_id).lease_until == clock.now() + timedelta(seconds=30)
+        release.set()
+        assert run.wait(5).status is TaskStatus.SUCCEEDED
+
+
+def test_a_schedule_runner_tick_fires_what_is_due_and_nothing_else() -> None:
+    clock = FakeClock()
+    with Controller(clock=clock, run_schedules=False) as c:
+        c.task(lambda token: None, name="beat")
+        entry = c.schedule("beat", "beat", IntervalTrigger(60))
+        assert c._scheduler.tick() == []
+        clock.advance(60)
+        (fired,) = c._scheduler.tick()
+        assert fired.wait(5).status is TaskStatus.SUCCEEDED
+        assert entry.fired == 1 and c._scheduler.tick() == []
+
+
+def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:
+    """The pass alone: a command for a task this poller's registry does not hold is
+    given back, never completed, so the holder can still claim it."""
+    store = InMemoryTaskStore()
+    # The holder's own poller makes one pass when it starts, then sleeps an hour.
+    with Controller(store, command_poll_interval=3600) as holder:
+        gate = threading.Event()
+
+        @holder.task(name="wait")
+        def wait(token: CancellationToken) -> None:
+            while not gate.is_set():
+                token.checkpoint()
+                token.sleep(0.01)
+
+        run = holder.submit(wait)
+        wait_until(lambda: run.status is TaskStatus.RUNNING)
+        clock = SystemClock()  # real time: the lease it takes must not have expired
+        other = CommandPoller(
+            NodeContext(
+                owner="other",
+                clock=clock,
+                now=clock.now,
+                registry=RunRegistry(),
+                capabilities=Capabilities(store),
+            ),
+            lease=30,
+            interval=1,
+        )
+        console = Controller(store, poll_commands=False)
+        receipt = console.stop(run.task_id)
+        assert receipt.accepted
+        assert other.poll_once() == 0  # claimed and released, not completed
+        # Claimable at once: released, not left under the other's 30 s lease.
+        assert holder.poll_commands_once() == 1
+        assert run.wait(5).status is TaskStatus.STOPPED
+        console.close()
