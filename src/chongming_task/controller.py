@@ -140,6 +140,7 @@ class Controller:
         """Decorator defining a task on this node: ``@node.task(retries=3)``; the function
         is called as ``func(token, *args, **kwargs)``."""
         self._state = NodeState.OPEN
+        self._working = False  # workers, supervisor and poller started
         self._state_lock = threading.Lock()
         self._registry = RunRegistry()
         self._dispatcher = make_dispatcher(
@@ -226,6 +227,9 @@ class Controller:
 
     def _start_work(self) -> None:
         """After the first stored task: workers, supervision, and command polling."""
+        if self._working:
+            return  # every submit passes here
+        self._working = True
         if not self._workers.started:
             self._start(self._workers, self._supervisor)
         if self._polling and not self._poller.started:

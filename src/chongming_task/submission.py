@@ -70,15 +70,16 @@ class Ownership:
     def bucket_for(self, bucket_key: str | None) -> int | None:
         """The bucket a new task with ``bucket_key`` lands in; ``ConfigurationError`` if
         it is not this node's to run."""
-        owned = format_buckets(self.owned or ())
         if bucket_key is None:
             if not self.owns_all:
                 raise ConfigurationError(
-                    f"node {self._owner} owns only buckets {owned}: submit needs a bucket_key"
+                    f"node {self._owner} owns only buckets {format_buckets(self.owned or ())}:"
+                    " submit needs a bucket_key"
                 )
             return None
         bucket = self.policy.bucket_for(bucket_key)
         if not self.owns(bucket):
+            owned = format_buckets(self.owned or ())
             raise ConfigurationError(
                 f"bucket_key {bucket_key!r} maps to bucket {bucket}, which node {self._owner} "
                 f"does not own (owned: {owned}); no node would run it here: submit it on the "
