@@ -8,7 +8,6 @@ the task thread hears them at its next ``checkpoint``.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -29,7 +28,7 @@ from .model import (
 )
 from .model import TaskStatus as S
 from .token import CancellationToken
-from .values import ValueRules, check_json, check_text, storable_text
+from .values import ValueRules, check_text, describe_exception, storable_result, storable_text
 from .writethrough import WriteThrough, WriteThroughHost
 
 if TYPE_CHECKING:
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
     from .pipelines import PipelineRun
 
 log = logging.getLogger("chongming_task.run")
-
-_SAFE_INT = 1 << 53  # ints below this need no check: every store holds them exactly
 
 
 def _no_pause_ack() -> None:
@@ -383,7 +380,7 @@ class TaskRun:
             if self._snapshot.status in states.TERMINAL:
                 return  # abandoned after a timeout: this late result is not recorded
             try:
-                outcome = self._storable(result)
+                outcome = storable_result(result, self._host.value_rules)
             except Exception as exc:  # InvalidValue, or anything the check itself hit
                 message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
                 failure = Failure(
@@ -395,18 +392,6 @@ class TaskRun:
                 return
             self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
 
-    def _storable(self, result: Any) -> Any:
-        """``result`` as the store will hold it, or ``InvalidValue``."""
-        kind = type(result)
-        if result is None or kind is bool or (kind is int and -_SAFE_INT < result < _SAFE_INT):
-            return result
-        rules = self._host.value_rules
-        if kind is str:
-            check_text(result, "the result", rules)
-            return result
-        text = check_json(result, "the result", rules)
-        return None if text is None else json.loads(text)
-
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         with self._lock:
             current = self._snapshot
@@ -414,7 +399,7 @@ class TaskRun:
                 return
             failure = Failure(
                 kind=FailureKind.EXCEPTION,
-                message=storable_text(_describe(exc), self._host.value_rules),
+                message=storable_text(describe_exception(exc), self._host.value_rules),
                 exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
             )
             policy = self.definition.retry
@@ -461,7 +446,7 @@ class TaskRun:
             failure = Failure(
                 kind=FailureKind.EXCEPTION,
                 message=storable_text(
-                    f"the runtime failed while carrying this task: {_describe(exc)}",
+                    f"the runtime failed while carrying this task: {describe_exception(exc)}",
                     self._host.value_rules,
                 ),
                 exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
@@ -599,12 +584,3 @@ class TaskRun:
             reason="timeout; carrier abandoned",
         )
         self._host._abandon(self)
-
-
-def _describe(exc: BaseException) -> str:
-    """``"Type: message"``, even for an exception whose ``__str__`` raises."""
-    try:
-        text = str(exc)
-    except Exception:
-        text = "<the exception's str() raised>"
-    return f"{type(exc).__name__}: {text}"

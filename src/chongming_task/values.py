@@ -37,6 +37,8 @@ __all__ = [
     "check_json",
     "check_progress",
     "check_text",
+    "describe_exception",
+    "storable_result",
     "storable_text",
 ]
 
@@ -137,6 +139,31 @@ def check_progress(progress: object, rules: ValueRules = STRICT) -> Progress:
     if progress.message is not None:
         check_text(progress.message, "progress.message", rules)
     return progress
+
+
+_SAFE_INT = 1 << 53  # ints below this need no check: every store holds them exactly
+
+
+def storable_result(result: Any, rules: ValueRules = STRICT) -> Any:
+    """A task's return value as the store will give it back (JSON: tuples become lists,
+    keys become strings), or ``InvalidValue``."""
+    kind = type(result)
+    if result is None or kind is bool or (kind is int and -_SAFE_INT < result < _SAFE_INT):
+        return result
+    if kind is str:
+        check_text(result, "the result", rules)
+        return result
+    text = check_json(result, "the result", rules)
+    return None if text is None else json.loads(text)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"Type: message"``, even for an exception whose ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<the exception's str() raised>"
+    return f"{type(exc).__name__}: {text}"
 
 
 def storable_text(value: str, rules: ValueRules = STRICT, *, limit: int = MAX_MESSAGE) -> str:

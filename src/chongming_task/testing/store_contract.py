@@ -14,18 +14,14 @@ cross-process atomicity must be proven separately against the real backend.
 
 from __future__ import annotations
 
-import threading
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
 from unittest import SkipTest
 
-from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ..errors import ConcurrencyConflict, StoreError
 from ..model import (
-    Command,
     CommandAction,
     Failure,
     FailureKind,
@@ -33,81 +29,17 @@ from ..model import (
     TaskQuery,
     TaskSnapshot,
     TaskStatus,
-    Transition,
 )
-from ..stores.capabilities import (
-    SupportsAtomic,
-    SupportsCommandWakeups,
-    SupportsCreateMany,
-    SupportsMarkLost,
-    SupportsWriteTransitions,
-    rules_of,
-)
+from ..stores.capabilities import rules_of
 from ..stores.protocol import TaskStore
+from ._contract_base import T0, at, raises
+from .capability_contract import CapabilityContract
 
-T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
-
-
-def _at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
+__all__ = ["StoreContract"]
 
 
-def _raises(exc: type[BaseException], fn: Callable[[], object]) -> BaseException:
-    try:
-        fn()
-    except exc as caught:
-        return caught
-    raise AssertionError(f"expected {exc.__name__}")
-
-
-class StoreContract:
+class StoreContract(CapabilityContract):
     """Every rule of the store guide as a test. Subclasses provide ``make_store()``."""
-
-    def make_store(self) -> TaskStore:
-        """Return a new, empty, isolated store."""
-        raise NotImplementedError("subclasses of StoreContract implement make_store()")
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    @contextmanager
-    def _store(self) -> Iterator[TaskStore]:
-        store = self.make_store()
-        try:
-            yield store
-        finally:
-            store.close()
-
-    @staticmethod
-    def snapshot(task_id: str = "t1", **changes: Any) -> TaskSnapshot:
-        base = TaskSnapshot(
-            task_id=task_id,
-            name="job",
-            status=TaskStatus.QUEUED,
-            status_version=1,
-            created_at=T0,
-        )
-        return replace(base, **changes)
-
-    @staticmethod
-    def transition(task_id: str, version: int, to: TaskStatus, **changes: Any) -> Transition:
-        base = Transition(
-            task_id=task_id,
-            version=version,
-            from_status=None,
-            to_status=to,
-            at=_at(version),
-        )
-        return replace(base, **changes)
-
-    @staticmethod
-    def command(command_id: str, created: float, task_id: str = "t1") -> Command:
-        return Command(
-            command_id=command_id,
-            task_id=task_id,
-            action=CommandAction.STOP,
-            created_at=_at(created),
-            issued_by="tester",
-        )
 
     # -- structure and round trip ------------------------------------------------------------------
 
@@ -129,9 +61,9 @@ class StoreContract:
             pipeline_run_id="pipe-9",
             owner="node-a:123",
             created_at=datetime(2026, 3, 1, 20, 0, 0, 123456, tzinfo=shanghai),
-            started_at=_at(1.5),
-            ended_at=_at(99.000001),
-            last_heartbeat_at=_at(2.25),
+            started_at=at(1.5),
+            ended_at=at(99.000001),
+            last_heartbeat_at=at(2.25),
             progress=Progress(current=3.5, total=10.0, message="第 3 步"),
             failure=Failure(
                 kind=FailureKind.TIMEOUT,
@@ -141,7 +73,7 @@ class StoreContract:
             ),
             outcome={"rows": [1, 2.5, None, True], "note": "ok ✓", "nested": {"a": []}},
             lease_owner="node-a:123",
-            lease_until=_at(30),
+            lease_until=at(30),
         )
         with self._store() as store:
             store.create(full)
@@ -188,7 +120,7 @@ class StoreContract:
                     progress=Progress(current=1, message=text),
                     failure=Failure(kind=FailureKind.EXCEPTION, message=text),
                     outcome={text: [text]},
-                    created_at=_at(i),
+                    created_at=at(i),
                 )
                 store.create(snap)
                 assert store.get(task_id) == snap, f"text {text!r} did not round-trip"
@@ -206,7 +138,7 @@ class StoreContract:
         with self._store() as store:
             original = self.snapshot("t1", status=TaskStatus.RUNNING, status_version=3)
             store.create(original)
-            _raises(StoreError, lambda: store.create(self.snapshot("t1")))
+            raises(StoreError, lambda: store.create(self.snapshot("t1")))
             assert store.get("t1") == original
 
     # -- optimistic concurrency ------------------------------------------------------------------
@@ -214,7 +146,7 @@ class StoreContract:
     def test_save_accepts_the_expected_version(self) -> None:
         with self._store() as store:
             store.create(self.snapshot())
-            running = self.snapshot(status=TaskStatus.RUNNING, status_version=2, started_at=_at(1))
+            running = self.snapshot(status=TaskStatus.RUNNING, status_version=2, started_at=at(1))
             store.save(running, expect_version=1)
             assert store.get("t1") == running
 
@@ -224,7 +156,7 @@ class StoreContract:
             current = self.snapshot(status=TaskStatus.STARTING, status_version=2)
             store.save(current, expect_version=1)
             stale = self.snapshot(status=TaskStatus.CANCELLED, status_version=2)
-            _raises(ConcurrencyConflict, lambda: store.save(stale, expect_version=1))
+            raises(ConcurrencyConflict, lambda: store.save(stale, expect_version=1))
             assert store.get("t1") == current
 
     def test_save_accepts_a_version_jump(self) -> None:
@@ -237,7 +169,7 @@ class StoreContract:
 
     def test_save_of_a_missing_task_conflicts(self) -> None:
         with self._store() as store:
-            _raises(ConcurrencyConflict, lambda: store.save(self.snapshot(), expect_version=1))
+            raises(ConcurrencyConflict, lambda: store.save(self.snapshot(), expect_version=1))
             assert store.get("t1") is None
 
     def test_save_does_not_clobber_the_lease(self) -> None:
@@ -245,20 +177,20 @@ class StoreContract:
         # reconcile() then judged a healthy task LOST.
         with self._store() as store:
             store.create(self.snapshot())
-            store.touch("t1", lease_owner="node-a", lease_until=_at(30))
+            store.touch("t1", lease_owner="node-a", lease_until=at(30))
             stale_view = self.snapshot(status=TaskStatus.STARTING, status_version=2)
             assert stale_view.lease_owner is None
             store.save(stale_view, expect_version=1)
             got = store.get("t1")
             assert got is not None
             assert got.status == TaskStatus.STARTING
-            assert got.lease_owner == "node-a" and got.lease_until == _at(30)
+            assert got.lease_owner == "node-a" and got.lease_until == at(30)
 
     def test_save_writes_the_heartbeat_it_is_given(self) -> None:
         with self._store() as store:
             store.create(self.snapshot())
             saved = self.snapshot(
-                status_version=2, last_heartbeat_at=_at(5), progress=Progress(current=1)
+                status_version=2, last_heartbeat_at=at(5), progress=Progress(current=1)
             )
             store.save(saved, expect_version=1)
             assert store.get("t1") == saved
@@ -267,9 +199,7 @@ class StoreContract:
 
     def _populate(self, store: TaskStore) -> None:
         rows = [
-            self.snapshot(
-                "a", name="etl.load", tags=frozenset({"io"}), bucket=0, created_at=_at(1)
-            ),
+            self.snapshot("a", name="etl.load", tags=frozenset({"io"}), bucket=0, created_at=at(1)),
             self.snapshot(
                 "b",
                 name="etl.transform",
@@ -277,7 +207,7 @@ class StoreContract:
                 tags=frozenset({"ios", "cpu"}),
                 bucket=1,
                 pipeline_run_id="p1",
-                created_at=_at(2),
+                created_at=at(2),
             ),
             self.snapshot(
                 "c",
@@ -286,19 +216,15 @@ class StoreContract:
                 tags=frozenset({"io", "cpu"}),
                 bucket=2,
                 pipeline_run_id="p1",
-                created_at=_at(3),
+                created_at=at(3),
             ),
-            self.snapshot("d", name="etl", status=TaskStatus.FAILED, created_at=_at(4)),
+            self.snapshot("d", name="etl", status=TaskStatus.FAILED, created_at=at(4)),
             self.snapshot(
-                "e", name="etl.load", status=TaskStatus.RUNNING, bucket=1, created_at=_at(5)
+                "e", name="etl.load", status=TaskStatus.RUNNING, bucket=1, created_at=at(5)
             ),
         ]
         for row in rows:
             store.create(row)
-
-    @staticmethod
-    def _ids(snapshots: list[TaskSnapshot]) -> list[str]:
-        return [s.task_id for s in snapshots]
 
     def test_query_of_an_empty_store_is_empty(self) -> None:
         with self._store() as store:
@@ -431,37 +357,37 @@ class StoreContract:
     def test_touch_does_not_change_the_version(self) -> None:
         with self._store() as store:
             store.create(self.snapshot())
-            store.touch("t1", progress=Progress(current=5, total=10), heartbeat_at=_at(7))
+            store.touch("t1", progress=Progress(current=5, total=10), heartbeat_at=at(7))
             got = store.get("t1")
             assert got is not None
             assert got.status_version == 1
             assert got.progress == Progress(current=5, total=10)
-            assert got.last_heartbeat_at == _at(7)
+            assert got.last_heartbeat_at == at(7)
             store.save(self.snapshot(status_version=2, progress=got.progress), expect_version=1)
 
     def test_touch_of_a_missing_task_is_silent(self) -> None:
         with self._store() as store:
-            store.touch("ghost", progress=Progress(current=1), heartbeat_at=_at(1))
-            store.touch("ghost", lease_owner="x", lease_until=_at(1))
+            store.touch("ghost", progress=Progress(current=1), heartbeat_at=at(1))
+            store.touch("ghost", lease_owner="x", lease_until=at(1))
             assert store.get("ghost") is None
 
     def test_touch_parameters_are_independent(self) -> None:
         with self._store() as store:
             store.create(self.snapshot())
-            store.touch("t1", heartbeat_at=_at(1))
+            store.touch("t1", heartbeat_at=at(1))
             store.touch("t1", progress=Progress(current=2, message="two"))
             store.touch("t1", lease_owner="node-a")
-            store.touch("t1", lease_until=_at(30))
+            store.touch("t1", lease_until=at(30))
             store.touch("t1")
             got = store.get("t1")
             assert got is not None
-            assert got.last_heartbeat_at == _at(1)
+            assert got.last_heartbeat_at == at(1)
             assert got.progress == Progress(current=2, message="two")
-            assert got.lease_owner == "node-a" and got.lease_until == _at(30)
-            store.touch("t1", heartbeat_at=_at(2))
+            assert got.lease_owner == "node-a" and got.lease_until == at(30)
+            store.touch("t1", heartbeat_at=at(2))
             again = store.get("t1")
             assert again is not None and again.progress == got.progress
-            assert again.lease_until == _at(30) and again.last_heartbeat_at == _at(2)
+            assert again.lease_until == at(30) and again.last_heartbeat_at == at(2)
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -469,48 +395,48 @@ class StoreContract:
         with self._store() as store:
             for cid, created in (("c3", 3), ("c1", 1), ("c2", 2)):
                 store.submit_command(self.command(cid, created))
-            first = store.claim_commands(now=_at(10), lease_seconds=30, limit=2)
+            first = store.claim_commands(now=at(10), lease_seconds=30, limit=2)
             assert [c.command_id for c in first] == ["c1", "c2"]
-            assert all(c.lease_until == _at(40) for c in first)
+            assert all(c.lease_until == at(40) for c in first)
             assert first[0].issued_by == "tester" and first[0].action == CommandAction.STOP
-            rest = store.claim_commands(now=_at(11), lease_seconds=30)
+            rest = store.claim_commands(now=at(11), lease_seconds=30)
             assert [c.command_id for c in rest] == ["c3"]
 
     def test_a_leased_command_is_not_claimed_again_until_expiry(self) -> None:
         with self._store() as store:
             store.submit_command(self.command("c1", 1))
-            assert len(store.claim_commands(now=_at(10), lease_seconds=30)) == 1
-            assert store.claim_commands(now=_at(20), lease_seconds=30) == []
-            assert store.claim_commands(now=_at(39.999), lease_seconds=30) == []
-            again = store.claim_commands(now=_at(40), lease_seconds=30)
+            assert len(store.claim_commands(now=at(10), lease_seconds=30)) == 1
+            assert store.claim_commands(now=at(20), lease_seconds=30) == []
+            assert store.claim_commands(now=at(39.999), lease_seconds=30) == []
+            again = store.claim_commands(now=at(40), lease_seconds=30)
             assert [c.command_id for c in again] == ["c1"]
-            assert again[0].lease_until == _at(70)
+            assert again[0].lease_until == at(70)
 
     def test_a_completed_command_is_never_claimed_again(self) -> None:
         with self._store() as store:
             store.submit_command(self.command("c1", 1))
-            store.claim_commands(now=_at(10), lease_seconds=30)
-            store.complete_command("c1", now=_at(11), outcome="stopped")
-            assert store.claim_commands(now=_at(1000), lease_seconds=30) == []
-            store.complete_command("unknown", now=_at(12), outcome="x")
+            store.claim_commands(now=at(10), lease_seconds=30)
+            store.complete_command("c1", now=at(11), outcome="stopped")
+            assert store.claim_commands(now=at(1000), lease_seconds=30) == []
+            store.complete_command("unknown", now=at(12), outcome="x")
 
     def test_release_returns_a_command_without_completing_it(self) -> None:
         with self._store() as store:
             store.submit_command(self.command("c1", 1))
-            store.claim_commands(now=_at(10), lease_seconds=30)
-            store.release_command("c1", now=_at(11))
-            again = store.claim_commands(now=_at(11), lease_seconds=30)
+            store.claim_commands(now=at(10), lease_seconds=30)
+            store.release_command("c1", now=at(11))
+            again = store.claim_commands(now=at(11), lease_seconds=30)
             assert [c.command_id for c in again] == ["c1"]
             assert again[0].finished_at is None and again[0].outcome is None
-            store.release_command("unknown", now=_at(12))
+            store.release_command("unknown", now=at(12))
 
     def test_release_does_not_reopen_a_completed_command(self) -> None:
         with self._store() as store:
             store.submit_command(self.command("c1", 1))
-            store.claim_commands(now=_at(10), lease_seconds=30)
-            store.complete_command("c1", now=_at(11), outcome="stopped")
-            store.release_command("c1", now=_at(12))
-            assert store.claim_commands(now=_at(13), lease_seconds=30) == []
+            store.claim_commands(now=at(10), lease_seconds=30)
+            store.complete_command("c1", now=at(11), outcome="stopped")
+            store.release_command("c1", now=at(12))
+            assert store.claim_commands(now=at(13), lease_seconds=30) == []
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -527,7 +453,7 @@ class StoreContract:
                 TaskStatus.STOPPED,
             ]
             for i, status in enumerate(statuses):
-                store.create(self.snapshot(f"t{i}", status=status, created_at=_at(i)))
+                store.create(self.snapshot(f"t{i}", status=status, created_at=at(i)))
                 store.append(self.transition(f"t{i}", 1, status))
             assert store.prune(keep_terminal=2) == 3
             left = self._ids(store.query())
@@ -554,132 +480,7 @@ class StoreContract:
             lambda: store.claim_commands(now=T0, lease_seconds=1),
         ]
         for call in calls:
-            _raises(StoreError, call)
-
-    # -- optional capabilities: each runs only where the store declares it -----------------
-
-    @staticmethod
-    def _declares(store: TaskStore, capability: type, name: str) -> None:
-        if not isinstance(store, capability):
-            raise SkipTest(f"{type(store).__name__} does not declare {name} (optional)")
-
-    def test_capability_atomic_commits_together_or_not_at_all(self) -> None:
-        with self._store() as store:
-            self._declares(store, SupportsAtomic, "atomic()")
-            assert isinstance(store, SupportsAtomic)
-            with store.atomic():
-                store.create(self.snapshot("a1"))
-                store.append(self.transition("a1", 1, TaskStatus.QUEUED))
-            assert store.get("a1") is not None and len(store.history("a1")) == 1
-
-            class Undo(Exception):
-                pass
-
-            try:
-                with store.atomic():
-                    store.create(self.snapshot("a2"))
-                    store.append(self.transition("a2", 1, TaskStatus.QUEUED))
-                    raise Undo
-            except Undo:
-                pass
-            assert store.get("a2") is None and store.history("a2") == []
-
-    def test_capability_create_many_is_all_or_nothing(self) -> None:
-        with self._store() as store:
-            self._declares(store, SupportsCreateMany, "create_many()")
-            assert isinstance(store, SupportsCreateMany)
-
-            def item(task_id: str) -> tuple[TaskSnapshot, Transition]:
-                return self.snapshot(task_id), self.transition(task_id, 1, TaskStatus.QUEUED)
-
-            store.create_many([item("m1"), item("m2"), item("m3")])
-            assert self._ids(store.query()) == ["m1", "m2", "m3"]
-            assert all(len(store.history(t)) == 1 for t in ("m1", "m2", "m3"))
-            _raises(TaskAlreadyExists, lambda: store.create_many([item("n1"), item("m2")]))
-            assert store.get("n1") is None and store.history("n1") == []
-
-    def test_capability_write_transitions_is_a_compare_and_set_with_its_trail(self) -> None:
-        with self._store() as store:
-            self._declares(store, SupportsWriteTransitions, "write_transitions()")
-            assert isinstance(store, SupportsWriteTransitions)
-            store.create(self.snapshot(tags=frozenset({"io"}), bucket=3, bucket_key="k"))
-            store.touch("t1", lease_owner="node-a", lease_until=_at(30))
-            running = self.snapshot(
-                status=TaskStatus.RUNNING,
-                status_version=3,
-                attempt=1,
-                started_at=_at(1),
-                tags=frozenset({"io"}),
-                bucket=3,
-                bucket_key="k",
-            )
-            trail = [
-                self.transition("t1", 2, TaskStatus.STARTING, from_status=TaskStatus.QUEUED),
-                self.transition("t1", 3, TaskStatus.RUNNING, from_status=TaskStatus.STARTING),
-            ]
-            store.write_transitions(running, expect_version=1, transitions=trail)
-            got = store.get("t1")
-            assert got is not None
-            assert replace(got, lease_owner=None, lease_until=None) == running
-            assert got.lease_owner == "node-a" and got.lease_until == _at(30)  # never the lease
-            assert store.history("t1") == trail
-            late = self.transition("t1", 4, TaskStatus.FAILED, from_status=TaskStatus.RUNNING)
-            stale = self.snapshot(status=TaskStatus.FAILED, status_version=4)
-            _raises(
-                ConcurrencyConflict,
-                lambda: store.write_transitions(stale, expect_version=1, transitions=[late]),
-            )
-            assert store.get("t1") == got and store.history("t1") == trail  # nothing written
-
-    def test_capability_mark_lost_marks_only_tasks_that_did_not_move(self) -> None:
-        with self._store() as store:
-            self._declares(store, SupportsMarkLost, "mark_lost()")
-            assert isinstance(store, SupportsMarkLost)
-            store.create(self.snapshot("still", status=TaskStatus.RUNNING, status_version=3))
-            store.create(self.snapshot("moved", status=TaskStatus.RUNNING, status_version=5))
-            failure = Failure(kind=FailureKind.LOST, message="lease expired", carrier_may_run=True)
-            marks = []
-            for task_id in ("still", "moved"):
-                lost = self.snapshot(
-                    task_id,
-                    status=TaskStatus.LOST,
-                    status_version=4,
-                    ended_at=_at(9),
-                    failure=failure,
-                )
-                marks.append(
-                    (
-                        lost,
-                        self.transition(
-                            task_id, 4, TaskStatus.LOST, from_status=TaskStatus.RUNNING
-                        ),
-                    )
-                )
-            assert store.mark_lost(marks) == {"still"}
-            still = store.get("still")
-            assert still is not None and still.status is TaskStatus.LOST
-            assert still.status_version == 4 and still.failure == failure
-            assert still.ended_at == _at(9)
-            assert [t.version for t in store.history("still")] == [4]
-            moved = store.get("moved")
-            assert moved is not None and moved.status is TaskStatus.RUNNING
-            assert moved.status_version == 5 and store.history("moved") == []
-
-    def test_capability_command_wakeups_wake_a_subscriber(self) -> None:
-        with self._store() as store:
-            self._declares(store, SupportsCommandWakeups, "subscribe_commands()")
-            assert isinstance(store, SupportsCommandWakeups)
-            woke = threading.Event()
-            unsubscribe = store.subscribe_commands(woke.set)
-            try:
-                # The subscription may take a moment to start: keep submitting a while.
-                for i in range(40):
-                    store.submit_command(self.command(f"wake-{i}", i))
-                    if woke.wait(0.25):
-                        break
-                assert woke.is_set(), "no wake-up within 10 s of submitting commands"
-            finally:
-                unsubscribe()
+            raises(StoreError, call)
 
     # -- running without pytest ------------------------------------------------------------------
 

@@ -1,0 +1,229 @@
+"""One function per subcommand: call the library with what the context validated, and
+render the answer as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+from ..model import CommandAction, TaskStatus
+from ..policies import format_buckets
+from ..states import SHOWS_PROGRESS, TERMINAL
+from ..stores.capabilities import Capabilities
+from . import render
+from ._context import Context, get_task, task_query
+from ._parser import PROG, UsageError
+
+__all__ = ["COMMANDS"]
+
+
+def cmd_ps(ctx: Context) -> int:
+    snapshots = ctx.store().query(task_query(ctx))
+    headers, rows = render.ps_rows(snapshots)
+    ctx.emit([render.snapshot_json(s) for s in snapshots], render.table(headers, rows))
+    return 0
+
+
+def cmd_show(ctx: Context) -> int:
+    snapshot = get_task(ctx, ctx.args.task_id)
+    ctx.emit(render.snapshot_json(snapshot), render.show_text(snapshot))
+    return 0
+
+
+def cmd_history(ctx: Context) -> int:
+    get_task(ctx, ctx.args.task_id)
+    trail = ctx.store().history(ctx.args.task_id, since_version=ctx.args.since)
+    headers, rows = render.history_rows(trail)
+    ctx.emit([render.transition_json(t) for t in trail], render.table(headers, rows))
+    return 0
+
+
+def cmd_watch(ctx: Context) -> int:
+    """Print each new transition once (incrementally, via ``since_version``), then the
+    progress of what is running; repeat every ``--interval`` seconds."""
+    store = ctx.store()
+    query = task_query(ctx)
+    seen: dict[str, int] = {}
+    first = True
+    tick = threading.Event()
+    count = 0
+    while ctx.args.count is None or count < ctx.args.count:
+        count += 1
+        snapshots = store.query(query)
+        events = []
+        for s in snapshots:
+            last = seen.get(s.task_id)
+            if last is None and first:
+                seen[s.task_id] = s.status_version  # start from now, not from the past
+                continue
+            if last != s.status_version:
+                events += store.history(s.task_id, since_version=last or 0)
+                seen[s.task_id] = s.status_version
+        first = False
+        events.sort(key=lambda t: t.at)
+        running = [s for s in snapshots if s.status in SHOWS_PROGRESS]
+        if ctx.args.json:
+            for t in events:
+                print(json.dumps({"event": "transition", **render.transition_json(t)}))
+            for s in running:
+                print(json.dumps({"event": "progress", **render.snapshot_json(s)}))
+        else:
+            for t in events:
+                source = t.from_status.value if t.from_status else "new"
+                why = f" ({t.reason})" if t.reason else ""
+                print(f"{render.ts(t.at)}  {t.task_id}  {source} -> {t.to_status.value}{why}")
+            for s in running:
+                print(f"    {s.task_id}  {s.name:16} {s.status.value:8} {render.bar(s)}")
+        sys.stdout.flush()
+        if ctx.args.count is not None and count >= ctx.args.count:
+            break
+        tick.wait(ctx.args.interval)
+    return 0
+
+
+def cmd_stats(ctx: Context) -> int:
+    counts = ctx.store().counts()
+    full = {s.value: counts.get(s, 0) for s in TaskStatus}
+    rows = [[status, str(n)] for status, n in full.items()]
+    rows.append(["total", str(sum(full.values()))])
+    ctx.emit(full, render.table(["STATUS", "TASKS"], rows))
+    return 0
+
+
+def cmd_buckets(ctx: Context) -> int:
+    counts: dict[int | None, int] = {}
+    for s in ctx.store().query():
+        counts[s.bucket] = counts.get(s.bucket, 0) + 1
+    owned = ctx.owned
+    shown = (
+        range(ctx.policy.num_buckets)
+        if ctx.args.all
+        else sorted({b for b in counts if b is not None} | (owned or set()))
+    )
+
+    def mine(b: int) -> bool:
+        return owned is None or b in owned
+
+    data = {
+        "num_buckets": ctx.policy.num_buckets,
+        "owned": None if owned is None else format_buckets(owned),
+        "buckets": [{"bucket": b, "tasks": counts.get(b, 0), "owned": mine(b)} for b in shown],
+        "unbucketed": counts.get(None, 0),
+    }
+    rows = [
+        [f"{b}{'*' if owned is not None and b in owned else ''}", str(counts.get(b, 0))]
+        for b in shown
+    ]
+    if counts.get(None):
+        rows.append(["-", str(counts[None])])
+    note = "" if owned is None else "\n* owned by this node"
+    ctx.emit(data, render.table(["BUCKET", "TASKS"], rows) + note)
+    return 0
+
+
+_WAIT_UNTIL = {
+    CommandAction.STOP: lambda s: s.status in TERMINAL,
+    CommandAction.CANCEL: lambda s: s.status in TERMINAL,
+    CommandAction.PAUSE: lambda s: s.status is TaskStatus.PAUSED or s.status in TERMINAL,
+    CommandAction.RESUME: lambda s: s.status is not TaskStatus.PAUSED,
+}
+
+
+def cmd_control(ctx: Context) -> int:
+    action = CommandAction(ctx.args.command)
+    task_id = ctx.args.task_id
+    controller = ctx.controller()
+    try:
+        receipt = getattr(controller, action.value)(task_id, reason=ctx.args.reason)
+        data: dict[str, Any] = {
+            "task_id": task_id,
+            "action": action.value,
+            "outcome": receipt.outcome,
+            "command_id": receipt.command_id,
+        }
+        if receipt.accepted:
+            text = (
+                f"{action.value} {task_id}: request accepted (command {receipt.command_id}); "
+                f"the node holding it acts at its next poll.\n"
+                f"check with: {PROG} --db {ctx.shown_db} show {task_id}"
+            )
+        else:
+            text = f"{action.value} {task_id}: {receipt.outcome}"
+        if ctx.args.wait is not None and receipt.accepted:
+            final = controller.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
+            data["status"] = final.status.value
+            text += f"\nnow {final.status.value}"
+        ctx.emit(data, text)
+        return 0
+    finally:
+        controller.close()
+
+
+def cmd_reconcile(ctx: Context) -> int:
+    controller = ctx.controller(owned=True)
+    try:
+        report = controller.reconcile(dry_run=ctx.args.dry_run)
+    finally:
+        controller.close()
+    scope = "all buckets" if ctx.owned is None else f"buckets {format_buckets(ctx.owned)}"
+    verb = "would mark" if report.dry_run else "marked"
+    lines = [f"reconcile ({scope}): {verb} {len(report.lost)} task(s) lost"]
+    lines += [f"  {t}" for t in report.lost]
+    if report.let_go:
+        lines.append(f"let go of {len(report.let_go)} task(s) whose supervisor came back")
+    ctx.emit(
+        {
+            "dry_run": report.dry_run,
+            "scope": None if ctx.owned is None else format_buckets(ctx.owned),
+            "lost": list(report.lost),
+            "let_go": list(report.let_go),
+        },
+        "\n".join(lines),
+    )
+    return 0
+
+
+def cmd_prune(ctx: Context) -> int:
+    if ctx.args.keep < 0:
+        raise UsageError("--keep must be >= 0")
+    pruned = ctx.store().prune(keep_terminal=ctx.args.keep)
+    ctx.emit({"pruned": pruned}, f"pruned {pruned} finished task(s) and their history")
+    return 0
+
+
+def cmd_migrate(ctx: Context) -> int:
+    """Create the schema. SQLite creates its tables when opened; Postgres needs this once,
+    run by a role with DDL rights, so that nodes and the CLI can run without them."""
+    made = Capabilities(ctx.store(create=True)).create_schema()
+    where, schema = made if made is not None else (ctx.shown_db, None)
+    ctx.emit(
+        {"store": where, "schema": schema, "ready": True},
+        f"schema ready at {where}" + (f" (schema {schema})" if schema else ""),
+    )
+    return 0
+
+
+def cmd_demo(ctx: Context) -> int:
+    from ..demo import run_node
+
+    return run_node(ctx.store(create=True), ctx.shown_db, ctx.args.duration)
+
+
+COMMANDS = {
+    "ps": cmd_ps,
+    "show": cmd_show,
+    "history": cmd_history,
+    "watch": cmd_watch,
+    "stats": cmd_stats,
+    "buckets": cmd_buckets,
+    "stop": cmd_control,
+    "pause": cmd_control,
+    "resume": cmd_control,
+    "cancel": cmd_control,
+    "reconcile": cmd_reconcile,
+    "prune": cmd_prune,
+    "migrate": cmd_migrate,
+    "demo": cmd_demo,
+}

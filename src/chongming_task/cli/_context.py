@@ -1,0 +1,105 @@
+"""What every command needs: validated bucket flags, a lazily opened store, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+from typing import Any
+
+from ..controller import Controller
+from ..errors import ConfigurationError
+from ..model import TaskQuery, TaskSnapshot, TaskStatus
+from ..policies import BucketPolicy, parse_buckets
+from ..states import NON_TERMINAL
+from ..stores import is_postgres_dsn, open_store
+from ..stores.protocol import TaskStore
+from ._parser import UsageError
+
+__all__ = ["Context", "get_task", "task_query"]
+
+
+class Context:
+    """What every command needs: validated buckets and a lazily opened store."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        num = args.num_buckets
+        try:
+            self.policy = BucketPolicy(num)
+            self.owned: frozenset[int] | None = (
+                None if not args.owned_buckets else parse_buckets(args.owned_buckets, num)
+            )
+            for option in ("bucket",):
+                values = getattr(args, option, None)
+                if values:
+                    self.policy.validate(values)
+        except ConfigurationError as exc:
+            raise UsageError(str(exc)) from None
+        self._store: TaskStore | None = None
+
+    @property
+    def db(self) -> str:
+        return str(self.args.db)
+
+    @property
+    def shown_db(self) -> str:
+        """The --db value safe to print (a DSN's password is never echoed)."""
+        if is_postgres_dsn(self.db):
+            return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.db)
+        return self.db
+
+    def store(self, *, create: bool = False) -> TaskStore:
+        if self._store is None:
+            self._store = open_store(self.db, create=create, schema=self.args.pg_schema)
+        return self._store
+
+    def controller(self, *, owned: bool = False) -> Controller:
+        return Controller(
+            self.store(),
+            owner=f"cli:{socket.gethostname()}:{os.getpid()}",
+            num_buckets=self.policy.num_buckets,
+            owned_buckets=self.owned if owned else None,
+            poll_commands=False,  # an operator tool acts for nodes; it never takes commands
+        )
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def emit(self, data: Any, text: str) -> None:
+        print(json.dumps(data, ensure_ascii=False, indent=2) if self.args.json else text)
+
+
+def task_query(ctx: Context) -> TaskQuery:
+    a = ctx.args
+    buckets: frozenset[int] | None = frozenset(a.bucket) if a.bucket else None
+    if a.mine:
+        if ctx.owned is None:
+            raise UsageError("--mine needs --owned-buckets (or CHONGMING_OWNED_BUCKETS)")
+        buckets = ctx.owned if buckets is None else buckets & ctx.owned
+    statuses: frozenset[TaskStatus] | None = None
+    if a.status:
+        statuses = frozenset(TaskStatus(s) for s in a.status)
+    elif not a.all:
+        statuses = NON_TERMINAL
+    if a.limit is not None and a.limit < 0:
+        raise UsageError("--limit must be >= 0")
+    return TaskQuery(
+        statuses=statuses,
+        name=a.name,
+        tag=a.tag,
+        buckets=buckets,
+        pipeline_run_id=a.pipeline,
+        limit=a.limit,
+        newest_first=True,
+    )
+
+
+def get_task(ctx: Context, task_id: str) -> TaskSnapshot:
+    snapshot = ctx.store().get(task_id)
+    if snapshot is None:
+        raise LookupError(f"no task {task_id} in {ctx.shown_db}")
+    return snapshot

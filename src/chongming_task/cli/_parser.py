@@ -1,0 +1,137 @@
+"""The command line's grammar: flags, subcommands, and the one environment-default
+helper every global flag uses."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+from ..errors import ChongmingTaskError
+from ..model import CommandAction, TaskStatus
+from ..policies import DEFAULT_NUM_BUCKETS
+from ..stores import DEFAULT_DATABASE
+
+__all__ = ["PROG", "UsageError", "build_parser", "env"]
+
+PROG = "chongming-task"
+
+
+class UsageError(ChongmingTaskError):
+    """Bad flags or arguments: exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+T = TypeVar("T")
+
+
+def env(name: str, default: T, parse: Callable[[str], T]) -> T:
+    """The one way a flag gets its environment default: ``$name`` parsed, else
+    ``default``. A value that does not parse is a usage error naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise UsageError(f"{name}={raw!r} is {exc}") from None
+
+
+def _whole_number(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("not a whole number") from None
+
+
+def _switch(raw: str) -> bool:
+    return raw not in ("", "0")
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="See and control chongming-task tasks.")
+    parser.add_argument(
+        "--db",
+        default=env("CHONGMING_DB", DEFAULT_DATABASE, _text),
+        help=f"SQLite file or postgresql:// DSN (env CHONGMING_DB, default {DEFAULT_DATABASE})",
+    )
+    parser.add_argument(
+        "--num-buckets",
+        type=int,
+        default=env("CHONGMING_NUM_BUCKETS", DEFAULT_NUM_BUCKETS, _whole_number),
+        help=f"deployment-wide bucket count (env CHONGMING_NUM_BUCKETS, default "
+        f"{DEFAULT_NUM_BUCKETS})",
+    )
+    parser.add_argument(
+        "--owned-buckets",
+        default=env("CHONGMING_OWNED_BUCKETS", None, _text),
+        help="this node's buckets, e.g. 0-15,20 (env CHONGMING_OWNED_BUCKETS)",
+    )
+    parser.add_argument(
+        "--pg-schema",
+        default=env("CHONGMING_PG_SCHEMA", None, _text),
+        help="PostgreSQL schema (env CHONGMING_PG_SCHEMA, default chongming)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=env("CHONGMING_JSON", False, _switch),
+        help="machine-readable output (env CHONGMING_JSON=1)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def filters(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--all", action="store_true", help="include finished tasks")
+        p.add_argument("--mine", action="store_true", help="only this node's buckets")
+        p.add_argument("--status", action="append", choices=[s.value for s in TaskStatus])
+        p.add_argument("--name")
+        p.add_argument("--tag")
+        p.add_argument("--bucket", action="append", type=int)
+        p.add_argument("--pipeline")
+        p.add_argument("--limit", type=int)
+
+    p = sub.add_parser("ps", help="list tasks (active ones unless --all)")
+    filters(p)
+    p = sub.add_parser("show", help="one task: snapshot, progress, failure")
+    p.add_argument("task_id")
+    p = sub.add_parser("history", help="one task's transitions")
+    p.add_argument("task_id")
+    p.add_argument("--since", type=int, default=0, metavar="VERSION")
+    p = sub.add_parser("watch", help="follow changes live")
+    filters(p)
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--count", type=int, default=None, help="stop after N refreshes")
+    sub.add_parser("stats", help="tasks per status")
+    p = sub.add_parser("buckets", help="tasks per bucket; * marks owned buckets")
+    p.add_argument("--all", action="store_true", help="list empty buckets too")
+    for action in CommandAction:
+        p = sub.add_parser(action.value, help=f"{action.value} a task (request accepted)")
+        p.add_argument("task_id")
+        p.add_argument("--reason")
+        p.add_argument(
+            "--wait",
+            nargs="?",
+            type=float,
+            const=30.0,
+            default=None,
+            metavar="SECONDS",
+            help="wait for the outcome (default 30 s)",
+        )
+    p = sub.add_parser("reconcile", help="mark tasks of dead nodes lost (owned buckets)")
+    p.add_argument("--dry-run", action="store_true")
+    p = sub.add_parser("prune", help="delete the oldest finished tasks")
+    p.add_argument("--keep", type=int, required=True, metavar="N")
+    sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")
+    p = sub.add_parser("demo", help="run a demo node with sample tasks")
+    p.add_argument("--duration", type=float, default=300.0)
+    return parser

@@ -1,0 +1,83 @@
+"""The shared helpers of the store contract: records to store, and one fresh store per
+test. ``StoreContract`` is the class to subclass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ..model import Command, CommandAction, TaskSnapshot, TaskStatus, Transition
+from ..stores.protocol import TaskStore
+
+__all__ = ["T0", "ContractBase", "at", "raises"]
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def raises(exc: type[BaseException], fn: Callable[[], object]) -> BaseException:
+    try:
+        fn()
+    except exc as caught:
+        return caught
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+class ContractBase:
+    """Helpers every contract test uses. Subclasses provide ``make_store()``."""
+
+    def make_store(self) -> TaskStore:
+        """Return a new, empty, isolated store."""
+        raise NotImplementedError("subclasses of StoreContract implement make_store()")
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _store(self) -> Iterator[TaskStore]:
+        store = self.make_store()
+        try:
+            yield store
+        finally:
+            store.close()
+
+    @staticmethod
+    def snapshot(task_id: str = "t1", **changes: Any) -> TaskSnapshot:
+        base = TaskSnapshot(
+            task_id=task_id,
+            name="job",
+            status=TaskStatus.QUEUED,
+            status_version=1,
+            created_at=T0,
+        )
+        return replace(base, **changes)
+
+    @staticmethod
+    def transition(task_id: str, version: int, to: TaskStatus, **changes: Any) -> Transition:
+        base = Transition(
+            task_id=task_id,
+            version=version,
+            from_status=None,
+            to_status=to,
+            at=at(version),
+        )
+        return replace(base, **changes)
+
+    @staticmethod
+    def command(command_id: str, created: float, task_id: str = "t1") -> Command:
+        return Command(
+            command_id=command_id,
+            task_id=task_id,
+            action=CommandAction.STOP,
+            created_at=at(created),
+            issued_by="tester",
+        )
+
+    @staticmethod
+    def _ids(snapshots: list[TaskSnapshot]) -> list[str]:
+        return [s.task_id for s in snapshots]

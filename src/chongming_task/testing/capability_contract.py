@@ -1,0 +1,151 @@
+"""The capability section of the store contract: one test per optional capability
+(``chongming_task.stores.capabilities``), run only where the store declares it; for the
+others the test raises ``unittest.SkipTest`` (pytest shows it as a skip naming the
+capability; ``StoreContract.verify()`` leaves it out)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from unittest import SkipTest
+
+from ..errors import ConcurrencyConflict, TaskAlreadyExists
+from ..model import Failure, FailureKind, TaskSnapshot, TaskStatus, Transition
+from ..stores.capabilities import (
+    SupportsAtomic,
+    SupportsCommandWakeups,
+    SupportsCreateMany,
+    SupportsMarkLost,
+    SupportsWriteTransitions,
+)
+from ..stores.protocol import TaskStore
+from ._contract_base import ContractBase, at, raises
+
+__all__ = ["CapabilityContract"]
+
+
+class CapabilityContract(ContractBase):
+    # -- optional capabilities: each runs only where the store declares it -----------------
+
+    @staticmethod
+    def _declares(store: TaskStore, capability: type, name: str) -> None:
+        if not isinstance(store, capability):
+            raise SkipTest(f"{type(store).__name__} does not declare {name} (optional)")
+
+    def test_capability_atomic_commits_together_or_not_at_all(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsAtomic, "atomic()")
+            assert isinstance(store, SupportsAtomic)
+            with store.atomic():
+                store.create(self.snapshot("a1"))
+                store.append(self.transition("a1", 1, TaskStatus.QUEUED))
+            assert store.get("a1") is not None and len(store.history("a1")) == 1
+
+            class Undo(Exception):
+                pass
+
+            try:
+                with store.atomic():
+                    store.create(self.snapshot("a2"))
+                    store.append(self.transition("a2", 1, TaskStatus.QUEUED))
+                    raise Undo
+            except Undo:
+                pass
+            assert store.get("a2") is None and store.history("a2") == []
+
+    def test_capability_create_many_is_all_or_nothing(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsCreateMany, "create_many()")
+            assert isinstance(store, SupportsCreateMany)
+
+            def item(task_id: str) -> tuple[TaskSnapshot, Transition]:
+                return self.snapshot(task_id), self.transition(task_id, 1, TaskStatus.QUEUED)
+
+            store.create_many([item("m1"), item("m2"), item("m3")])
+            assert self._ids(store.query()) == ["m1", "m2", "m3"]
+            assert all(len(store.history(t)) == 1 for t in ("m1", "m2", "m3"))
+            raises(TaskAlreadyExists, lambda: store.create_many([item("n1"), item("m2")]))
+            assert store.get("n1") is None and store.history("n1") == []
+
+    def test_capability_write_transitions_is_a_compare_and_set_with_its_trail(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsWriteTransitions, "write_transitions()")
+            assert isinstance(store, SupportsWriteTransitions)
+            store.create(self.snapshot(tags=frozenset({"io"}), bucket=3, bucket_key="k"))
+            store.touch("t1", lease_owner="node-a", lease_until=at(30))
+            running = self.snapshot(
+                status=TaskStatus.RUNNING,
+                status_version=3,
+                attempt=1,
+                started_at=at(1),
+                tags=frozenset({"io"}),
+                bucket=3,
+                bucket_key="k",
+            )
+            trail = [
+                self.transition("t1", 2, TaskStatus.STARTING, from_status=TaskStatus.QUEUED),
+                self.transition("t1", 3, TaskStatus.RUNNING, from_status=TaskStatus.STARTING),
+            ]
+            store.write_transitions(running, expect_version=1, transitions=trail)
+            got = store.get("t1")
+            assert got is not None
+            assert replace(got, lease_owner=None, lease_until=None) == running
+            assert got.lease_owner == "node-a" and got.lease_until == at(30)  # never the lease
+            assert store.history("t1") == trail
+            late = self.transition("t1", 4, TaskStatus.FAILED, from_status=TaskStatus.RUNNING)
+            stale = self.snapshot(status=TaskStatus.FAILED, status_version=4)
+            raises(
+                ConcurrencyConflict,
+                lambda: store.write_transitions(stale, expect_version=1, transitions=[late]),
+            )
+            assert store.get("t1") == got and store.history("t1") == trail  # nothing written
+
+    def test_capability_mark_lost_marks_only_tasks_that_did_not_move(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsMarkLost, "mark_lost()")
+            assert isinstance(store, SupportsMarkLost)
+            store.create(self.snapshot("still", status=TaskStatus.RUNNING, status_version=3))
+            store.create(self.snapshot("moved", status=TaskStatus.RUNNING, status_version=5))
+            failure = Failure(kind=FailureKind.LOST, message="lease expired", carrier_may_run=True)
+            marks = []
+            for task_id in ("still", "moved"):
+                lost = self.snapshot(
+                    task_id,
+                    status=TaskStatus.LOST,
+                    status_version=4,
+                    ended_at=at(9),
+                    failure=failure,
+                )
+                marks.append(
+                    (
+                        lost,
+                        self.transition(
+                            task_id, 4, TaskStatus.LOST, from_status=TaskStatus.RUNNING
+                        ),
+                    )
+                )
+            assert store.mark_lost(marks) == {"still"}
+            still = store.get("still")
+            assert still is not None and still.status is TaskStatus.LOST
+            assert still.status_version == 4 and still.failure == failure
+            assert still.ended_at == at(9)
+            assert [t.version for t in store.history("still")] == [4]
+            moved = store.get("moved")
+            assert moved is not None and moved.status is TaskStatus.RUNNING
+            assert moved.status_version == 5 and store.history("moved") == []
+
+    def test_capability_command_wakeups_wake_a_subscriber(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsCommandWakeups, "subscribe_commands()")
+            assert isinstance(store, SupportsCommandWakeups)
+            woke = threading.Event()
+            unsubscribe = store.subscribe_commands(woke.set)
+            try:
+                # The subscription may take a moment to start: keep submitting a while.
+                for i in range(40):
+                    store.submit_command(self.command(f"wake-{i}", i))
+                    if woke.wait(0.25):
+                        break
+                assert woke.is_set(), "no wake-up within 10 s of submitting commands"
+            finally:
+                unsubscribe()
