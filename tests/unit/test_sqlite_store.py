@@ -419,9 +419,9 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
 ) -> None:
     """Releasing the connection serves the queue: a queued write never waits for its
     writer's retry timer (here an hour, so only the hand-over can commit it)."""
-    from chongming_task.stores import sqlite as sqlite_module
+    from chongming_task.stores import _sqlite_group
 
-    monkeypatch.setattr(sqlite_module._GroupCommit, "_RETRY", 3600.0)
+    monkeypatch.setattr(_sqlite_group.GroupCommit, "_RETRY", 3600.0)
     store = SqliteTaskStore(tmp_path / "g.db")
     finished = threading.Event()
 
@@ -439,3 +439,38 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
     thread.join()
     assert store.get("queued") is not None
     store.close()
+
+
+def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
+    """The statements live in sqlite.sql as SQL; the codec and the group commit build
+    rows in their own column order. A column added to one and not the other fails here,
+    not as a silently shifted row."""
+    import re
+
+    from chongming_task.states import TERMINAL
+    from chongming_task.stores import codec
+    from chongming_task.stores._sql import load_named
+    from chongming_task.stores._sqlite_group import WRITE_VIEW_COLUMNS
+
+    store = SqliteTaskStore(tmp_path / "s.db")
+    store.close()
+    raw = sqlite3.connect(tmp_path / "s.db")
+    try:
+
+        def columns(table: str) -> tuple[str, ...]:
+            return tuple(r[1] for r in raw.execute(f"PRAGMA table_info({table})"))
+
+        assert columns("tasks") == codec.TASK_COLUMNS
+        assert columns("transitions") == codec.TRANSITION_COLUMNS
+        assert columns("commands") == codec.COMMAND_COLUMNS
+        assert columns("task_writes") == WRITE_VIEW_COLUMNS
+    finally:
+        raw.close()
+    statements = load_named("sqlite.sql")
+    pruned = set(re.findall(r"'(\w+)'", statements["prunable"]))
+    assert pruned == {s.value for s in TERMINAL}
+    assert statements["get_task"].split("FROM")[0].replace("\n", " ").split() == [
+        "SELECT",
+        *(f"{c}," for c in codec.TASK_COLUMNS[:-1]),
+        codec.TASK_COLUMNS[-1],
+    ]

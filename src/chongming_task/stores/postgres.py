@@ -36,6 +36,7 @@ from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Tran
 from ..states import TERMINAL
 from ..values import STRICT
 from . import codec
+from ._sql import Dialect, encoded_tag, query_sql
 
 try:
     import psycopg
@@ -132,6 +133,14 @@ _PRUNE = (
     " DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)"
 )
 _TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
+_DIALECT = Dialect(
+    select=f"SELECT {_TASK_SELECT} FROM tasks",
+    placeholder="%s",
+    one_of=lambda column, values: (f"{column} = ANY(%s)", [values]),
+    prefix=lambda text: ("starts_with(name, %s)", [text]),
+    tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
+    insertion_order="seq",
+)
 
 
 _PROBE_INTERVAL = 0.2
@@ -380,14 +389,14 @@ class PostgresTaskStore:
         return None if row is None else self._snapshot(row)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        sql, params = _query_sql(query or TaskQuery())
+        sql, params = query_sql(query or TaskQuery(), _DIALECT)
         with self._cursor("query") as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
         return [self._snapshot(r) for r in rows]
 
     def explain_query(self, query: TaskQuery | None = None) -> list[str]:
-        sql, params = _query_sql(query or TaskQuery())
+        sql, params = query_sql(query or TaskQuery(), _DIALECT)
         with self._cursor("explain") as cur:
             cur.execute("EXPLAIN " + sql, params)
             return [r[0] for r in cur.fetchall()]
@@ -515,37 +524,3 @@ class PostgresTaskStore:
             self._stopped.set()
             pool = self._pool
         pool.close()
-
-
-def _query_sql(query: TaskQuery) -> tuple[str, list[Any]]:
-    """The SELECT for a ``TaskQuery``: fixed fragments, values always bound as parameters."""
-    where: list[str] = []
-    params: list[Any] = []
-    if query.statuses is not None:
-        where.append("status = ANY(%s)")
-        params.append(sorted(s.value for s in query.statuses))
-    if query.name is not None:
-        where.append("name = %s")
-        params.append(query.name)
-    if query.name_prefix is not None:
-        where.append("starts_with(name, %s)")
-        params.append(query.name_prefix)
-    if query.tag is not None:
-        where.append("tags @> %s::jsonb")
-        params.append(codec.encode_tags([query.tag]))
-    if query.buckets is not None:
-        where.append("bucket = ANY(%s)")
-        params.append(sorted(query.buckets))
-    if query.pipeline_run_id is not None:
-        where.append("pipeline_run_id = %s")
-        params.append(query.pipeline_run_id)
-    sql = f"SELECT {_TASK_SELECT} FROM tasks"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += (
-        " ORDER BY created_at DESC, seq DESC" if query.newest_first else " ORDER BY created_at, seq"
-    )
-    if query.limit is not None:
-        sql += " LIMIT %s"
-        params.append(query.limit)
-    return sql, params

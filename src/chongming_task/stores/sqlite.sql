@@ -1,0 +1,211 @@
+-- The SQLite store's schema and statements, one named block per statement, loaded by
+-- name (chongming_task.stores._sql.load_named). Blocks named schema_* are the schema, run
+-- in file order inside one BEGIN IMMEDIATE by the migration; every other block is a
+-- statement the store runs with bound parameters. Column lists follow
+-- chongming_task.stores.codec (a test compares them with the tables made here).
+
+-- name: schema_tasks
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id           TEXT PRIMARY KEY,
+    name              TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    status_version    INTEGER NOT NULL,
+    attempt           INTEGER NOT NULL,
+    tags              TEXT NOT NULL,
+    bucket            INTEGER,
+    bucket_key        TEXT,
+    pipeline_run_id   TEXT,
+    owner             TEXT,
+    created_at        TEXT NOT NULL,
+    started_at        TEXT,
+    ended_at          TEXT,
+    last_heartbeat_at TEXT,
+    progress          TEXT,
+    failure           TEXT,
+    outcome           TEXT,
+    lease_owner       TEXT,
+    lease_until       TEXT
+)
+
+-- name: schema_idx_tasks_status
+CREATE INDEX IF NOT EXISTS idx_tasks_status ON tasks (status)
+
+-- name: schema_idx_tasks_bucket
+CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON tasks (bucket)
+
+-- name: schema_idx_tasks_created_at
+CREATE INDEX IF NOT EXISTS idx_tasks_created_at ON tasks (created_at)
+
+-- name: schema_idx_tasks_pipeline
+CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
+    WHERE pipeline_run_id IS NOT NULL
+
+-- name: schema_transitions
+CREATE TABLE IF NOT EXISTS transitions (
+    task_id     TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    from_status TEXT,
+    to_status   TEXT NOT NULL,
+    at          TEXT NOT NULL,
+    reason      TEXT,
+    actor       TEXT,
+    PRIMARY KEY (task_id, version)
+) WITHOUT ROWID
+
+-- name: schema_commands
+CREATE TABLE IF NOT EXISTS commands (
+    command_id  TEXT PRIMARY KEY,
+    task_id     TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    issued_by   TEXT,
+    created_at  TEXT NOT NULL,
+    reason      TEXT,
+    lease_until TEXT,
+    finished_at TEXT,
+    outcome     TEXT
+)
+
+-- name: schema_idx_commands_open
+CREATE INDEX IF NOT EXISTS idx_commands_open ON commands (created_at)
+    WHERE finished_at IS NULL
+
+-- The group commit's single statement. task_writes is a view nobody reads: inserting a
+-- row into it runs one of three triggers, so a whole batch of writes (new tasks, each
+-- task's compare-and-set, trail rows) is one INSERT, one statement, atomic on its own (no
+-- BEGIN/COMMIT). A compare-and-set that changes no row raises, which undoes the whole
+-- statement. Columns: kind, the task's, expect, then the trail's after task_id.
+
+-- name: schema_task_writes
+CREATE VIEW IF NOT EXISTS task_writes AS SELECT
+    NULL AS kind,
+    NULL AS task_id, NULL AS name, NULL AS status, NULL AS status_version,
+    NULL AS attempt, NULL AS tags, NULL AS bucket, NULL AS bucket_key,
+    NULL AS pipeline_run_id, NULL AS owner, NULL AS created_at, NULL AS started_at,
+    NULL AS ended_at, NULL AS last_heartbeat_at, NULL AS progress, NULL AS failure,
+    NULL AS outcome, NULL AS lease_owner, NULL AS lease_until,
+    NULL AS expect,
+    NULL AS version, NULL AS from_status, NULL AS to_status, NULL AS at, NULL AS reason,
+    NULL AS actor
+WHERE 0
+
+-- name: schema_task_writes_new
+CREATE TRIGGER IF NOT EXISTS task_writes_new INSTEAD OF INSERT ON task_writes
+WHEN NEW.kind = 'new' BEGIN
+    INSERT INTO tasks (
+        task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+        pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
+        progress, failure, outcome, lease_owner, lease_until
+    ) VALUES (
+        NEW.task_id, NEW.name, NEW.status, NEW.status_version, NEW.attempt, NEW.tags,
+        NEW.bucket, NEW.bucket_key, NEW.pipeline_run_id, NEW.owner, NEW.created_at,
+        NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
+        NEW.outcome, NEW.lease_owner, NEW.lease_until
+    );
+END
+
+-- Only the columns a task's life changes: the identity columns (name, tags, bucket,
+-- bucket_key, pipeline_run_id, created_at) are fixed at create, and leaving them out
+-- spares SQLite rewriting three indexes on every write; the lease is touch()'s alone.
+-- name: schema_task_writes_life
+CREATE TRIGGER IF NOT EXISTS task_writes_life INSTEAD OF INSERT ON task_writes
+WHEN NEW.kind = 'life' BEGIN
+    UPDATE tasks SET
+        status = NEW.status, status_version = NEW.status_version, attempt = NEW.attempt,
+        owner = NEW.owner, started_at = NEW.started_at, ended_at = NEW.ended_at,
+        last_heartbeat_at = NEW.last_heartbeat_at, progress = NEW.progress,
+        failure = NEW.failure, outcome = NEW.outcome
+    WHERE task_id = NEW.task_id AND status_version = NEW.expect;
+    SELECT RAISE(ABORT, 'chongming-task: status_version moved') WHERE changes() = 0;
+END
+
+-- name: schema_task_writes_trail
+CREATE TRIGGER IF NOT EXISTS task_writes_trail INSTEAD OF INSERT ON task_writes
+WHEN NEW.kind = 'trail' BEGIN
+    INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    VALUES (NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
+            NEW.actor);
+END
+
+-- name: insert_task
+INSERT INTO tasks (
+    task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
+    failure, outcome, lease_owner, lease_until
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- save writes every column but the lease (store guide §2.3).
+-- name: save_task
+UPDATE tasks SET
+    name = ?, status = ?, status_version = ?, attempt = ?, tags = ?, bucket = ?,
+    bucket_key = ?, pipeline_run_id = ?, owner = ?, created_at = ?, started_at = ?,
+    ended_at = ?, last_heartbeat_at = ?, progress = ?, failure = ?, outcome = ?
+WHERE task_id = ? AND status_version = ?
+
+-- name: stored_version
+SELECT status_version FROM tasks WHERE task_id = ?
+
+-- name: get_task
+SELECT task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
+    failure, outcome, lease_owner, lease_until
+FROM tasks WHERE task_id = ?
+
+-- name: counts
+SELECT status, COUNT(*) FROM tasks GROUP BY status
+
+-- name: touch_task
+UPDATE tasks SET
+    progress = COALESCE(?, progress),
+    last_heartbeat_at = COALESCE(?, last_heartbeat_at),
+    lease_owner = COALESCE(?, lease_owner),
+    lease_until = COALESCE(?, lease_until)
+WHERE task_id = ?
+
+-- name: append
+INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+
+-- name: history
+SELECT task_id, version, from_status, to_status, at, reason, actor
+FROM transitions WHERE task_id = ? AND version > ? ORDER BY version
+
+-- name: mark_lost
+UPDATE tasks SET status = ?, status_version = ?, ended_at = ?, failure = ?
+WHERE task_id = ? AND status_version = ?
+
+-- name: insert_command
+INSERT INTO commands (
+    command_id, task_id, action, issued_by, created_at, reason, lease_until, finished_at,
+    outcome
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: claimable_commands
+SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
+    finished_at, outcome
+FROM commands
+WHERE finished_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)
+ORDER BY created_at, rowid LIMIT ?
+
+-- name: lease_command
+UPDATE commands SET lease_until = ? WHERE command_id = ?
+
+-- name: complete_command
+UPDATE commands SET finished_at = ?, outcome = ?, lease_until = NULL WHERE command_id = ?
+
+-- name: release_command
+UPDATE commands SET lease_until = NULL WHERE command_id = ? AND finished_at IS NULL
+
+-- The terminal statuses (chongming_task.states.TERMINAL; a test keeps them equal).
+-- name: prunable
+SELECT task_id FROM tasks
+WHERE status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?
+
+-- name: prune_history
+DELETE FROM transitions WHERE task_id = ?
+
+-- name: prune_commands
+DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL
+
+-- name: prune_task
+DELETE FROM tasks WHERE task_id = ?
