@@ -27,7 +27,7 @@ from .model import (
     utc,
 )
 from .model import TaskStatus as S
-from .token import CancellationToken
+from .token import CancellationToken, StopKind
 from .values import ValueRules, check_text, describe_exception, storable_result, storable_text
 from .writethrough import WriteThrough, WriteThroughHost
 
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
     from .pipelines import PipelineRun
 
 log = logging.getLogger("chongming_task.run")
-
-
-def _no_pause_ack() -> None:
-    pass
 
 
 class RunHost(WriteThroughHost, Protocol):
@@ -77,6 +73,8 @@ class TaskRun:
         "_lock",
         "_paused_at",
         "_snapshot",
+        "_unwritten",
+        "_write_lock",
         "_wt",
         "abandoned",
         "definition",
@@ -97,7 +95,12 @@ class TaskRun:
         self.definition = definition
         self._args = args
         self._kwargs = kwargs
+        # Two locks: _lock guards the state (the token shares it, so checkpoint() takes
+        # it); _write_lock orders the store writes, which happen holding it alone. Order:
+        # _write_lock, then _lock; never _write_lock while holding _lock.
         self._lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._unwritten: list[Transition] | None = None  # made, not yet handed to the store
         self._finished = False
         self._done: threading.Event | None = None  # made by the first waiter: runs are many
         self._snapshot = snapshot
@@ -210,15 +213,17 @@ class TaskRun:
         actor: str | None = None,
         **changes: Any,
     ) -> TaskSnapshot:
-        """Make one transition and write it through (``_start`` is the one other path)."""
+        """Make one transition (``_start`` is the one other path): ``states`` checks it,
+        the snapshot is replaced and a ``Transition`` made and queued for the store. The
+        caller calls ``_write()`` once it has let go of the lock: no store I/O happens
+        under the lock the task's ``checkpoint()`` needs."""
         with self._lock:
             current = self._snapshot
             if not states.is_legal(current.status, to):
                 states.check(current.task_id, current.status, to)  # raises, with the ids
             now = utc(self._host.clock.now(), "clock.now()")
             version = current.status_version + 1
-            terminal = to in states.TERMINAL
-            if terminal and "ended_at" not in changes:
+            if to in states.TERMINAL and "ended_at" not in changes:
                 changes["ended_at"] = now
             if self.token.checkpointed:
                 changes.update(self._activity())
@@ -236,32 +241,65 @@ class TaskRun:
             )
             self._snapshot = snapshot
             self._history.append(transition)
-            self._wt.persist(snapshot, transition)
-            if terminal:
-                self._finished = True
-                # A terminal run acknowledges no pause: drop the token's bound method, the
-                # one reference cycle (run -> token -> run), so a run its caller lets go of
-                # is freed at once instead of waiting for a full garbage collection.
-                self.token._on_pause_ack = _no_pause_ack
-                if self._done is not None:
-                    self._done.set()
-                self._host._on_terminal(self)
+            self._queue(transition)
             return snapshot
+
+    def _queue(self, *transitions: Transition) -> None:
+        """Hand transitions to the next ``_write()``. Caller holds the lock."""
+        if self._unwritten is None:
+            self._unwritten = list(transitions)
+        else:
+            self._unwritten += transitions
+
+    def _write(self) -> None:
+        """Write the queued transitions with the snapshot they lead to, in order, holding
+        only the write lock. Whoever writes a terminal transition ends the run: ``wait()``
+        returns once its end is in the store (or buffered after a failed write). Never
+        called holding the state lock."""
+        if self._unwritten is None:
+            return  # nothing queued (whoever queued it writes it)
+        with self._write_lock:
+            with self._lock:
+                pending = self._unwritten
+                if pending is None:
+                    return
+                self._unwritten = None
+                snapshot = self._snapshot
+            self._wt.persist(snapshot, pending[-1], earlier=pending[:-1])
+            if snapshot.status in states.TERMINAL:
+                self._end()
+
+    def _end(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            # A terminal run acknowledges no pause: the token lets go of the run (the one
+            # reference cycle), so a run its caller lets go of is freed at once.
+            self.token.detach()
+            if self._done is not None:
+                self._done.set()
+        self._host._on_terminal(self)
 
     def _created(self, transition: Transition, *, appended: bool) -> None:
         """The store accepted ``create`` (and, if ``appended``, the creation transition)."""
+        with self._write_lock:
+            self._wt.written_version = self._snapshot.status_version
         with self._lock:
             self._history.append(transition)
-            self._wt.written_version = self._snapshot.status_version
             if not appended:
-                self._wt.persist(self._snapshot, transition)
+                self._queue(transition)
+        self._write()
 
     def _catch_up(self) -> bool:
         """Retry buffered writes; returns whether the store is up to date."""
-        with self._lock:
-            if not self._wt.behind(self._snapshot):
+        self._write()
+        with self._write_lock:
+            with self._lock:
+                snapshot = self._refreshed(self._snapshot)
+            if not self._wt.behind(snapshot):
                 return True
-            return self._wt.flush(self._refreshed(self._snapshot))
+            return self._wt.flush(snapshot)
 
     @property
     def desynced(self) -> bool:
@@ -284,7 +322,8 @@ class TaskRun:
             if self._snapshot.status is not S.PENDING:
                 return False
             self._apply(S.QUEUED, reason=reason)
-            return True
+        self._write()
+        return True
 
     @property
     def write_error(self) -> BaseException | None:
@@ -300,21 +339,26 @@ class TaskRun:
                 return  # cancelled or stopped while it waited
             attempt = self._snapshot.attempt + 1
             self.token.attempt = attempt
-            if self.token.stop_requested:
+            stopped = self.token.stop_requested
+            if stopped:
                 self._apply(S.STARTING, attempt=attempt, reason=f"attempt {attempt}")
                 self._finish_stopped()
-                return
-            self._start(attempt)
-            if self.definition.timeout is not None:
-                self._deadline = host.clock.monotonic() + self.definition.timeout
-            if self.token.pause_requested:
-                self._apply(S.PAUSING, reason="pause requested before start")
+            else:
+                self._start(attempt)
+                if self.definition.timeout is not None:
+                    self._deadline = host.clock.monotonic() + self.definition.timeout
+                if self.token.pause_requested:
+                    self._apply(S.PAUSING, reason="pause requested before start")
+        self._write()
+        if stopped:
+            return
         try:
             result = self.definition.func(self.token, *self._args, **self._kwargs)
         except StopRequested:
             with self._lock:
                 if not self._snapshot.is_terminal:
                     self._finish_stopped()
+            self._write()
         except Exception as exc:
             self._settle_failure(exc)
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: record, then re-raise
@@ -365,7 +409,7 @@ class TaskRun:
         )
         self._snapshot = snapshot
         self._history += (starting, running)
-        self._wt.persist(snapshot, running, earlier=(starting,))
+        self._queue(starting, running)
 
     def _settle(self, result: Any) -> None:
         """Record a return value. The store must be able to hold it: it keeps it as
@@ -376,6 +420,10 @@ class TaskRun:
         ``result_invalid``, never retried. The outcome kept is the value as the store
         will give it back (JSON: tuples become lists, keys become strings), so this
         process and the store say the same thing."""
+        self._settle_locked(result)
+        self._write()
+
+    def _settle_locked(self, result: Any) -> None:
         with self._lock:
             if self._snapshot.status in states.TERMINAL:
                 return  # abandoned after a timeout: this late result is not recorded
@@ -393,10 +441,18 @@ class TaskRun:
             self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
+        delay = self._fail_locked(exc, retry)
+        self._write()
+        if delay is not None:
+            self._host._requeue(self, delay)
+
+    def _fail_locked(self, exc: BaseException, retry: bool) -> float | None:
+        """Record a failure: back to ``queued`` for a retry (returns its delay) or
+        ``failed`` (returns ``None``)."""
         with self._lock:
             current = self._snapshot
             if current.is_terminal:
-                return
+                return None
             failure = Failure(
                 kind=FailureKind.EXCEPTION,
                 message=storable_text(describe_exception(exc), self._host.value_rules),
@@ -412,9 +468,9 @@ class TaskRun:
                     reason=f"retry {current.attempt}/{policy.retries} in {delay:.3g}s after "
                     f"{failure.message}",
                 )
-                self._host._requeue(self, delay)
-                return
+                return delay
             self._apply(S.FAILED, failure=failure, reason=failure.message)
+            return None
 
     def _finish_stopped(self) -> None:
         """The task obeyed a stop/cancel/timeout request. Caller holds the lock."""
@@ -440,6 +496,10 @@ class TaskRun:
         """Last resort, when the runtime itself failed while carrying this task: end the
         task ``failed`` (``cancelled`` if it never started) rather than leave it active in
         memory and store with nobody to finish it."""
+        self._crash_locked(exc)
+        self._write()
+
+    def _crash_locked(self, exc: BaseException) -> None:
         with self._lock:
             if self._snapshot.is_terminal:
                 return
@@ -473,22 +533,31 @@ class TaskRun:
             check_text(actor, "actor", rules)
 
     def _control_stop(self, kind: str, reason: str | None, actor: str | None) -> O:
-        cancel = kind == "cancel"
+        stop_kind: StopKind = "cancel" if kind == "cancel" else "stop"
         self._check_words(reason, actor)
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL:
                 return O.ALREADY_TERMINAL
-            if status in states.WAITING:
-                self._apply(S.CANCELLED, reason=reason or f"{kind} before start", actor=actor)
-                return O.CANCELLED
             if status is S.STOPPING:
                 return O.ALREADY_STOPPING
-            self.token.request_stop("cancel" if cancel else "stop", reason)
             if status is S.STARTING:
-                return O.STOPPING  # the carrier sees the request before calling the function
-            self._apply(S.STOPPING, reason=reason or f"{kind} requested", actor=actor)
-            return O.STOPPING
+                # Nothing to write: the carrier sees the request before calling the function.
+                self.token.request_stop(stop_kind, reason)
+                return O.STOPPING
+            waiting = status in states.WAITING
+            if waiting:
+                self._apply(S.CANCELLED, reason=reason or f"{kind} before start", actor=actor)
+            else:
+                self._apply(S.STOPPING, reason=reason or f"{kind} requested", actor=actor)
+        self._write()
+        if waiting:
+            return O.CANCELLED
+        # The token hears it only once the transition is legal and in the store.
+        with self._lock:
+            if self._snapshot.status is S.STOPPING:
+                self.token.request_stop(stop_kind, reason)
+        return O.STOPPING
 
     def stop(self, reason: str | None = None, actor: str | None = None) -> O:
         """Ask the task to stop at its next checkpoint; a waiting task is cancelled now."""
@@ -504,7 +573,8 @@ class TaskRun:
             if self._snapshot.status not in states.WAITING:
                 return False
             self._apply(S.CANCELLED, failure=failure, reason=failure.message)
-            return True
+        self._write()
+        return True
 
     def pause(self, reason: str | None = None, actor: str | None = None) -> O:
         """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint."""
@@ -517,12 +587,15 @@ class TaskRun:
                 return O.ALREADY_PAUSED
             if status is S.STOPPING:
                 return O.STOPPING
-            if status is S.RUNNING:
-                self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
+            if status is not S.RUNNING:
+                self.token.request_pause()  # queued / starting: pauses as soon as it runs
+                return O.PAUSE_PENDING
+            self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
+        self._write()
+        with self._lock:  # the token hears it once the transition is in the store
+            if self._snapshot.status is S.PAUSING:
                 self.token.request_pause()
-                return O.PAUSING
-            self.token.request_pause()  # queued / starting: pauses as soon as it runs
-            return O.PAUSE_PENDING
+        return O.PAUSING
 
     def resume(self, reason: str | None = None, actor: str | None = None) -> O:
         self._check_words(reason, actor)
@@ -537,12 +610,16 @@ class TaskRun:
                     self._deadline += self._host.clock.monotonic() - self._paused_at
                 self._paused_at = None
                 self._apply(S.RUNNING, reason=reason or "resumed", actor=actor)
-                self.token.resume()
+            elif self.token.pause_requested:
+                self.token.resume()  # not started yet: nothing to write
                 return O.RESUMED
-            if self.token.pause_requested:
+            else:
+                return O.NOT_PAUSED
+        self._write()
+        with self._lock:  # the token hears it once the transition is in the store
+            if self._snapshot.status is S.RUNNING:
                 self.token.resume()
-                return O.RESUMED
-            return O.NOT_PAUSED
+        return O.RESUMED
 
     def _ack_pause(self) -> None:
         """Called by the token on the task thread: the task reached a checkpoint."""
@@ -550,27 +627,37 @@ class TaskRun:
             if self._snapshot.status is S.PAUSING:
                 self._paused_at = self._host.clock.monotonic()
                 self._apply(S.PAUSED, reason="acknowledged at a checkpoint")
+        self._write()
 
     # -- supervision ---------------------------------------------------------------------------
 
     def _check_timeout(self, now: float) -> None:
         """Called by the supervisor loop. Paused time does not count against the timeout."""
+        abandon = False
         with self._lock:
             status = self._snapshot.status
             if status in states.TERMINAL or status is S.PAUSED:
                 return
             if self._grace_deadline is not None:
-                if now >= self._grace_deadline:
-                    self._abandon_after_timeout()
+                if now < self._grace_deadline:
+                    return
+                self._abandon_after_timeout()
+                abandon = True
+            elif self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
                 return
-            if self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
-                return
-            timeout = self.definition.timeout
-            self._grace_deadline = now + self.definition.timeout_grace
-            self.token.request_stop("timeout", f"timed out after {timeout}s")
-            self._apply(S.STOPPING, reason=f"timeout after {timeout}s")
+            else:
+                self._grace_deadline = now + self.definition.timeout_grace
+                self._apply(S.STOPPING, reason=f"timeout after {self.definition.timeout}s")
+        self._write()
+        if abandon:
+            self._host._abandon(self)
+            return
+        with self._lock:  # the token hears it once the transition is in the store
+            if self._snapshot.status is S.STOPPING:
+                self.token.request_stop("timeout", f"timed out after {self.definition.timeout}s")
 
     def _abandon_after_timeout(self) -> None:
+        """Caller holds the lock."""
         timeout, grace = self.definition.timeout, self.definition.timeout_grace
         self.abandoned = True
         self._apply(
@@ -583,4 +670,3 @@ class TaskRun:
             ),
             reason="timeout; carrier abandoned",
         )
-        self._host._abandon(self)

@@ -27,6 +27,10 @@ _NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
 StopKind = Literal["stop", "cancel", "timeout"]
 
 
+def _no_ack() -> None:
+    pass
+
+
 class CancellationToken:
     """Cooperative control for one task; passed as the task function's first argument."""
 
@@ -172,6 +176,11 @@ class CancellationToken:
         with self._lock:
             self._pause_requested = False
             self._notify()
+
+    def detach(self) -> None:
+        """The runtime's: the task ended; no pause will be acknowledged any more. Drops the
+        callback into the run (the one reference cycle, run -> token -> run)."""
+        self._on_pause_ack = _no_ack
 
     def activity(self) -> tuple[int, Progress | None, datetime | None]:
         with self._lock:
