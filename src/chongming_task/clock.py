@@ -9,6 +9,8 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
+__all__ = ["Clock", "SystemClock"]
+
 
 @runtime_checkable
 class Clock(Protocol):

@@ -12,6 +12,8 @@ from .errors import ConfigurationError, UnknownTask
 from .policies import RetryPolicy
 from .values import ValueRules, check_text
 
+__all__ = ["Definitions", "TaskDecorator", "TaskDefinition", "TaskFunction", "define"]
+
 TaskFunction = Callable[..., Any]
 """Called as ``func(token, *args, **kwargs)``; returns a JSON-serializable result."""
 

@@ -21,6 +21,8 @@ from .schedules import IntervalTrigger
 from .stores.protocol import TaskStore
 from .token import CancellationToken
 
+__all__ = ["render", "run_node"]
+
 
 def _bar(snapshot: TaskSnapshot, width: int = 20) -> str:
     fraction = snapshot.progress.fraction if snapshot.progress else None

@@ -27,6 +27,8 @@ from .clock import Clock
 if TYPE_CHECKING:
     from .run import TaskRun
 
+__all__ = ["Dispatcher", "FairDispatcher", "FifoDispatcher", "make_dispatcher"]
+
 
 class Dispatcher(Protocol):
     def put(self, run: TaskRun) -> None: ...

@@ -11,6 +11,23 @@ from typing import TYPE_CHECKING, Self
 if TYPE_CHECKING:
     from .model import TaskSnapshot
 
+__all__ = [
+    "ChongmingTaskError",
+    "ConcurrencyConflict",
+    "ConfigurationError",
+    "ControllerClosed",
+    "IllegalTransition",
+    "InvalidValue",
+    "StopRequested",
+    "StoreError",
+    "StoreUnavailable",
+    "TaskAlreadyExists",
+    "TaskNotFound",
+    "TaskUnsuccessful",
+    "UnknownTask",
+    "WaitTimeout",
+]
+
 
 class ChongmingTaskError(Exception):
     """Root of every error raised by chongming-task."""

@@ -16,6 +16,24 @@ from typing import Any
 
 from .errors import InvalidValue
 
+__all__ = [
+    "Command",
+    "CommandAction",
+    "ControlOutcome",
+    "ControlReceipt",
+    "Failure",
+    "FailureKind",
+    "JSONValue",
+    "Progress",
+    "TaskQuery",
+    "TaskSnapshot",
+    "TaskStatus",
+    "Transition",
+    "trusted_snapshot",
+    "trusted_transition",
+    "utc",
+]
+
 JSONValue = Any
 """A value ``json.dumps(..., allow_nan=False)`` accepts: what task results must be."""
 

@@ -33,6 +33,8 @@ from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
 if TYPE_CHECKING:
     from .run import TaskRun
 
+__all__ = ["Pipeline", "PipelineNode", "PipelineRun", "PipelineRunner"]
+
 S = TaskStatus
 log = logging.getLogger("chongming_task.pipelines")
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from .errors import ConfigurationError
 
+__all__ = ["DEFAULT_NUM_BUCKETS", "BucketPolicy", "RetryPolicy", "format_buckets", "parse_buckets"]
+
 DEFAULT_NUM_BUCKETS = 64
 
 

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from .definitions import TaskDefinition
     from .pipelines import PipelineRun
 
+__all__ = ["RunHost", "TaskRun"]
+
 log = logging.getLogger("chongming_task.run")
 
 

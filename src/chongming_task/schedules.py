@@ -34,6 +34,17 @@ if TYPE_CHECKING:
     from .definitions import TaskDefinition
     from .run import TaskRun
 
+__all__ = [
+    "CronTrigger",
+    "IntervalTrigger",
+    "Overlap",
+    "Schedule",
+    "ScheduleRunner",
+    "Submit",
+    "Trigger",
+    "schedule_tags",
+]
+
 Overlap = Literal["skip", "allow"]
 
 log = logging.getLogger("chongming_task.schedules")

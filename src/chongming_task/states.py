@@ -13,6 +13,21 @@ from .errors import IllegalTransition
 from .model import _TERMINAL
 from .model import TaskStatus as S
 
+__all__ = [
+    "ACTIVE",
+    "NON_TERMINAL",
+    "PAUSE_HELD",
+    "SHOWS_PROGRESS",
+    "STOPPABLE",
+    "TERMINAL",
+    "TRIGGERS_FAIL_FAST",
+    "WAITING",
+    "WORST_FIRST",
+    "check",
+    "is_legal",
+    "legal_targets",
+]
+
 TERMINAL: frozenset[S] = _TERMINAL
 ACTIVE: frozenset[S] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING})
 """Statuses in which a carrier (thread) is executing the task."""

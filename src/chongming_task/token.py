@@ -22,6 +22,8 @@ from .errors import StopRequested
 from .model import Progress
 from .values import STRICT, ValueRules, check_progress
 
+__all__ = ["CancellationToken", "StopKind"]
+
 _NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
 
 StopKind = Literal["stop", "cancel", "timeout"]

@@ -26,6 +26,8 @@ from .errors import ConcurrencyConflict, StoreUnavailable
 from .model import TaskSnapshot, Transition
 from .stores.capabilities import Capabilities, PartialWrite
 
+__all__ = ["WriteThrough", "WriteThroughHost"]
+
 log = logging.getLogger("chongming_task.writethrough")
 
 

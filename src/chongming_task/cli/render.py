@@ -7,6 +7,17 @@ from typing import Any
 
 from ..model import TaskSnapshot, TaskStatus, Transition
 
+__all__ = [
+    "bar",
+    "history_rows",
+    "ps_rows",
+    "show_text",
+    "snapshot_json",
+    "table",
+    "transition_json",
+    "ts",
+]
+
 
 def ts(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="milliseconds")

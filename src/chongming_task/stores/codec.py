@@ -27,6 +27,39 @@ from ..model import (
     utc,
 )
 
+__all__ = [
+    "COMMAND_COLUMNS",
+    "LEASE_COLUMNS",
+    "SAVE_COLUMNS",
+    "TASK_COLUMNS",
+    "TRANSITION_COLUMNS",
+    "Primitive",
+    "Row",
+    "command_to_row",
+    "command_to_values",
+    "decode_dt",
+    "decode_failure",
+    "decode_json",
+    "decode_progress",
+    "decode_tags",
+    "encode_dt",
+    "encode_failure",
+    "encode_json",
+    "encode_progress",
+    "encode_tags",
+    "row_to_command",
+    "row_to_snapshot",
+    "row_to_transition",
+    "snapshot_to_row",
+    "snapshot_to_values",
+    "touch_values",
+    "transition_to_row",
+    "transition_to_values",
+    "values_to_command",
+    "values_to_snapshot",
+    "values_to_transition",
+]
+
 Primitive = str | int | float | bool | None
 Row = dict[str, Primitive]
 

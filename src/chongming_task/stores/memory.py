@@ -15,6 +15,8 @@ from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Tran
 from ..states import TERMINAL
 from ..values import ValueRules
 
+__all__ = ["InMemoryTaskStore"]
+
 _STRIPES = 64
 
 

@@ -48,6 +48,8 @@ except ImportError:  # the [postgres] extra is not installed
 if TYPE_CHECKING:
     from psycopg import Connection, Cursor
 
+__all__ = ["DEFAULT_SCHEMA", "INSTALL_HINT", "PostgresTaskStore"]
+
 INSTALL_HINT = 'pip install "chongming-task[postgres]"'
 DEFAULT_SCHEMA = "chongming"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

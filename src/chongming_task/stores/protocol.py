@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition
 
+__all__ = ["TaskStore"]
+
 
 @runtime_checkable
 class TaskStore(Protocol):

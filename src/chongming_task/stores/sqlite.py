@@ -27,6 +27,8 @@ from . import codec
 from ._sql import Dialect, encoded_tag, load_named, query_sql
 from ._sqlite_group import AT, NEW_PAD, WRITE_VIEW_COLUMNS, GroupCommit, WriteRequest, trail_row
 
+__all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
+
 SCHEMA_VERSION = 1
 PAGE_SIZE = 1024  # for new files; see _open
 

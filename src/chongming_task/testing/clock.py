@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from ..model import utc
 
+__all__ = ["FakeClock"]
+
 
 class FakeClock:
     """A ``Clock`` whose wall time and monotonic reading advance together on ``advance``."""

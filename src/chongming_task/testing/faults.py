@@ -13,6 +13,8 @@ from ..stores.capabilities import rules_of
 from ..stores.protocol import TaskStore
 from ..values import ValueRules
 
+__all__ = ["FaultyStore"]
+
 
 class FaultyStore:
     """A ``TaskStore`` that delegates to ``inner`` but fails the calls it is told to.
