@@ -1,0 +1,265 @@
+"""The carrier side of a ``TaskRun``: one attempt on a worker thread, from ``queued``
+through the function's call to how it ended (a result, an exception, a stop).
+
+``Carrier`` is a mixin of ``TaskRun`` (it holds no state of its own); ``RunHost`` is what
+a run needs from its node.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from . import states
+from .clock import Clock
+from .errors import InvalidValue, StopRequested
+from .model import Failure, FailureKind, TaskSnapshot, Transition, trusted_transition, utc
+from .model import TaskStatus as S
+from .values import ValueRules, describe_exception, storable_result, storable_text
+from .writethrough import WriteThroughHost
+
+if TYPE_CHECKING:
+    from .definitions import TaskDefinition
+    from .run import TaskRun
+    from .token import CancellationToken
+
+__all__ = ["Carrier", "RunHost"]
+
+log = logging.getLogger("chongming_task.carrier")
+
+
+class RunHost(WriteThroughHost, Protocol):
+    """What a run needs from its controller."""
+
+    clock: Clock
+    owner: str
+    rng: random.Random
+    writethrough_buffer: int
+    value_rules: ValueRules
+
+    def _on_terminal(self, run: TaskRun) -> None: ...
+
+    def _requeue(self, run: TaskRun, delay: float) -> None: ...
+
+    def _abandon(self, run: TaskRun) -> None: ...
+
+
+class Carrier:
+    """One attempt of a run on its worker thread (a mixin of ``TaskRun``)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what TaskRun provides
+        _host: RunHost
+        _lock: threading.RLock
+        _snapshot: TaskSnapshot
+        _history: list[Transition]
+        _args: tuple[Any, ...]
+        _kwargs: dict[str, Any]
+        _deadline: float | None
+        definition: TaskDefinition
+        token: CancellationToken
+
+        @property
+        def task_id(self) -> str: ...
+
+        def _apply(
+            self, to: S, *, reason: str | None = None, actor: str | None = None, **changes: Any
+        ) -> TaskSnapshot: ...
+
+        def _queue(self, *transitions: Transition) -> None: ...
+
+        def _write(self) -> None: ...
+
+        def _activity(self) -> dict[str, Any]: ...
+
+    def _execute(self) -> None:
+        host = self._host
+        with self._lock:
+            if self._snapshot.status is not S.QUEUED:
+                return  # cancelled or stopped while it waited
+            attempt = self._snapshot.attempt + 1
+            self.token.attempt = attempt
+            stopped = self.token.stop_requested
+            if stopped:
+                self._apply(S.STARTING, attempt=attempt, reason=f"attempt {attempt}")
+                self._finish_stopped()
+            else:
+                self._start(attempt)
+                if self.definition.timeout is not None:
+                    self._deadline = host.clock.monotonic() + self.definition.timeout  # type: ignore[misc]  # a slot of TaskRun
+                if self.token.pause_requested:
+                    self._apply(S.PAUSING, reason="pause requested before start")
+        self._write()
+        if stopped:
+            return
+        try:
+            result = self.definition.func(self.token, *self._args, **self._kwargs)
+        except StopRequested:
+            with self._lock:
+                if not self._snapshot.is_terminal:
+                    self._finish_stopped()
+            self._write()
+        except Exception as exc:
+            self._settle_failure(exc)
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: record, then re-raise
+            self._settle_failure(exc, retry=False)
+            raise
+        else:
+            self._settle(result)
+
+    def _start(self, attempt: int) -> None:
+        """``queued -> starting -> running``: two transitions, one snapshot and one store
+        write (the stored version jumps by two). Caller holds the lock and has checked
+        that the run is ``queued``; nobody can observe the ``starting`` snapshot under the
+        lock, so it is never built."""
+        current = self._snapshot
+        host = self._host
+        # The one table decides here too (two lookups; the caller checked ``queued``).
+        states.check(current.task_id, current.status, S.STARTING)
+        states.check(current.task_id, S.STARTING, S.RUNNING)
+        now = utc(host.clock.now(), "clock.now()")
+        task_id, owner = current.task_id, host.owner
+        version = current.status_version + 1
+        starting = trusted_transition(
+            task_id=task_id,
+            version=version,
+            from_status=S.QUEUED,
+            to_status=S.STARTING,
+            at=now,
+            reason=f"attempt {attempt}",
+            actor=owner,
+        )
+        running = trusted_transition(
+            task_id=task_id,
+            version=version + 1,
+            from_status=S.STARTING,
+            to_status=S.RUNNING,
+            at=now,
+            reason=None,
+            actor=owner,
+        )
+        changes = self._activity() if self.token.checkpointed else {}
+        snapshot = current.evolve(
+            status=S.RUNNING,
+            status_version=version + 1,
+            attempt=attempt,
+            started_at=now,
+            ended_at=None,
+            **changes,
+        )
+        self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
+        self._history += (starting, running)
+        self._queue(starting, running)
+
+    def _settle(self, result: Any) -> None:
+        """Record a return value. The store must be able to hold it: it keeps it as
+        ``outcome``, and a value the write-through cannot write once left the store at
+        ``running`` while the process said ``succeeded`` (distributed design §14.2). So it
+        is checked against the store's rules *before* success, and any failure of that
+        check (a value nested too deep, text that is not UTF-8, NaN) fails the task as
+        ``result_invalid``, never retried. The outcome kept is the value as the store
+        will give it back (JSON: tuples become lists, keys become strings), so this
+        process and the store say the same thing."""
+        self._settle_locked(result)
+        self._write()
+
+    def _settle_locked(self, result: Any) -> None:
+        with self._lock:
+            if self._snapshot.status in states.TERMINAL:
+                return  # abandoned after a timeout: this late result is not recorded
+            try:
+                outcome = storable_result(result, self._host.value_rules)
+            except Exception as exc:  # InvalidValue, or anything the check itself hit
+                message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
+                failure = Failure(
+                    kind=FailureKind.RESULT_INVALID,
+                    message=storable_text(message, self._host.value_rules),
+                    exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                )
+                self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
+                return
+            self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
+
+    def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
+        delay = self._fail_locked(exc, retry)
+        self._write()
+        if delay is not None:
+            self._host._requeue(cast("TaskRun", self), delay)
+
+    def _fail_locked(self, exc: BaseException, retry: bool) -> float | None:
+        """Record a failure: back to ``queued`` for a retry (returns its delay) or
+        ``failed`` (returns ``None``)."""
+        with self._lock:
+            current = self._snapshot
+            if current.is_terminal:
+                return None
+            failure = Failure(
+                kind=FailureKind.EXCEPTION,
+                message=storable_text(describe_exception(exc), self._host.value_rules),
+                exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            )
+            policy = self.definition.retry
+            if retry and current.status is not S.STOPPING and current.attempt <= policy.retries:
+                delay = policy.delay(current.attempt, self._host.rng)
+                self._deadline = None  # type: ignore[misc]  # a slot of TaskRun
+                self._apply(
+                    S.QUEUED,
+                    failure=failure,
+                    reason=f"retry {current.attempt}/{policy.retries} in {delay:.3g}s after "
+                    f"{failure.message}",
+                )
+                return delay
+            self._apply(S.FAILED, failure=failure, reason=failure.message)
+            return None
+
+    def _finish_stopped(self) -> None:
+        """The task obeyed a stop/cancel/timeout request. Caller holds the lock."""
+        kind = self.token.stop_kind
+        if self._snapshot.status in states.STOPPABLE:
+            self._apply(S.STOPPING, reason="stop raised in the task")
+        if kind == "timeout":
+            timeout = self.definition.timeout
+            self._apply(
+                S.FAILED,
+                failure=Failure(
+                    kind=FailureKind.TIMEOUT,
+                    message=f"timed out after {timeout}s (the task stopped at a checkpoint)",
+                ),
+                reason="timeout",
+            )
+        elif kind == "cancel":
+            self._apply(S.CANCELLED, reason="cancelled while running")
+        else:
+            self._apply(S.STOPPED, reason="stopped at a checkpoint")
+
+    def _carrier_crashed(self, exc: BaseException) -> None:
+        """Last resort, when the runtime itself failed while carrying this task: end the
+        task ``failed`` (``cancelled`` if it never started) rather than leave it active in
+        memory and store with nobody to finish it."""
+        self._crash_locked(exc)
+        self._write()
+
+    def _crash_locked(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._snapshot.is_terminal:
+                return
+            failure = Failure(
+                kind=FailureKind.EXCEPTION,
+                message=storable_text(
+                    f"the runtime failed while carrying this task: {describe_exception(exc)}",
+                    self._host.value_rules,
+                ),
+                exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            )
+            try:
+                if self._snapshot.status in states.WAITING:
+                    self._apply(S.CANCELLED, failure=failure, reason="carrier crashed")
+                    return
+                if not states.is_legal(self._snapshot.status, S.FAILED):
+                    self._apply(S.STOPPING, reason="carrier crashed")
+                self._apply(S.FAILED, failure=failure, reason="carrier crashed")
+            except Exception:
+                log.exception("task %s: could not record the carrier's crash", self.task_id)
