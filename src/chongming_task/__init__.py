@@ -7,6 +7,7 @@ access; it needs ``pip install "chongming-task[postgres]"``.
 
 from __future__ import annotations
 
+from ._supervision import ReconcileReport as ReconcileReport
 from .clock import Clock as Clock
 from .clock import SystemClock as SystemClock
 from .controller import Controller as Controller
@@ -49,7 +50,6 @@ from .schedules import Schedule as Schedule
 from .stores import InMemoryTaskStore as InMemoryTaskStore
 from .stores import SqliteTaskStore as SqliteTaskStore
 from .stores import TaskStore as TaskStore
-from .supervision import ReconcileReport as ReconcileReport
 from .token import CancellationToken as CancellationToken
 
 __version__ = "0.1.0"

@@ -23,10 +23,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ._commands import CommandPoller, ControlRouter
+from ._dispatch import make_dispatcher
+from ._registry import RunRegistry
+from ._services import NodeContext, NodeState, Service
+from ._submission import Ownership, Submitter, default_owner, new_task_id
+from ._supervision import Reconciler, ReconcileReport, Supervisor
+from ._workers import WorkerPool
 from .clock import Clock, SystemClock
-from .commands import CommandPoller, ControlRouter
 from .definitions import Definitions, TaskDecorator, TaskDefinition
-from .dispatch import make_dispatcher
 from .errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -44,17 +49,12 @@ from .model import (
 )
 from .pipelines import Pipeline, PipelineRun, PipelineRunner
 from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy
-from .registry import RunRegistry
 from .run import TaskRun
 from .schedules import IntervalTrigger, Overlap, Schedule, ScheduleRunner, Trigger, schedule_tags
-from .services import NodeContext, NodeState, Service
 from .stores import open_store
 from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
-from .submission import Ownership, Submitter, default_owner, new_task_id
-from .supervision import Reconciler, ReconcileReport, Supervisor
 from .values import check_text
-from .workers import WorkerPool
 
 __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 

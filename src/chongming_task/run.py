@@ -15,7 +15,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from . import states
-from .carrier import Carrier, RunHost
+from ._carrier import Carrier, RunHost
+from ._writethrough import WriteThrough
 from .errors import TaskUnsuccessful, WaitTimeout
 from .model import ControlOutcome as O
 from .model import (
@@ -30,7 +31,6 @@ from .model import (
 from .model import TaskStatus as S
 from .token import CancellationToken, StopKind
 from .values import check_text
-from .writethrough import WriteThrough
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition

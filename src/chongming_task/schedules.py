@@ -26,9 +26,9 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ._services import LoopService, NodeContext
 from .errors import ChongmingTaskError, ConfigurationError
 from .model import utc
-from .services import LoopService, NodeContext
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition

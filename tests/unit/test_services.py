@@ -14,9 +14,9 @@ from chongming_task import (
     SystemClock,
     TaskStatus,
 )
-from chongming_task.commands import CommandPoller
-from chongming_task.registry import RunRegistry
-from chongming_task.services import NodeContext
+from chongming_task._commands import CommandPoller
+from chongming_task._registry import RunRegistry
+from chongming_task._services import NodeContext
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.testing import FakeClock
 from tests.conftest import wait_until

@@ -11,15 +11,15 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from .registry import RunRegistry
+from ._registry import RunRegistry
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatcher
+    from ._dispatch import Dispatcher
     from .run import TaskRun
 
 __all__ = ["WorkerPool"]
 
-log = logging.getLogger("chongming_task.workers")
+log = logging.getLogger("chongming_task._workers")
 
 
 class WorkerPool:

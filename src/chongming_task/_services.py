@@ -17,13 +17,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ._registry import RunRegistry
     from .clock import Clock
-    from .registry import RunRegistry
     from .stores.capabilities import Capabilities
 
 __all__ = ["LoopService", "NodeContext", "NodeState", "Service"]
 
-log = logging.getLogger("chongming_task.services")
+log = logging.getLogger("chongming_task._services")
 
 
 class NodeState(enum.Enum):

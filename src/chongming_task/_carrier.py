@@ -13,12 +13,12 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import states
+from ._writethrough import WriteThroughHost
 from .clock import Clock
 from .errors import InvalidValue, StopRequested
 from .model import Failure, FailureKind, TaskSnapshot, Transition, trusted_transition, utc
 from .model import TaskStatus as S
 from .values import ValueRules, describe_exception, storable_result, storable_text
-from .writethrough import WriteThroughHost
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Carrier", "RunHost"]
 
-log = logging.getLogger("chongming_task.carrier")
+log = logging.getLogger("chongming_task._carrier")
 
 
 class RunHost(WriteThroughHost, Protocol):

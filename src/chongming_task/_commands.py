@@ -15,15 +15,15 @@ import logging
 import uuid
 from collections.abc import Callable
 
+from ._services import LoopService, NodeContext
 from .errors import StoreUnavailable, TaskNotFound
 from .model import Command, CommandAction, ControlOutcome, ControlReceipt
 from .run import TaskRun
-from .services import LoopService, NodeContext
 from .values import check_text
 
 __all__ = ["CommandPoller", "ControlRouter", "act"]
 
-log = logging.getLogger("chongming_task.commands")
+log = logging.getLogger("chongming_task._commands")
 
 
 def act(

@@ -18,16 +18,16 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from . import states
+from ._services import LoopService, NodeContext
 from .errors import StoreUnavailable
 from .model import Failure, FailureKind, TaskQuery, TaskSnapshot, TaskStatus, Transition
-from .services import LoopService, NodeContext
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatcher
+    from ._dispatch import Dispatcher
 
 __all__ = ["ReconcileReport", "Reconciler", "Supervisor"]
 
-log = logging.getLogger("chongming_task.supervision")
+log = logging.getLogger("chongming_task._supervision")
 
 _RECONCILE_CHUNK = 500
 

@@ -18,18 +18,18 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._services import NodeContext
 from .errors import ConfigurationError, ControllerClosed
 from .model import TaskSnapshot, TaskStatus, Transition, trusted_snapshot, trusted_transition
 from .pipelines import Pipeline, PipelineRun
 from .policies import BucketPolicy, format_buckets
 from .run import RunHost, TaskRun
-from .services import NodeContext
 from .stores.capabilities import PartialCreate
 from .values import check_text, storable_text
 
 if TYPE_CHECKING:
+    from ._dispatch import Dispatcher
     from .definitions import TaskDefinition
-    from .dispatch import Dispatcher
 
 __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 
