@@ -29,6 +29,10 @@ __all__ = ["Carrier", "RunHost"]
 
 log = logging.getLogger("chongming_task._carrier")
 
+# queued -> starting -> running, the path every attempt takes, asked of the table once.
+states.check("(any task)", S.QUEUED, S.STARTING)
+states.check("(any task)", S.STARTING, S.RUNNING)
+
 
 class RunHost(WriteThroughHost, Protocol):
     """What a run needs from its controller."""
@@ -117,9 +121,7 @@ class Carrier:
         lock, so it is never built."""
         current = self._snapshot
         host = self._host
-        # The one table decides here too (two lookups; the caller checked ``queued``).
-        states.check(current.task_id, current.status, S.STARTING)
-        states.check(current.task_id, S.STARTING, S.RUNNING)
+        # The one table decided this path once, at import; the caller checked ``queued``.
         now = utc(host.clock.now(), "clock.now()")
         task_id, owner = current.task_id, host.owner
         version = current.status_version + 1
@@ -171,7 +173,9 @@ class Carrier:
             if self._snapshot.status in states.TERMINAL:
                 return  # abandoned after a timeout: this late result is not recorded
             try:
-                outcome = storable_result(result, self._host.value_rules)
+                outcome = (
+                    None if result is None else storable_result(result, self._host.value_rules)
+                )
             except Exception as exc:  # InvalidValue, or anything the check itself hit
                 message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
                 failure = Failure(

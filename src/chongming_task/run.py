@@ -87,7 +87,7 @@ class TaskRun(Carrier):
         # _write_lock, then _lock; never _write_lock while holding _lock.
         self._lock = threading.RLock()
         self._write_lock = threading.Lock()
-        self._unwritten: list[Transition] | None = None  # made, not yet handed to the store
+        self._unwritten: tuple[Transition, ...] | None = None  # made, not yet written
         self._finished = False
         self._done: threading.Event | None = None  # made by the first waiter: runs are many
         self._snapshot = snapshot
@@ -233,10 +233,9 @@ class TaskRun(Carrier):
 
     def _queue(self, *transitions: Transition) -> None:
         """Hand transitions to the next ``_write()``. Caller holds the lock."""
-        if self._unwritten is None:
-            self._unwritten = list(transitions)
-        else:
-            self._unwritten += transitions
+        # A tuple: the common write is one transition, and its "earlier" part is then the
+        # shared empty tuple (no list per write for the garbage collector).
+        self._unwritten = transitions if self._unwritten is None else self._unwritten + transitions
 
     def _write(self) -> None:
         """Write the queued transitions with the snapshot they lead to, in order, holding
