@@ -43,11 +43,11 @@ class RunHost(WriteThroughHost, Protocol):
     writethrough_buffer: int
     value_rules: ValueRules
 
-    def _on_terminal(self, run: TaskRun) -> None: ...
+    def ended(self, run: TaskRun) -> None: ...
 
-    def _requeue(self, run: TaskRun, delay: float) -> None: ...
+    def requeue(self, run: TaskRun, delay: float) -> None: ...
 
-    def _abandon(self, run: TaskRun) -> None: ...
+    def abandon(self, run: TaskRun) -> None: ...
 
 
 class Carrier:
@@ -191,7 +191,7 @@ class Carrier:
         delay = self._fail_locked(exc, retry)
         self._write()
         if delay is not None:
-            self._host._requeue(cast("TaskRun", self), delay)
+            self._host.requeue(cast("TaskRun", self), delay)
 
     def _fail_locked(self, exc: BaseException, retry: bool) -> float | None:
         """Record a failure: back to ``queued`` for a retry (returns its delay) or

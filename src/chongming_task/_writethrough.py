@@ -37,9 +37,9 @@ class WriteThroughHost(Protocol):
 
     capabilities: Capabilities
 
-    def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
+    def desynced(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
 
-    def _on_behind(self, task_id: str) -> None: ...
+    def behind(self, task_id: str) -> None: ...
 
 
 class WriteThrough:
@@ -106,7 +106,7 @@ class WriteThrough:
             if self.desynced:
                 return False
             self._buffered().extend((*earlier, transition))
-            self._host._on_behind(self.task_id)
+            self._host.behind(self.task_id)
             return False
         if len(self._buffer) == self._limit:
             self.dropped += 1
@@ -156,7 +156,7 @@ class WriteThrough:
         except ConcurrencyConflict as exc:
             self.desynced = True
             self._buffer = None
-            host._on_desync(self.task_id, exc)
+            host.desynced(self.task_id, exc)
             return False
         except Exception as exc:
             return self._failed(exc, len(pending), transition is None)
@@ -175,5 +175,5 @@ class WriteThrough:
             pending,
         )
         if catching_up:
-            self._host._on_behind(self.task_id)
+            self._host.behind(self.task_id)
         return False

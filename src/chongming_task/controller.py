@@ -25,6 +25,7 @@ from typing import Any
 
 from ._commands import CommandPoller, ControlRouter
 from ._dispatch import make_dispatcher
+from ._host import NodeHost
 from ._registry import RunRegistry
 from ._services import NodeContext, NodeState, Service
 from ._submission import Ownership, Submitter, default_owner, new_task_id
@@ -33,7 +34,6 @@ from ._workers import WorkerPool
 from .clock import Clock, SystemClock
 from .definitions import Definitions, TaskDecorator, TaskDefinition
 from .errors import (
-    ConcurrencyConflict,
     ConfigurationError,
     TaskNotFound,
     WaitTimeout,
@@ -153,9 +153,33 @@ class Controller:
             registry=self._registry,
             capabilities=self.capabilities,
         )
+        # The services, each started at most once by _start(), all stopped by close().
+        self._workers = WorkerPool(
+            registry=self._registry, dispatcher=self._dispatcher, size=max_workers
+        )
+        self._pipelines = PipelineRunner(owner=self.owner)
+        self._supervisor = Supervisor(
+            node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval
+        )
+        self._poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
+        self._scheduler = ScheduleRunner(
+            node, rng=self.rng, submit=self._fire, accepting=self._accepting
+        )
+        # What each run needs from this node: settings, and where it reports.
+        host = NodeHost(
+            owner=self.owner,
+            clock=self.clock,
+            rng=self.rng,
+            capabilities=self.capabilities,
+            writethrough_buffer=writethrough_buffer,
+            registry=self._registry,
+            dispatcher=self._dispatcher,
+            workers=self._workers,
+            pipelines=self._pipelines,
+        )
         self._submitter = Submitter(
             node,
-            host=self,
+            host=host,
             dispatcher=self._dispatcher,
             ownership=self._ownership,
             lease_ttl=lease_ttl,
@@ -167,18 +191,6 @@ class Controller:
         self._reconciler = Reconciler(
             node, buckets=None if self._ownership.owns_all else self.owned_buckets
         )
-        # The services, each started at most once by _start(), all stopped by close().
-        self._workers = WorkerPool(
-            registry=self._registry, dispatcher=self._dispatcher, size=max_workers
-        )
-        self._supervisor = Supervisor(
-            node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval
-        )
-        self._poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
-        self._scheduler = ScheduleRunner(
-            node, rng=self.rng, submit=self._fire, accepting=self._accepting
-        )
-        self._pipelines = PipelineRunner(owner=self.owner)
         # Schedules fire from the scheduler's thread, or only through tick_schedules()
         # when run_schedules=False (tests with a fake clock drive them that way).
         self._run_schedules = run_schedules
@@ -467,31 +479,6 @@ class Controller:
         conflict means the supervisor came back: reconcile lets go of that task.
         """
         return self._reconciler.run(dry_run=dry_run)
-
-    # -- hooks called by runs ----------------------------------------------------------------------
-
-    def _on_terminal(self, run: TaskRun) -> None:
-        if run.pipeline is not None:
-            self._pipelines.node_ended(run)
-        self._registry.ended(run, written=run.written)
-
-    def _on_desync(self, task_id: str, exc: ConcurrencyConflict) -> None:
-        log.error(
-            "task %s: another writer changed it in the store (%s); write-through stopped "
-            "for this task",
-            task_id,
-            exc,
-        )
-        self._registry.mark_desynced(task_id)
-
-    def _on_behind(self, task_id: str) -> None:
-        self._registry.mark_behind(task_id)
-
-    def _requeue(self, run: TaskRun, delay: float) -> None:
-        self._dispatcher.schedule(run, delay)
-
-    def _abandon(self, run: TaskRun) -> None:
-        self._workers.abandon(run)
 
     # -- shutdown ---------------------------------------------------------------------------------
 

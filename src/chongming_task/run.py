@@ -265,7 +265,7 @@ class TaskRun(Carrier):
             self.token.detach()
             if self._done is not None:
                 self._done.set()
-        self._host._on_terminal(self)
+        self._host.ended(self)
 
     def _created(self, transition: Transition, *, appended: bool) -> None:
         """The store accepted ``create`` (and, if ``appended``, the creation transition)."""
@@ -445,7 +445,7 @@ class TaskRun(Carrier):
                 self._apply(S.STOPPING, reason=f"timeout after {self.definition.timeout}s")
         self._write()
         if abandon:
-            self._host._abandon(self)
+            self._host.abandon(self)
             return
         with self._lock:  # the token hears it once the transition is in the store
             if self._snapshot.status is S.STOPPING:

@@ -1,0 +1,89 @@
+"""``NodeHost``: what a run needs from its node (the ``RunHost`` protocol), as an object of
+its own, so that the runs talk to the node's services and never to the Controller."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from .clock import Clock
+from .errors import ConcurrencyConflict
+from .stores.capabilities import Capabilities
+from .values import ValueRules
+
+if TYPE_CHECKING:
+    from ._dispatch import Dispatcher
+    from ._registry import RunRegistry
+    from ._workers import WorkerPool
+    from .pipelines import PipelineRunner
+    from .run import TaskRun
+
+__all__ = ["NodeHost"]
+
+log = logging.getLogger("chongming_task.controller")
+
+
+class NodeHost:
+    """A node's side of its runs: settings they read, and where they report."""
+
+    __slots__ = (
+        "_dispatcher",
+        "_pipelines",
+        "_registry",
+        "_workers",
+        "capabilities",
+        "clock",
+        "owner",
+        "rng",
+        "value_rules",
+        "writethrough_buffer",
+    )
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        clock: Clock,
+        rng: random.Random,
+        capabilities: Capabilities,
+        writethrough_buffer: int,
+        registry: RunRegistry,
+        dispatcher: Dispatcher,
+        workers: WorkerPool,
+        pipelines: PipelineRunner,
+    ) -> None:
+        self.owner = owner
+        self.clock = clock
+        self.rng = rng
+        self.capabilities = capabilities
+        self.value_rules: ValueRules = capabilities.value_rules
+        self.writethrough_buffer = writethrough_buffer
+        self._registry = registry
+        self._dispatcher = dispatcher
+        self._workers = workers
+        self._pipelines = pipelines
+
+    def ended(self, run: TaskRun) -> None:
+        """``run`` is terminal (its end written, or buffered after a failed write)."""
+        if run.pipeline is not None:
+            self._pipelines.node_ended(run)
+        self._registry.ended(run, written=run.written)
+
+    def requeue(self, run: TaskRun, delay: float) -> None:
+        self._dispatcher.schedule(run, delay)
+
+    def abandon(self, run: TaskRun) -> None:
+        self._workers.abandon(run)
+
+    def desynced(self, task_id: str, exc: ConcurrencyConflict) -> None:
+        log.error(
+            "task %s: another writer changed it in the store (%s); write-through stopped "
+            "for this task",
+            task_id,
+            exc,
+        )
+        self._registry.mark_desynced(task_id)
+
+    def behind(self, task_id: str) -> None:
+        self._registry.mark_behind(task_id)
