@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Carrier", "RunHost"]
 
-log = logging.getLogger("chongming_task._carrier")
+log = logging.getLogger("chongming_task.carrier")
 
 # queued -> starting -> running, the path every attempt takes, asked of the table once.
 states.check("(any task)", S.QUEUED, S.STARTING)

@@ -23,7 +23,7 @@ from .values import check_text
 
 __all__ = ["CommandPoller", "ControlRouter", "act"]
 
-log = logging.getLogger("chongming_task._commands")
+log = logging.getLogger("chongming_task.commands")
 
 
 def act(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LoopService", "NodeContext", "NodeState", "Service"]
 
-log = logging.getLogger("chongming_task._services")
+log = logging.getLogger("chongming_task.services")
 
 
 class NodeState(enum.Enum):

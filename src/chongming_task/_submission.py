@@ -23,7 +23,7 @@ from .errors import ConfigurationError, ControllerClosed
 from .model import TaskSnapshot, TaskStatus, Transition, trusted_snapshot, trusted_transition
 from .pipelines import Pipeline, PipelineRun
 from .policies import BucketPolicy, format_buckets
-from .run import RunHost, TaskRun
+from .run import RunHost, TaskRun, dependencies_met, lease_renewed, stored
 from .stores.capabilities import PartialCreate
 from .values import check_text, storable_text
 
@@ -165,7 +165,7 @@ class Submitter:
 
     def enqueue_pending(self, run: TaskRun, reason: str) -> bool:
         """Move a ``pending`` run to ``queued``: its dependencies are met."""
-        if not run._dependencies_met(reason):
+        if not dependencies_met(run, reason):
             return False
         self._dispatcher.put(run)
         return True
@@ -225,7 +225,7 @@ class Submitter:
             lease_until=now + self._lease_delta,
         )
         run = TaskRun(host, definition, snapshot, args, kwargs)
-        run._lease_renew_at = self._clock.monotonic() + self._lease_ttl / 3
+        lease_renewed(run, self._clock.monotonic() + self._lease_ttl / 3)
         # Before create: a command may follow at once. One dict operation, atomic on its
         # own: the submitting thread takes no lock the workers take.
         self._registry.add(run)
@@ -252,7 +252,7 @@ class Submitter:
             cause = exc.__cause__ or exc
             reason = storable_text(f"batch submit failed: {cause}", self._host.value_rules)
             for run, created in prepared[: exc.created]:
-                run._created(created, appended=False)
+                stored(run, created, appended=False)
                 run.cancel(reason=reason)
             self._registry.forget(run for run, _ in prepared[exc.created :])
             raise cause from None
@@ -260,5 +260,5 @@ class Submitter:
             self._registry.forget(run for run, _ in prepared)
             raise
         for run, created in prepared:
-            run._created(created, appended=appended)
+            stored(run, created, appended=appended)
         self._stored()

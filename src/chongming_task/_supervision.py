@@ -21,13 +21,21 @@ from . import states
 from ._services import LoopService, NodeContext
 from .errors import StoreUnavailable
 from .model import Failure, FailureKind, TaskQuery, TaskSnapshot, TaskStatus, Transition
+from .run import (
+    activity_flushed,
+    catch_up,
+    check_timeout,
+    lease_due,
+    lease_renewed,
+    unflushed_activity,
+)
 
 if TYPE_CHECKING:
     from ._dispatch import Dispatcher
 
 __all__ = ["ReconcileReport", "Reconciler", "Supervisor"]
 
-log = logging.getLogger("chongming_task._supervision")
+log = logging.getLogger("chongming_task.supervision")
 
 _RECONCILE_CHUNK = 500
 
@@ -66,7 +74,7 @@ class Supervisor(LoopService):
         self._step("activity flush", self.flush_activity)
         for run in self._registry.active():
             try:
-                run._check_timeout(now)
+                check_timeout(run, now)
             except Exception:
                 log.exception("task %s: timeout check failed; continuing", run.task_id)
         self._step("write-through catch-up", self.catch_up)
@@ -94,9 +102,10 @@ class Supervisor(LoopService):
         for run in self._registry.active():
             if run.desynced:
                 continue
-            seq, progress, heartbeat = run.token.activity()
-            if seq == run._flushed_activity:
+            activity = unflushed_activity(run)
+            if activity is None:
                 continue
+            seq, progress, heartbeat = activity
             try:
                 self._store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
                 self._reachable()
@@ -106,7 +115,7 @@ class Supervisor(LoopService):
                 # This task's values cannot be written (checkpoint() checks them, so this
                 # is a store fault): drop this reading, keep flushing the others.
                 log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
-            run._flushed_activity = seq
+            activity_flushed(run, seq)
 
     def renew_leases(self) -> bool:
         """Renew leases that have used a third of their TTL, in one transaction where the
@@ -117,7 +126,7 @@ class Supervisor(LoopService):
         due = [
             run
             for run in self._registry.held()
-            if not run.done() and not run.desynced and run._lease_renew_at <= mono
+            if not run.done() and not run.desynced and lease_due(run, mono)
         ]
         if not due:
             return True
@@ -143,7 +152,7 @@ class Supervisor(LoopService):
                     renewed.append(run)
         self._reachable()
         for run in renewed:
-            run._lease_renew_at = mono + self._lease_ttl / 3
+            lease_renewed(run, mono + self._lease_ttl / 3)
         return len(renewed) == len(due)
 
     def catch_up(self) -> None:
@@ -151,7 +160,7 @@ class Supervisor(LoopService):
         registry = self._registry
         behind = registry.take_behind()
         for i, run in enumerate(behind):
-            if run._catch_up():
+            if catch_up(run):
                 if run.done():
                     registry.ended(run, written=True)
             elif not run.desynced:

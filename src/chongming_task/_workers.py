@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ._registry import RunRegistry
+from .run import carrier_crashed, execute
 
 if TYPE_CHECKING:
     from ._dispatch import Dispatcher
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerPool"]
 
-log = logging.getLogger("chongming_task._workers")
+log = logging.getLogger("chongming_task.workers")
 
 
 class WorkerPool:
@@ -83,10 +84,10 @@ class WorkerPool:
                 return
             registry.started(run)
             try:
-                run._execute()
+                execute(run)
             except BaseException as exc:
                 log.exception("task %s: carrier crashed", run.task_id)
-                run._carrier_crashed(exc)  # never leave the task active with no carrier
+                carrier_crashed(run, exc)  # never leave the task active with no carrier
             if run.abandoned:
                 return  # abandon() released the slot and started a replacement carrier
             registry.finished(run)

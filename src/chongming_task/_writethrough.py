@@ -28,7 +28,7 @@ from .stores.capabilities import Capabilities, PartialWrite
 
 __all__ = ["WriteThrough", "WriteThroughHost"]
 
-log = logging.getLogger("chongming_task._writethrough")
+log = logging.getLogger("chongming_task.writethrough")
 
 
 class WriteThroughHost(Protocol):

@@ -49,7 +49,7 @@ from .model import (
 )
 from .pipelines import Pipeline, PipelineRun, PipelineRunner
 from .policies import DEFAULT_NUM_BUCKETS, BucketPolicy
-from .run import TaskRun
+from .run import TaskRun, catch_up
 from .schedules import IntervalTrigger, Overlap, Schedule, ScheduleRunner, Trigger, schedule_tags
 from .stores import open_store
 from .stores.capabilities import Capabilities
@@ -509,7 +509,7 @@ class Controller:
         for service in services:
             service.join(timeout)
         for run in self.held():
-            run._catch_up()
+            catch_up(run)
         if self._owns_store:
             self.store.close()
         self._state = NodeState.CLOSED

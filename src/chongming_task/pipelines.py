@@ -29,6 +29,7 @@ from . import states
 from .definitions import TaskDefinition
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
+from .run import cancel_waiting
 
 if TYPE_CHECKING:
     from .run import TaskRun
@@ -217,11 +218,12 @@ class PipelineRun:
             if child in seen:
                 continue
             seen.add(child)
-            self.nodes[child]._cancel_waiting(
+            cancel_waiting(
+                self.nodes[child],
                 Failure(
                     kind=FailureKind.DEPENDENCY,
                     message=f"dependency {key!r} ended {status.value}",
-                )
+                ),
             )
             stack.extend(self._dependents[child])
 
@@ -235,7 +237,7 @@ class PipelineRun:
             if other == key or run.done():
                 continue
             failure = Failure(kind=FailureKind.DEPENDENCY, message=reason)
-            if not run._cancel_waiting(failure):
+            if not cancel_waiting(run, failure):
                 run.stop(reason=reason)
 
     def _check_done(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import states
@@ -23,6 +24,7 @@ from .model import (
     Failure,
     FailureKind,
     JSONValue,
+    Progress,
     TaskSnapshot,
     Transition,
     trusted_transition,
@@ -36,7 +38,21 @@ if TYPE_CHECKING:
     from .definitions import TaskDefinition
     from .pipelines import PipelineRun
 
-__all__ = ["RunHost", "TaskRun"]
+__all__ = [
+    "RunHost",
+    "TaskRun",
+    "activity_flushed",
+    "cancel_waiting",
+    "carrier_crashed",
+    "catch_up",
+    "check_timeout",
+    "dependencies_met",
+    "execute",
+    "lease_due",
+    "lease_renewed",
+    "stored",
+    "unflushed_activity",
+]
 
 log = logging.getLogger("chongming_task.run")
 
@@ -465,3 +481,58 @@ class TaskRun(Carrier):
             ),
             reason="timeout; carrier abandoned",
         )
+
+
+# -- the node's side of a run ------------------------------------------------------------------
+# The node's services drive a run through these functions (its own module reaches into it);
+# task code never needs them, so the handle's public surface stays what users call.
+
+
+def execute(run: TaskRun) -> None:
+    """One attempt on the calling (worker) thread."""
+    run._execute()
+
+
+def carrier_crashed(run: TaskRun, exc: BaseException) -> None:
+    run._carrier_crashed(exc)
+
+
+def catch_up(run: TaskRun) -> bool:
+    """Retry the run's buffered writes; whether the store is up to date."""
+    return run._catch_up()
+
+
+def check_timeout(run: TaskRun, now: float) -> None:
+    run._check_timeout(now)
+
+
+def stored(run: TaskRun, created: Transition, *, appended: bool) -> None:
+    """The store accepted the run's ``create`` (and, if ``appended``, its trail row)."""
+    run._created(created, appended=appended)
+
+
+def dependencies_met(run: TaskRun, reason: str) -> bool:
+    return run._dependencies_met(reason)
+
+
+def cancel_waiting(run: TaskRun, failure: Failure) -> bool:
+    return run._cancel_waiting(failure)
+
+
+def lease_due(run: TaskRun, mono: float) -> bool:
+    """Whether the run's lease has used a third of its TTL (monotonic time)."""
+    return run._lease_renew_at <= mono
+
+
+def lease_renewed(run: TaskRun, next_due: float) -> None:
+    run._lease_renew_at = next_due
+
+
+def unflushed_activity(run: TaskRun) -> tuple[int, Progress | None, datetime | None] | None:
+    """The token's activity if it changed since the last flush, else ``None``."""
+    activity = run.token.activity()
+    return None if activity[0] == run._flushed_activity else activity
+
+
+def activity_flushed(run: TaskRun, seq: int) -> None:
+    run._flushed_activity = seq

@@ -12,20 +12,21 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import Transition
 from . import codec
-
-if TYPE_CHECKING:
-    from .sqlite import SqliteTaskStore
 
 __all__ = ["AT", "NEW_PAD", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest", "trail_row"]
 
 _TRAIL_VALUES = tuple(c for c in codec.TRANSITION_COLUMNS if c != "task_id")
 WRITE_VIEW_COLUMNS = ("kind", *codec.TASK_COLUMNS, "expect", *_TRAIL_VALUES)
 _CONFLICT_MESSAGE = "chongming-task: status_version moved"  # raised by task_writes_life
+Scope = Callable[[str], AbstractContextManager[sqlite3.Connection]]
+"""A store scope: ``with scope(what) as conn`` (``what`` names the work in errors)."""
 
 AT = {c: i for i, c in enumerate(WRITE_VIEW_COLUMNS)}
 _WIDTH = len(WRITE_VIEW_COLUMNS)
@@ -139,10 +140,29 @@ class GroupCommit:
     # write is never left without a thread to commit it.
     _RETRY = 0.05
 
-    def __init__(self, store: SqliteTaskStore) -> None:
-        self._store = store
+    def __init__(
+        self,
+        *,
+        lock: threading.RLock,
+        in_transaction: Callable[[], bool],
+        statement: Scope,
+        transaction: Scope,
+    ) -> None:
+        """``lock`` is the store's connection lock; ``in_transaction`` says whether the
+        thread holding it is inside ``atomic()``; ``statement`` runs one statement as its
+        own transaction, ``transaction`` opens ``BEGIN IMMEDIATE ... COMMIT`` (both take
+        the lock, and translate the driver's errors)."""
+        self._lock = lock
+        self._in_transaction = in_transaction
+        self._statement = statement
+        self._transaction = transaction
         self._queue: deque[WriteRequest] = deque()  # append / popleft: atomic
         self._server: int | None = None  # the thread committing a batch, under the lock
+
+    @property
+    def pending(self) -> bool:
+        """Whether writes are queued (a releaser of the lock then calls ``serve()``)."""
+        return bool(self._queue)
 
     def run(self, request: WriteRequest) -> None:
         # Queue first, then try the lock: if the try fails, the holder has not released
@@ -157,15 +177,14 @@ class GroupCommit:
     def serve(self) -> None:
         """Commit queued writes, a batch at a time, while there are some and the store's
         lock is free. Called by writers and after every release of the lock."""
-        store = self._store
-        lock = store._lock
+        lock = self._lock
         queue_ = self._queue
         me = threading.get_ident()
         if self._server == me:
             return  # the scopes of our own commit end here: the loop below continues
         while queue_ and lock.acquire(blocking=False):
             try:
-                if store._depth:
+                if self._in_transaction():
                     return  # this thread is inside atomic(): never commit others' writes there
                 self._server = me
                 batch: list[WriteRequest] = []
@@ -179,12 +198,11 @@ class GroupCommit:
 
     def _commit(self, batch: list[WriteRequest]) -> None:
         """Called holding the store's lock."""
-        store = self._store
         rows = [row for request in batch for row in request.rows]
         try:
             if len(rows) <= _ROWS_PER_STATEMENT:
                 try:  # the common case: one statement, its own transaction
-                    with store._locked("group commit") as conn:
+                    with self._statement("group commit") as conn:
                         _write_rows(conn, rows)
                 except StoreError as exc:
                     if not isinstance(exc.__cause__, sqlite3.IntegrityError):
@@ -192,7 +210,7 @@ class GroupCommit:
                     self._one_by_one(batch)  # nothing was written: find who failed
             else:
                 try:
-                    with store._write("group commit") as conn:
+                    with self._transaction("group commit") as conn:
                         _write_rows(conn, rows)
                 except StoreError as exc:
                     if not isinstance(exc.__cause__, sqlite3.IntegrityError):
@@ -214,7 +232,7 @@ class GroupCommit:
     def _one_by_one(self, batch: list[WriteRequest]) -> None:
         """A conflict or an existing id somewhere in the batch undid it all: redo it in one
         transaction, each request in a savepoint, so only the failing ones fail."""
-        with self._store._write("group commit") as conn:
+        with self._transaction("group commit") as conn:
             for request in batch:
                 try:
                     request.apply_alone(conn)

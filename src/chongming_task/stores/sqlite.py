@@ -68,7 +68,12 @@ class SqliteTaskStore:
         self._lock = threading.RLock()  # re-entrant: methods run inside atomic()
         self._depth = 0  # > 0 while a write scope (or atomic()) holds the transaction
         self._holder: int | None = None  # the thread whose write scope holds it
-        self._group = GroupCommit(self)
+        self._group = GroupCommit(
+            lock=self._lock,
+            in_transaction=lambda: self._depth > 0,
+            statement=self._locked,
+            transaction=self._write,
+        )
         self._closed = False
         memory = self.path == ":memory:"
         if not memory and not create and not Path(self.path).exists():
@@ -499,7 +504,7 @@ class _ReadScope:
     ) -> None:
         store = self._store
         store._lock.release()
-        if store._group._queue:
+        if store._group.pending:
             store._group.serve()  # writes queued while we held the lock
         if isinstance(exc, sqlite3.DatabaseError):
             raise store._translate(exc, self._what) from exc
@@ -566,7 +571,7 @@ class _WriteScope:
             raise store._translate(end_error, "commit") from end_error
         finally:
             store._lock.release()
-            if store._group._queue:
+            if store._group.pending:
                 store._group.serve()  # writes queued while we held the lock
         if isinstance(exc, sqlite3.DatabaseError):
             raise store._translate(exc, self._what) from exc
