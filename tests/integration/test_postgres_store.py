@@ -220,3 +220,39 @@ def test_a_missing_schema_is_a_clear_error(pg_dsn: str) -> None:
     with pytest.raises(StoreError, match="migrate"):
         store.get("anything")
     store.close()
+
+
+def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: list[str]) -> None:
+    """The statements live in postgres.sql as SQL; a column the codec has and the SQL
+    lacks (or a shifted order) fails here, not as a silently misread row."""
+    import re
+
+    import psycopg
+
+    from chongming_task.states import TERMINAL
+    from chongming_task.stores import codec
+    from chongming_task.stores._sql import load_named
+
+    store = make(pg_dsn, schemas)
+    store.close()
+    with psycopg.connect(pg_dsn) as conn:
+        for table, columns in (
+            ("tasks", codec.TASK_COLUMNS),
+            ("transitions", codec.TRANSITION_COLUMNS),
+            ("commands", codec.COMMAND_COLUMNS),
+        ):
+            found = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns"
+                    " WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                    [schemas[-1], table],
+                )
+            ]
+            assert [c for c in found if c != "seq"] == list(columns)
+    statements = load_named("postgres.sql")
+    assert set(re.findall(r"'(\w+)'", statements["prune"])) == {s.value for s in TERMINAL}
+    selected = statements["get_task"].split("FROM")[0].replace("SELECT", "")
+    assert [c.strip().removesuffix("::text") for c in selected.split(",")] == list(
+        codec.TASK_COLUMNS
+    )

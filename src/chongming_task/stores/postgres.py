@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
-from ..states import TERMINAL
 from ..values import STRICT
 from . import codec
-from ._sql import Dialect, encoded_tag, query_sql
+from ._sql import Dialect, encoded_tag, load_named, query_sql
 
 try:
     import psycopg
@@ -54,87 +53,11 @@ INSTALL_HINT = 'pip install "chongming-task[postgres]"'
 DEFAULT_SCHEMA = "chongming"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
+_SQL = load_named("postgres.sql")
 _JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
-_TIME_COLUMNS = frozenset(
-    {
-        "created_at",
-        "started_at",
-        "ended_at",
-        "last_heartbeat_at",
-        "lease_until",
-        "at",
-        "finished_at",
-    }
-)
-
-
-def _placeholder(column: str) -> str:
-    if column in _JSON_COLUMNS:
-        return "%s::jsonb"
-    if column in _TIME_COLUMNS:
-        return "%s::timestamptz"
-    return "%s"
-
-
-def _select(column: str) -> str:
-    return f"{column}::text" if column in _JSON_COLUMNS else column  # the codec reads text
-
-
-_TASK_SELECT = ", ".join(_select(c) for c in codec.TASK_COLUMNS)
-_INSERT_TASK = (
-    f"INSERT INTO tasks ({', '.join(codec.TASK_COLUMNS)}) "
-    f"VALUES ({', '.join(_placeholder(c) for c in codec.TASK_COLUMNS)}) "
-    "ON CONFLICT (task_id) DO NOTHING"
-)
+# The task columns as the codec reads them: JSONB as text.
+_TASK_SELECT = ", ".join(f"{c}::text" if c in _JSON_COLUMNS else c for c in codec.TASK_COLUMNS)
 _SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
-_SAVE_TASK = (
-    "UPDATE tasks SET "
-    + ", ".join(f"{c} = {_placeholder(c)}" for c in _SAVE_VALUE_COLUMNS)
-    + " WHERE task_id = %s AND status_version = %s"
-)
-_GET_TASK = f"SELECT {_TASK_SELECT} FROM tasks WHERE task_id = %s"
-_TOUCH_TASK = (
-    "UPDATE tasks SET progress = COALESCE(%s::jsonb, progress),"
-    " last_heartbeat_at = COALESCE(%s::timestamptz, last_heartbeat_at),"
-    " lease_owner = COALESCE(%s, lease_owner),"
-    " lease_until = COALESCE(%s::timestamptz, lease_until) WHERE task_id = %s"
-)
-_APPEND = (
-    f"INSERT INTO transitions ({', '.join(codec.TRANSITION_COLUMNS)}) "
-    f"VALUES ({', '.join(_placeholder(c) for c in codec.TRANSITION_COLUMNS)}) "
-    "ON CONFLICT (task_id, version) DO NOTHING"
-)
-_HISTORY = (
-    f"SELECT {', '.join(codec.TRANSITION_COLUMNS)} FROM transitions "
-    "WHERE task_id = %s AND version > %s ORDER BY version"
-)
-_INSERT_COMMAND = (
-    f"INSERT INTO commands ({', '.join(codec.COMMAND_COLUMNS)}) "
-    f"VALUES ({', '.join(_placeholder(c) for c in codec.COMMAND_COLUMNS)})"
-)
-_CLAIM = (
-    "WITH picked AS ("
-    " SELECT command_id FROM commands WHERE finished_at IS NULL"
-    " AND (lease_until IS NULL OR lease_until <= %s::timestamptz)"
-    " ORDER BY created_at, seq LIMIT %s FOR UPDATE SKIP LOCKED)"
-    " UPDATE commands AS c SET lease_until = %s::timestamptz FROM picked"
-    " WHERE c.command_id = picked.command_id"
-    f" RETURNING c.seq, {', '.join('c.' + col for col in codec.COMMAND_COLUMNS)}"
-)
-_COMPLETE = (
-    "UPDATE commands SET finished_at = %s::timestamptz, outcome = %s, lease_until = NULL"
-    " WHERE command_id = %s"
-)
-_RELEASE = "UPDATE commands SET lease_until = NULL WHERE command_id = %s AND finished_at IS NULL"
-_PRUNE = (
-    "WITH doomed AS (SELECT task_id FROM tasks WHERE status = ANY(%s)"
-    " ORDER BY created_at DESC, seq DESC OFFSET %s),"
-    " gone_history AS (DELETE FROM transitions WHERE task_id IN (SELECT task_id FROM doomed)),"
-    " gone_commands AS (DELETE FROM commands WHERE finished_at IS NOT NULL"
-    " AND task_id IN (SELECT task_id FROM doomed))"
-    " DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)"
-)
-_TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
 _DIALECT = Dialect(
     select=f"SELECT {_TASK_SELECT} FROM tasks",
     placeholder="%s",
@@ -366,7 +289,7 @@ class PostgresTaskStore:
     def create(self, snapshot: TaskSnapshot) -> None:
         values = codec.snapshot_to_values(snapshot)
         with self._cursor("create") as cur:
-            cur.execute(_INSERT_TASK, values)
+            cur.execute(_SQL["insert_task"], values)
             inserted = cur.rowcount
         if inserted != 1:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
@@ -375,10 +298,10 @@ class PostgresTaskStore:
         row = codec.snapshot_to_row(snapshot)
         params = [row[c] for c in _SAVE_VALUE_COLUMNS] + [snapshot.task_id, expect_version]
         with self._cursor("save") as cur:
-            cur.execute(_SAVE_TASK, params)
+            cur.execute(_SQL["save_task"], params)
             if cur.rowcount == 1:
                 return
-            cur.execute("SELECT status_version FROM tasks WHERE task_id = %s", [snapshot.task_id])
+            cur.execute(_SQL["stored_version"], [snapshot.task_id])
             found = cur.fetchone()
         raise ConcurrencyConflict.version_mismatch(
             snapshot.task_id, expect_version, None if found is None else found[0]
@@ -386,7 +309,7 @@ class PostgresTaskStore:
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         with self._cursor("get") as cur:
-            cur.execute(_GET_TASK, [task_id])
+            cur.execute(_SQL["get_task"], [task_id])
             row = cur.fetchone()
         return None if row is None else self._snapshot(row)
 
@@ -405,7 +328,7 @@ class PostgresTaskStore:
 
     def counts(self) -> dict[TaskStatus, int]:
         with self._cursor("counts") as cur:
-            cur.execute("SELECT status, COUNT(*) FROM tasks GROUP BY status")
+            cur.execute(_SQL["counts"])
             rows = cur.fetchall()
         return {TaskStatus(status): n for status, n in rows}
 
@@ -414,11 +337,11 @@ class PostgresTaskStore:
     def append(self, transition: Transition) -> None:
         values = codec.transition_to_values(transition)
         with self._cursor("append") as cur:
-            cur.execute(_APPEND, values)
+            cur.execute(_SQL["append"], values)
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._cursor("history") as cur:
-            cur.execute(_HISTORY, [task_id, since_version])
+            cur.execute(_SQL["history"], [task_id, since_version])
             rows = cur.fetchall()
         return [codec.values_to_transition(r) for r in rows]
 
@@ -437,7 +360,7 @@ class PostgresTaskStore:
         if params is None:
             return
         with self._cursor("touch") as cur:
-            cur.execute(_TOUCH_TASK, params)
+            cur.execute(_SQL["touch_task"], params)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -445,7 +368,7 @@ class PostgresTaskStore:
         values = codec.command_to_values(command)
         try:
             with self._cursor("submit_command") as cur:
-                cur.execute(_INSERT_COMMAND, values)
+                cur.execute(_SQL["insert_command"], values)
                 # Delivered at commit, to listeners only: a wake-up, never the delivery.
                 cur.execute(f"NOTIFY {self._channel}".encode())
         except StoreError as exc:
@@ -459,7 +382,9 @@ class PostgresTaskStore:
         now = utc(now, "now")
         until = now + timedelta(seconds=lease_seconds)
         with self._cursor("claim_commands") as cur:
-            cur.execute(_CLAIM, [codec.encode_dt(now), limit, codec.encode_dt(until)])
+            cur.execute(
+                _SQL["claim_commands"], [codec.encode_dt(now), limit, codec.encode_dt(until)]
+            )
             rows = cur.fetchall()
         rows.sort(key=lambda r: (r[5], r[0]))  # created_at, then insertion order
         return [codec.values_to_command(r[1:]) for r in rows]
@@ -501,11 +426,11 @@ class PostgresTaskStore:
         self, command_id: str, *, now: datetime, outcome: str | None = None
     ) -> None:
         with self._cursor("complete_command") as cur:
-            cur.execute(_COMPLETE, [codec.encode_dt(now), outcome, command_id])
+            cur.execute(_SQL["complete_command"], [codec.encode_dt(now), outcome, command_id])
 
     def release_command(self, command_id: str, *, now: datetime) -> None:
         with self._cursor("release_command") as cur:
-            cur.execute(_RELEASE, [command_id])
+            cur.execute(_SQL["release_command"], [command_id])
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -513,7 +438,7 @@ class PostgresTaskStore:
         if keep_terminal < 0:
             raise ValueError(f"keep_terminal must be >= 0, got {keep_terminal}")
         with self._cursor("prune") as cur:
-            cur.execute(_PRUNE, [_TERMINAL_VALUES, keep_terminal])
+            cur.execute(_SQL["prune"], [keep_terminal])
             return cur.rowcount
 
     def close(self) -> None:

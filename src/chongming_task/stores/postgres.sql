@@ -1,0 +1,95 @@
+-- The PostgreSQL store's statements, one named block per statement, loaded by name
+-- (chongming_task.stores._sql.load_named). The schema is postgres_schema.sql. Column
+-- lists follow chongming_task.stores.codec; JSONB columns are read as text (the codec
+-- decodes JSON text) and written with ::jsonb, times with ::timestamptz.
+
+-- name: insert_task
+INSERT INTO tasks (
+    task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
+    failure, outcome, lease_owner, lease_until
+) VALUES (
+    %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::timestamptz,
+    %s::timestamptz, %s::timestamptz, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::timestamptz
+)
+ON CONFLICT (task_id) DO NOTHING
+
+-- save writes every column but the lease (store guide §2.3).
+-- name: save_task
+UPDATE tasks SET
+    name = %s, status = %s, status_version = %s, attempt = %s, tags = %s::jsonb,
+    bucket = %s, bucket_key = %s, pipeline_run_id = %s, owner = %s,
+    created_at = %s::timestamptz, started_at = %s::timestamptz, ended_at = %s::timestamptz,
+    last_heartbeat_at = %s::timestamptz, progress = %s::jsonb, failure = %s::jsonb,
+    outcome = %s::jsonb
+WHERE task_id = %s AND status_version = %s
+
+-- name: stored_version
+SELECT status_version FROM tasks WHERE task_id = %s
+
+-- name: get_task
+SELECT task_id, name, status, status_version, attempt, tags::text, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
+    progress::text, failure::text, outcome::text, lease_owner, lease_until
+FROM tasks WHERE task_id = %s
+
+-- name: counts
+SELECT status, COUNT(*) FROM tasks GROUP BY status
+
+-- name: touch_task
+UPDATE tasks SET
+    progress = COALESCE(%s::jsonb, progress),
+    last_heartbeat_at = COALESCE(%s::timestamptz, last_heartbeat_at),
+    lease_owner = COALESCE(%s, lease_owner),
+    lease_until = COALESCE(%s::timestamptz, lease_until)
+WHERE task_id = %s
+
+-- name: append
+INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+VALUES (%s, %s, %s, %s, %s::timestamptz, %s, %s)
+ON CONFLICT (task_id, version) DO NOTHING
+
+-- name: history
+SELECT task_id, version, from_status, to_status, at, reason, actor
+FROM transitions WHERE task_id = %s AND version > %s ORDER BY version
+
+-- name: insert_command
+INSERT INTO commands (
+    command_id, task_id, action, issued_by, created_at, reason, lease_until, finished_at,
+    outcome
+) VALUES (%s, %s, %s, %s, %s::timestamptz, %s, %s::timestamptz, %s::timestamptz, %s)
+
+-- Pick and lease in one statement; SKIP LOCKED: concurrent pollers never wait for each
+-- other, and never take the same command.
+-- name: claim_commands
+WITH picked AS (
+    SELECT command_id FROM commands
+    WHERE finished_at IS NULL AND (lease_until IS NULL OR lease_until <= %s::timestamptz)
+    ORDER BY created_at, seq LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE commands AS c SET lease_until = %s::timestamptz FROM picked
+WHERE c.command_id = picked.command_id
+RETURNING c.seq, c.command_id, c.task_id, c.action, c.issued_by, c.created_at, c.reason,
+    c.lease_until, c.finished_at, c.outcome
+
+-- name: complete_command
+UPDATE commands SET finished_at = %s::timestamptz, outcome = %s, lease_until = NULL
+WHERE command_id = %s
+
+-- name: release_command
+UPDATE commands SET lease_until = NULL WHERE command_id = %s AND finished_at IS NULL
+
+-- The terminal statuses (chongming_task.states.TERMINAL; a test keeps them equal).
+-- name: prune
+WITH doomed AS (
+    SELECT task_id FROM tasks
+    WHERE status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+    ORDER BY created_at DESC, seq DESC OFFSET %s
+),
+gone_history AS (DELETE FROM transitions WHERE task_id IN (SELECT task_id FROM doomed)),
+gone_commands AS (
+    DELETE FROM commands WHERE finished_at IS NOT NULL
+    AND task_id IN (SELECT task_id FROM doomed)
+)
+DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)
