@@ -77,6 +77,12 @@ class Carrier:
 
         def _write(self) -> None: ...
 
+        def _take_if_free(self) -> tuple[tuple[Transition, ...], TaskSnapshot] | None: ...
+
+        def _write_taken(
+            self, taken: tuple[tuple[Transition, ...], TaskSnapshot] | None
+        ) -> None: ...
+
         def _activity(self) -> dict[str, Any]: ...
 
     def _execute(self) -> None:
@@ -96,7 +102,8 @@ class Carrier:
                     self._deadline = host.clock.monotonic() + self.definition.timeout  # type: ignore[misc]  # a slot of TaskRun
                 if self.token.pause_requested:
                     self._apply(S.PAUSING, reason="pause requested before start")
-        self._write()
+            taken = self._take_if_free()
+        self._write_taken(taken)
         if stopped:
             return
         try:
@@ -165,27 +172,27 @@ class Carrier:
         ``result_invalid``, never retried. The outcome kept is the value as the store
         will give it back (JSON: tuples become lists, keys become strings), so this
         process and the store say the same thing."""
-        self._settle_locked(result)
-        self._write()
+        with self._lock:
+            self._settle_locked(result)
+            taken = self._take_if_free()
+        self._write_taken(taken)
 
     def _settle_locked(self, result: Any) -> None:
-        with self._lock:
-            if self._snapshot.status in states.TERMINAL:
-                return  # abandoned after a timeout: this late result is not recorded
-            try:
-                outcome = (
-                    None if result is None else storable_result(result, self._host.value_rules)
-                )
-            except Exception as exc:  # InvalidValue, or anything the check itself hit
-                message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
-                failure = Failure(
-                    kind=FailureKind.RESULT_INVALID,
-                    message=storable_text(message, self._host.value_rules),
-                    exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                )
-                self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
-                return
-            self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
+        """Caller holds the lock."""
+        if self._snapshot.status in states.TERMINAL:
+            return  # abandoned after a timeout: this late result is not recorded
+        try:
+            outcome = None if result is None else storable_result(result, self._host.value_rules)
+        except Exception as exc:  # InvalidValue, or anything the check itself hit
+            message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
+            failure = Failure(
+                kind=FailureKind.RESULT_INVALID,
+                message=storable_text(message, self._host.value_rules),
+                exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            )
+            self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
+            return
+        self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         delay = self._fail_locked(exc, retry)

@@ -271,16 +271,41 @@ class TaskRun(Carrier):
             if snapshot.status in states.TERMINAL:
                 self._end()
 
+    def _take_if_free(self) -> tuple[tuple[Transition, ...], TaskSnapshot] | None:
+        """The hot path's shortcut. Caller holds the state lock: if the write lock is free,
+        take it (without waiting: never the wrong order) with the queue; else ``None``,
+        and the caller writes with ``_write()`` once it let go of the state lock."""
+        if self._unwritten is None or not self._write_lock.acquire(blocking=False):
+            return None
+        pending, self._unwritten = self._unwritten, None
+        return pending, self._snapshot
+
+    def _write_taken(self, taken: tuple[tuple[Transition, ...], TaskSnapshot] | None) -> None:
+        """Write what ``_take_if_free`` took (after the state lock is let go)."""
+        if taken is None:
+            self._write()
+            return
+        try:
+            pending, snapshot = taken
+            self._wt.persist(snapshot, pending[-1], earlier=pending[:-1])
+            if snapshot.status in states.TERMINAL:
+                self._end()
+        finally:
+            self._write_lock.release()
+
     def _end(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self._finished = True
-            # A terminal run acknowledges no pause: the token lets go of the run (the one
-            # reference cycle), so a run its caller lets go of is freed at once.
-            self.token.detach()
-            if self._done is not None:
-                self._done.set()
+        """Called once the terminal write was made, holding the write lock. No state lock:
+        a waiter makes its event under that lock and then reads ``_finished``, so either
+        it sees ``_finished`` or this sees its event."""
+        if self._finished:
+            return
+        self._finished = True
+        # A terminal run acknowledges no pause: the token lets go of the run (the one
+        # reference cycle), so a run its caller lets go of is freed at once.
+        self.token.detach()
+        done = self._done
+        if done is not None:
+            done.set()
         self._host.ended(self)
 
     def _created(self, transition: Transition, *, appended: bool) -> None:
