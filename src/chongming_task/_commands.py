@@ -67,7 +67,8 @@ class CommandPoller(LoopService):
             self._unsubscribe()
             self._unsubscribe = None
 
-    def run_once(self) -> float | None:
+    def run_once(self, now: float | None = None) -> float | None:
+        # Leases on commands are wall-clock times: the pass reads the node's clock.
         try:
             self.poll_once()
         except StoreUnavailable as exc:

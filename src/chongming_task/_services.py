@@ -78,7 +78,9 @@ class LoopService:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def run_once(self) -> float | None:
+    def run_once(self, now: float | None = None) -> float | None:
+        """One pass at ``now`` (the service's clock when ``None``); returns how long to
+        wait before the next (``None``: ``interval``)."""
         raise NotImplementedError
 
     def start(self) -> None:

@@ -60,12 +60,14 @@ class Supervisor(LoopService):
         self._next_lease = 0.0  # monotonic time of the next lease renewal
         self._unreachable = False
 
-    def run_once(self) -> float | None:
+    def run_once(self, now: float | None = None) -> float | None:
         """One pass. Every step, and every task within a step, is isolated: one task's
         store error is logged for that task and costs no other task its lease renewal,
         timeout check or progress. A store that is unreachable (``StoreUnavailable``)
-        ends a step at once, so a pass stays short during an outage."""
-        now = self._clock.monotonic()
+        ends a step at once, so a pass stays short during an outage. ``now`` is monotonic
+        time (the clock's when ``None``)."""
+        if now is None:
+            now = self._clock.monotonic()
         if now >= self._next_lease:
             renewed = self._step("lease renewal", self.renew_leases)
             # Renewal that did not complete is retried on the very next pass.

@@ -281,7 +281,9 @@ class ScheduleRunner(LoopService):
         with self._lock:
             return list(self._schedules.values())
 
-    def run_once(self) -> float | None:
+    def run_once(self, now: float | None = None) -> float | None:
+        # Schedules live in wall-clock time: tick() reads the node's clock (a FakeClock in
+        # tests), not the monotonic ``now``.
         self.tick()
         dues = [e.due for e in self.entries() if e.due is not None]
         if not dues:
