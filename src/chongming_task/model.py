@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from ._text import utf8_fault
 from .errors import InvalidValue
 
 __all__ = [
@@ -301,11 +302,8 @@ class TaskQuery:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
         for name in ("name", "name_prefix", "tag", "pipeline_run_id"):
             value = getattr(self, name)
-            if value is not None and not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise InvalidValue(f"query {name} is not valid UTF-8 text: {value!a}") from None
+            if value is not None and utf8_fault(value) is not None:
+                raise InvalidValue(f"query {name} is not valid UTF-8 text: {value!a}")
 
     def matches(self, snapshot: TaskSnapshot) -> bool:
         """Whether ``snapshot`` passes every filter (ordering and limit aside)."""

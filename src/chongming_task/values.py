@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ._text import utf8_fault
 from .errors import InvalidValue
 from .model import Progress
 
@@ -65,16 +66,11 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 def _text_fault(value: str, rules: ValueRules) -> str | None:
     """Why ``value`` cannot be stored, or ``None``."""
-    if value.isascii():
-        if "\x00" in value and not rules.nul_in_text:
-            return "contains a NUL character (\\x00), which this store cannot hold"
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = value[exc.start : exc.end]
+    fault = utf8_fault(value)
+    if fault is not None:
+        bad = value[fault.start : fault.end]
         return (
-            f"is not valid UTF-8 text ({bad!r} at position {exc.start}: a lone surrogate, "
+            f"is not valid UTF-8 text ({bad!r} at position {fault.start}: a lone surrogate, "
             "as made from undecodable bytes)"
         )
     if "\x00" in value and not rules.nul_in_text:
@@ -105,14 +101,12 @@ def check_json(value: Any, what: str, rules: ValueRules = STRICT) -> str | None:
         raise InvalidValue(
             f"{what} is not JSON a store can hold ({type(exc).__name__}: {_first(exc)})"
         ) from None
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidValue(
-                f"{what} holds text that is not valid UTF-8 ({text[exc.start : exc.end]!r}: "
-                "a lone surrogate, as made from undecodable bytes)"
-            ) from None
+    fault = utf8_fault(text)
+    if fault is not None:
+        raise InvalidValue(
+            f"{what} holds text that is not valid UTF-8 ({text[fault.start : fault.end]!r}: "
+            "a lone surrogate, as made from undecodable bytes)"
+        )
     if not rules.nul_in_text and "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidValue(f"{what} holds a NUL character (\\x00), which this store cannot hold")
     return text

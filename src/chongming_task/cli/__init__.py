@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from .._text import utf8_fault
 from ._commands import COMMANDS
 from ._context import Context
 from ._errors import errors_mapped
@@ -28,15 +29,12 @@ def _check_text_arguments(args: argparse.Namespace) -> None:
     undecodable bytes into lone surrogates that no store can hold or match."""
     for name, value in vars(args).items():
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    flag = name.upper() if name == "task_id" else "--" + name.replace("_", "-")
-                    raise UsageError(
-                        f"{flag} {item!a} is not valid UTF-8 text (check the terminal's "
-                        "or the environment's encoding)"
-                    ) from None
+            if isinstance(item, str) and utf8_fault(item) is not None:
+                flag = name.upper() if name == "task_id" else "--" + name.replace("_", "-")
+                raise UsageError(
+                    f"{flag} {item!a} is not valid UTF-8 text (check the terminal's "
+                    "or the environment's encoding)"
+                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .._text import utf8_fault
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..values import ValueRules
@@ -583,8 +584,5 @@ def _check_text_values(store: SqliteTaskStore, rows: list[list[Any]]) -> None:
     """Raise ``StoreError`` (this caller's alone) if a text value is not UTF-8."""
     for row in rows:
         for value in row:
-            if type(value) is str and not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    raise store._not_text(exc, f"write of task {row[1]}") from None
+            if type(value) is str and (fault := utf8_fault(value)) is not None:
+                raise store._not_text(fault, f"write of task {row[1]}")
