@@ -195,12 +195,12 @@ class Carrier:
         self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
-        delay = self._fail_locked(exc, retry)
+        delay = self._record_failure(exc, retry)
         self._write()
         if delay is not None:
             self._host.requeue(cast("TaskRun", self), delay)
 
-    def _fail_locked(self, exc: BaseException, retry: bool) -> float | None:
+    def _record_failure(self, exc: BaseException, retry: bool) -> float | None:
         """Record a failure: back to ``queued`` for a retry (returns its delay) or
         ``failed`` (returns ``None``)."""
         with self._lock:
@@ -250,10 +250,10 @@ class Carrier:
         """Last resort, when the runtime itself failed while carrying this task: end the
         task ``failed`` (``cancelled`` if it never started) rather than leave it active in
         memory and store with nobody to finish it."""
-        self._crash_locked(exc)
+        self._record_crash(exc)
         self._write()
 
-    def _crash_locked(self, exc: BaseException) -> None:
+    def _record_crash(self, exc: BaseException) -> None:
         with self._lock:
             if self._snapshot.is_terminal:
                 return

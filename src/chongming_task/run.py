@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,8 @@ class TaskRun(Carrier):
         self._kwargs = kwargs
         # Two locks: _lock guards the state (the token shares it, so checkpoint() takes
         # it); _write_lock orders the store writes, which happen holding it alone. Order:
-        # _write_lock, then _lock; never _write_lock while holding _lock.
+        # _write_lock, then _lock; while holding _lock, _write_lock is only ever tried
+        # without waiting (_take_if_free), so the order can never deadlock.
         self._lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._unwritten: tuple[Transition, ...] | None = None  # made, not yet written
@@ -267,9 +269,7 @@ class TaskRun(Carrier):
                     return
                 self._unwritten = None
                 snapshot = self._snapshot
-            self._wt.persist(snapshot, pending[-1], earlier=pending[:-1])
-            if snapshot.status in states.TERMINAL:
-                self._end()
+            self._persist(pending, snapshot)
 
     def _take_if_free(self) -> tuple[tuple[Transition, ...], TaskSnapshot] | None:
         """The hot path's shortcut. Caller holds the state lock: if the write lock is free,
@@ -286,12 +286,24 @@ class TaskRun(Carrier):
             self._write()
             return
         try:
-            pending, snapshot = taken
-            self._wt.persist(snapshot, pending[-1], earlier=pending[:-1])
-            if snapshot.status in states.TERMINAL:
-                self._end()
+            self._persist(*taken)
         finally:
             self._write_lock.release()
+
+    def _persist(self, pending: tuple[Transition, ...], snapshot: TaskSnapshot) -> None:
+        """Hand ``pending`` and the snapshot they lead to to the write-through; whoever
+        writes a terminal transition ends the run. Caller holds the write lock."""
+        self._wt.persist(snapshot, pending[-1], earlier=pending[:-1])
+        if snapshot.status in states.TERMINAL:
+            self._end()
+
+    def _tell_token(self, status: S, tell: Callable[[], None]) -> None:
+        """After a control call's write: signal the token only if the run is still in the
+        ``status`` that call set (a racing call may have moved it on), so the token and
+        the status never disagree."""
+        with self._lock:
+            if self._snapshot.status is status:
+                tell()
 
     def _end(self) -> None:
         """Called once the terminal write was made, holding the write lock. No state lock:
@@ -390,9 +402,7 @@ class TaskRun(Carrier):
         if waiting:
             return O.CANCELLED
         # The token hears it only once the transition is legal and in the store.
-        with self._lock:
-            if self._snapshot.status is S.STOPPING:
-                self.token.request_stop(stop_kind, reason)
+        self._tell_token(S.STOPPING, lambda: self.token.request_stop(stop_kind, reason))
         return O.STOPPING
 
     def stop(self, reason: str | None = None, actor: str | None = None) -> O:
@@ -428,9 +438,7 @@ class TaskRun(Carrier):
                 return O.PAUSE_PENDING
             self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
         self._write()
-        with self._lock:  # the token hears it once the transition is in the store
-            if self._snapshot.status is S.PAUSING:
-                self.token.request_pause()
+        self._tell_token(S.PAUSING, self.token.request_pause)
         return O.PAUSING
 
     def resume(self, reason: str | None = None, actor: str | None = None) -> O:
@@ -452,9 +460,7 @@ class TaskRun(Carrier):
             else:
                 return O.NOT_PAUSED
         self._write()
-        with self._lock:  # the token hears it once the transition is in the store
-            if self._snapshot.status is S.RUNNING:
-                self.token.resume()
+        self._tell_token(S.RUNNING, self.token.resume)
         return O.RESUMED
 
     def _ack_pause(self) -> None:
@@ -488,9 +494,10 @@ class TaskRun(Carrier):
         if abandon:
             self._host.abandon(self)
             return
-        with self._lock:  # the token hears it once the transition is in the store
-            if self._snapshot.status is S.STOPPING:
-                self.token.request_stop("timeout", f"timed out after {self.definition.timeout}s")
+        timeout = self.definition.timeout
+        self._tell_token(
+            S.STOPPING, lambda: self.token.request_stop("timeout", f"timed out after {timeout}s")
+        )
 
     def _abandon_after_timeout(self) -> None:
         """Caller holds the lock."""
