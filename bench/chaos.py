@@ -409,14 +409,16 @@ def main() -> int:
             schema = f"chongming_chaos_{secrets.token_hex(4)}"
             setup = PostgresTaskStore(a.dsn, schema=schema)
             setup.create_schema()
+            setup.close()
             pg_work = work / "postgres"
             pg_work.mkdir()
             try:
                 results.append(campaign("PostgreSQL", a.dsn, schema, a.kills, a.ttl, seed, pg_work))
             finally:
-                with contextlib.suppress(Exception), setup._cursor("drop") as cur:
-                    cur.execute(f"DROP SCHEMA {schema} CASCADE".encode())
-                setup.close()
+                import psycopg
+
+                with psycopg.connect(a.dsn, autocommit=True) as conn:
+                    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE".encode())
             print(report(results[-1]), flush=True)
         else:
             print("(PostgreSQL skipped: give --dsn or CHONGMING_TEST_POSTGRES)")

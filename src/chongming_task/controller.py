@@ -32,7 +32,7 @@ from ._submission import Ownership, Submitter, default_owner, new_task_id
 from ._supervision import Reconciler, ReconcileReport, Supervisor
 from ._workers import WorkerPool
 from .clock import Clock, SystemClock
-from .definitions import Definitions, TaskDecorator, TaskDefinition
+from .definitions import Definitions, TaskDefinition
 from .errors import (
     ConfigurationError,
     TaskNotFound,
@@ -136,7 +136,7 @@ class Controller:
         self.writethrough_buffer = writethrough_buffer
         self._ownership = Ownership(self.bucket_policy, self.owned_buckets, self.owner)
         self._definitions = Definitions(self.owner, self.value_rules)
-        self.task: TaskDecorator = self._definitions.task
+        self.task = self._definitions.task
         """Decorator defining a task on this node: ``@node.task(retries=3)``; the function
         is called as ``func(token, *args, **kwargs)``."""
         self._state = NodeState.OPEN

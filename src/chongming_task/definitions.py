@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, overload
+from typing import Any, overload
 
 from .errors import ConfigurationError, UnknownTask
 from .policies import RetryPolicy
 from .values import ValueRules, check_text
 
-__all__ = ["Definitions", "TaskDecorator", "TaskDefinition", "TaskFunction", "define"]
+__all__ = ["Definitions", "TaskDefinition", "TaskFunction", "define"]
 
 TaskFunction = Callable[..., Any]
 """Called as ``func(token, *args, **kwargs)``; returns a JSON-serializable result."""
@@ -151,24 +151,3 @@ class Definitions:
             )
 
         return decorate(func) if func is not None else decorate
-
-
-class TaskDecorator(Protocol):
-    """``Controller.task``: ``@node.task`` or ``@node.task(name=..., retries=...)``."""
-
-    @overload
-    def __call__(self, func: TaskFunction, /) -> TaskDefinition: ...
-
-    @overload
-    def __call__(
-        self,
-        func: None = None,
-        /,
-        *,
-        name: str | None = None,
-        retries: int = 0,
-        backoff: RetryPolicy | None = None,
-        timeout: float | None = None,
-        timeout_grace: float = 5.0,
-        tags: Iterable[str] = (),
-    ) -> Callable[[TaskFunction], TaskDefinition]: ...

@@ -125,7 +125,6 @@ class PostgresTaskStore:
         self._min_size, self._max_size = min_size, max_size
         self._health = threading.Lock()
         self._down_since: float | None = None  # monotonic time the outage was noticed
-        self._prober: threading.Thread | None = None
         self._stopped = threading.Event()  # set by close(): the prober exits
         self._pool = self._new_pool()
         try:
@@ -185,10 +184,9 @@ class PostgresTaskStore:
             if self._down_since is not None or self._closed:
                 return
             self._down_since = time.monotonic()
-            self._prober = threading.Thread(
+            threading.Thread(
                 target=self._probe, name=f"chongming-pg-probe[{self.where}]", daemon=True
-            )
-            self._prober.start()
+            ).start()
 
     def _probe(self) -> None:
         """Connect directly every ``_PROBE_INTERVAL`` seconds; once the server answers,
@@ -210,7 +208,6 @@ class PostgresTaskStore:
             with self._health:
                 old, self._pool = self._pool, fresh
                 self._down_since = None
-                self._prober = None
                 closed = self._closed
             if closed:
                 fresh.close()
