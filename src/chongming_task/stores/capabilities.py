@@ -128,28 +128,23 @@ class PartialWrite(StoreError):
 
 
 class Capabilities:
-    """A store's optional capabilities, resolved once, each with its fallback.
-
-    Attributes that say what was found (``transactional``, ...) are for reports and
-    tests; the runtime calls the methods, which behave the same either way.
-    """
+    """A store's optional capabilities, resolved once, each with its fallback; the
+    runtime calls the methods, which behave the same whether the store has one or not."""
 
     __slots__ = (
         "_atomic",
         "_create_many",
         "_mark_lost",
+        "_schema",
         "_subscribe",
         "_write_transitions",
-        "schema_creator",
         "store",
-        "transactional",
         "value_rules",
     )
 
     def __init__(self, store: TaskStore) -> None:
         self.store = store
         self.value_rules = rules_of(store)
-        self.transactional = isinstance(store, SupportsAtomic)
         self._atomic: Callable[[], AbstractContextManager[None]] | None = (
             store.atomic if isinstance(store, SupportsAtomic) else None
         )
@@ -161,7 +156,7 @@ class Capabilities:
         self._subscribe = (
             store.subscribe_commands if isinstance(store, SupportsCommandWakeups) else None
         )
-        self.schema_creator: SupportsCreateSchema | None = (
+        self._schema: SupportsCreateSchema | None = (
             store if isinstance(store, SupportsCreateSchema) else None
         )
 
@@ -174,7 +169,7 @@ class Capabilities:
                 ("write_transitions", self._write_transitions),
                 ("mark_lost", self._mark_lost),
                 ("subscribe_commands", self._subscribe),
-                ("create_schema", self.schema_creator),
+                ("create_schema", self._schema),
             )
             if present is not None
         ]
@@ -271,7 +266,7 @@ class Capabilities:
     def create_schema(self) -> tuple[str, str] | None:
         """Create the schema where the store needs it done apart; then return where it
         is and the schema's name (``None``: the store makes its own, as SQLite does)."""
-        if self.schema_creator is None:
+        if self._schema is None:
             return None
-        self.schema_creator.create_schema()
-        return self.schema_creator.where, self.schema_creator.schema
+        self._schema.create_schema()
+        return self._schema.where, self._schema.schema
