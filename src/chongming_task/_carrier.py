@@ -63,6 +63,7 @@ class Carrier:
         _args: tuple[Any, ...]
         _kwargs: dict[str, Any]
         _deadline: float | None
+        _unwritten: tuple[Transition, ...] | None
         definition: TaskDefinition
         token: CancellationToken
 
@@ -72,8 +73,6 @@ class Carrier:
         def _apply(
             self, to: S, *, reason: str | None = None, actor: str | None = None, **changes: Any
         ) -> TaskSnapshot: ...
-
-        def _queue(self, *transitions: Transition) -> None: ...
 
         def _write(self) -> None: ...
 
@@ -161,7 +160,10 @@ class Carrier:
         )
         self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
         self._history += (starting, running)
-        self._queue(starting, running)
+        unwritten = self._unwritten
+        self._unwritten = (
+            (starting, running) if unwritten is None else (*unwritten, starting, running)
+        )
 
     def _settle(self, result: Any) -> None:
         """Record a return value. The store must be able to hold it: it keeps it as
@@ -173,26 +175,24 @@ class Carrier:
         will give it back (JSON: tuples become lists, keys become strings), so this
         process and the store say the same thing."""
         with self._lock:
-            self._settle_locked(result)
+            # Abandoned after a timeout (terminal): this late result is not recorded.
+            if self._snapshot.status not in states.TERMINAL:
+                try:
+                    outcome = (
+                        None if result is None else storable_result(result, self._host.value_rules)
+                    )
+                except Exception as exc:  # InvalidValue, or anything the check itself hit
+                    message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
+                    failure = Failure(
+                        kind=FailureKind.RESULT_INVALID,
+                        message=storable_text(message, self._host.value_rules),
+                        exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                    )
+                    self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
+                else:
+                    self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
             taken = self._take_if_free()
         self._write_taken(taken)
-
-    def _settle_locked(self, result: Any) -> None:
-        """Caller holds the lock."""
-        if self._snapshot.status in states.TERMINAL:
-            return  # abandoned after a timeout: this late result is not recorded
-        try:
-            outcome = None if result is None else storable_result(result, self._host.value_rules)
-        except Exception as exc:  # InvalidValue, or anything the check itself hit
-            message = str(exc) if isinstance(exc, InvalidValue) else f"{exc!r}"
-            failure = Failure(
-                kind=FailureKind.RESULT_INVALID,
-                message=storable_text(message, self._host.value_rules),
-                exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            )
-            self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
-            return
-        self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         delay = self._record_failure(exc, retry)

@@ -71,7 +71,7 @@ class Ownership:
         """The bucket a new task with ``bucket_key`` lands in; ``ConfigurationError`` if
         it is not this node's to run."""
         if bucket_key is None:
-            if not self.owns_all:
+            if self.owned is not None and len(self.owned) != self.policy.num_buckets:
                 raise ConfigurationError(
                     f"node {self._owner} owns only buckets {format_buckets(self.owned or ())}:"
                     " submit needs a bucket_key"

@@ -90,22 +90,20 @@ class WriteThrough:
             bool(self._buffer) or snapshot.status_version != self.written_version
         )
 
-    def persist(
-        self, snapshot: TaskSnapshot, transition: Transition, *, earlier: Sequence[Transition] = ()
-    ) -> bool:
-        """Write ``snapshot`` and ``transition`` (after ``earlier`` transitions made in the
-        same step, and anything still buffered).
+    def persist(self, snapshot: TaskSnapshot, pending: tuple[Transition, ...]) -> bool:
+        """Write ``snapshot`` and the transitions that led to it (``pending``, in order;
+        after anything still buffered).
 
         Returns whether the store is now up to date. Never raises for store failures.
         """
         if self.desynced:
             return False
         if not self._buffer:  # the common case: write it at once, no buffering
-            if self.flush(snapshot, transition, earlier=earlier):
+            if self.flush(snapshot, pending):
                 return True
             if self.desynced:
                 return False
-            self._buffered().extend((*earlier, transition))
+            self._buffered().extend(pending)
             self._host.behind(self.task_id)
             return False
         if len(self._buffer) == self._limit:
@@ -115,36 +113,30 @@ class WriteThrough:
                 "dropped from the audit trail (the snapshot will still catch up)",
                 self.task_id,
             )
-        self._buffered().extend((*earlier, transition))
+        self._buffered().extend(pending)
         return self.flush(snapshot)
 
-    def flush(
-        self,
-        snapshot: TaskSnapshot,
-        transition: Transition | None = None,
-        *,
-        earlier: Sequence[Transition] = (),
-    ) -> bool:
-        """Bring the store up to ``snapshot`` (plus ``earlier`` and ``transition`` when the
-        buffer is empty and the caller has not buffered them). Returns whether it is now
-        up to date."""
+    def flush(self, snapshot: TaskSnapshot, pending: Sequence[Transition] = ()) -> bool:
+        """Bring the store up to ``snapshot``: the buffer, then ``pending`` (transitions
+        the caller has not buffered; none when catching up). Returns whether it is now up
+        to date."""
         if self.desynced:
             return False
-        buffered = self._buffer or ()
-        pending = [*buffered, *earlier, transition] if transition is not None else list(buffered)
+        catching_up = not pending
+        if self._buffer:
+            pending = [*self._buffer, *pending]
         host = self._host
         try:
             # One transaction where the store can (rows encoded before its lock is
-            # taken); ``None``: the row is current, only the trail is behind.
-            host.capabilities.write_transitions(
-                snapshot,
-                expect_version=(
-                    self.written_version
-                    if snapshot.status_version != self.written_version
-                    else None
-                ),
-                transitions=pending,
-            )
+            # taken).
+            if snapshot.status_version != self.written_version:
+                host.capabilities.compare_and_write(
+                    snapshot, expect_version=self.written_version, transitions=pending
+                )
+            else:  # the row is current, only the trail is behind
+                host.capabilities.write_transitions(
+                    snapshot, expect_version=None, transitions=pending
+                )
             self.written_version = snapshot.status_version
             if self._buffer:
                 self._buffer.clear()
@@ -152,14 +144,14 @@ class WriteThrough:
             # The save landed, an append did not: the stored version moved. The trail
             # stays buffered (appends are idempotent, so rewriting them is harmless).
             self.written_version = snapshot.status_version
-            return self._failed(exc, len(pending), transition is None)
+            return self._failed(exc, len(pending), catching_up)
         except ConcurrencyConflict as exc:
             self.desynced = True
             self._buffer = None
             host.desynced(self.task_id, exc)
             return False
         except Exception as exc:
-            return self._failed(exc, len(pending), transition is None)
+            return self._failed(exc, len(pending), catching_up)
         self.last_error = None
         return True
 

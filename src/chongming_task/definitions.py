@@ -101,7 +101,11 @@ class Definitions:
 
     def resolve(self, task: TaskDefinition | str) -> TaskDefinition:
         """A name must be defined here; a definition is registered on first use."""
-        return self.get(task) if isinstance(task, str) else self.register(task)
+        if isinstance(task, str):
+            return self.get(task)
+        if self._by_name.get(task.name) is task:
+            return task  # every submit passes here: registered already
+        return self.register(task)
 
     @overload
     def task(self, func: TaskFunction, /) -> TaskDefinition: ...

@@ -197,14 +197,12 @@ class TaskSnapshot:
 def _make_copier(cls: type, names: tuple[str, ...]) -> Any:
     """An unrolled ``copy with changes`` for a frozen slots class: one generated function
     that sets each slot through its own descriptor, instead of a loop of ``getattr`` /
-    ``object.__setattr__`` calls (about five times faster)."""
-    lines = ["def copy(self, changes):", "    new = _new(_cls)", "    if changes:"]
-    lines += [
-        f"        _set_{name}(new, changes[{name!r}] if {name!r} in changes else self.{name})"
-        for name in names
-    ]
-    lines.append("    else:")
-    lines += [f"        _set_{name}(new, self.{name})" for name in names]
+    ``object.__setattr__`` calls (about five times faster). Every slot is copied, then
+    the few changes are set over it: cheaper than asking each slot whether it changed.
+    ``changes`` must name fields only (the caller checks)."""
+    lines = ["def copy(self, changes):", "    new = _new(_cls)"]
+    lines += [f"    _set_{name}(new, self.{name})" for name in names]
+    lines += ["    for name, value in changes.items():", "        _setters[name](new, value)"]
     return _compile(cls, names, lines, "copy")
 
 
@@ -220,7 +218,9 @@ def _compile(cls: type, names: tuple[str, ...], lines: list[str], function: str)
     """Define ``function`` from ``lines`` (plus ``return new``), with ``_new``, ``_cls`` and
     one ``_set_<name>`` slot setter per field in scope."""
     scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    scope.update({f"_set_{name}": cls.__dict__[name].__set__ for name in names})
+    setters = {name: cls.__dict__[name].__set__ for name in names}
+    scope.update({f"_set_{name}": setter for name, setter in setters.items()})
+    scope["_setters"] = setters
     exec("\n".join([*lines, "    return new"]), scope)
     return scope[function]
 

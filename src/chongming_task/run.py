@@ -246,7 +246,10 @@ class TaskRun(Carrier):
             )
             self._snapshot = snapshot
             self._history.append(transition)
-            self._queue(transition)
+            # Queued for the next ``_write()`` (inline: every transition passes here).
+            self._unwritten = (
+                (transition,) if self._unwritten is None else (*self._unwritten, transition)
+            )
             return snapshot
 
     def _queue(self, *transitions: Transition) -> None:
@@ -269,13 +272,15 @@ class TaskRun(Carrier):
                     return
                 self._unwritten = None
                 snapshot = self._snapshot
-            self._persist(pending, snapshot)
+            self._wt.persist(snapshot, pending)
+            if snapshot.status in states.TERMINAL:
+                self._end()
 
     def _take_if_free(self) -> tuple[tuple[Transition, ...], TaskSnapshot] | None:
         """The hot path's shortcut. Caller holds the state lock: if the write lock is free,
         take it (without waiting: never the wrong order) with the queue; else ``None``,
         and the caller writes with ``_write()`` once it let go of the state lock."""
-        if self._unwritten is None or not self._write_lock.acquire(blocking=False):
+        if self._unwritten is None or not self._write_lock.acquire(False):
             return None
         pending, self._unwritten = self._unwritten, None
         return pending, self._snapshot
@@ -285,17 +290,14 @@ class TaskRun(Carrier):
         if taken is None:
             self._write()
             return
+        pending, snapshot = taken
         try:
-            self._persist(*taken)
+            # As in _write (inline: the worker's every write passes here).
+            self._wt.persist(snapshot, pending)
+            if snapshot.status in states.TERMINAL:
+                self._end()
         finally:
             self._write_lock.release()
-
-    def _persist(self, pending: tuple[Transition, ...], snapshot: TaskSnapshot) -> None:
-        """Hand ``pending`` and the snapshot they lead to to the write-through; whoever
-        writes a terminal transition ends the run. Caller holds the write lock."""
-        self._wt.persist(snapshot, pending[-1], earlier=pending[:-1])
-        if snapshot.status in states.TERMINAL:
-            self._end()
 
     def _tell_token(self, status: S, tell: Callable[[], None]) -> None:
         """After a control call's write: signal the token only if the run is still in the
@@ -520,9 +522,11 @@ class TaskRun(Carrier):
 # task code never needs them, so the handle's public surface stays what users call.
 
 
-def execute(run: TaskRun) -> None:
-    """One attempt on the calling (worker) thread."""
-    run._execute()
+# The hottest are the methods themselves (no wrapper frame): ``execute(run)`` is one
+# attempt on the calling (worker) thread; ``stored(run, created, appended=...)`` tells the
+# run the store accepted its ``create`` (and, if ``appended``, its trail row).
+execute = TaskRun._execute
+stored = TaskRun._created
 
 
 def carrier_crashed(run: TaskRun, exc: BaseException) -> None:
@@ -536,11 +540,6 @@ def catch_up(run: TaskRun) -> bool:
 
 def check_timeout(run: TaskRun, now: float) -> None:
     run._check_timeout(now)
-
-
-def stored(run: TaskRun, created: Transition, *, appended: bool) -> None:
-    """The store accepted the run's ``create`` (and, if ``appended``, its trail row)."""
-    run._created(created, appended=appended)
 
 
 def dependencies_met(run: TaskRun, reason: str) -> bool:

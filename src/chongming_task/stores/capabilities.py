@@ -138,6 +138,7 @@ class Capabilities:
         "_schema",
         "_subscribe",
         "_write_transitions",
+        "compare_and_write",
         "store",
         "value_rules",
     )
@@ -151,6 +152,11 @@ class Capabilities:
         self._create_many = store.create_many if isinstance(store, SupportsCreateMany) else None
         self._write_transitions = (
             store.write_transitions if isinstance(store, SupportsWriteTransitions) else None
+        )
+        # Resolved to the store's own method where it has one: the write-through calls
+        # this for every transition, so no adapter frame sits in between.
+        self.compare_and_write: Callable[..., None] = (
+            self._write_transitions or self._compare_and_write
         )
         self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
         self._subscribe = (
@@ -217,17 +223,22 @@ class Capabilities:
         """Bring the stored task to ``snapshot`` (compare-and-set against
         ``expect_version``; ``None``: the row is current, only append) and append
         ``transitions``: one transaction where the store can. Without transactions a
-        failed append after the save raises ``PartialWrite``."""
-        store = self.store
+        failed append after the save raises ``PartialWrite``.
+
+        ``compare_and_write(snapshot, expect_version=..., transitions=...)`` is the same
+        with a version always given: the store's own ``write_transitions`` where it has
+        one."""
         if expect_version is None:
             for item in transitions:
-                store.append(item)
+                self.store.append(item)
             return
-        if self._write_transitions is not None:
-            self._write_transitions(
-                snapshot, expect_version=expect_version, transitions=transitions
-            )
-            return
+        self.compare_and_write(snapshot, expect_version=expect_version, transitions=transitions)
+
+    def _compare_and_write(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        """``compare_and_write`` for a store without ``write_transitions``."""
+        store = self.store
         if self._atomic is not None:
             with self._atomic():
                 store.save(snapshot, expect_version=expect_version)

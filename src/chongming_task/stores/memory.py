@@ -7,6 +7,7 @@ mistakes; "works on the memory store" does not mean "works on a real store".
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -54,6 +55,29 @@ class InMemoryTaskStore:
         self._check_open()
         if self._tasks.setdefault(snapshot.task_id, snapshot) is not snapshot:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+
+    def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
+        """Optional capability (``SupportsCreateMany``): ``create`` each snapshot and
+        ``append`` its transition; an existing id raises ``TaskAlreadyExists`` and takes
+        back the tasks this call created."""
+        self._check_open()
+        tasks = self._tasks
+        for i, (snapshot, _) in enumerate(items):
+            if tasks.setdefault(snapshot.task_id, snapshot) is not snapshot:
+                for made, _ in items[:i]:
+                    tasks.pop(made.task_id, None)
+                raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+        for _, transition in items:
+            self.append(transition)
+
+    def write_transitions(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        """Optional capability (``SupportsWriteTransitions``): ``save``, then ``append``
+        each transition; a conflict raises with nothing written."""
+        self.save(snapshot, expect_version=expect_version)
+        for transition in transitions:
+            self.append(transition)
 
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
         self._check_open()
