@@ -161,7 +161,7 @@ class Carrier:
         self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
         self._history += (starting, running)
         unwritten = self._unwritten
-        self._unwritten = (
+        self._unwritten = (  # type: ignore[misc]  # a slot of TaskRun
             (starting, running) if unwritten is None else (*unwritten, starting, running)
         )
 
