@@ -5,8 +5,9 @@ and the pipeline runner.
 Control of a task this process holds acts directly on its ``TaskRun``; control of any
 other task writes a ``Command`` to the store for the holder's poller. The services start
 in one place (``_start``): workers and supervisor on the first stored task, the command
-poller from construction for a node that declares ``owned_buckets`` (after the first
-submit otherwise, never for a pure query client), the scheduler on the first schedule,
+poller and the beacon (the node's declaration in the store) from construction for a node
+that declares ``owned_buckets`` (after the first submit otherwise, never for a pure query
+client), the scheduler on the first schedule,
 the pipeline runner on the first pipeline; ``close()`` stops them all.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ._beacon import NodeBeacon
 from ._commands import CommandPoller, ControlRouter
 from ._dispatch import make_dispatcher
 from ._host import NodeHost
@@ -162,6 +164,9 @@ class Controller:
             node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval
         )
         self._poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
+        self._beacon = NodeBeacon(
+            node, buckets=self.owned_buckets, num_buckets=num_buckets, ttl=lease_ttl
+        )
         self._scheduler = ScheduleRunner(
             node, rng=self.rng, submit=self._fire, accepting=self._accepting
         )
@@ -196,9 +201,10 @@ class Controller:
         self._run_schedules = run_schedules
         # None: the default rule (from construction with owned_buckets, else after the
         # first submit). False: never, for tools that act for a node without being one.
+        # The same rule says when the node declares itself in the store (the beacon).
         self._polling = poll_commands is not False
         if self.owned_buckets is not None and self._polling:
-            self._start(self._poller)
+            self._start(self._poller, self._beacon)
 
     def __repr__(self) -> str:
         return f"Controller(owner={self.owner!r}, store={self.store!r})"
@@ -245,7 +251,7 @@ class Controller:
         if not self._workers.started:
             self._start(self._workers, self._supervisor)
         if self._polling and not self._poller.started:
-            self._start(self._poller)
+            self._start(self._poller, self._beacon)
 
     # -- ownership --------------------------------------------------------------------------------
 
@@ -503,6 +509,7 @@ class Controller:
             self._supervisor,
             self._poller,
             self._pipelines,
+            self._beacon,
         ]
         for service in services:
             service.stop()
@@ -510,6 +517,8 @@ class Controller:
             service.join(timeout)
         for run in self.held():
             catch_up(run)
+        if self._beacon.started:
+            self._beacon.retire()
         if self._owns_store:
             self.store.close()
         self._state = NodeState.CLOSED

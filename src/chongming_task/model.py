@@ -25,6 +25,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "JSONValue",
+    "NodeRecord",
     "Progress",
     "TaskQuery",
     "TaskSnapshot",
@@ -252,6 +253,40 @@ class Transition:
 
 trusted_transition = _make_builder(Transition, tuple(f.name for f in fields(Transition)))
 """Build a ``Transition`` whose ``at`` is already UTC (the runtime's own transitions)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRecord:
+    """A worker node's declaration in the store (distributed design §11.3): for audit and
+    alarms only, it never decides who runs what.
+
+    ``buckets`` is ``None`` for a node that declares no partition (it looks after every
+    bucket). The node is live while it was seen within ``ttl_seconds`` and has not
+    stopped.
+    """
+
+    node: str
+    buckets: frozenset[int] | None
+    num_buckets: int
+    ttl_seconds: float
+    started_at: datetime
+    seen_at: datetime
+    stopped_at: datetime | None = None
+    host: str = ""
+    pid: int = 0
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("started_at", "seen_at", "stopped_at"))
+        if self.buckets is not None and not isinstance(self.buckets, frozenset):
+            object.__setattr__(self, "buckets", frozenset(self.buckets))
+
+    def is_live(self, now: datetime) -> bool:
+        return self.stopped_at is None and (now - self.seen_at).total_seconds() <= self.ttl_seconds
+
+    @property
+    def covers_all(self) -> bool:
+        """No partition: no buckets declared, or every bucket (bucketless tasks too)."""
+        return self.buckets is None or len(self.buckets) >= self.num_buckets
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -474,3 +474,26 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         *(f"{c}," for c in codec.TASK_COLUMNS[:-1]),
         codec.TASK_COLUMNS[-1],
     ]
+
+
+def test_a_version_1_file_gains_the_node_tables_when_opened(tmp_path: Path) -> None:
+    """Files made before node declarations existed (schema 1) are upgraded in place,
+    their tasks kept."""
+    path = tmp_path / "v1.db"
+    store = SqliteTaskStore(path)
+    store.create_many([_created("kept")])
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE nodes")
+    conn.execute("DROP TABLE node_buckets")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    reopened = SqliteTaskStore(path, create=False)
+    try:
+        assert reopened.get("kept") is not None
+        assert reopened.nodes() == []
+        (version,) = reopened._conn.execute("PRAGMA user_version").fetchone()
+        assert version == 2
+    finally:
+        reopened.close()

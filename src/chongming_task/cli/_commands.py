@@ -8,6 +8,8 @@ import sys
 import threading
 from typing import Any
 
+from .. import fleet
+from ..errors import StoreError
 from ..model import CommandAction, TaskStatus
 from ..policies import format_buckets
 from ..states import SHOWS_PROGRESS, TERMINAL
@@ -20,15 +22,24 @@ __all__ = ["COMMANDS"]
 
 
 def cmd_ps(ctx: Context) -> int:
-    snapshots = ctx.store().query(task_query(ctx))
-    headers, rows = render.ps_rows(snapshots)
-    ctx.emit([render.snapshot_json(s) for s in snapshots], render.table(headers, rows))
+    store = ctx.store()
+    snapshots = store.query(task_query(ctx))
+    now = Capabilities(store).now()  # the store's clock where it has one
+    headers, rows = render.ps_rows(snapshots, now)
+    ctx.emit(
+        [{**render.snapshot_json(s), **render.health_json(s, now)} for s in snapshots],
+        render.table(headers, rows),
+    )
     return 0
 
 
 def cmd_show(ctx: Context) -> int:
     snapshot = get_task(ctx, ctx.args.task_id)
-    ctx.emit(render.snapshot_json(snapshot), render.show_text(snapshot))
+    now = Capabilities(ctx.store()).now()
+    ctx.emit(
+        {**render.snapshot_json(snapshot), **render.health_json(snapshot, now)},
+        render.show_text(snapshot, now),
+    )
     return 0
 
 
@@ -185,6 +196,47 @@ def cmd_reconcile(ctx: Context) -> int:
     return 0
 
 
+def cmd_nodes(ctx: Context) -> int:
+    caps = Capabilities(ctx.store())
+    if not caps.has_node_registry:
+        raise StoreError(f"{ctx.shown_db}: this store keeps no node declarations")
+    nodes = fleet.node_statuses(caps, caps.now())
+    headers, rows = render.nodes_rows(nodes)
+    text = render.table(headers, rows) if nodes else "no node has declared itself yet"
+    ctx.emit([render.node_json(n) for n in nodes], text)
+    return 0
+
+
+DOCTOR_ALARMED = 3
+"""``doctor``'s exit code when an alarm fires (1 is kept for "could not check")."""
+
+
+def cmd_doctor(ctx: Context) -> int:
+    a = ctx.args
+    for flag, value in (("--orphan-after", a.orphan_after), ("--stale-after", a.stale_after)):
+        if value <= 0:
+            raise UsageError(f"{flag} must be > 0 seconds")
+    report = fleet.examine(
+        ctx.store(),
+        num_buckets=ctx.policy.num_buckets,
+        orphan_after=a.orphan_after,
+        stale_after=a.stale_after,
+        limit=a.limit,
+    )
+    ctx.emit(
+        {
+            "healthy": report.healthy,
+            "checked_at": render.ts(report.checked_at),
+            "num_buckets": report.num_buckets,
+            "node_registry": report.registry,
+            "nodes": [render.node_json(n) for n in report.nodes],
+            "alarms": [render.alarm_json(alarm) for alarm in report.alarms],
+        },
+        render.doctor_text(report),
+    )
+    return 0 if report.healthy else DOCTOR_ALARMED
+
+
 def cmd_prune(ctx: Context) -> int:
     if ctx.args.keep < 0:
         raise UsageError("--keep must be >= 0")
@@ -223,6 +275,8 @@ COMMANDS = {
     "resume": cmd_control,
     "cancel": cmd_control,
     "reconcile": cmd_reconcile,
+    "nodes": cmd_nodes,
+    "doctor": cmd_doctor,
     "prune": cmd_prune,
     "migrate": cmd_migrate,
     "demo": cmd_demo,

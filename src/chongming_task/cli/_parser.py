@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 from ..errors import ChongmingTaskError
+from ..fleet import DEFAULT_ORPHAN_AFTER, DEFAULT_STALE_AFTER
 from ..model import CommandAction, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS
 from ..stores import DEFAULT_DATABASE
@@ -129,6 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p = sub.add_parser("reconcile", help="mark tasks of dead nodes lost (owned buckets)")
     p.add_argument("--dry-run", action="store_true")
+    sub.add_parser("nodes", help="every declared node: buckets, last seen, live or not")
+    p = sub.add_parser(
+        "doctor",
+        help="fleet alarms: duplicate and uncovered buckets, orphans, stale queued tasks, "
+        "expired leases (exit 3 if any)",
+    )
+    p.add_argument(
+        "--orphan-after",
+        type=float,
+        default=DEFAULT_ORPHAN_AFTER,
+        metavar="SECONDS",
+        help=f"unchanged this long in an uncovered bucket (default {DEFAULT_ORPHAN_AFTER:g})",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=DEFAULT_STALE_AFTER,
+        metavar="SECONDS",
+        help=f"queued and unchanged this long (default {DEFAULT_STALE_AFTER:g})",
+    )
+    p.add_argument("--limit", type=int, default=20, help="task ids listed per alarm")
     p = sub.add_parser("prune", help="delete the oldest finished tasks")
     p.add_argument("--keep", type=int, required=True, metavar="N")
     sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")

@@ -5,11 +5,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from ..fleet import Alarm, FleetReport, NodeStatus, lease_expired
 from ..model import TaskSnapshot, TaskStatus, Transition
+from ..policies import format_buckets
 
 __all__ = [
+    "age",
+    "alarm_json",
     "bar",
+    "doctor_text",
+    "health",
+    "health_json",
     "history_rows",
+    "node_json",
+    "nodes_rows",
     "ps_rows",
     "show_text",
     "snapshot_json",
@@ -91,8 +100,46 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def ps_rows(snapshots: list[TaskSnapshot]) -> tuple[list[str], list[list[str]]]:
-    headers = ["TASK ID", "NAME", "STATUS", "TRY", "BUCKET", "OWNER", "PROGRESS"]
+def age(seconds: float) -> str:
+    """``75.2`` -> ``"1m15s"``: how long ago, for people."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _since(then: datetime | None, now: datetime) -> float | None:
+    return None if then is None else max(0.0, (now - then).total_seconds())
+
+
+def health(s: TaskSnapshot, now: datetime) -> str:
+    """A task's supervision at ``now``: ``ok``, or its expired lease and heartbeat age
+    (its node stopped renewing it: dead, frozen or cut off); ``-`` once finished."""
+    if s.is_terminal:
+        return "-"
+    if not lease_expired(s, now):
+        return "ok"
+    expired = _since(s.lease_until, now)
+    beat = _since(s.last_heartbeat_at, now)
+    when = "no lease" if expired is None else f"LEASE EXPIRED {age(expired)} ago"
+    return f"{when}, heartbeat {'never' if beat is None else age(beat) + ' ago'}"
+
+
+def health_json(s: TaskSnapshot, now: datetime) -> dict[str, Any]:
+    expired = lease_expired(s, now)
+    return {
+        "lease_expired": expired,
+        "lease_expired_for": _since(s.lease_until, now) if expired else None,
+        "heartbeat_age": _since(s.last_heartbeat_at, now),
+    }
+
+
+def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], list[list[str]]]:
+    headers = ["TASK ID", "NAME", "STATUS", "TRY", "BUCKET", "OWNER", "PROGRESS", "HEALTH"]
     rows = [
         [
             s.task_id,
@@ -102,13 +149,86 @@ def ps_rows(snapshots: list[TaskSnapshot]) -> tuple[list[str], list[list[str]]]:
             "-" if s.bucket is None else str(s.bucket),
             s.owner or "-",
             bar(s),
+            health(s, now),
         ]
         for s in snapshots
     ]
     return headers, rows
 
 
-def show_text(s: TaskSnapshot) -> str:
+def _node_state(n: NodeStatus) -> str:
+    if n.record.stopped_at is not None:
+        return "stopped"
+    return "live" if n.live else "DEAD"
+
+
+def node_json(n: NodeStatus) -> dict[str, Any]:
+    r = n.record
+    return {
+        "node": r.node,
+        "state": _node_state(n).lower(),
+        "live": n.live,
+        "buckets": None if r.buckets is None else format_buckets(r.buckets),
+        "num_buckets": r.num_buckets,
+        "seen_at": ts(r.seen_at),
+        "seen_age": n.seen_age,
+        "started_at": ts(r.started_at),
+        "stopped_at": ts(r.stopped_at),
+        "ttl_seconds": r.ttl_seconds,
+        "host": r.host,
+        "pid": r.pid,
+        "active_tasks": n.active_tasks,
+    }
+
+
+def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
+    headers = ["NODE", "STATE", "BUCKETS", "LAST SEEN", "ACTIVE", "HOST", "PID"]
+    rows = [
+        [
+            n.record.node,
+            _node_state(n),
+            "all" if n.record.buckets is None else format_buckets(n.record.buckets) or "none",
+            f"{age(n.seen_age)} ago",
+            str(n.active_tasks),
+            n.record.host,
+            str(n.record.pid),
+        ]
+        for n in nodes
+    ]
+    return headers, rows
+
+
+def alarm_json(a: Alarm) -> dict[str, Any]:
+    return {
+        "kind": a.kind.value,
+        "message": a.message,
+        "buckets": list(a.buckets),
+        "nodes": list(a.nodes),
+        "task_ids": list(a.task_ids),
+        "count": a.count,
+    }
+
+
+def doctor_text(report: FleetReport) -> str:
+    live = sum(1 for n in report.nodes if n.live)
+    lines = [
+        f"checked at {ts(report.checked_at)}: {len(report.nodes)} node(s) declared, {live} "
+        f"live; {report.num_buckets} buckets"
+    ]
+    if not report.registry:
+        lines.append("note: this store keeps no node declarations; bucket checks skipped")
+    if report.healthy:
+        lines.append("healthy: no alarm")
+        return "\n".join(lines)
+    for alarm in report.alarms:
+        lines.append(f"ALARM {alarm.kind.value}: {alarm.message}")
+        lines += [f"  {task_id}" for task_id in alarm.task_ids]
+        if alarm.count > len(alarm.task_ids):
+            lines.append(f"  ... and {alarm.count - len(alarm.task_ids)} more")
+    return "\n".join(lines)
+
+
+def show_text(s: TaskSnapshot, now: datetime) -> str:
     fields: list[tuple[str, str]] = [
         ("task", s.task_id),
         ("name", s.name),
@@ -122,6 +242,7 @@ def show_text(s: TaskSnapshot) -> str:
         ("ended", ts(s.ended_at) or "-"),
         ("heartbeat", ts(s.last_heartbeat_at) or "-"),
         ("lease", f"{s.lease_owner or '-'} until {ts(s.lease_until) or '-'}"),
+        ("health", health(s, now)),
     ]
     if s.progress is not None:
         p = s.progress

@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 from ..errors import ConcurrencyConflict, StoreError
-from ..model import TaskSnapshot, Transition
+from ..model import NodeRecord, TaskSnapshot, Transition
 from ..values import STRICT, ValueRules
 from .protocol import TaskStore
 
@@ -30,6 +31,8 @@ __all__ = [
     "SupportsCreateMany",
     "SupportsCreateSchema",
     "SupportsMarkLost",
+    "SupportsNodeRegistry",
+    "SupportsStorageClock",
     "SupportsWriteTransitions",
     "rules_of",
 ]
@@ -86,6 +89,38 @@ class SupportsCommandWakeups(Protocol):
 
 
 @runtime_checkable
+class SupportsNodeRegistry(Protocol):
+    """Node declarations (``NodeRecord``, distributed design §11.3): who runs, which
+    buckets each declares, when each was last seen. For audit and alarms only."""
+
+    def declare_node(self, record: NodeRecord) -> None:
+        """Write ``record`` in place of any earlier declaration of the same node, its
+        buckets replaced, ``stopped_at`` cleared."""
+        ...
+
+    def refresh_node(self, node: str, *, now: datetime) -> bool:
+        """Set the node's ``seen_at`` to ``now`` (the store's own clock where it has
+        one). ``False`` if the node has no declaration or has stopped (declare again)."""
+        ...
+
+    def retire_node(self, node: str, *, now: datetime) -> None:
+        """Mark the node stopped at ``now`` (a clean close); its record stays."""
+        ...
+
+    def nodes(self) -> list[NodeRecord]:
+        """Every declaration, live or not."""
+        ...
+
+
+@runtime_checkable
+class SupportsStorageClock(Protocol):
+    def storage_now(self) -> datetime:
+        """The store's own clock (``now()`` on PostgreSQL): one clock for every node's
+        lease and liveness decisions, however far a node's own clock drifts."""
+        ...
+
+
+@runtime_checkable
 class SupportsCreateSchema(Protocol):
     """A store whose schema is created apart from use (by a role with DDL rights)."""
 
@@ -135,7 +170,9 @@ class Capabilities:
         "_atomic",
         "_create_many",
         "_mark_lost",
+        "_nodes",
         "_schema",
+        "_storage_now",
         "_subscribe",
         "_write_transitions",
         "compare_and_write",
@@ -162,6 +199,10 @@ class Capabilities:
         self._subscribe = (
             store.subscribe_commands if isinstance(store, SupportsCommandWakeups) else None
         )
+        self._nodes: SupportsNodeRegistry | None = (
+            store if isinstance(store, SupportsNodeRegistry) else None
+        )
+        self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._schema: SupportsCreateSchema | None = (
             store if isinstance(store, SupportsCreateSchema) else None
         )
@@ -175,6 +216,8 @@ class Capabilities:
                 ("write_transitions", self._write_transitions),
                 ("mark_lost", self._mark_lost),
                 ("subscribe_commands", self._subscribe),
+                ("node registry", self._nodes),
+                ("storage clock", self._storage_now),
                 ("create_schema", self._schema),
             )
             if present is not None
@@ -281,3 +324,29 @@ class Capabilities:
             return None
         self._schema.create_schema()
         return self._schema.where, self._schema.schema
+
+    # -- fleet visibility ----------------------------------------------------------------------
+
+    @property
+    def has_node_registry(self) -> bool:
+        return self._nodes is not None
+
+    def declare_node(self, record: NodeRecord) -> None:
+        """Declare the node (nothing where the store keeps no registry)."""
+        if self._nodes is not None:
+            self._nodes.declare_node(record)
+
+    def refresh_node(self, node: str, *, now: datetime) -> bool:
+        return self._nodes.refresh_node(node, now=now) if self._nodes is not None else True
+
+    def retire_node(self, node: str, *, now: datetime) -> None:
+        if self._nodes is not None:
+            self._nodes.retire_node(node, now=now)
+
+    def nodes(self) -> list[NodeRecord]:
+        """Every declaration; empty where the store keeps no registry."""
+        return self._nodes.nodes() if self._nodes is not None else []
+
+    def now(self) -> datetime:
+        """The store's clock where it has one, else this machine's (UTC)."""
+        return self._storage_now() if self._storage_now is not None else datetime.now(UTC)

@@ -12,7 +12,16 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
-from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
+from ..model import (
+    Command,
+    NodeRecord,
+    Progress,
+    TaskQuery,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    utc,
+)
 from ..states import TERMINAL
 from ..values import ValueRules
 
@@ -34,6 +43,7 @@ class InMemoryTaskStore:
         self._tasks: dict[str, TaskSnapshot] = {}
         self._history: dict[str, dict[int, Transition]] = {}
         self._commands: dict[str, Command] = {}
+        self._nodes: dict[str, NodeRecord] = {}
         self._closed = False
 
     value_rules = ValueRules(nul_in_text=True)
@@ -200,6 +210,34 @@ class InMemoryTaskStore:
             command = self._commands.get(command_id)
             if command is not None and command.finished_at is None:
                 self._commands[command_id] = replace(command, lease_until=None)
+
+    # -- node declarations (SupportsNodeRegistry) ----------------------------------------------
+
+    def declare_node(self, record: NodeRecord) -> None:
+        with self._lock:
+            self._check_open()
+            self._nodes[record.node] = replace(record, stopped_at=None)
+
+    def refresh_node(self, node: str, *, now: datetime) -> bool:
+        with self._lock:
+            self._check_open()
+            record = self._nodes.get(node)
+            if record is None or record.stopped_at is not None:
+                return False
+            self._nodes[node] = replace(record, seen_at=now)
+            return True
+
+    def retire_node(self, node: str, *, now: datetime) -> None:
+        with self._lock:
+            self._check_open()
+            record = self._nodes.get(node)
+            if record is not None:
+                self._nodes[node] = replace(record, stopped_at=now)
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            self._check_open()
+            return list(self._nodes.values())
 
     def prune(self, *, keep_terminal: int) -> int:
         if keep_terminal < 0:

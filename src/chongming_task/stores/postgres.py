@@ -35,6 +35,7 @@ from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlre
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..values import STRICT
 from . import codec
+from ._nodes import NodeRegistrySQL
 from ._sql import Dialect, encoded_tag, load_named, query_sql
 
 try:
@@ -87,8 +88,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-class PostgresTaskStore:
+class PostgresTaskStore(NodeRegistrySQL):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
+
+    _sql = _SQL
 
     def __init__(
         self,
@@ -255,6 +258,22 @@ class PostgresTaskStore:
         pool = self._live_pool(what)
         with self._errors(what), pool.connection() as conn, conn.cursor() as cur:
             yield cur  # the pool commits on success, rolls back on error
+
+    def _node_scope(
+        self, what: str, *, write: bool
+    ) -> contextlib.AbstractContextManager[Cursor[Any]]:
+        return self._cursor(what)
+
+    def _node_time(self, given: datetime) -> datetime:
+        return self.storage_now()  # one clock for every node's liveness
+
+    def storage_now(self) -> datetime:
+        """Optional capability (``SupportsStorageClock``): the server's clock."""
+        with self._cursor("storage_now") as cur:
+            row = cur.execute(_SQL["storage_now"]).fetchone()
+        if row is None:  # pragma: no cover - SELECT of a function returns one row
+            raise StoreError("PostgreSQL returned no time")
+        return utc(row[0], "storage_now()")
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:

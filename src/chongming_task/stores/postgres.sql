@@ -93,3 +93,39 @@ gone_commands AS (
     AND task_id IN (SELECT task_id FROM doomed)
 )
 DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)
+
+-- Node declarations (distributed design §11.3); times come from storage_now().
+-- name: upsert_node
+INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
+                   stopped_at, host, pid)
+VALUES (%s, %s, %s, %s, %s::timestamptz, %s::timestamptz, NULL, %s, %s)
+ON CONFLICT (node) DO UPDATE SET
+    num_buckets = excluded.num_buckets, all_buckets = excluded.all_buckets,
+    ttl_seconds = excluded.ttl_seconds, started_at = excluded.started_at,
+    seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid
+
+-- name: forget_node_buckets
+DELETE FROM node_buckets WHERE node = %s
+
+-- name: declare_node_bucket
+INSERT INTO node_buckets (bucket, node, updated_at) VALUES (%s, %s, %s::timestamptz)
+
+-- name: refresh_node
+UPDATE nodes SET seen_at = %s::timestamptz WHERE node = %s AND stopped_at IS NULL
+
+-- name: refresh_node_buckets
+UPDATE node_buckets SET updated_at = %s::timestamptz WHERE node = %s
+
+-- name: retire_node
+UPDATE nodes SET stopped_at = %s::timestamptz WHERE node = %s
+
+-- name: nodes
+SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
+       pid
+FROM nodes
+
+-- name: node_buckets
+SELECT node, bucket FROM node_buckets ORDER BY node, bucket
+
+-- name: storage_now
+SELECT statement_timestamp()

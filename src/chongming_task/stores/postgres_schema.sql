@@ -60,3 +60,22 @@ CREATE TABLE IF NOT EXISTS {schema}.commands (
 -- Claims only ever look at open commands, while the table keeps growing.
 CREATE INDEX IF NOT EXISTS idx_commands_open ON {schema}.commands (created_at, seq)
     WHERE finished_at IS NULL;
+
+-- Node declarations (distributed design §11.3): for audit and alarms only.
+CREATE TABLE IF NOT EXISTS {schema}.nodes (
+    node        TEXT PRIMARY KEY,
+    num_buckets INTEGER NOT NULL,
+    all_buckets BOOLEAN NOT NULL,
+    ttl_seconds DOUBLE PRECISION NOT NULL,
+    started_at  TIMESTAMPTZ NOT NULL,
+    seen_at     TIMESTAMPTZ NOT NULL,
+    stopped_at  TIMESTAMPTZ,
+    host        TEXT NOT NULL,
+    pid         INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {schema}.node_buckets (
+    bucket     INTEGER NOT NULL,
+    node       TEXT NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (bucket, node)
+);

@@ -25,12 +25,13 @@ from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
 from ..values import ValueRules
 from . import codec
+from ._nodes import NodeRegistrySQL
 from ._sql import Dialect, encoded_tag, load_named, query_sql
 from ._sqlite_group import AT, NEW_PAD, WRITE_VIEW_COLUMNS, GroupCommit, WriteRequest, trail_row
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: node declarations (nodes, node_buckets)
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -55,7 +56,7 @@ _DIALECT = Dialect(
 )
 
 
-class SqliteTaskStore:
+class SqliteTaskStore(NodeRegistrySQL):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 
     ``create=False`` refuses to create a missing file: read-only tools should say "no
@@ -139,10 +140,10 @@ class SqliteTaskStore:
         if version < SCHEMA_VERSION:
             return False
         (found,) = self._conn.execute(
-            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'task_writes_trail'"
+            "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('task_writes_trail', 'node_buckets')"
         ).fetchone()
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return bool(found) and (self.path == ":memory:" or mode == "wal")
+        return found == 2 and (self.path == ":memory:" or mode == "wal")
 
     def _has_tables(self) -> bool:
         (found,) = self._conn.execute(
@@ -178,6 +179,11 @@ class SqliteTaskStore:
             yield
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc, what) from exc
+
+    _sql = _SQL
+
+    def _node_scope(self, what: str, *, write: bool) -> _ReadScope | _WriteScope:
+        return self._write(what) if write else self._locked(what)
 
     def _locked(self, what: str) -> _ReadScope:
         """``with self._locked(what) as conn``: the connection, under our lock."""

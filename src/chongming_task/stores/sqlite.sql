@@ -69,6 +69,31 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE INDEX IF NOT EXISTS idx_commands_open ON commands (created_at)
     WHERE finished_at IS NULL
 
+-- Node declarations (distributed design §11.3): who runs, which buckets each declares,
+-- when each was last seen. For audit and alarms; nothing reads them to decide who runs
+-- what. A node that declares no partition has all_buckets = 1 and no node_buckets rows.
+
+-- name: schema_nodes
+CREATE TABLE IF NOT EXISTS nodes (
+    node        TEXT PRIMARY KEY,
+    num_buckets INTEGER NOT NULL,
+    all_buckets INTEGER NOT NULL,
+    ttl_seconds REAL NOT NULL,
+    started_at  TEXT NOT NULL,
+    seen_at     TEXT NOT NULL,
+    stopped_at  TEXT,
+    host        TEXT NOT NULL,
+    pid         INTEGER NOT NULL
+)
+
+-- name: schema_node_buckets
+CREATE TABLE IF NOT EXISTS node_buckets (
+    bucket     INTEGER NOT NULL,
+    node       TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (bucket, node)
+) WITHOUT ROWID
+
 -- The group commit's single statement. task_writes is a view nobody reads: inserting a
 -- row into it runs one of three triggers, so a whole batch of writes (new tasks, each
 -- task's compare-and-set, trail rows) is one INSERT, one statement, atomic on its own (no
@@ -209,3 +234,35 @@ DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL
 
 -- name: prune_task
 DELETE FROM tasks WHERE task_id = ?
+
+-- name: upsert_node
+INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
+                   stopped_at, host, pid)
+VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)
+ON CONFLICT (node) DO UPDATE SET
+    num_buckets = excluded.num_buckets, all_buckets = excluded.all_buckets,
+    ttl_seconds = excluded.ttl_seconds, started_at = excluded.started_at,
+    seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid
+
+-- name: forget_node_buckets
+DELETE FROM node_buckets WHERE node = ?
+
+-- name: declare_node_bucket
+INSERT INTO node_buckets (bucket, node, updated_at) VALUES (?, ?, ?)
+
+-- name: refresh_node
+UPDATE nodes SET seen_at = ? WHERE node = ? AND stopped_at IS NULL
+
+-- name: refresh_node_buckets
+UPDATE node_buckets SET updated_at = ? WHERE node = ?
+
+-- name: retire_node
+UPDATE nodes SET stopped_at = ? WHERE node = ?
+
+-- name: nodes
+SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
+       pid
+FROM nodes
+
+-- name: node_buckets
+SELECT node, bucket FROM node_buckets ORDER BY node, bucket

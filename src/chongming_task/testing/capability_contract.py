@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime
 from unittest import SkipTest
 
 from ..errors import ConcurrencyConflict, TaskAlreadyExists
-from ..model import Failure, FailureKind, TaskSnapshot, TaskStatus, Transition
+from ..model import Failure, FailureKind, NodeRecord, TaskSnapshot, TaskStatus, Transition
 from ..stores.capabilities import (
     SupportsAtomic,
     SupportsCommandWakeups,
     SupportsCreateMany,
     SupportsMarkLost,
+    SupportsNodeRegistry,
+    SupportsStorageClock,
     SupportsWriteTransitions,
 )
 from ..stores.protocol import TaskStore
@@ -149,3 +152,59 @@ class CapabilityContract(ContractBase):
                 assert woke.is_set(), "no wake-up within 10 s of submitting commands"
             finally:
                 unsubscribe()
+
+    def test_capability_node_registry_keeps_declarations(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsNodeRegistry, "the node registry")
+            assert isinstance(store, SupportsNodeRegistry)
+            clock = store.storage_now if isinstance(store, SupportsStorageClock) else None
+
+            def seen_near(record: NodeRecord, given: datetime) -> bool:
+                # A store with its own clock writes its time, not the caller's.
+                if clock is None:
+                    return record.seen_at == given
+                return abs((clock() - record.seen_at).total_seconds()) < 60
+
+            def node(name: str) -> NodeRecord:
+                found = [n for n in store.nodes() if n.node == name]
+                assert len(found) == 1, f"{name}: {found}"
+                return found[0]
+
+            a = NodeRecord(
+                node="node-a",
+                buckets=frozenset({1, 2, 3}),
+                num_buckets=64,
+                ttl_seconds=30.0,
+                started_at=at(0),
+                seen_at=at(0),
+                host="host-a",
+                pid=101,
+            )
+            store.declare_node(a)
+            store.declare_node(replace(a, node="node-b", buckets=None, num_buckets=8, pid=102))
+            assert sorted(n.node for n in store.nodes()) == ["node-a", "node-b"]
+            got = node("node-a")
+            assert got.buckets == frozenset({1, 2, 3}) and got.num_buckets == 64
+            assert got.ttl_seconds == 30.0 and got.host == "host-a" and got.pid == 101
+            assert got.stopped_at is None and seen_near(got, at(0))
+            b = node("node-b")
+            assert b.buckets is None and b.num_buckets == 8  # no partition: every bucket
+            store.declare_node(replace(a, buckets=frozenset({4})))  # buckets replaced
+            assert node("node-a").buckets == frozenset({4})
+            assert store.refresh_node("node-a", now=at(10)) is True
+            assert seen_near(node("node-a"), at(10))
+            assert store.refresh_node("nobody", now=at(10)) is False
+            store.retire_node("node-a", now=at(20))
+            retired = node("node-a")
+            assert retired.stopped_at is not None and not retired.is_live(retired.seen_at)
+            assert store.refresh_node("node-a", now=at(30)) is False  # declare again
+            store.declare_node(replace(a, seen_at=at(40)))
+            again = node("node-a")
+            assert again.stopped_at is None and again.buckets == frozenset({1, 2, 3})
+
+    def test_capability_storage_clock_tells_aware_forward_time(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsStorageClock, "a storage clock")
+            assert isinstance(store, SupportsStorageClock)
+            first, second = store.storage_now(), store.storage_now()
+            assert first.tzinfo is UTC and second >= first

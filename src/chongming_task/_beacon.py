@@ -1,0 +1,122 @@
+"""The node beacon: a worker node's declaration in the store (distributed design §11.3).
+
+At start-up the node writes who it is and which buckets it declares (``NodeRecord``),
+then refreshes ``seen_at`` every third of its lease TTL while it lives, and marks itself
+stopped at a clean ``close()``. Other nodes and the CLI (``nodes``, ``doctor``) read these
+declarations to find buckets declared twice, buckets nobody declares, and tasks nobody
+looks after. The declaration decides nothing: no node consults it before running or
+reconciling a task (the dynamic bucket leases of §17 were rejected; this is not them).
+
+A store without the node-registry capability, or a failing write, costs the node nothing
+but a logged warning: visibility never stops a node from running its tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import datetime
+
+from ._services import LoopService, NodeContext
+from .errors import StoreError
+from .model import NodeRecord
+from .policies import format_buckets
+
+__all__ = ["NodeBeacon"]
+
+log = logging.getLogger("chongming_task.fleet")
+
+
+class NodeBeacon(LoopService):
+    """Declares the node, keeps its declaration fresh, retires it at ``close()``."""
+
+    def __init__(
+        self,
+        node: NodeContext,
+        *,
+        buckets: frozenset[int] | None,
+        num_buckets: int,
+        ttl: float,
+    ) -> None:
+        super().__init__()
+        self.name = f"chongming-beacon[{node.owner}]"
+        self.interval = ttl / 3
+        self._owner = node.owner
+        self._caps = node.capabilities
+        self._now = node.now
+        self._buckets = buckets
+        self._num_buckets = num_buckets
+        self._ttl = ttl
+        self._declared = False
+        self._warned = False
+
+    def record(self, now: datetime) -> NodeRecord:
+        return NodeRecord(
+            node=self._owner,
+            buckets=self._buckets,
+            num_buckets=self._num_buckets,
+            ttl_seconds=self._ttl,
+            started_at=now,
+            seen_at=now,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    def run_once(self, now: float | None = None) -> float | None:
+        caps = self._caps
+        if not caps.has_node_registry:
+            return 3600.0  # nothing to declare to; stop() still ends the loop at once
+        try:
+            if self._declared and caps.refresh_node(self._owner, now=self._now()):
+                self._warned = False
+                return None
+            self._declare()
+        except StoreError as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning("node %s: declaration not written (%s); retrying", self._owner, exc)
+            return min(self.interval, 1.0)
+        return None
+
+    def _declare(self) -> None:
+        """Write the declaration, then say what clashes with it (a warning per clash)."""
+        record = self.record(self._now())
+        others = [n for n in self._caps.nodes() if n.node != record.node]
+        self._caps.declare_node(record)
+        self._declared = True
+        for clash in clashes(record, others, now=record.seen_at):
+            log.warning("node %s: %s", record.node, clash)
+
+    def retire(self) -> None:
+        """Mark the declaration stopped (a clean close): its buckets are then uncovered,
+        and the tools say so rather than wait for it to go stale."""
+        if not self._declared:
+            return
+        try:
+            self._caps.retire_node(self._owner, now=self._now())
+        except StoreError as exc:
+            log.warning("node %s: could not mark itself stopped (%s)", self._owner, exc)
+
+
+def clashes(record: NodeRecord, others: list[NodeRecord], *, now: datetime) -> list[str]:
+    """What in ``record`` clashes with the live declarations ``others``: a bucket
+    declared by another live node, or a different bucket count (each its own line)."""
+    found: list[str] = []
+    for other in others:
+        if not other.is_live(now):
+            continue
+        if other.num_buckets != record.num_buckets:
+            found.append(
+                f"num_buckets {record.num_buckets} here, {other.num_buckets} on live node "
+                f"{other.node}: the same bucket_key lands in different buckets"
+            )
+        if record.buckets is not None and other.buckets is not None:
+            both = record.buckets & other.buckets
+            if both:
+                plural = "s" if len(both) > 1 else ""
+                found.append(
+                    f"bucket{plural} {format_buckets(both)} declared by {other.node} and "
+                    f"{record.node}"
+                )
+    return found

@@ -1,0 +1,265 @@
+"""Fleet visibility: what no single node can see (distributed design §7, §11).
+
+Every worker node declares itself in the store (``NodeRecord``: its buckets, its bucket
+count, when it was last seen). ``examine()`` reads those declarations beside the tasks
+and raises the alarms of §11:
+
+* ``duplicate-bucket``: a bucket declared by two live nodes (§11.1);
+* ``uncovered-bucket``: a bucket no live node declares, in a partitioned fleet (a node
+  not cleanly stopped declared buckets; a fleet stopped on purpose expects nothing);
+* ``num-buckets-mismatch``: live nodes (or the caller) disagree on the bucket count, so
+  one ``bucket_key`` lands in different buckets (§12);
+* ``orphan``: a task not finished, unchanged for ``orphan_after`` seconds, in a bucket no
+  live node looks after (§11.2);
+* ``stale-queued``: a task queued and unchanged for ``stale_after`` seconds, whoever
+  covers it: the symptom every misconfiguration ends in (§11.1, mitigation 2);
+* ``lease-expired``: a task not finished whose supervisor lease ran out: its node stopped
+  renewing it, and ``reconcile`` would mark it ``lost``.
+
+A node's long task that never checkpoints is none of these: its node renews its lease
+and its bucket is covered. The declarations never decide who runs what.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from . import states
+from .model import NodeRecord, TaskQuery, TaskSnapshot, TaskStatus
+from .policies import format_buckets
+from .stores.capabilities import Capabilities
+from .stores.protocol import TaskStore
+
+__all__ = [
+    "DEFAULT_ORPHAN_AFTER",
+    "DEFAULT_STALE_AFTER",
+    "Alarm",
+    "AlarmKind",
+    "FleetReport",
+    "NodeStatus",
+    "examine",
+    "lease_expired",
+    "node_statuses",
+]
+
+DEFAULT_ORPHAN_AFTER = 600.0
+"""Seconds a task must be unchanged, in an uncovered bucket, to be an orphan."""
+DEFAULT_STALE_AFTER = 1800.0
+"""Seconds a task may stay queued, unchanged, before it is reported."""
+
+
+class AlarmKind(enum.StrEnum):
+    DUPLICATE_BUCKET = "duplicate-bucket"
+    UNCOVERED_BUCKET = "uncovered-bucket"
+    NUM_BUCKETS_MISMATCH = "num-buckets-mismatch"
+    ORPHAN = "orphan"
+    STALE_QUEUED = "stale-queued"
+    LEASE_EXPIRED = "lease-expired"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alarm:
+    kind: AlarmKind
+    message: str
+    buckets: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+    task_ids: tuple[str, ...] = ()
+    """The first tasks concerned (at most ``examine``'s ``limit``); ``count`` says all."""
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus:
+    """A node's declaration as seen at ``examine`` time."""
+
+    record: NodeRecord
+    live: bool
+    seen_age: float
+    """Seconds since the node was last seen."""
+    active_tasks: int
+    """Tasks it holds that are past ``queued`` and not finished (by supervisor lease)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetReport:
+    checked_at: datetime
+    num_buckets: int
+    nodes: tuple[NodeStatus, ...]
+    alarms: tuple[Alarm, ...] = field(default=())
+    registry: bool = True
+    """Whether the store keeps node declarations at all (``False``: bucket alarms are
+    unavailable, task alarms still hold)."""
+
+    @property
+    def healthy(self) -> bool:
+        return not self.alarms
+
+
+def lease_expired(snapshot: TaskSnapshot, now: datetime) -> bool:
+    """Whether a task not finished has no live supervisor lease (``reconcile`` would
+    mark it ``lost``)."""
+    return not snapshot.is_terminal and (
+        snapshot.lease_until is None or snapshot.lease_until <= now
+    )
+
+
+def node_statuses(
+    caps: Capabilities, now: datetime, active: Iterable[TaskSnapshot] | None = None
+) -> list[NodeStatus]:
+    """Every declared node, live or not, with its count of active tasks."""
+    if active is None:
+        active = caps.store.query(TaskQuery(statuses=states.ACTIVE))
+    held: dict[str | None, int] = {}
+    for s in active:
+        if s.status in states.ACTIVE:
+            held[s.lease_owner] = held.get(s.lease_owner, 0) + 1
+    return [
+        NodeStatus(
+            record=r,
+            live=r.is_live(now),
+            seen_age=max(0.0, (now - r.seen_at).total_seconds()),
+            active_tasks=held.get(r.node, 0),
+        )
+        for r in sorted(caps.nodes(), key=lambda r: r.node)
+    ]
+
+
+def _changed_at(store: TaskStore, s: TaskSnapshot) -> datetime:
+    """When the task last changed status: ``created_at`` while waiting, ``started_at``
+    once running; otherwise its last transition (few tasks are paused or stopping)."""
+    if s.status in states.WAITING:
+        return s.created_at
+    if s.status in (TaskStatus.STARTING, TaskStatus.RUNNING) and s.started_at is not None:
+        return s.started_at
+    trail = store.history(s.task_id, since_version=s.status_version - 1)
+    return trail[-1].at if trail else s.started_at or s.created_at
+
+
+def examine(
+    store: TaskStore,
+    *,
+    num_buckets: int,
+    now: datetime | None = None,
+    orphan_after: float = DEFAULT_ORPHAN_AFTER,
+    stale_after: float = DEFAULT_STALE_AFTER,
+    limit: int = 20,
+) -> FleetReport:
+    """Every alarm of the module's list, for the whole store. ``now`` is the store's
+    clock where it has one (``Capabilities.now``)."""
+    caps = store if isinstance(store, Capabilities) else Capabilities(store)
+    store = caps.store
+    now = caps.now() if now is None else now
+    waiting_or_active = store.query(TaskQuery(statuses=states.NON_TERMINAL))
+    nodes = node_statuses(caps, now, waiting_or_active)
+    live = [n.record for n in nodes if n.live]
+    alarms: list[Alarm] = []
+
+    counts = {n.num_buckets for n in live} | {num_buckets}
+    if len(counts) > 1:
+        said = ", ".join(f"{n.node}={n.num_buckets}" for n in live)
+        alarms.append(
+            Alarm(
+                kind=AlarmKind.NUM_BUCKETS_MISMATCH,
+                message=f"bucket counts disagree: expected {num_buckets}, live nodes say "
+                f"{said}; one bucket_key lands in different buckets",
+                nodes=tuple(n.node for n in live if n.num_buckets != num_buckets),
+            )
+        )
+
+    declared: dict[int, list[str]] = {}
+    for r in live:
+        for b in r.buckets or ():
+            declared.setdefault(b, []).append(r.node)
+    twice: dict[tuple[str, ...], list[int]] = {}
+    for b, who in sorted(declared.items()):
+        if len(who) > 1:
+            twice.setdefault(tuple(sorted(who)), []).append(b)
+    for names, buckets in twice.items():
+        plural = "s" if len(buckets) > 1 else ""
+        alarms.append(
+            Alarm(
+                kind=AlarmKind.DUPLICATE_BUCKET,
+                message=f"bucket{plural} {format_buckets(buckets)} declared by "
+                f"{' and '.join(names)}",
+                buckets=tuple(buckets),
+                nodes=names,
+            )
+        )
+    covers_all = any(r.covers_all for r in live)
+    # A partitioned fleet: some node not cleanly stopped (live, or dead) declared buckets.
+    # Then every bucket needs a live declarer; a fleet stopped on purpose needs none.
+    partitioned = any(n.record.buckets is not None and n.record.stopped_at is None for n in nodes)
+    if partitioned and not covers_all:
+        gaps = [b for b in range(num_buckets) if b not in declared]
+        if gaps:
+            alarms.append(
+                Alarm(
+                    kind=AlarmKind.UNCOVERED_BUCKET,
+                    message=f"no live node declares bucket(s) {format_buckets(gaps)}: "
+                    "their tasks wait for nobody",
+                    buckets=tuple(gaps),
+                )
+            )
+
+    def covered(s: TaskSnapshot) -> bool:
+        return covers_all or (s.bucket is not None and s.bucket in declared)
+
+    orphan_cut = now - timedelta(seconds=orphan_after)
+    stale_cut = now - timedelta(seconds=stale_after)
+    orphans: list[TaskSnapshot] = []
+    stale: list[TaskSnapshot] = []
+    expired: list[TaskSnapshot] = []
+    for s in waiting_or_active:
+        if lease_expired(s, now):
+            expired.append(s)
+        uncovered = not covered(s)
+        if (s.status is TaskStatus.QUEUED and s.created_at <= stale_cut) or uncovered:
+            changed = _changed_at(store, s)
+            if s.status is TaskStatus.QUEUED and changed <= stale_cut:
+                stale.append(s)
+            if uncovered and changed <= orphan_cut:
+                orphans.append(s)
+    alarms += _task_alarm(
+        AlarmKind.ORPHAN,
+        orphans,
+        limit,
+        f"unchanged for over {orphan_after:g}s in buckets no live node declares",
+    )
+    alarms += _task_alarm(
+        AlarmKind.STALE_QUEUED, stale, limit, f"queued and unchanged for over {stale_after:g}s"
+    )
+    alarms += _task_alarm(
+        AlarmKind.LEASE_EXPIRED,
+        expired,
+        limit,
+        "whose supervisor lease expired: their node stopped renewing it (reconcile marks "
+        "them lost)",
+    )
+    return FleetReport(
+        checked_at=now,
+        num_buckets=num_buckets,
+        nodes=tuple(nodes),
+        alarms=tuple(alarms),
+        registry=caps.has_node_registry,
+    )
+
+
+def _task_alarm(kind: AlarmKind, tasks: list[TaskSnapshot], limit: int, why: str) -> list[Alarm]:
+    if not tasks:
+        return []
+    tasks.sort(key=lambda s: s.created_at)
+    buckets = sorted({s.bucket for s in tasks if s.bucket is not None})
+    where = f" (buckets {format_buckets(buckets)})" if buckets else ""
+    return [
+        Alarm(
+            kind=kind,
+            message=f"{len(tasks)} task(s) {why}{where}",
+            buckets=tuple(buckets),
+            nodes=tuple(sorted({s.lease_owner or s.owner or "-" for s in tasks})),
+            task_ids=tuple(s.task_id for s in tasks[:limit]),
+            count=len(tasks),
+        )
+    ]

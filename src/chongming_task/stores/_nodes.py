@@ -1,0 +1,97 @@
+"""The node registry (``SupportsNodeRegistry``) written once for both SQL stores: the same
+named statements (in ``sqlite.sql`` and ``postgres.sql``) through each store's own
+transaction scope. Times are taken from the store's clock where it has one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..model import NodeRecord
+from . import codec
+
+__all__ = ["NodeRegistrySQL"]
+
+
+class _Executor(Protocol):
+    """What ``sqlite3.Connection`` and a psycopg cursor both offer."""
+
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: Any, params: Any, /) -> Any: ...
+
+
+class NodeRegistrySQL:
+    """Mixin: a store gives ``_sql`` (its named statements), ``_node_scope(what, write=)``
+    (one transaction) and, if it has a clock, ``_node_time`` (the time to write)."""
+
+    __slots__ = ()
+
+    _sql: Mapping[str, str]
+
+    def _node_scope(self, what: str, *, write: bool) -> AbstractContextManager[_Executor]:
+        raise NotImplementedError
+
+    def _node_time(self, given: datetime) -> datetime:
+        return given
+
+    def declare_node(self, record: NodeRecord) -> None:
+        seen = codec.encode_dt(self._node_time(record.seen_at))
+        with self._node_scope("declare_node", write=True) as c:
+            c.execute(
+                self._sql["upsert_node"],
+                [
+                    record.node,
+                    record.num_buckets,
+                    record.buckets is None,
+                    record.ttl_seconds,
+                    seen,
+                    seen,
+                    record.host,
+                    record.pid,
+                ],
+            )
+            c.execute(self._sql["forget_node_buckets"], [record.node])
+            if record.buckets:
+                c.executemany(
+                    self._sql["declare_node_bucket"],
+                    [[b, record.node, seen] for b in sorted(record.buckets)],
+                )
+
+    def refresh_node(self, node: str, *, now: datetime) -> bool:
+        seen = codec.encode_dt(self._node_time(now))
+        with self._node_scope("refresh_node", write=True) as c:
+            if c.execute(self._sql["refresh_node"], [seen, node]).rowcount == 0:
+                return False
+            c.execute(self._sql["refresh_node_buckets"], [seen, node])
+        return True
+
+    def retire_node(self, node: str, *, now: datetime) -> None:
+        with self._node_scope("retire_node", write=True) as c:
+            c.execute(self._sql["retire_node"], [codec.encode_dt(self._node_time(now)), node])
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._node_scope("nodes", write=False) as c:
+            rows = c.execute(self._sql["nodes"]).fetchall()
+            pairs = c.execute(self._sql["node_buckets"]).fetchall()
+        declared: dict[str, set[int]] = {}
+        for node, bucket in pairs:
+            declared.setdefault(node, set()).add(bucket)
+        out = []
+        for node, num, every, ttl, started, seen, stopped, host, pid in rows:
+            out.append(
+                NodeRecord(
+                    node=node,
+                    buckets=None if every else frozenset(declared.get(node, ())),
+                    num_buckets=num,
+                    ttl_seconds=float(ttl),
+                    started_at=codec.decode_dt(started),  # type: ignore[arg-type]
+                    seen_at=codec.decode_dt(seen),  # type: ignore[arg-type]
+                    stopped_at=codec.decode_dt(stopped),
+                    host=host,
+                    pid=pid,
+                )
+            )
+        return out

@@ -1,0 +1,157 @@
+"""Fleet visibility end to end, on SQLite and on PostgreSQL: node processes declare their
+buckets, and `nodes` / `doctor` / `ps` (real CLI subprocesses) show what no single node
+can see: duplicate and uncovered buckets, a node killed with SIGKILL, its orphans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.integration.postgres_support import drop_schemas, new_schema, pg_dsn
+from tests.integration.test_cross_process import Node
+
+__all__ = ["pg_dsn"]  # the fixture, found by pytest here
+
+
+@dataclass
+class Where:
+    db: str
+    node_args: list[str]
+    cli_args: list[str]
+
+    def node(self, *args: str) -> Node:
+        return Node(self.db, *self.node_args, *args)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", self.db, *self.cli_args, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def json(self, *args: str, code: int = 0) -> Any:
+        result = self.cli("--json", *args)
+        assert result.returncode == code, (
+            f"{args}: exit {result.returncode}: {result.stderr}{result.stdout[-1500:]}"
+        )
+        return json.loads(result.stdout)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    if request.param == "sqlite":
+        yield Where(str(tmp_path / "fleet.db"), [], [])
+        return
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    dsn: str = request.getfixturevalue("pg_dsn")
+    schema = new_schema()
+    store = PostgresTaskStore(dsn, schema=schema)
+    store.create_schema()
+    store.close()
+    yield Where(dsn, ["--schema", schema], ["--pg-schema", schema])
+    drop_schemas(dsn, [schema])
+
+
+@pytest.fixture
+def started() -> Iterator[list[Node]]:
+    nodes: list[Node] = []
+    yield nodes
+    for node in nodes:
+        node.finish()
+
+
+def alarms(report: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [a for a in report["alarms"] if a["kind"] == kind]
+
+
+def test_doctor_names_the_duplicate_and_the_gap_of_three_nodes(
+    where: Where, started: list[Node]
+) -> None:
+    for owner, owned in (("node-a", "0-29"), ("node-b", "20-39"), ("node-c", "45-63")):
+        started.append(where.node("--owner", owner, "--owned", owned, "--lease-ttl", "5"))
+    nodes = where.json("nodes")
+    assert [(n["node"], n["buckets"], n["state"]) for n in nodes] == [
+        ("node-a", "0-29", "live"),
+        ("node-b", "20-39", "live"),
+        ("node-c", "45-63", "live"),
+    ]
+    result = where.cli("doctor")
+    assert result.returncode == 3, result.stderr
+    assert "ALARM duplicate-bucket: buckets 20-29 declared by node-a and node-b" in result.stdout
+    assert "ALARM uncovered-bucket: no live node declares bucket(s) 40-44" in result.stdout
+    report = where.json("doctor", code=3)
+    assert report["healthy"] is False
+    (twice,) = alarms(report, "duplicate-bucket")
+    assert twice["buckets"] == list(range(20, 30)) and twice["nodes"] == ["node-a", "node-b"]
+    (gap,) = alarms(report, "uncovered-bucket")
+    assert gap["buckets"] == [40, 41, 42, 43, 44]
+
+    # A clean stop retires the declarations: a fleet stopped on purpose is healthy.
+    for node in started:
+        node.finish()
+    assert {n["state"] for n in where.json("nodes")} == {"stopped"}
+    assert where.json("doctor")["healthy"] is True
+
+
+def test_a_killed_node_shows_lease_expired_then_orphans_while_a_silent_task_is_fine(
+    where: Where, started: list[Node]
+) -> None:
+    ttl = 1.5
+    node = where.node(
+        "--owner",
+        "node-a",
+        "--owned",
+        "0-63",
+        "--lease-ttl",
+        str(ttl),
+        "--submit",
+        "silent:60",
+        "--submit",
+        "silent:60",
+    )
+    started.append(node)
+    task_ids = set(node.task_ids)
+
+    def health() -> dict[str, bool]:
+        return {t["task_id"]: t["lease_expired"] for t in where.json("ps")}
+
+    wait_until(lambda: {t["status"] for t in where.json("ps")} == {"running"}, what="both running")
+    # Long past every threshold, the live node's silent tasks (no checkpoint at all)
+    # raise no alarm: their node renews the leases and declares the buckets.
+    deadline = time.monotonic() + 3 * ttl
+    while time.monotonic() < deadline:
+        report = where.json("doctor", "--orphan-after", "0.5", "--stale-after", "0.5")
+        assert report["healthy"], report["alarms"]
+        assert health() == dict.fromkeys(task_ids, False)
+
+    node.kill()
+    killed = time.monotonic()
+    wait_until(lambda: all(health().values()), timeout=ttl + 5, what="leases expired in ps")
+    assert time.monotonic() - killed < ttl + 5
+    table = where.cli("ps").stdout
+    assert table.count("LEASE EXPIRED") == 2 and "heartbeat" in table
+    (dead,) = where.json("nodes")
+    assert dead["state"] == "dead" and dead["active_tasks"] == 2
+
+    time.sleep(1.0)  # past the orphan threshold below
+    result = where.cli("doctor", "--orphan-after", "1")
+    assert result.returncode == 3, result.stderr
+    report = where.json("doctor", "--orphan-after", "1", code=3)
+    (orphans,) = alarms(report, "orphan")
+    assert set(orphans["task_ids"]) == task_ids and orphans["count"] == 2
+    (expired,) = alarms(report, "lease-expired")
+    assert set(expired["task_ids"]) == task_ids
+    (gap,) = alarms(report, "uncovered-bucket")
+    assert gap["buckets"] == list(range(64))
+    assert "ALARM orphan: 2 task(s)" in result.stdout

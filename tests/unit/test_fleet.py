@@ -1,0 +1,166 @@
+"""``fleet.examine`` and the node beacon, on the in-memory store with times given: each
+alarm fires where it should and nowhere else."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from chongming_task import Controller, InMemoryTaskStore, TaskSnapshot, TaskStatus
+from chongming_task.fleet import AlarmKind, FleetReport, examine
+from chongming_task.model import NodeRecord, Transition
+from chongming_task.testing import FakeClock
+from tests.conftest import wait_until
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+S = TaskStatus
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def node(name: str, buckets: range | None, *, seen: float = 0, **kw: object) -> NodeRecord:
+    fields: dict[str, object] = {
+        "node": name,
+        "buckets": None if buckets is None else frozenset(buckets),
+        "num_buckets": 8,
+        "ttl_seconds": 30.0,
+        "started_at": at(0),
+        "seen_at": at(seen),
+    }
+    fields.update(kw)
+    return NodeRecord(**fields)  # type: ignore[arg-type]
+
+
+def task(
+    task_id: str,
+    status: TaskStatus = S.RUNNING,
+    *,
+    bucket: int | None = 0,
+    created: float = 0,
+    lease_until: float | None = 100_000,
+    version: int = 3,
+) -> TaskSnapshot:
+    return TaskSnapshot(
+        task_id=task_id,
+        name="job",
+        status=status,
+        status_version=version,
+        created_at=at(created),
+        started_at=None if status in (S.QUEUED, S.PENDING) else at(created),
+        bucket=bucket,
+        lease_owner="node-a",
+        lease_until=None if lease_until is None else at(lease_until),
+    )
+
+
+def kinds(report: FleetReport) -> dict[AlarmKind, tuple[object, ...]]:
+    return {a.kind: a.task_ids or a.buckets or a.nodes for a in report.alarms}
+
+
+def test_a_healthy_partitioned_fleet_raises_nothing() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", range(0, 4), seen=590))
+    store.declare_node(node("node-b", range(4, 8), seen=590))
+    store.create(task("t1", bucket=1))
+    store.create(task("t2", S.QUEUED, bucket=6, created=590))
+    report = examine(store, num_buckets=8, now=at(600))
+    assert report.healthy and report.alarms == ()
+    assert [(n.record.node, n.live, n.active_tasks) for n in report.nodes] == [
+        ("node-a", True, 1),
+        ("node-b", True, 0),
+    ]
+
+
+def test_duplicates_gaps_and_bucket_counts() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", range(0, 4)))
+    store.declare_node(node("node-b", range(3, 6)))
+    store.declare_node(node("node-c", range(0, 8), num_buckets=16))
+    report = examine(store, num_buckets=8, now=at(10))
+    twice = [a for a in report.alarms if a.kind is AlarmKind.DUPLICATE_BUCKET]
+    assert {(a.nodes, a.buckets) for a in twice} == {
+        (("node-a", "node-c"), (0, 1, 2)),
+        (("node-a", "node-b", "node-c"), (3,)),
+        (("node-b", "node-c"), (4, 5)),
+    }
+    found = kinds(report)
+    assert found[AlarmKind.NUM_BUCKETS_MISMATCH] == ("node-c",)
+    assert AlarmKind.UNCOVERED_BUCKET not in found  # 0-7 all declared by someone live
+
+
+def test_a_gap_and_its_orphans_once_the_threshold_passes() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", range(0, 4), seen=590))
+    store.declare_node(node("node-b", range(4, 8)))  # seen at 0, dead by 30 (its ttl)
+    store.create(task("old", bucket=5, created=0, lease_until=20))
+    store.create(task("new", bucket=6, created=500, lease_until=20))
+    store.create(task("fine", bucket=1, created=0))
+    report = examine(store, num_buckets=8, now=at(600), orphan_after=300)
+    found = kinds(report)
+    assert found[AlarmKind.UNCOVERED_BUCKET] == (4, 5, 6, 7)
+    assert found[AlarmKind.ORPHAN] == ("old",)  # "new" changed 100 s ago
+    assert found[AlarmKind.LEASE_EXPIRED] == ("old", "new")
+    assert [n.live for n in report.nodes] == [True, False]
+
+
+def test_stale_queued_is_reported_whoever_covers_it() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", None, seen=3590))
+    store.create(task("waits", S.QUEUED, created=0, version=1))
+    store.create(task("young", S.QUEUED, created=3000, version=1))
+    report = examine(store, num_buckets=8, now=at(3600), stale_after=1800)
+    assert kinds(report) == {AlarmKind.STALE_QUEUED: ("waits",)}
+
+
+def test_the_last_status_change_of_a_paused_task_comes_from_its_trail() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", range(0, 4), seen=1190))
+    paused = task("p", S.PAUSED, bucket=6, created=0, version=5)
+    store.create(paused)
+    store.append(
+        Transition(task_id="p", version=5, from_status=S.PAUSING, to_status=S.PAUSED, at=at(550))
+    )
+    assert AlarmKind.ORPHAN not in kinds(examine(store, num_buckets=8, now=at(600)))
+    assert kinds(examine(store, num_buckets=8, now=at(1200)))[AlarmKind.ORPHAN] == ("p",)
+
+
+def test_a_fleet_stopped_on_purpose_expects_nothing() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", range(0, 4)))
+    store.retire_node("node-a", now=at(5))
+    report = examine(store, num_buckets=8, now=at(10))
+    assert report.healthy
+    assert [(n.record.node, n.live) for n in report.nodes] == [("node-a", False)]
+
+
+def test_the_beacon_declares_refreshes_warns_and_retires(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = InMemoryTaskStore()
+    clock = FakeClock(T0)
+    store.declare_node(node("node-x", range(2, 4), seen=0))
+    with caplog.at_level(logging.WARNING, logger="chongming_task.fleet"):
+        a = Controller(store, owner="node-a", owned_buckets=range(0, 3), num_buckets=8, clock=clock)
+        try:
+            wait_until(lambda: any(n.node == "node-a" for n in store.nodes()), what="declared")
+            (mine,) = [n for n in store.nodes() if n.node == "node-a"]
+            assert mine.buckets == frozenset({0, 1, 2}) and mine.num_buckets == 8
+            assert mine.stopped_at is None and mine.seen_at == T0
+        finally:
+            a.close()
+    assert "bucket 2 declared by node-x and node-a" in caplog.text
+    (retired,) = [n for n in store.nodes() if n.node == "node-a"]
+    assert retired.stopped_at is not None
+
+
+def test_a_query_tool_never_declares_itself() -> None:
+    store = InMemoryTaskStore()
+    tool = Controller(store, owner="tool", owned_buckets=range(0, 4), poll_commands=False)
+    tool.close()
+    plain = Controller(store, owner="plain")  # no partition, never submitted anything
+    plain.close()
+    assert store.nodes() == []
