@@ -49,7 +49,7 @@ class CommandPoller(LoopService):
         self._registry = node.registry
         self._caps = node.capabilities
         self._store = node.capabilities.store
-        self._now = node.now
+        self._leases = node.leases
         self._lease = lease
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -79,7 +79,7 @@ class CommandPoller(LoopService):
         """Claim open commands and act on those for runs held here. Returns how many
         commands were completed here."""
         store = self._store
-        commands = store.claim_commands(now=self._now(), lease_seconds=self._lease)
+        commands = store.claim_commands(now=self._leases.now(), lease_seconds=self._lease)
         completed = 0
         for command in commands:
             run = self._registry.get(command.task_id)
@@ -92,9 +92,11 @@ class CommandPoller(LoopService):
                 elif stored.is_terminal:
                     outcome = ControlOutcome.ALREADY_TERMINAL
                 else:
-                    store.release_command(command.command_id, now=self._now())
+                    store.release_command(command.command_id, now=self._leases.now())
                     continue
-            store.complete_command(command.command_id, now=self._now(), outcome=outcome.value)
+            store.complete_command(
+                command.command_id, now=self._leases.now(), outcome=outcome.value
+            )
             completed += 1
         return completed
 

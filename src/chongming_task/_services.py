@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ._leaseclock import LeaseClock
     from ._registry import RunRegistry
     from .clock import Clock
     from .stores.capabilities import Capabilities
@@ -46,6 +47,8 @@ class NodeContext:
     """The clock's reading in UTC (a naive reading is refused)."""
     registry: RunRegistry
     capabilities: Capabilities
+    leases: LeaseClock
+    """The time lease decisions use (the store's clock where it has one)."""
 
 
 class Service(Protocol):

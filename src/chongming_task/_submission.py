@@ -110,6 +110,7 @@ class Submitter:
         self._ownership = ownership
         self._clock = node.clock
         self._now = node.now
+        self._leases = node.leases
         self._lease_ttl = lease_ttl
         self._lease_delta = timedelta(seconds=lease_ttl)
         self._resolve = resolve
@@ -222,7 +223,9 @@ class Submitter:
             failure=None,
             outcome=None,
             lease_owner=host.owner,
-            lease_until=now + self._lease_delta,
+            # Lease time is the store's clock where it has one (the offset is measured
+            # by the supervisor, not per submit).
+            lease_until=now + self._leases.offset + self._lease_delta,
         )
         run = TaskRun(host, definition, snapshot, args, kwargs)
         lease_renewed(run, self._clock.monotonic() + self._lease_ttl / 3)

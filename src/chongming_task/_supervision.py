@@ -55,7 +55,7 @@ class Supervisor(LoopService):
         self._store = node.capabilities.store
         self._dispatcher = dispatcher
         self._clock = node.clock
-        self._now = node.now
+        self._leases = node.leases
         self._lease_ttl = lease_ttl
         self._next_lease = 0.0  # monotonic time of the next lease renewal
         self._unreachable = False
@@ -132,7 +132,15 @@ class Supervisor(LoopService):
         ]
         if not due:
             return True
-        until = self._now() + timedelta(seconds=self._lease_ttl)
+        # Lease time: the store's clock where it has one, measured again each pass (on
+        # failure the last measure holds: it drifts by milliseconds, not minutes).
+        try:
+            self._leases.sync()
+        except StoreUnavailable:
+            raise
+        except Exception:
+            log.exception("store clock not read; the last measured offset holds")
+        until = self._leases.now() + timedelta(seconds=self._lease_ttl)
         store, owner = self._store, self._owner
         renewed = due
         try:
@@ -193,14 +201,15 @@ class Reconciler:
         self._owner = node.owner
         self._registry = node.registry
         self._caps = node.capabilities
-        self._now = node.now
+        self._leases = node.leases
         self._buckets = buckets
 
     def run(self, *, dry_run: bool = False) -> ReconcileReport:
         """Never re-executes anything (the store holds states, not arguments). A version
         conflict means the supervisor came back: reconcile lets go of that task."""
         query = TaskQuery(statuses=states.NON_TERMINAL, buckets=self._buckets)
-        now = self._now()
+        self._leases.sync()  # expired by the store's clock where it has one
+        now = self._leases.now()
         held = self._registry.held_ids()
         candidates = [
             s

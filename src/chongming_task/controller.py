@@ -28,6 +28,7 @@ from ._beacon import NodeBeacon
 from ._commands import CommandPoller, ControlRouter
 from ._dispatch import make_dispatcher
 from ._host import NodeHost
+from ._leaseclock import LeaseClock
 from ._registry import RunRegistry
 from ._services import NodeContext, NodeState, Service
 from ._submission import Ownership, Submitter, default_owner, new_task_id
@@ -154,6 +155,7 @@ class Controller:
             now=self._now,
             registry=self._registry,
             capabilities=self.capabilities,
+            leases=LeaseClock(self.capabilities, self._now),
         )
         # The services, each started at most once by _start(), all stopped by close().
         self._workers = WorkerPool(

@@ -15,9 +15,21 @@ import os
 import sys
 import threading
 import time
+from datetime import datetime, timedelta
 
 from chongming_task import CancellationToken, Controller
+from chongming_task.clock import SystemClock
 from chongming_task.stores import open_store
+
+
+class OffsetClock(SystemClock):
+    """The real clock, ``offset`` seconds off (a node whose NTP failed)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = timedelta(seconds=offset)
+
+    def now(self) -> datetime:
+        return super().now() + self.offset
 
 
 def main() -> None:
@@ -31,6 +43,9 @@ def main() -> None:
     parser.add_argument("--claim-on", default=None)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schema", default=None, help="PostgreSQL schema, with a DSN")
+    parser.add_argument(
+        "--clock-offset", type=float, default=0.0, help="seconds this node's clock is off"
+    )
     args = parser.parse_args()
     owned = None
     if args.owned:
@@ -45,6 +60,7 @@ def main() -> None:
         command_poll_interval=args.poll,
         activity_interval=0.05,
         max_workers=args.workers,
+        clock=OffsetClock(args.clock_offset),
     )
 
     @node.task(name="loop")

@@ -4,6 +4,7 @@ alarm fires where it should and nowhere else."""
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -164,3 +165,41 @@ def test_a_query_tool_never_declares_itself() -> None:
     plain = Controller(store, owner="plain")  # no partition, never submitted anything
     plain.close()
     assert store.nodes() == []
+
+
+class _StoreWithClock(InMemoryTaskStore):
+    """A store whose own clock runs 300 s ahead of the node's (``SupportsStorageClock``)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def storage_now(self) -> datetime:
+        return self.clock.now() + timedelta(seconds=300)
+
+
+def test_leases_are_written_and_judged_on_the_store_clock() -> None:
+    clock = FakeClock(T0)
+    store = _StoreWithClock(clock)
+    node = Controller(store, owner="node-a", clock=clock, lease_ttl=30, poll_commands=False)
+    try:
+        gate = threading.Event()
+        job = node.task(lambda token: gate.wait(10), name="hold")
+        run = node.submit(job)
+        stored = store.get(run.task_id)
+        # Written on the store's clock (300 s ahead) plus the TTL; created on the node's.
+        assert stored is not None and stored.lease_until == T0 + timedelta(seconds=330)
+        assert stored.created_at == T0
+        gate.set()
+        run.wait(10)
+    finally:
+        node.close()
+    # Judged on the store's clock: a lease with 100 s left by the node's clock has run
+    # out by the store's (T0 + 300); one written on the store's clock has not.
+    store.create(task("behind", lease_until=100))
+    store.create(task("fresh", lease_until=330))
+    judge = Controller(store, owner="judge", clock=clock, poll_commands=False)
+    try:
+        assert judge.reconcile(dry_run=True).lost == ("behind",)
+    finally:
+        judge.close()

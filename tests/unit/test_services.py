@@ -15,6 +15,7 @@ from chongming_task import (
     TaskStatus,
 )
 from chongming_task._commands import CommandPoller
+from chongming_task._leaseclock import LeaseClock
 from chongming_task._registry import RunRegistry
 from chongming_task._services import NodeContext
 from chongming_task.stores.capabilities import Capabilities
@@ -70,13 +71,15 @@ def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:
         run = holder.submit(wait)
         wait_until(lambda: run.status is TaskStatus.RUNNING)
         clock = SystemClock()  # real time: the lease it takes must not have expired
+        caps = Capabilities(store)
         other = CommandPoller(
             NodeContext(
                 owner="other",
                 clock=clock,
                 now=clock.now,
                 registry=RunRegistry(),
-                capabilities=Capabilities(store),
+                capabilities=caps,
+                leases=LeaseClock(caps, clock.now),
             ),
             lease=30,
             interval=1,

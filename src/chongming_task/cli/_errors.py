@@ -1,5 +1,6 @@
 """The one place exceptions become a one-line message and an exit code: 0 ok, 1 failed
-(unknown task, store error, wait timed out), 2 bad usage, 130 interrupted. No traceback
+(unknown task, store error, wait timed out), 2 bad usage, 130 interrupted (and 3 from
+``doctor`` when an alarm fires: that is an answer, not an error). No traceback
 reaches a user for a user's mistake."""
 
 from __future__ import annotations

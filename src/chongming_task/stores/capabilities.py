@@ -347,6 +347,16 @@ class Capabilities:
         """Every declaration; empty where the store keeps no registry."""
         return self._nodes.nodes() if self._nodes is not None else []
 
+    @property
+    def has_storage_clock(self) -> bool:
+        return self._storage_now is not None
+
+    def storage_now(self) -> datetime:
+        """The store's clock; ``StoreError`` where it has none (ask ``has_storage_clock``)."""
+        if self._storage_now is None:
+            raise StoreError(f"{self.store!r} has no clock of its own")
+        return self._storage_now()
+
     def now(self) -> datetime:
         """The store's clock where it has one, else this machine's (UTC)."""
         return self._storage_now() if self._storage_now is not None else datetime.now(UTC)
