@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from . import states
 from ._services import LoopService, NodeContext
 from .errors import StoreUnavailable
-from .model import Failure, FailureKind, TaskQuery, TaskSnapshot, TaskStatus, Transition
+from .model import Failure, FailureKind, TaskScan, TaskSnapshot, TaskStatus, Transition
 from .run import (
     activity_flushed,
     catch_up,
@@ -207,15 +207,19 @@ class Reconciler:
     def run(self, *, dry_run: bool = False) -> ReconcileReport:
         """Never re-executes anything (the store holds states, not arguments). A version
         conflict means the supervisor came back: reconcile lets go of that task."""
-        query = TaskQuery(statuses=states.NON_TERMINAL, buckets=self._buckets)
         self._leases.sync()  # expired by the store's clock where it has one
         now = self._leases.now()
         held = self._registry.held_ids()
-        candidates = [
-            s
-            for s in self._caps.store.query(query)
-            if s.task_id not in held and (s.lease_until is None or s.lease_until <= now)
-        ]
+        # Only the expired are read (the judgement is in the store's query).
+        _, expired = self._caps.scan_tasks(
+            TaskScan(
+                statuses=states.NON_TERMINAL,
+                buckets=self._buckets,
+                lease_expired_at=now,
+                limit=None,
+            )
+        )
+        candidates = [s for s in expired if s.task_id not in held]
         if dry_run:
             return ReconcileReport(
                 dry_run=True,

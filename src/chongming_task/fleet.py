@@ -23,12 +23,12 @@ and its bucket is covered. The declarations never decide who runs what.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from . import states
-from .model import NodeRecord, TaskQuery, TaskSnapshot, TaskStatus
+from .model import NodeRecord, TaskScan, TaskSnapshot, TaskStatus
 from .policies import format_buckets
 from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
@@ -106,16 +106,9 @@ def lease_expired(snapshot: TaskSnapshot, now: datetime) -> bool:
     )
 
 
-def node_statuses(
-    caps: Capabilities, now: datetime, active: Iterable[TaskSnapshot] | None = None
-) -> list[NodeStatus]:
+def node_statuses(caps: Capabilities, now: datetime) -> list[NodeStatus]:
     """Every declared node, live or not, with its count of active tasks."""
-    if active is None:
-        active = caps.store.query(TaskQuery(statuses=states.ACTIVE))
-    held: dict[str | None, int] = {}
-    for s in active:
-        if s.status in states.ACTIVE:
-            held[s.lease_owner] = held.get(s.lease_owner, 0) + 1
+    held = caps.count_tasks("lease_owner", statuses=states.ACTIVE)
     return [
         NodeStatus(
             record=r,
@@ -125,17 +118,6 @@ def node_statuses(
         )
         for r in sorted(caps.nodes(), key=lambda r: r.node)
     ]
-
-
-def _changed_at(store: TaskStore, s: TaskSnapshot) -> datetime:
-    """When the task last changed status: ``created_at`` while waiting, ``started_at``
-    once running; otherwise its last transition (few tasks are paused or stopping)."""
-    if s.status in states.WAITING:
-        return s.created_at
-    if s.status in (TaskStatus.STARTING, TaskStatus.RUNNING) and s.started_at is not None:
-        return s.started_at
-    trail = store.history(s.task_id, since_version=s.status_version - 1)
-    return trail[-1].at if trail else s.started_at or s.created_at
 
 
 def examine(
@@ -150,10 +132,8 @@ def examine(
     """Every alarm of the module's list, for the whole store. ``now`` is the store's
     clock where it has one (``Capabilities.now``)."""
     caps = store if isinstance(store, Capabilities) else Capabilities(store)
-    store = caps.store
     now = caps.now() if now is None else now
-    waiting_or_active = store.query(TaskQuery(statuses=states.NON_TERMINAL))
-    nodes = node_statuses(caps, now, waiting_or_active)
+    nodes = node_statuses(caps, now)
     live = [n.record for n in nodes if n.live]
     alarms: list[Alarm] = []
 
@@ -204,37 +184,32 @@ def examine(
                 )
             )
 
-    def covered(s: TaskSnapshot) -> bool:
-        return covers_all or (s.bucket is not None and s.bucket in declared)
+    # The task alarms: each one question answered inside the store (a count and the
+    # oldest few), so neither time nor memory grows with the store.
+    def scan(**filters: Any) -> tuple[int, list[TaskSnapshot]]:
+        return caps.scan_tasks(TaskScan(limit=limit, **filters))
 
-    orphan_cut = now - timedelta(seconds=orphan_after)
-    stale_cut = now - timedelta(seconds=stale_after)
-    orphans: list[TaskSnapshot] = []
-    stale: list[TaskSnapshot] = []
-    expired: list[TaskSnapshot] = []
-    for s in waiting_or_active:
-        if lease_expired(s, now):
-            expired.append(s)
-        uncovered = not covered(s)
-        if (s.status is TaskStatus.QUEUED and s.created_at <= stale_cut) or uncovered:
-            changed = _changed_at(store, s)
-            if s.status is TaskStatus.QUEUED and changed <= stale_cut:
-                stale.append(s)
-            if uncovered and changed <= orphan_cut:
-                orphans.append(s)
+    if not covers_all:
+        alarms += _task_alarm(
+            AlarmKind.ORPHAN,
+            scan(
+                statuses=states.NON_TERMINAL,
+                outside=frozenset(declared),
+                unchanged_since=now - timedelta(seconds=orphan_after),
+            ),
+            f"unchanged for over {orphan_after:g}s in buckets no live node declares",
+        )
     alarms += _task_alarm(
-        AlarmKind.ORPHAN,
-        orphans,
-        limit,
-        f"unchanged for over {orphan_after:g}s in buckets no live node declares",
-    )
-    alarms += _task_alarm(
-        AlarmKind.STALE_QUEUED, stale, limit, f"queued and unchanged for over {stale_after:g}s"
+        AlarmKind.STALE_QUEUED,
+        scan(
+            statuses=frozenset({TaskStatus.QUEUED}),
+            unchanged_since=now - timedelta(seconds=stale_after),
+        ),
+        f"queued and unchanged for over {stale_after:g}s",
     )
     alarms += _task_alarm(
         AlarmKind.LEASE_EXPIRED,
-        expired,
-        limit,
+        scan(statuses=states.NON_TERMINAL, lease_expired_at=now),
         "whose supervisor lease expired: their node stopped renewing it (reconcile marks "
         "them lost)",
     )
@@ -247,19 +222,20 @@ def examine(
     )
 
 
-def _task_alarm(kind: AlarmKind, tasks: list[TaskSnapshot], limit: int, why: str) -> list[Alarm]:
-    if not tasks:
+def _task_alarm(kind: AlarmKind, found: tuple[int, list[TaskSnapshot]], why: str) -> list[Alarm]:
+    count, tasks = found
+    if not count:
         return []
-    tasks.sort(key=lambda s: s.created_at)
     buckets = sorted({s.bucket for s in tasks if s.bucket is not None})
-    where = f" (buckets {format_buckets(buckets)})" if buckets else ""
+    more = ", ..." if count > len(tasks) and buckets else ""
+    where = f" (buckets {format_buckets(buckets)}{more})" if buckets else ""
     return [
         Alarm(
             kind=kind,
-            message=f"{len(tasks)} task(s) {why}{where}",
+            message=f"{count} task(s) {why}{where}",
             buckets=tuple(buckets),
             nodes=tuple(sorted({s.lease_owner or s.owner or "-" for s in tasks})),
-            task_ids=tuple(s.task_id for s in tasks[:limit]),
-            count=len(tasks),
+            task_ids=tuple(s.task_id for s in tasks),
+            count=count,
         )
     ]

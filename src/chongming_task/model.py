@@ -28,6 +28,7 @@ __all__ = [
     "NodeRecord",
     "Progress",
     "TaskQuery",
+    "TaskScan",
     "TaskSnapshot",
     "TaskStatus",
     "Transition",
@@ -389,3 +390,45 @@ class ControlReceipt:
     @property
     def accepted(self) -> bool:
         return self.command_id is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskScan:
+    """A question about many tasks, answered by a count and the oldest few: the fleet
+    checks and ``reconcile()``. Every filter set must hold.
+
+    ``outside`` keeps bucketless tasks and tasks in none of the given buckets;
+    ``lease_expired_at`` keeps tasks whose lease is unset or ended by then;
+    ``unchanged_since`` keeps tasks whose last status change (their trail's row for the
+    current version, else ``created_at``) is at or before it. ``limit`` bounds the tasks
+    returned (``None``: all of them), never the count.
+    """
+
+    statuses: frozenset[TaskStatus]
+    buckets: frozenset[int] | None = None
+    outside: frozenset[int] | None = None
+    lease_expired_at: datetime | None = None
+    unchanged_since: datetime | None = None
+    limit: int | None = 20
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("lease_expired_at", "unchanged_since"))
+        for name in ("statuses", "buckets", "outside"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, frozenset):
+                object.__setattr__(self, name, frozenset(value))
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"limit must be >= 0, got {self.limit}")
+
+    def matches(self, s: TaskSnapshot) -> bool:
+        """Every filter but ``unchanged_since`` (which needs the trail)."""
+        return (
+            s.status in self.statuses
+            and (self.buckets is None or s.bucket in self.buckets)
+            and (self.outside is None or s.bucket is None or s.bucket not in self.outside)
+            and (
+                self.lease_expired_at is None
+                or s.lease_until is None
+                or s.lease_until <= self.lease_expired_at
+            )
+        )

@@ -4,14 +4,17 @@ alarm fires where it should and nowhere else."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from chongming_task import Controller, InMemoryTaskStore, TaskSnapshot, TaskStatus
+from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskSnapshot, TaskStatus
 from chongming_task.fleet import AlarmKind, FleetReport, examine
-from chongming_task.model import NodeRecord, Transition
+from chongming_task.model import NodeRecord, TaskScan, Transition
+from chongming_task.stores.capabilities import Capabilities
 from chongming_task.testing import FakeClock
 from tests.conftest import wait_until
 
@@ -203,3 +206,57 @@ def test_leases_are_written_and_judged_on_the_store_clock() -> None:
         assert judge.reconcile(dry_run=True).lost == ("behind",)
     finally:
         judge.close()
+
+
+def test_the_scan_fallback_answers_like_the_sql_store(tmp_path: Path) -> None:
+    """A store without the scan capability (memory) gets the same answers through the
+    adapter's fallback as SQLite gives in SQL."""
+    rng = random.Random(7)
+    memory, sqlite = InMemoryTaskStore(), SqliteTaskStore(tmp_path / "scan.db")
+    statuses = [S.QUEUED, S.RUNNING, S.PAUSED, S.SUCCEEDED, S.FAILED]
+    for i in range(300):
+        status = rng.choice(statuses)
+        snapshot = task(
+            f"t{i:03d}",
+            status,
+            bucket=rng.choice([None, *range(8)]),
+            created=i,
+            lease_until=rng.choice([None, 50.0, 500.0]),
+            version=rng.randint(1, 4),
+        )
+        trail = Transition(
+            task_id=snapshot.task_id,
+            version=snapshot.status_version,
+            from_status=None,
+            to_status=status,
+            at=at(rng.randint(0, 600)),
+        )
+        for store in (memory, sqlite):
+            store.create(snapshot)
+            store.append(trail)
+    try:
+        fallback, native = Capabilities(memory), Capabilities(sqlite)
+        active = frozenset({S.QUEUED, S.RUNNING, S.PAUSED})
+        for by in ("status", "bucket", "owner", "lease_owner"):
+            assert fallback.count_tasks(by) == native.count_tasks(by)  # type: ignore[arg-type]
+            assert fallback.count_tasks(by, statuses=active) == native.count_tasks(  # type: ignore[arg-type]
+                by, statuses=active
+            )
+        scans = [
+            TaskScan(statuses=active, lease_expired_at=at(100), limit=None),
+            TaskScan(statuses=active, outside=frozenset({1, 2, 3}), limit=7),
+            TaskScan(statuses=active, buckets=frozenset({0, 5}), limit=None),
+            TaskScan(statuses=active, unchanged_since=at(300), limit=None),
+            TaskScan(
+                statuses=frozenset({S.QUEUED}),
+                outside=frozenset(range(4)),
+                unchanged_since=at(200),
+                lease_expired_at=at(60),
+                limit=3,
+            ),
+        ]
+        for scan in scans:
+            assert fallback.scan_tasks(scan) == native.scan_tasks(scan), scan
+            assert fallback.scan_tasks(scan)[0] > 0, f"a scan that finds nothing: {scan}"
+    finally:
+        sqlite.close()

@@ -104,9 +104,7 @@ def cmd_stats(ctx: Context) -> int:
 
 
 def cmd_buckets(ctx: Context) -> int:
-    counts: dict[int | None, int] = {}
-    for s in ctx.store().query():
-        counts[s.bucket] = counts.get(s.bucket, 0) + 1
+    counts: dict[int | None, int] = Capabilities(ctx.store()).count_tasks("bucket")
     owned = ctx.owned
     shown = (
         range(ctx.policy.num_buckets)

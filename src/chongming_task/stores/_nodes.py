@@ -7,31 +7,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, Protocol
 
 from ..model import NodeRecord
 from . import codec
+from ._sql import Executor
 
 __all__ = ["NodeRegistrySQL"]
 
 
-class _Executor(Protocol):
-    """What ``sqlite3.Connection`` and a psycopg cursor both offer."""
-
-    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
-
-    def executemany(self, sql: Any, params: Any, /) -> Any: ...
-
-
 class NodeRegistrySQL:
-    """Mixin: a store gives ``_sql`` (its named statements), ``_node_scope(what, write=)``
+    """Mixin: a store gives ``_sql`` (its named statements), ``_sql_scope(what, write=)``
     (one transaction) and, if it has a clock, ``_node_time`` (the time to write)."""
 
     __slots__ = ()
 
     _sql: Mapping[str, str]
 
-    def _node_scope(self, what: str, *, write: bool) -> AbstractContextManager[_Executor]:
+    def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
         raise NotImplementedError
 
     def _node_time(self, given: datetime) -> datetime:
@@ -39,7 +31,7 @@ class NodeRegistrySQL:
 
     def declare_node(self, record: NodeRecord) -> None:
         seen = codec.encode_dt(self._node_time(record.seen_at))
-        with self._node_scope("declare_node", write=True) as c:
+        with self._sql_scope("declare_node", write=True) as c:
             c.execute(
                 self._sql["upsert_node"],
                 [
@@ -62,18 +54,18 @@ class NodeRegistrySQL:
 
     def refresh_node(self, node: str, *, now: datetime) -> bool:
         seen = codec.encode_dt(self._node_time(now))
-        with self._node_scope("refresh_node", write=True) as c:
+        with self._sql_scope("refresh_node", write=True) as c:
             if c.execute(self._sql["refresh_node"], [seen, node]).rowcount == 0:
                 return False
             c.execute(self._sql["refresh_node_buckets"], [seen, node])
         return True
 
     def retire_node(self, node: str, *, now: datetime) -> None:
-        with self._node_scope("retire_node", write=True) as c:
+        with self._sql_scope("retire_node", write=True) as c:
             c.execute(self._sql["retire_node"], [codec.encode_dt(self._node_time(now)), node])
 
     def nodes(self) -> list[NodeRecord]:
-        with self._node_scope("nodes", write=False) as c:
+        with self._sql_scope("nodes", write=False) as c:
             rows = c.execute(self._sql["nodes"]).fetchall()
             pairs = c.execute(self._sql["node_buckets"]).fetchall()
         declared: dict[str, set[int]] = {}

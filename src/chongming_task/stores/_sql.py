@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
-from ..model import TaskQuery
+from ..model import TaskQuery, TaskScan, TaskSnapshot, TaskStatus
 from . import codec
 
-__all__ = ["Dialect", "load_named", "query_sql"]
+__all__ = ["Dialect", "Executor", "TaskScanSQL", "count_sql", "load_named", "query_sql", "scan_sql"]
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$")
 
@@ -60,6 +61,8 @@ class Dialect:
     """The tags hold exactly this tag."""
     insertion_order: str
     """The column that orders ties by insertion."""
+    time: str
+    """A time parameter (bound as ``codec.encode_dt`` text)."""
 
 
 def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
@@ -103,3 +106,104 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
 def encoded_tag(tag: str) -> str:
     """A tag as it stands, quoted, in the JSON array ``codec.encode_tags`` writes."""
     return codec.encode_tags([tag])[1:-1]
+
+
+_COUNT_BY = {"status", "bucket", "owner", "lease_owner"}
+
+
+def count_sql(by: str, statuses: frozenset[TaskStatus] | None, dialect: Dialect) -> Fragment:
+    """``SELECT <by>, COUNT(*) ... GROUP BY <by>`` (``by`` one of a fixed set of columns)."""
+    if by not in _COUNT_BY:
+        raise ValueError(f"cannot count tasks by {by!r}")
+    sql = f"SELECT {by}, COUNT(*) FROM tasks"
+    params: list[Any] = []
+    if statuses is not None:
+        where, params = dialect.one_of("status", sorted(s.value for s in statuses))
+        sql += f" WHERE {where}"
+    return f"{sql} GROUP BY {by}", params
+
+
+def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
+    """The ``COUNT`` and the ``SELECT`` (oldest first, limited) of a ``TaskScan``."""
+    where: list[str] = []
+    params: list[Any] = []
+    t = dialect.time
+
+    def add(fragment: Fragment) -> None:
+        where.append(fragment[0])
+        params.extend(fragment[1])
+
+    add(dialect.one_of("status", sorted(s.value for s in scan.statuses)))
+    if scan.buckets is not None:
+        add(dialect.one_of("bucket", sorted(scan.buckets)))
+    if scan.outside is not None:
+        inside, values = dialect.one_of("bucket", sorted(scan.outside))
+        add((f"(bucket IS NULL OR NOT ({inside}))", values))
+    if scan.lease_expired_at is not None:
+        add(
+            (
+                f"(lease_until IS NULL OR lease_until <= {t})",
+                [codec.encode_dt(scan.lease_expired_at)],
+            )
+        )
+    if scan.unchanged_since is not None:
+        cut = codec.encode_dt(scan.unchanged_since)
+        # created_at first (indexed, and never after the last change), then the trail's
+        # row for the current version: a primary-key lookup per remaining task.
+        add(
+            (
+                f"created_at <= {t} AND COALESCE((SELECT tr.at FROM transitions tr "
+                "WHERE tr.task_id = tasks.task_id AND tr.version = tasks.status_version), "
+                f"created_at) <= {t}",
+                [cut, cut],
+            )
+        )
+    condition = " WHERE " + " AND ".join(where)
+    count = (f"SELECT COUNT(*) FROM tasks{condition}", list(params))
+    rows_sql = f"{dialect.select}{condition} ORDER BY created_at, {dialect.insertion_order}"
+    rows_params = list(params)
+    if scan.limit is not None:
+        rows_sql += f" LIMIT {dialect.placeholder}"
+        rows_params.append(scan.limit)
+    return count, (rows_sql, rows_params)
+
+
+class Executor(Protocol):
+    """What ``sqlite3.Connection`` and a psycopg cursor both offer."""
+
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: Any, params: Any, /) -> Any: ...
+
+
+class TaskScanSQL:
+    """``SupportsTaskScan`` written once for both SQL stores, over each one's dialect and
+    scope (``_sql_scope(what, write=)``) and row decoder (``_snapshot``)."""
+
+    __slots__ = ()
+
+    _dialect: Dialect
+
+    def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _snapshot(row: Any) -> TaskSnapshot:
+        raise NotImplementedError
+
+    def count_tasks(
+        self, by: str, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        sql, params = count_sql(by, statuses, self._dialect)
+        with self._sql_scope("count_tasks", write=False) as c:
+            rows = c.execute(sql, params).fetchall()
+        if by == "status":
+            return {TaskStatus(value): n for value, n in rows}
+        return {value: n for value, n in rows}
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        (count_q, count_p), (rows_q, rows_p) = scan_sql(scan, self._dialect)
+        with self._sql_scope("scan_tasks", write=False) as c:
+            (count,) = c.execute(count_q, count_p).fetchone()
+            rows = [] if scan.limit == 0 else c.execute(rows_q, rows_p).fetchall()
+        return count, [self._snapshot(r) for r in rows]

@@ -14,10 +14,10 @@ import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import ConcurrencyConflict, StoreError
-from ..model import NodeRecord, TaskSnapshot, Transition
+from ..model import NodeRecord, TaskQuery, TaskScan, TaskSnapshot, TaskStatus, Transition
 from ..values import STRICT, ValueRules
 from .protocol import TaskStore
 
@@ -33,6 +33,7 @@ __all__ = [
     "SupportsMarkLost",
     "SupportsNodeRegistry",
     "SupportsStorageClock",
+    "SupportsTaskScan",
     "SupportsWriteTransitions",
     "rules_of",
 ]
@@ -120,6 +121,27 @@ class SupportsStorageClock(Protocol):
         ...
 
 
+CountBy = Literal["status", "bucket", "owner", "lease_owner"]
+
+
+@runtime_checkable
+class SupportsTaskScan(Protocol):
+    """Questions about many tasks answered inside the store (``GROUP BY``, ``COUNT``), so
+    a tool's time and memory do not grow with the store."""
+
+    def count_tasks(
+        self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        """Tasks per value of the column ``by`` (``None`` a value like any other),
+        among ``statuses`` (``None``: all). Values with no task are absent."""
+        ...
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        """How many tasks ``scan`` keeps, and the first ``scan.limit`` of them, oldest
+        (``created_at``, then insertion) first."""
+        ...
+
+
 @runtime_checkable
 class SupportsCreateSchema(Protocol):
     """A store whose schema is created apart from use (by a role with DDL rights)."""
@@ -171,6 +193,7 @@ class Capabilities:
         "_create_many",
         "_mark_lost",
         "_nodes",
+        "_scan",
         "_schema",
         "_storage_now",
         "_subscribe",
@@ -203,6 +226,7 @@ class Capabilities:
             store if isinstance(store, SupportsNodeRegistry) else None
         )
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
+        self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
             store if isinstance(store, SupportsCreateSchema) else None
         )
@@ -218,6 +242,7 @@ class Capabilities:
                 ("subscribe_commands", self._subscribe),
                 ("node registry", self._nodes),
                 ("storage clock", self._storage_now),
+                ("task scan", self._scan),
                 ("create_schema", self._schema),
             )
             if present is not None
@@ -360,3 +385,38 @@ class Capabilities:
     def now(self) -> datetime:
         """The store's clock where it has one, else this machine's (UTC)."""
         return self._storage_now() if self._storage_now is not None else datetime.now(UTC)
+
+    # -- questions about many tasks ------------------------------------------------------------
+
+    def count_tasks(
+        self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        """Tasks per value of ``by``: a ``GROUP BY`` where the store can."""
+        if self._scan is not None:
+            return self._scan.count_tasks(by, statuses=statuses)
+        counts: dict[Any, int] = {}
+        for s in self.store.query(TaskQuery(statuses=statuses)):
+            value = s.status if by == "status" else getattr(s, by)
+            counts[value] = counts.get(value, 0) + 1
+        return counts
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        """How many tasks ``scan`` keeps, and the oldest ``scan.limit`` of them."""
+        if self._scan is not None:
+            return self._scan.scan_tasks(scan)
+        store = self.store
+        kept = [
+            s
+            for s in store.query(TaskQuery(statuses=scan.statuses, buckets=scan.buckets))
+            if scan.matches(s)
+        ]
+        if scan.unchanged_since is not None:
+            cut = scan.unchanged_since
+            kept = [s for s in kept if s.created_at <= cut and _changed_at(store, s) <= cut]
+        return len(kept), kept if scan.limit is None else kept[: scan.limit]
+
+
+def _changed_at(store: TaskStore, s: TaskSnapshot) -> datetime:
+    """When the task last changed status: its trail's row for the current version."""
+    trail = store.history(s.task_id, since_version=s.status_version - 1)
+    return trail[-1].at if trail else s.created_at

@@ -36,7 +36,7 @@ from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Tran
 from ..values import STRICT
 from . import codec
 from ._nodes import NodeRegistrySQL
-from ._sql import Dialect, encoded_tag, load_named, query_sql
+from ._sql import Dialect, TaskScanSQL, encoded_tag, load_named, query_sql
 
 try:
     import psycopg
@@ -66,6 +66,7 @@ _DIALECT = Dialect(
     prefix=lambda text: ("starts_with(name, %s)", [text]),
     tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
     insertion_order="seq",
+    time="%s::timestamptz",
 )
 
 
@@ -88,10 +89,11 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-class PostgresTaskStore(NodeRegistrySQL):
+class PostgresTaskStore(NodeRegistrySQL, TaskScanSQL):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
 
     _sql = _SQL
+    _dialect = _DIALECT
 
     def __init__(
         self,
@@ -259,7 +261,7 @@ class PostgresTaskStore(NodeRegistrySQL):
         with self._errors(what), pool.connection() as conn, conn.cursor() as cur:
             yield cur  # the pool commits on success, rolls back on error
 
-    def _node_scope(
+    def _sql_scope(
         self, what: str, *, write: bool
     ) -> contextlib.AbstractContextManager[Cursor[Any]]:
         return self._cursor(what)

@@ -26,7 +26,7 @@ from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Tran
 from ..values import ValueRules
 from . import codec
 from ._nodes import NodeRegistrySQL
-from ._sql import Dialect, encoded_tag, load_named, query_sql
+from ._sql import Dialect, TaskScanSQL, encoded_tag, load_named, query_sql
 from ._sqlite_group import AT, NEW_PAD, WRITE_VIEW_COLUMNS, GroupCommit, WriteRequest, trail_row
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
@@ -53,10 +53,11 @@ _DIALECT = Dialect(
         ["," + encoded_tag(tag) + ","],
     ),
     insertion_order="rowid",
+    time="?",
 )
 
 
-class SqliteTaskStore(NodeRegistrySQL):
+class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 
     ``create=False`` refuses to create a missing file: read-only tools should say "no
@@ -181,8 +182,9 @@ class SqliteTaskStore(NodeRegistrySQL):
             raise self._translate(exc, what) from exc
 
     _sql = _SQL
+    _dialect = _DIALECT
 
-    def _node_scope(self, what: str, *, write: bool) -> _ReadScope | _WriteScope:
+    def _sql_scope(self, what: str, *, write: bool) -> _ReadScope | _WriteScope:
         return self._write(what) if write else self._locked(what)
 
     def _locked(self, what: str) -> _ReadScope:

@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from unittest import SkipTest
 
 from ..errors import ConcurrencyConflict, TaskAlreadyExists
-from ..model import Failure, FailureKind, NodeRecord, TaskSnapshot, TaskStatus, Transition
+from ..model import (
+    Failure,
+    FailureKind,
+    NodeRecord,
+    TaskScan,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+)
 from ..stores.capabilities import (
     SupportsAtomic,
     SupportsCommandWakeups,
@@ -19,6 +27,7 @@ from ..stores.capabilities import (
     SupportsMarkLost,
     SupportsNodeRegistry,
     SupportsStorageClock,
+    SupportsTaskScan,
     SupportsWriteTransitions,
 )
 from ..stores.protocol import TaskStore
@@ -208,3 +217,53 @@ class CapabilityContract(ContractBase):
             assert isinstance(store, SupportsStorageClock)
             first, second = store.storage_now(), store.storage_now()
             assert first.tzinfo is UTC and second >= first
+
+    def test_capability_task_scan_counts_and_finds_inside_the_store(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsTaskScan, "the task scan")
+            assert isinstance(store, SupportsTaskScan)
+            q, r = TaskStatus.QUEUED, TaskStatus.RUNNING
+            store.create(self.snapshot("a", bucket=1, created_at=at(0)))  # no lease
+            store.create(
+                self.snapshot(
+                    "b",
+                    status=r,
+                    status_version=3,
+                    bucket=5,
+                    created_at=at(1),
+                    lease_owner="n1",
+                    lease_until=at(100),
+                )
+            )
+            store.create(
+                self.snapshot(
+                    "c",
+                    status=r,
+                    status_version=3,
+                    created_at=at(2),
+                    lease_owner="n2",
+                    lease_until=at(10),
+                )
+            )
+            store.create(self.snapshot("d", status=TaskStatus.SUCCEEDED, bucket=1))
+            store.append(self.transition("b", 3, r, at=at(30)))
+            store.append(self.transition("c", 3, r, at=at(40)))
+            active = frozenset({q, r})
+            assert store.count_tasks("bucket") == {1: 2, 5: 1, None: 1}
+            assert store.count_tasks("status", statuses=active) == {q: 1, r: 2}
+            assert store.count_tasks("lease_owner", statuses=frozenset({r})) == {"n1": 1, "n2": 1}
+            assert store.count_tasks("owner", statuses=frozenset()) == {}
+
+            def scan(**filters: object) -> tuple[int, list[str]]:
+                count, found = store.scan_tasks(TaskScan(statuses=active, **filters))  # type: ignore[arg-type]
+                return count, self._ids(found)
+
+            assert scan(lease_expired_at=at(50)) == (2, ["a", "c"])  # unset, or ended by then
+            assert scan(outside=frozenset({1})) == (2, ["b", "c"])  # c has no bucket
+            assert scan(buckets=frozenset({5})) == (1, ["b"])
+            assert scan(unchanged_since=at(20)) == (1, ["a"])  # b, c changed at 30, 40
+            assert scan(unchanged_since=at(35)) == (2, ["a", "b"])
+            assert scan(limit=1) == (3, ["a"])  # the count is never limited
+            assert scan(limit=0) == (3, [])
+            assert scan(outside=frozenset()) == (3, ["a", "b", "c"])
+            assert store.scan_tasks(TaskScan(statuses=frozenset())) == (0, [])
