@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from . import states
 from ._services import LoopService, NodeContext
 from .errors import StoreUnavailable
-from .model import Failure, FailureKind, TaskScan, TaskSnapshot, TaskStatus, Transition
+from .model import Failure, FailureKind, TaskScan
 from .run import (
     activity_flushed,
     catch_up,
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["ReconcileReport", "Reconciler", "Supervisor"]
 
 log = logging.getLogger("chongming_task.supervision")
-
-_RECONCILE_CHUNK = 500
 
 
 class Supervisor(LoopService):
@@ -203,56 +201,39 @@ class Reconciler:
         self._caps = node.capabilities
         self._leases = node.leases
         self._buckets = buckets
+        self._verdicts: dict[str | None, tuple[Failure, str]] = {}
 
     def run(self, *, dry_run: bool = False) -> ReconcileReport:
         """Never re-executes anything (the store holds states, not arguments). A version
         conflict means the supervisor came back: reconcile lets go of that task."""
         self._leases.sync()  # expired by the store's clock where it has one
         now = self._leases.now()
-        held = self._registry.held_ids()
-        # Only the expired are read (the judgement is in the store's query).
-        _, expired = self._caps.scan_tasks(
-            TaskScan(
-                statuses=states.NON_TERMINAL,
-                buckets=self._buckets,
-                lease_expired_at=now,
-                limit=None,
-            )
+        held = frozenset(self._registry.held_ids())
+        # The judgement is the store's query: only the expired are read or marked.
+        scan = TaskScan(
+            statuses=states.LOSABLE, buckets=self._buckets, lease_expired_at=now, limit=None
         )
-        candidates = [s for s in expired if s.task_id not in held]
         if dry_run:
+            _, expired = self._caps.scan_tasks(scan)
+            candidates = [s.task_id for s in expired if s.task_id not in held]
             return ReconcileReport(
-                dry_run=True,
-                examined=len(candidates),
-                lost=tuple(s.task_id for s in candidates),
-                let_go=(),
+                dry_run=True, examined=len(candidates), lost=tuple(candidates), let_go=()
             )
-        lost: list[str] = []
-        let_go: list[str] = []
-        memo: dict[str | None, tuple[Failure, str]] = {}
-        for offset in range(0, len(candidates), _RECONCILE_CHUNK):
-            chunk = candidates[offset : offset + _RECONCILE_CHUNK]
-            # Each task is still its own compare-and-set; a chunk only shares a commit.
-            won = self._caps.mark_lost([self.lost_marks(s, now, memo) for s in chunk])
-            for snapshot in chunk:
-                (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
+        lost, let_go = self._caps.mark_expired_lost(
+            scan, exclude=held, at=now, actor=self._owner, verdict=self.verdict
+        )
         return ReconcileReport(
-            dry_run=False, examined=len(candidates), lost=tuple(lost), let_go=tuple(let_go)
+            dry_run=False,
+            examined=len(lost) + len(let_go),
+            lost=tuple(lost),
+            let_go=tuple(let_go),
         )
 
-    def lost_marks(
-        self,
-        snapshot: TaskSnapshot,
-        now: datetime,
-        memo: dict[str | None, tuple[Failure, str]] | None = None,
-    ) -> tuple[TaskSnapshot, Transition]:
-        """The ``lost`` snapshot and transition reconcile writes for ``snapshot``.
-
-        ``memo`` shares one ``Failure`` and reason per lease owner across a reconcile (the
-        lease's own expiry time stays visible on the snapshot)."""
-        owner = snapshot.lease_owner
-        cached = memo.get(owner) if memo is not None else None
-        if cached is None:
+    def verdict(self, owner: str | None) -> tuple[Failure, str]:
+        """The failure and trail reason of the tasks whose lease ``owner`` let expire
+        (one per owner per reconcile; the lease's own expiry stays on the snapshot)."""
+        found = self._verdicts.get(owner)
+        if found is None:
             expired = f"supervisor lease of {owner or 'nobody'} expired"
             failure = Failure(
                 kind=FailureKind.LOST,
@@ -260,22 +241,5 @@ class Reconciler:
                 "fully, and may still be running",
                 carrier_may_run=True,
             )
-            cached = (failure, f"reconcile: {expired}")
-            if memo is not None:
-                memo[owner] = cached
-        failure, reason = cached
-        states.check(snapshot.task_id, snapshot.status, TaskStatus.LOST)
-        version = snapshot.status_version + 1
-        marked = snapshot.evolve(
-            status=TaskStatus.LOST, status_version=version, ended_at=now, failure=failure
-        )
-        transition = Transition(
-            task_id=snapshot.task_id,
-            version=version,
-            from_status=snapshot.status,
-            to_status=TaskStatus.LOST,
-            at=now,
-            reason=reason,
-            actor=self._owner,
-        )
-        return marked, transition
+            found = self._verdicts[owner] = (failure, f"reconcile: {expired}")
+        return found

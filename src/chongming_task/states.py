@@ -78,3 +78,7 @@ def check(task_id: str, from_status: S, to_status: S) -> None:
 
 def legal_targets(from_status: S) -> frozenset[S]:
     return _LEGAL[from_status]
+
+
+LOSABLE: frozenset[S] = frozenset(s for s in S if S.LOST in _LEGAL[s])
+"""The statuses the table lets ``reconcile`` mark ``lost`` (every unfinished one)."""

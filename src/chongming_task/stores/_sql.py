@@ -13,7 +13,16 @@ from typing import Any, Protocol
 from ..model import TaskQuery, TaskScan, TaskSnapshot, TaskStatus
 from . import codec
 
-__all__ = ["Dialect", "Executor", "TaskScanSQL", "count_sql", "load_named", "query_sql", "scan_sql"]
+__all__ = [
+    "Dialect",
+    "Executor",
+    "TaskScanSQL",
+    "count_sql",
+    "load_named",
+    "query_sql",
+    "scan_sql",
+    "scan_where",
+]
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$")
 
@@ -123,8 +132,8 @@ def count_sql(by: str, statuses: frozenset[TaskStatus] | None, dialect: Dialect)
     return f"{sql} GROUP BY {by}", params
 
 
-def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
-    """The ``COUNT`` and the ``SELECT`` (oldest first, limited) of a ``TaskScan``."""
+def scan_where(scan: TaskScan, dialect: Dialect) -> Fragment:
+    """The ``WHERE`` condition (without the keyword) of a ``TaskScan`` over ``tasks``."""
     where: list[str] = []
     params: list[Any] = []
     t = dialect.time
@@ -140,12 +149,8 @@ def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
         inside, values = dialect.one_of("bucket", sorted(scan.outside))
         add((f"(bucket IS NULL OR NOT ({inside}))", values))
     if scan.lease_expired_at is not None:
-        add(
-            (
-                f"(lease_until IS NULL OR lease_until <= {t})",
-                [codec.encode_dt(scan.lease_expired_at)],
-            )
-        )
+        expired = codec.encode_dt(scan.lease_expired_at)
+        add((f"(lease_until IS NULL OR lease_until <= {t})", [expired]))
     if scan.unchanged_since is not None:
         cut = codec.encode_dt(scan.unchanged_since)
         # created_at first (indexed, and never after the last change), then the trail's
@@ -158,9 +163,14 @@ def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
                 [cut, cut],
             )
         )
-    condition = " WHERE " + " AND ".join(where)
-    count = (f"SELECT COUNT(*) FROM tasks{condition}", list(params))
-    rows_sql = f"{dialect.select}{condition} ORDER BY created_at, {dialect.insertion_order}"
+    return " AND ".join(where), params
+
+
+def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
+    """The ``COUNT`` and the ``SELECT`` (oldest first, limited) of a ``TaskScan``."""
+    where, params = scan_where(scan, dialect)
+    count = (f"SELECT COUNT(*) FROM tasks WHERE {where}", list(params))
+    rows_sql = f"{dialect.select} WHERE {where} ORDER BY created_at, {dialect.insertion_order}"
     rows_params = list(params)
     if scan.limit is not None:
         rows_sql += f" LIMIT {dialect.placeholder}"

@@ -16,8 +16,18 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from .. import states
 from ..errors import ConcurrencyConflict, StoreError
-from ..model import NodeRecord, TaskQuery, TaskScan, TaskSnapshot, TaskStatus, Transition
+from ..model import (
+    Failure,
+    NodeRecord,
+    TaskQuery,
+    TaskScan,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    trusted_transition,
+)
 from ..values import STRICT, ValueRules
 from .protocol import TaskStore
 
@@ -30,11 +40,13 @@ __all__ = [
     "SupportsCommandWakeups",
     "SupportsCreateMany",
     "SupportsCreateSchema",
+    "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsWriteTransitions",
+    "Verdict",
     "rules_of",
 ]
 
@@ -78,6 +90,30 @@ class SupportsMarkLost(Protocol):
         ``status_version``, ``ended_at`` and ``failure`` where the stored version is
         ``transition.version - 1``, and append the transition only where that won.
         Returns the ids marked; the others moved on (their holder is alive)."""
+        ...
+
+
+Verdict = Callable[[str | None], tuple[Failure, str]]
+"""For a lease owner (``None``: none), the failure and the trail reason of its lost tasks."""
+
+
+@runtime_checkable
+class SupportsMarkExpired(Protocol):
+    def mark_expired_lost(
+        self,
+        scan: TaskScan,
+        *,
+        exclude: frozenset[str],
+        at: datetime,
+        actor: str,
+        verdict: Verdict,
+    ) -> list[str]:
+        """``reconcile()`` in the store: every task ``scan`` keeps (``lease_expired_at``
+        says by when), but those in ``exclude``, goes to ``lost`` with version + 1,
+        ``ended_at = at`` and ``verdict(lease_owner)``'s failure, and gets its trail row
+        (from its status, the verdict's reason, ``actor``). The judgement and each
+        compare-and-set are one statement: a task whose holder writes meanwhile is left
+        alone. Returns the ids marked."""
         ...
 
 
@@ -191,6 +227,7 @@ class Capabilities:
     __slots__ = (
         "_atomic",
         "_create_many",
+        "_mark_expired",
         "_mark_lost",
         "_nodes",
         "_scan",
@@ -219,6 +256,9 @@ class Capabilities:
             self._write_transitions or self._compare_and_write
         )
         self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
+        self._mark_expired = (
+            store.mark_expired_lost if isinstance(store, SupportsMarkExpired) else None
+        )
         self._subscribe = (
             store.subscribe_commands if isinstance(store, SupportsCommandWakeups) else None
         )
@@ -239,6 +279,7 @@ class Capabilities:
                 ("create_many", self._create_many),
                 ("write_transitions", self._write_transitions),
                 ("mark_lost", self._mark_lost),
+                ("mark_expired_lost", self._mark_expired),
                 ("subscribe_commands", self._subscribe),
                 ("node registry", self._nodes),
                 ("storage clock", self._storage_now),
@@ -337,6 +378,34 @@ class Capabilities:
                 won.add(marked.task_id)
         return won
 
+    def mark_expired_lost(
+        self,
+        scan: TaskScan,
+        *,
+        exclude: frozenset[str],
+        at: datetime,
+        actor: str,
+        verdict: Verdict,
+        chunk: int = 500,
+    ) -> tuple[list[str], list[str]]:
+        """``reconcile()``'s writes: the ids marked ``lost``, and the ids let go (their
+        version moved under us: their supervisor is alive). In one statement where the
+        store can; else the expired are read, then marked ``chunk`` at a time, each its
+        own compare-and-set (``mark_lost``)."""
+        if self._mark_expired is not None:
+            marked = self._mark_expired(scan, exclude=exclude, at=at, actor=actor, verdict=verdict)
+            return marked, []
+        _, expired = self.scan_tasks(scan)
+        candidates = [s for s in expired if s.task_id not in exclude]
+        lost: list[str] = []
+        let_go: list[str] = []
+        for offset in range(0, len(candidates), chunk):
+            part = candidates[offset : offset + chunk]
+            won = self.mark_lost([lost_mark(s, at, actor, verdict) for s in part])
+            for snapshot in part:
+                (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
+        return lost, let_go
+
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Subscribe ``wake`` to command wake-ups; ``None`` where the store has none
         (the poller's interval alone then bounds the latency)."""
@@ -420,3 +489,22 @@ def _changed_at(store: TaskStore, s: TaskSnapshot) -> datetime:
     """When the task last changed status: its trail's row for the current version."""
     trail = store.history(s.task_id, since_version=s.status_version - 1)
     return trail[-1].at if trail else s.created_at
+
+
+def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Creation:
+    """The ``lost`` snapshot and transition reconcile writes for ``s`` (the one table
+    checks the move)."""
+    states.check(s.task_id, s.status, TaskStatus.LOST)
+    failure, reason = verdict(s.lease_owner)
+    version = s.status_version + 1
+    marked = s.evolve(status=TaskStatus.LOST, status_version=version, ended_at=at, failure=failure)
+    transition: Transition = trusted_transition(
+        task_id=s.task_id,
+        version=version,
+        from_status=s.status,
+        to_status=TaskStatus.LOST,
+        at=at,
+        reason=reason,
+        actor=actor,
+    )
+    return marked, transition

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..model import (
@@ -110,6 +110,9 @@ COMMAND_COLUMNS: tuple[str, ...] = (
 )
 
 
+_ZERO = timedelta(0)
+
+
 def encode_dt(value: datetime | None) -> str | None:
     """UTC, fixed-width ISO 8601 text; ``None`` stays ``None``. Naive input is rejected."""
     if value is None:
@@ -125,6 +128,10 @@ def decode_dt(value: str | datetime | None) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
+        if value.tzinfo is UTC:
+            return value
+        if value.utcoffset() == _ZERO:  # a driver's own UTC zone (psycopg: Etc/UTC)
+            return value.replace(tzinfo=UTC)
         return utc(value)
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
@@ -140,6 +147,8 @@ def encode_tags(tags: Iterable[str]) -> str:
 
 
 _NO_TAGS: frozenset[str] = frozenset()
+_TAG_SETS: dict[str, frozenset[str]] = {}
+"""Decoded tag arrays by their text: a store holds few distinct ones (bounded below)."""
 
 
 def decode_tags(value: str | list[str] | None) -> frozenset[str]:
@@ -147,7 +156,12 @@ def decode_tags(value: str | list[str] | None) -> frozenset[str]:
         return _NO_TAGS
     if isinstance(value, list):
         return frozenset(value)
-    return frozenset(json.loads(value))
+    found = _TAG_SETS.get(value)
+    if found is None:
+        found = frozenset(json.loads(value))
+        if len(_TAG_SETS) < 4096:
+            _TAG_SETS[value] = found
+    return found
 
 
 def encode_json(value: Any) -> str | None:
@@ -351,7 +365,53 @@ def touch_values(
 
 
 def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
-    return row_to_snapshot(dict(zip(TASK_COLUMNS, values, strict=True)))
+    """``row_to_snapshot`` for a row in ``TASK_COLUMNS`` order, without the dict (every
+    query decodes its rows here)."""
+    (
+        task_id,
+        name,
+        status,
+        status_version,
+        attempt,
+        tags,
+        bucket,
+        bucket_key,
+        pipeline_run_id,
+        owner,
+        created_at,
+        started_at,
+        ended_at,
+        last_heartbeat_at,
+        progress,
+        failure,
+        outcome,
+        lease_owner,
+        lease_until,
+    ) = values
+    created = decode_dt(created_at)
+    assert created is not None, "created_at is NOT NULL in every store"
+    snapshot: TaskSnapshot = trusted_snapshot(
+        task_id=task_id,
+        name=name,
+        status=TaskStatus(status),
+        status_version=int(status_version),
+        attempt=int(attempt),
+        tags=decode_tags(tags),
+        bucket=bucket,
+        bucket_key=bucket_key,
+        pipeline_run_id=pipeline_run_id,
+        owner=owner,
+        created_at=created,
+        started_at=None if started_at is None else decode_dt(started_at),
+        ended_at=None if ended_at is None else decode_dt(ended_at),
+        last_heartbeat_at=None if last_heartbeat_at is None else decode_dt(last_heartbeat_at),
+        progress=None if progress is None else decode_progress(progress),
+        failure=None if failure is None else decode_failure(failure),
+        outcome=None if outcome is None else decode_json(outcome),
+        lease_owner=lease_owner,
+        lease_until=None if lease_until is None else decode_dt(lease_until),
+    )
+    return snapshot
 
 
 def values_to_transition(values: Sequence[Any]) -> Transition:

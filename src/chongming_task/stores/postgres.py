@@ -31,12 +31,23 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from .. import states
 from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
-from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
+from ..model import (
+    Command,
+    Progress,
+    TaskQuery,
+    TaskScan,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    utc,
+)
 from ..values import STRICT
 from . import codec
 from ._nodes import NodeRegistrySQL
-from ._sql import Dialect, TaskScanSQL, encoded_tag, load_named, query_sql
+from ._sql import Dialect, TaskScanSQL, encoded_tag, load_named, query_sql, scan_where
+from .capabilities import Verdict
 
 try:
     import psycopg
@@ -311,6 +322,91 @@ class PostgresTaskStore(NodeRegistrySQL, TaskScanSQL):
             inserted = cur.rowcount
         if inserted != 1:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+
+    def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
+        """Optional capability (``SupportsCreateMany``): every task and its creation
+        transition in one statement (one array per column); all or nothing."""
+        if not items:
+            return
+        tasks = [codec.snapshot_to_values(s) for s, _ in items]
+        trail = [codec.transition_to_values(t) for _, t in items]
+        params = [list(column) for column in zip(*tasks, strict=True)]
+        params += [list(column) for column in zip(*trail, strict=True)]
+        with self.atomic(), self._cursor("create_many") as cur:
+            row = cur.execute(_SQL["create_many"], params).fetchone()
+            if row is None or row[0] != len(items):
+                # Raised inside atomic(): the transaction rolls back, nothing is kept.
+                raise TaskAlreadyExists(f"a task id among {len(items)} already exists")
+
+    def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
+        """Optional capability (``SupportsMarkLost``), used by ``reconcile()``: each
+        task its own compare-and-set from ``transition.version - 1``, its trail row
+        appended only where that won; all in one statement. Returns the ids marked."""
+        if not marks:
+            return set()
+        # Reconcile marks many tasks with one time and one failure per dead owner: each
+        # is encoded once.
+        encoded: dict[int, Any] = {}
+
+        def once(value: Any, encode: Any) -> Any:
+            key = id(value)
+            if key not in encoded:
+                encoded[key] = encode(value)
+            return encoded[key]
+
+        rows = [
+            (
+                m.task_id,
+                t.version,
+                once(m.ended_at, codec.encode_dt),
+                once(m.failure, codec.encode_failure),
+                t.from_status.value if t.from_status else None,
+                once(t.at, codec.encode_dt),
+                t.reason,
+                t.actor,
+            )
+            for m, t in marks
+        ]
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        with self._cursor("mark_lost") as cur:
+            return {task_id for (task_id,) in cur.execute(_SQL["mark_lost"], columns).fetchall()}
+
+    def mark_expired_lost(
+        self,
+        scan: TaskScan,
+        *,
+        exclude: frozenset[str],
+        at: datetime,
+        actor: str,
+        verdict: Verdict,
+    ) -> list[str]:
+        """Optional capability (``SupportsMarkExpired``): ``reconcile()`` in one
+        statement (the judgement, each task's compare-and-set and its trail row)."""
+        if scan.statuses - states.LOSABLE:
+            raise ValueError("reconcile marks lost only what the state table allows")
+        where, where_params = scan_where(scan, _DIALECT)
+        with self.atomic(), self._cursor("mark_expired_lost") as cur:
+            owners = [
+                owner
+                for (owner,) in cur.execute(
+                    _SQL["expired_owners"].replace("{scan}", where), where_params
+                ).fetchall()
+            ]
+            if not owners:
+                return []
+            verdicts = [verdict(owner) for owner in owners]
+            params = [
+                [owner or "" for owner in owners],
+                [codec.encode_failure(failure) for failure, _ in verdicts],
+                [reason for _, reason in verdicts],
+                *where_params,
+                sorted(exclude),
+                codec.encode_dt(at),
+                codec.encode_dt(at),
+                actor,
+            ]
+            sql = _SQL["mark_expired_lost"].replace("{scan}", where)
+            return [task_id for (task_id,) in cur.execute(sql, params).fetchall()]
 
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
         row = codec.snapshot_to_row(snapshot)

@@ -129,3 +129,88 @@ SELECT node, bucket FROM node_buckets ORDER BY node, bucket
 
 -- name: storage_now
 SELECT statement_timestamp()
+
+-- reconcile(): every task its own compare-and-set, all in one statement. The arrays
+-- (bound in binary: %b, no text escaping per element) are one row per task: id, new version, ended_at, failure, then the trail row's from
+-- status, time, reason and actor. The trail row is written only where the update won.
+-- name: mark_lost
+WITH marks AS (
+    SELECT * FROM unnest(
+        %b::text[], %b::int[], %b::timestamptz[], %b::jsonb[], %b::text[],
+        %b::timestamptz[], %b::text[], %b::text[]
+    ) AS m(task_id, version, ended_at, failure, from_status, at, reason, actor)
+), won AS (
+    UPDATE tasks t
+    SET status = 'lost', status_version = m.version, ended_at = m.ended_at,
+        failure = m.failure
+    FROM marks m
+    WHERE t.task_id = m.task_id AND t.status_version = m.version - 1
+    RETURNING t.task_id
+), trail AS (
+    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    SELECT m.task_id, m.version, m.from_status, 'lost', m.at, m.reason, m.actor
+    FROM marks m JOIN won USING (task_id)
+    ON CONFLICT (task_id, version) DO NOTHING
+)
+SELECT task_id FROM won
+
+-- submit: many tasks and their creation rows in one statement, one array per column.
+-- An existing id makes the statement insert fewer rows than it was given (checked by
+-- the store, which then rolls the transaction back).
+-- name: create_many
+WITH new AS (
+    INSERT INTO tasks (
+        task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+        pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
+        progress, failure, outcome, lease_owner, lease_until
+    )
+    SELECT * FROM unnest(
+        %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], %b::jsonb[], %b::int[],
+        %b::text[], %b::text[], %b::text[], %b::timestamptz[], %b::timestamptz[],
+        %b::timestamptz[], %b::timestamptz[], %b::jsonb[], %b::jsonb[], %b::jsonb[],
+        %b::text[], %b::timestamptz[]
+    )
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id
+), trail AS (
+    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    SELECT t.* FROM unnest(
+        %b::text[], %b::int[], %b::text[], %b::text[], %b::timestamptz[], %b::text[],
+        %b::text[]
+    ) AS t(task_id, version, from_status, to_status, at, reason, actor)
+    JOIN new USING (task_id)
+    ON CONFLICT (task_id, version) DO NOTHING
+)
+SELECT COUNT(*) FROM new
+
+-- reconcile() in one statement: the expired tasks (the {scan} condition, built from a
+-- TaskScan) but the caller's own, each locked and compare-and-set to lost, each with the
+-- verdict of its lease owner (arrays: owner, failure, reason; '' for no owner), and a
+-- trail row where it won. SKIP LOCKED: a task its holder is writing is left alone.
+-- name: mark_expired_lost
+WITH verdicts AS (
+    SELECT * FROM unnest(%b::text[], %b::jsonb[], %b::text[]) AS v(owner, failure, reason)
+), doomed AS (
+    SELECT tasks.task_id, tasks.status AS from_status, tasks.status_version,
+           v.failure, v.reason
+    FROM tasks JOIN verdicts v ON v.owner = COALESCE(tasks.lease_owner, '')
+    WHERE {scan} AND NOT (tasks.task_id = ANY(%b::text[]))
+    FOR UPDATE OF tasks SKIP LOCKED
+), won AS (
+    UPDATE tasks t
+    SET status = 'lost', status_version = d.status_version + 1,
+        ended_at = %b::timestamptz, failure = d.failure
+    FROM doomed d
+    WHERE t.task_id = d.task_id AND t.status_version = d.status_version
+    RETURNING t.task_id, t.status_version, d.from_status, d.reason
+), trail AS (
+    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    SELECT task_id, status_version, from_status, 'lost', %b::timestamptz, reason, %b
+    FROM won
+    ON CONFLICT (task_id, version) DO NOTHING
+)
+SELECT task_id FROM won
+
+-- The lease owners of the tasks reconcile would mark (the same {scan} condition).
+-- name: expired_owners
+SELECT DISTINCT lease_owner FROM tasks WHERE {scan}

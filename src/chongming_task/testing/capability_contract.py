@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from unittest import SkipTest
 
+from .. import states
 from ..errors import ConcurrencyConflict, TaskAlreadyExists
 from ..model import (
     Failure,
@@ -24,6 +25,7 @@ from ..stores.capabilities import (
     SupportsAtomic,
     SupportsCommandWakeups,
     SupportsCreateMany,
+    SupportsMarkExpired,
     SupportsMarkLost,
     SupportsNodeRegistry,
     SupportsStorageClock,
@@ -267,3 +269,59 @@ class CapabilityContract(ContractBase):
             assert scan(limit=0) == (3, [])
             assert scan(outside=frozenset()) == (3, ["a", "b", "c"])
             assert store.scan_tasks(TaskScan(statuses=frozenset())) == (0, [])
+
+    def test_capability_mark_expired_lost_judges_and_marks_in_the_store(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsMarkExpired, "mark_expired_lost()")
+            assert isinstance(store, SupportsMarkExpired)
+            r = TaskStatus.RUNNING
+
+            def running(task_id: str, bucket: int, lease: float) -> TaskSnapshot:
+                return self.snapshot(
+                    task_id,
+                    status=r,
+                    status_version=3,
+                    bucket=bucket,
+                    lease_owner="n1",
+                    lease_until=at(lease),
+                )
+
+            store.create(running("old", 1, 10))
+            store.create(running("fresh", 1, 100))
+            store.create(running("mine", 1, 10))  # held by the caller
+            store.create(running("elsewhere", 9, 10))  # not in the scanned buckets
+            store.create(self.snapshot("nolease", bucket=2))  # queued, no lease at all
+            store.create(self.snapshot("done", status=TaskStatus.SUCCEEDED, bucket=1))
+            before = {t: store.get(t) for t in ("fresh", "mine", "elsewhere", "done")}
+
+            def verdict(owner: str | None) -> tuple[Failure, str]:
+                failure = Failure(kind=FailureKind.LOST, message=f"lease of {owner}")
+                return failure, f"reason {owner}"
+
+            scan = TaskScan(
+                statuses=states.LOSABLE,
+                buckets=frozenset({1, 2}),
+                lease_expired_at=at(50),
+                limit=None,
+            )
+            marked = store.mark_expired_lost(
+                scan, exclude=frozenset({"mine"}), at=at(60), actor="survivor", verdict=verdict
+            )
+            assert sorted(marked) == ["nolease", "old"]
+            old = store.get("old")
+            assert old is not None and old.status is TaskStatus.LOST
+            assert old.status_version == 4 and old.ended_at == at(60)
+            assert old.failure == Failure(kind=FailureKind.LOST, message="lease of n1")
+            (trail,) = store.history("old")
+            assert (trail.version, trail.from_status, trail.to_status) == (4, r, TaskStatus.LOST)
+            assert trail.at == at(60) and trail.reason == "reason n1"
+            assert trail.actor == "survivor"
+            nolease = store.get("nolease")
+            assert nolease is not None and nolease.status is TaskStatus.LOST
+            assert nolease.failure is not None and nolease.failure.message == "lease of None"
+            assert store.history("nolease")[-1].from_status is TaskStatus.QUEUED
+            assert {t: store.get(t) for t in before} == before  # the rest untouched
+            again = store.mark_expired_lost(
+                scan, exclude=frozenset(), at=at(70), actor="survivor", verdict=verdict
+            )
+            assert again == ["mine"]  # once not held, the caller's own expired task too
