@@ -72,6 +72,9 @@ class Dialect:
     """The column that orders ties by insertion."""
     time: str
     """A time parameter (bound as ``codec.encode_dt`` text)."""
+    fence: bool = False
+    """Filter before ordering in a scan's rows query (a subquery the planner keeps): else
+    PostgreSQL walks the ``created_at`` index through every row to find a rare few."""
 
 
 def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
@@ -170,7 +173,13 @@ def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
     """The ``COUNT`` and the ``SELECT`` (oldest first, limited) of a ``TaskScan``."""
     where, params = scan_where(scan, dialect)
     count = (f"SELECT COUNT(*) FROM tasks WHERE {where}", list(params))
-    rows_sql = f"{dialect.select} WHERE {where} ORDER BY created_at, {dialect.insertion_order}"
+    order = f"ORDER BY created_at, {dialect.insertion_order}"
+    if dialect.fence:
+        # The subquery is named tasks, so the dialect's column list applies unchanged.
+        fenced = f"(SELECT * FROM tasks WHERE {where} OFFSET 0) AS tasks"
+        rows_sql = f"{dialect.select.replace(' FROM tasks', ' FROM ' + fenced)} {order}"
+    else:
+        rows_sql = f"{dialect.select} WHERE {where} {order}"
     rows_params = list(params)
     if scan.limit is not None:
         rows_sql += f" LIMIT {dialect.placeholder}"
@@ -215,5 +224,5 @@ class TaskScanSQL:
         (count_q, count_p), (rows_q, rows_p) = scan_sql(scan, self._dialect)
         with self._sql_scope("scan_tasks", write=False) as c:
             (count,) = c.execute(count_q, count_p).fetchone()
-            rows = [] if scan.limit == 0 else c.execute(rows_q, rows_p).fetchall()
+            rows = [] if not count or scan.limit == 0 else c.execute(rows_q, rows_p).fetchall()
         return count, [self._snapshot(r) for r in rows]

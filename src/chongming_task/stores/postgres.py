@@ -78,6 +78,7 @@ _DIALECT = Dialect(
     tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
     insertion_order="seq",
     time="%s::timestamptz",
+    fence=True,
 )
 
 
