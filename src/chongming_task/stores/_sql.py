@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from ..model import TaskQuery, TaskScan, TaskSnapshot, TaskStatus
+from .. import states
+from ..model import Failure, TaskQuery, TaskScan, TaskSnapshot, TaskStatus
 from . import codec
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "query_sql",
     "scan_sql",
     "scan_where",
+    "verdicts_of_expired",
 ]
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$")
@@ -226,3 +228,24 @@ class TaskScanSQL:
             (count,) = c.execute(count_q, count_p).fetchone()
             rows = [] if not count or scan.limit == 0 else c.execute(rows_q, rows_p).fetchall()
         return count, [self._snapshot(r) for r in rows]
+
+
+def verdicts_of_expired(
+    c: Executor,
+    scan: TaskScan,
+    dialect: Dialect,
+    owners_sql: str,
+    verdict: Callable[[str | None], tuple[Failure, str]],
+) -> tuple[Fragment, list[tuple[str, str | None, str]]]:
+    """What both SQL stores' ``mark_expired_lost`` do first: check the scan asks only
+    for moves the state table allows, build its condition, and give each lease owner of
+    the expired tasks its verdict as a row (owner, '' for none; failure JSON; reason)."""
+    if scan.statuses - states.LOSABLE:
+        raise ValueError("reconcile marks lost only what the state table allows")
+    where, params = scan_where(scan, dialect)
+    owners = [owner for (owner,) in c.execute(owners_sql.replace("{scan}", where), params)]
+    rows = []
+    for owner in owners:
+        failure, reason = verdict(owner)
+        rows.append((owner or "", codec.encode_failure(failure), reason))
+    return (where, params), rows

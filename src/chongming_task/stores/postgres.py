@@ -31,7 +31,6 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from .. import states
 from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
 from ..model import (
     Command,
@@ -46,7 +45,14 @@ from ..model import (
 from ..values import STRICT
 from . import codec
 from ._nodes import NodeRegistrySQL
-from ._sql import Dialect, TaskScanSQL, encoded_tag, load_named, query_sql, scan_where
+from ._sql import (
+    Dialect,
+    TaskScanSQL,
+    encoded_tag,
+    load_named,
+    query_sql,
+    verdicts_of_expired,
+)
 from .capabilities import Verdict
 
 try:
@@ -383,27 +389,19 @@ class PostgresTaskStore(NodeRegistrySQL, TaskScanSQL):
     ) -> list[str]:
         """Optional capability (``SupportsMarkExpired``): ``reconcile()`` in one
         statement (the judgement, each task's compare-and-set and its trail row)."""
-        if scan.statuses - states.LOSABLE:
-            raise ValueError("reconcile marks lost only what the state table allows")
-        where, where_params = scan_where(scan, _DIALECT)
         with self.atomic(), self._cursor("mark_expired_lost") as cur:
-            owners = [
-                owner
-                for (owner,) in cur.execute(
-                    _SQL["expired_owners"].replace("{scan}", where), where_params
-                ).fetchall()
-            ]
-            if not owners:
+            (where, where_params), verdicts = verdicts_of_expired(
+                cur, scan, _DIALECT, _SQL["expired_owners"], verdict
+            )
+            if not verdicts:
                 return []
-            verdicts = [verdict(owner) for owner in owners]
+            when = codec.encode_dt(at)
             params = [
-                [owner or "" for owner in owners],
-                [codec.encode_failure(failure) for failure, _ in verdicts],
-                [reason for _, reason in verdicts],
+                *(list(column) for column in zip(*verdicts, strict=True)),
                 *where_params,
                 sorted(exclude),
-                codec.encode_dt(at),
-                codec.encode_dt(at),
+                when,
+                when,
                 actor,
             ]
             sql = _SQL["mark_expired_lost"].replace("{scan}", where)

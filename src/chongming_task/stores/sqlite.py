@@ -12,22 +12,40 @@ sharing across machines: network file systems do not give SQLite reliable locks.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from .._text import utf8_fault
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
-from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition, utc
+from ..model import (
+    Command,
+    Progress,
+    TaskQuery,
+    TaskScan,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    utc,
+)
 from ..values import ValueRules
 from . import codec
 from ._nodes import NodeRegistrySQL
-from ._sql import Dialect, TaskScanSQL, encoded_tag, load_named, query_sql
+from ._sql import (
+    Dialect,
+    TaskScanSQL,
+    encoded_tag,
+    load_named,
+    query_sql,
+    verdicts_of_expired,
+)
 from ._sqlite_group import AT, NEW_PAD, WRITE_VIEW_COLUMNS, GroupCommit, WriteRequest, trail_row
+from ._sqlite_scopes import ReadScope, WriteScope
+from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
@@ -184,20 +202,20 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
     _sql = _SQL
     _dialect = _DIALECT
 
-    def _sql_scope(self, what: str, *, write: bool) -> _ReadScope | _WriteScope:
+    def _sql_scope(self, what: str, *, write: bool) -> ReadScope | WriteScope:
         return self._write(what) if write else self._locked(what)
 
-    def _locked(self, what: str) -> _ReadScope:
+    def _locked(self, what: str) -> ReadScope:
         """``with self._locked(what) as conn``: the connection, under our lock."""
-        return _ReadScope(self, what)
+        return ReadScope(self, what)
 
-    def _write(self, what: str) -> _WriteScope:
+    def _write(self, what: str) -> WriteScope:
         """Run a write (or a read that decides a write) atomically and durably: one
         ``BEGIN IMMEDIATE ... COMMIT`` under our lock, so a read that decides a write
         (claims, prune) is atomic against other processes too. Inside ``atomic()`` a
         write joins the caller's transaction.
         """
-        return _WriteScope(self, what)
+        return WriteScope(self, what)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -400,6 +418,40 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
             return
         self._group.run(request)
 
+    def mark_expired_lost(
+        self,
+        scan: TaskScan,
+        *,
+        exclude: frozenset[str],
+        at: datetime,
+        actor: str,
+        verdict: Verdict,
+    ) -> list[str]:
+        """Optional capability (``SupportsMarkExpired``): ``reconcile()`` in one
+        ``BEGIN IMMEDIATE`` transaction: no other writer comes between the judgement and
+        the marks."""
+        when = codec.encode_dt(at)
+        with self._write("mark_expired_lost") as conn:
+            (where, where_params), verdicts = verdicts_of_expired(
+                conn, scan, _DIALECT, _SQL["expired_owners"], verdict
+            )
+            if not verdicts:
+                return []
+            for name in ("lost_verdicts_table", "lost_doomed_table"):
+                conn.execute(_SQL[name])
+            conn.execute(_SQL["lost_clear_verdicts"])
+            conn.execute(_SQL["lost_clear_doomed"])
+            conn.executemany(_SQL["lost_verdict"], verdicts)
+            conn.execute(
+                _SQL["lost_doom"].replace("{scan}", where),
+                [*where_params, json.dumps(sorted(exclude))],
+            )
+            conn.execute(_SQL["lost_mark"], [when])
+            conn.execute(_SQL["lost_trail"], [when, actor])
+            marked = [task_id for (task_id,) in conn.execute(_SQL["lost_marked"])]
+            conn.execute(_SQL["lost_clear_doomed"])
+            return marked
+
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
         """Optional capability (not part of ``TaskStore``), used by ``reconcile()``.
 
@@ -485,107 +537,6 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
                 return
             self._closed = True
             self._conn.close()
-
-
-class _ReadScope:
-    """Lock, closed check and error translation, as a plain class: these run on every
-    store call, where generator-based context managers cost more than the SQL."""
-
-    __slots__ = ("_store", "_what")
-
-    def __init__(self, store: SqliteTaskStore, what: str) -> None:
-        self._store = store
-        self._what = what
-
-    def __enter__(self) -> sqlite3.Connection:
-        store = self._store
-        store._lock.acquire()
-        if store._closed:
-            store._lock.release()
-            raise StoreError(f"SqliteTaskStore({store.path}) is closed")
-        return store._conn
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        store = self._store
-        store._lock.release()
-        if store._group.pending:
-            store._group.serve()  # writes queued while we held the lock
-        if isinstance(exc, sqlite3.DatabaseError):
-            raise store._translate(exc, self._what) from exc
-        if isinstance(exc, UnicodeEncodeError):
-            raise store._not_text(exc, self._what) from exc
-
-
-class _WriteScope:
-    """See ``SqliteTaskStore._write``."""
-
-    __slots__ = ("_nested", "_store", "_what")
-
-    def __init__(self, store: SqliteTaskStore, what: str) -> None:
-        self._store = store
-        self._what = what
-        self._nested = False
-
-    def __enter__(self) -> sqlite3.Connection:
-        store = self._store
-        store._lock.acquire()
-        try:
-            if store._closed:
-                raise StoreError(f"SqliteTaskStore({store.path}) is closed")
-            if store._depth:  # inside atomic(): part of the caller's transaction
-                store._depth += 1
-                self._nested = True
-                return store._conn
-            store._conn.execute("BEGIN IMMEDIATE")
-            store._depth = 1
-            store._holder = threading.get_ident()
-            return store._conn
-        except sqlite3.DatabaseError as exc:
-            store._lock.release()
-            raise store._translate(exc, self._what) from exc
-        except BaseException:
-            store._lock.release()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        store = self._store
-        if self._nested:
-            store._depth -= 1
-            store._lock.release()
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise store._translate(exc, self._what) from exc
-            if isinstance(exc, UnicodeEncodeError):
-                raise store._not_text(exc, self._what) from exc
-            return
-        try:
-            store._depth = 0
-            store._holder = None
-            if exc is None:
-                store._conn.execute("COMMIT")
-            else:
-                store._conn.execute("ROLLBACK")
-        except sqlite3.DatabaseError as end_error:
-            if store._conn.in_transaction:
-                store._conn.execute("ROLLBACK")
-            raise store._translate(end_error, "commit") from end_error
-        finally:
-            store._lock.release()
-            if store._group.pending:
-                store._group.serve()  # writes queued while we held the lock
-        if isinstance(exc, sqlite3.DatabaseError):
-            raise store._translate(exc, self._what) from exc
-        if isinstance(exc, UnicodeEncodeError):
-            raise store._not_text(exc, self._what) from exc
 
 
 def _check_text_values(store: SqliteTaskStore, rows: list[list[Any]]) -> None:

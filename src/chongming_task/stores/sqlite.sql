@@ -266,3 +266,53 @@ FROM nodes
 
 -- name: node_buckets
 SELECT node, bucket FROM node_buckets ORDER BY node, bucket
+
+-- reconcile() in one transaction (BEGIN IMMEDIATE: no other writer in between): the
+-- expired tasks (the {scan} condition, built from a TaskScan) but the caller's own
+-- (a JSON array), each with the verdict of its lease owner ('' for none), marked lost
+-- with a trail row. Temporary tables hold the verdicts and the doomed tasks.
+-- name: expired_owners
+SELECT DISTINCT lease_owner FROM tasks WHERE {scan}
+
+-- name: lost_verdicts_table
+CREATE TEMP TABLE IF NOT EXISTS lost_verdicts (
+    owner TEXT PRIMARY KEY, failure TEXT, reason TEXT
+)
+
+-- name: lost_doomed_table
+CREATE TEMP TABLE IF NOT EXISTS lost_doomed (
+    task_id TEXT PRIMARY KEY, from_status TEXT NOT NULL, version INTEGER NOT NULL,
+    owner TEXT NOT NULL
+)
+
+-- name: lost_clear_verdicts
+DELETE FROM lost_verdicts
+
+-- name: lost_clear_doomed
+DELETE FROM lost_doomed
+
+-- name: lost_verdict
+INSERT INTO lost_verdicts (owner, failure, reason) VALUES (?, ?, ?)
+
+-- name: lost_doom
+INSERT INTO lost_doomed (task_id, from_status, version, owner)
+SELECT task_id, status, status_version + 1, COALESCE(lease_owner, '') FROM tasks
+WHERE {scan} AND task_id NOT IN (SELECT value FROM json_each(?))
+
+-- name: lost_mark
+UPDATE tasks SET status = 'lost', status_version = m.version, ended_at = ?,
+    failure = m.failure
+FROM (
+    SELECT d.task_id, d.version, v.failure
+    FROM lost_doomed d JOIN lost_verdicts v ON v.owner = d.owner
+) AS m
+WHERE tasks.task_id = m.task_id
+
+-- name: lost_trail
+INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason,
+                                   actor)
+SELECT d.task_id, d.version, d.from_status, 'lost', ?, v.reason, ?
+FROM lost_doomed d JOIN lost_verdicts v ON v.owner = d.owner
+
+-- name: lost_marked
+SELECT task_id FROM lost_doomed
