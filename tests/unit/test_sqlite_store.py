@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -497,3 +498,29 @@ def test_a_version_1_file_gains_the_node_tables_when_opened(tmp_path: Path) -> N
         assert version == 2
     finally:
         reopened.close()
+
+
+def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(tmp_path: Path) -> None:
+    """Text is not checked before a request joins a batch: the batch statement fails at
+    bind, nothing of it is written, and the redo request by request fails the one
+    caller alone."""
+    from chongming_task.errors import StoreError
+
+    store = SqliteTaskStore(tmp_path / "bind.db")
+    bad_snapshot, bad_created = _created("bad")
+    bad = (replace(bad_snapshot, name="not \udcff utf-8"), bad_created)
+    try:
+        results = _queued_writes(
+            store,
+            [
+                lambda: store.create_many([_created("a")]),
+                lambda: store.create_many([bad]),
+                lambda: store.create_many([_created("b")]),
+            ],
+        )
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], StoreError) and "not valid UTF-8" in str(results[1])
+        assert store.get("a") is not None and store.get("b") is not None
+        assert store.get("bad") is None and store.history("bad") == []
+    finally:
+        store.close()

@@ -111,6 +111,10 @@ class WriteRequest:
 
 
 _MAX_BATCH = 256
+# A batch failed on one caller's fault (nothing of it was written): find who, alone.
+# Text is not checked before a request joins a batch: a value SQLite cannot bind fails
+# the statement before it runs, and the redo isolates it, at no cost to the others.
+_ONE_CALLERS_FAULT = (sqlite3.IntegrityError, UnicodeEncodeError)
 
 
 class GroupCommit:
@@ -147,15 +151,18 @@ class GroupCommit:
         in_transaction: Callable[[], bool],
         statement: Scope,
         transaction: Scope,
+        not_text: Callable[[UnicodeEncodeError, str], StoreError],
     ) -> None:
         """``lock`` is the store's connection lock; ``in_transaction`` says whether the
         thread holding it is inside ``atomic()``; ``statement`` runs one statement as its
         own transaction, ``transaction`` opens ``BEGIN IMMEDIATE ... COMMIT`` (both take
-        the lock, and translate the driver's errors)."""
+        the lock, and translate the driver's errors); ``not_text`` words a value SQLite
+        cannot bind (text that is not UTF-8) as the store's error."""
         self._lock = lock
         self._in_transaction = in_transaction
         self._statement = statement
         self._transaction = transaction
+        self._not_text = not_text
         self._queue: deque[WriteRequest] = deque()  # append / popleft: atomic
         self._server: int | None = None  # the thread committing a batch, under the lock
 
@@ -205,7 +212,7 @@ class GroupCommit:
                     with self._statement("group commit") as conn:
                         _write_rows(conn, rows)
                 except StoreError as exc:
-                    if not isinstance(exc.__cause__, sqlite3.IntegrityError):
+                    if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
                         raise
                     self._one_by_one(batch)  # nothing was written: find who failed
             else:
@@ -213,7 +220,7 @@ class GroupCommit:
                     with self._transaction("group commit") as conn:
                         _write_rows(conn, rows)
                 except StoreError as exc:
-                    if not isinstance(exc.__cause__, sqlite3.IntegrityError):
+                    if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
                         raise
                     self._one_by_one(batch)
         except BaseException as exc:  # the transaction failed: none of the batch landed
@@ -230,11 +237,15 @@ class GroupCommit:
             request.done.release()
 
     def _one_by_one(self, batch: list[WriteRequest]) -> None:
-        """A conflict or an existing id somewhere in the batch undid it all: redo it in one
-        transaction, each request in a savepoint, so only the failing ones fail."""
+        """A conflict, an existing id or a value SQLite cannot bind somewhere in the batch
+        undid it all: redo it in one transaction, each request in a savepoint, so only
+        the failing ones fail."""
         with self._transaction("group commit") as conn:
             for request in batch:
                 try:
                     request.apply_alone(conn)
                 except (ConcurrencyConflict, TaskAlreadyExists) as exc:
                     request.error = exc  # its own failure: nothing of it written
+                except UnicodeEncodeError as exc:  # refused at bind: nothing of it written
+                    task_id = request.rows[0][1] if request.rows else "?"
+                    request.error = self._not_text(exc, f"write of task {task_id}")

@@ -20,7 +20,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from .._text import utf8_fault
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import (
     Command,
@@ -94,6 +93,7 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
             in_transaction=lambda: self._depth > 0,
             statement=self._locked,
             transaction=self._write,
+            not_text=self._not_text,
         )
         self._closed = False
         memory = self.path == ":memory:"
@@ -408,10 +408,9 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
         """Commit ``request``: on this thread if it already holds the transaction (inside
         ``atomic()``), else through the group-commit writer.
 
-        Every value is checked before the request joins a batch: a batch is one
-        statement, and a value SQLite cannot bind would fail every caller in it, not
-        just the one who handed it over."""
-        _check_text_values(self, request.rows)
+        A batch is one statement: a value SQLite cannot bind (text that is not UTF-8)
+        fails it before it runs, and the group commit then redoes the batch request by
+        request, so only the caller who handed that value over gets the error."""
         if self._holder == threading.get_ident():
             with self._write("write") as conn:
                 request.apply_alone(conn)
@@ -537,11 +536,3 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
                 return
             self._closed = True
             self._conn.close()
-
-
-def _check_text_values(store: SqliteTaskStore, rows: list[list[Any]]) -> None:
-    """Raise ``StoreError`` (this caller's alone) if a text value is not UTF-8."""
-    for row in rows:
-        for value in row:
-            if type(value) is str and (fault := utf8_fault(value)) is not None:
-                raise store._not_text(fault, f"write of task {row[1]}")
