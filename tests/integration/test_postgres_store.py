@@ -256,3 +256,49 @@ def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: li
     assert [c.strip().removesuffix("::text") for c in selected.split(",")] == list(
         codec.TASK_COLUMNS
     )
+
+
+def test_a_large_batch_is_one_array_statement_and_all_or_nothing(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    """Batches from _BULK_FROM tasks go through the array statement (the capability
+    contract's three-task batch takes the row-by-row path): every value round-trips,
+    and an existing id keeps nothing of the batch."""
+    from chongming_task import TaskAlreadyExists, Transition
+    from chongming_task.stores.postgres import _BULK_FROM
+
+    store = make(pg_dsn, schemas)
+    try:
+
+        def item(i: int, prefix: str = "bulk") -> tuple[TaskSnapshot, Transition]:
+            task = snapshot(
+                f"{prefix}{i:03d}",
+                tags=frozenset({"io", f"t{i}"}),
+                bucket=i % 7,
+                bucket_key=f"k{i}",
+                owner="node-a",
+                lease_owner="node-a",
+                lease_until=T0 + timedelta(seconds=i),
+            )
+            created = Transition(
+                task_id=task.task_id,
+                version=1,
+                from_status=None,
+                to_status=TaskStatus.QUEUED,
+                at=T0 + timedelta(milliseconds=i),
+                reason="submitted",
+                actor="node-a",
+            )
+            return task, created
+
+        batch = [item(i) for i in range(3 * _BULK_FROM)]
+        store.create_many(batch)
+        for task, created in batch:
+            assert store.get(task.task_id) == task
+            assert store.history(task.task_id) == [created]
+        clash = [item(i, "new") for i in range(_BULK_FROM)] + [batch[0]]
+        with pytest.raises(TaskAlreadyExists):
+            store.create_many(clash)
+        assert store.get("new000") is None and store.history("new000") == []
+    finally:
+        store.close()

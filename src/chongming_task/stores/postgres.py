@@ -88,6 +88,9 @@ _DIALECT = Dialect(
 )
 
 
+_BULK_FROM = 8
+"""Batches from this size are created by one array statement, smaller ones row by row."""
+
 _PROBE_INTERVAL = 0.2
 """Seconds between direct connection attempts while the server is away."""
 
@@ -332,8 +335,19 @@ class PostgresTaskStore(NodeRegistrySQL, TaskScanSQL):
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
         """Optional capability (``SupportsCreateMany``): every task and its creation
-        transition in one statement (one array per column); all or nothing."""
+        transition in one transaction, all or nothing. A batch is one statement (one
+        array per column); a few tasks (a ``submit``) are plain inserts, which the server
+        runs faster than the array statement (bench/postgres_throughput.py: 490-520/s
+        against 400/s with every submit through the arrays)."""
         if not items:
+            return
+        if len(items) < _BULK_FROM:
+            with self.atomic(), self._cursor("create_many") as cur:
+                for snapshot, created in items:
+                    cur.execute(_SQL["insert_task"], codec.snapshot_to_values(snapshot))
+                    if cur.rowcount != 1:
+                        raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+                    cur.execute(_SQL["append"], codec.transition_to_values(created))
             return
         tasks = [codec.snapshot_to_values(s) for s, _ in items]
         trail = [codec.transition_to_values(t) for _, t in items]
