@@ -70,14 +70,13 @@ def _rows(tasks: int) -> Iterator[tuple[list[Any], list[Any] | None]]:
     """Task rows (and, for unfinished tasks, their last trail row) in codec order."""
     created = NOW - timedelta(days=2)
     for i in range(tasks):
+        owner = "node-a" if i % 64 < 32 else "node-b"  # the node declaring its bucket
         if i < LIVE:
-            status, lease, owner = TaskStatus.RUNNING, NOW + timedelta(hours=1), "node-a"
-            owner = "node-a" if i % 64 < 32 else "node-b"
+            status, lease = TaskStatus.RUNNING, NOW + timedelta(hours=1)
         elif i < LIVE + QUEUED:
-            status, lease, owner = TaskStatus.QUEUED, NOW + timedelta(hours=1), "node-a"
-            owner = "node-a" if i % 64 < 32 else "node-b"
+            status, lease = TaskStatus.QUEUED, NOW + timedelta(hours=1)
         else:
-            status, lease, owner = TaskStatus.SUCCEEDED, None, "node-a"
+            status, lease = TaskStatus.SUCCEEDED, None
         snapshot = TaskSnapshot(
             task_id=f"t{i:09d}",
             name=f"job-{i % 10}",
