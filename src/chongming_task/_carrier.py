@@ -18,7 +18,13 @@ from .clock import Clock
 from .errors import InvalidValue, StopRequested
 from .model import Failure, FailureKind, TaskSnapshot, Transition, trusted_transition, utc
 from .model import TaskStatus as S
-from .values import ValueRules, describe_exception, storable_result, storable_text
+from .values import (
+    ValueRules,
+    describe_exception,
+    describe_traceback,
+    storable_result,
+    storable_text,
+)
 
 if TYPE_CHECKING:
     from .definitions import TaskDefinition
@@ -211,6 +217,7 @@ class Carrier:
                 kind=FailureKind.EXCEPTION,
                 message=storable_text(describe_exception(exc), self._host.value_rules),
                 exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback=describe_traceback(exc, self._host.value_rules),
             )
             policy = self.definition.retry
             if retry and current.status is not S.STOPPING and current.attempt <= policy.retries:

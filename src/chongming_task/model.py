@@ -136,6 +136,8 @@ class Failure:
     message: str
     exception_type: str | None = None
     carrier_may_run: bool = False
+    traceback: str | None = None
+    """The exception's traceback as Python prints it (its last lines when very long)."""
 
 
 _SNAPSHOT_TIMES = ("created_at", "started_at", "ended_at", "last_heartbeat_at", "lease_until")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +40,15 @@ __all__ = [
     "check_progress",
     "check_text",
     "describe_exception",
+    "describe_traceback",
     "storable_result",
     "storable_text",
 ]
 
 MAX_MESSAGE = 4000
 """Characters kept of a message the runtime builds from an exception (failure, reason)."""
+MAX_TRACEBACK = 16_000
+"""Characters kept of a failure's traceback: its end, where the exception was raised."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +162,19 @@ def describe_exception(exc: BaseException) -> str:
     except Exception:
         text = "<the exception's str() raised>"
     return f"{type(exc).__name__}: {text}"
+
+
+def describe_traceback(exc: BaseException, rules: ValueRules = STRICT) -> str:
+    """``exc``'s traceback as Python prints it, storable: when longer than
+    ``MAX_TRACEBACK`` its last lines are kept (the raise is at the end)."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # a broken __str__ or a frame that cannot be read
+        text = f"(traceback unavailable) {describe_exception(exc)}"
+    if len(text) > MAX_TRACEBACK:
+        cut = len(text) - MAX_TRACEBACK
+        text = f"[... {cut} earlier characters]\n" + text[cut:]
+    return storable_text(text, rules, limit=MAX_TRACEBACK + 64)
 
 
 def storable_text(value: str, rules: ValueRules = STRICT, *, limit: int = MAX_MESSAGE) -> str:

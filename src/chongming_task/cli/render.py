@@ -63,6 +63,7 @@ def snapshot_json(s: TaskSnapshot) -> dict[str, Any]:
             "message": s.failure.message,
             "exception_type": s.failure.exception_type,
             "carrier_may_run": s.failure.carrier_may_run,
+            "traceback": s.failure.traceback,
         },
         "outcome": s.outcome,
         "lease_owner": s.lease_owner,
@@ -255,7 +256,10 @@ def show_text(s: TaskSnapshot, now: datetime) -> str:
     if s.status is TaskStatus.SUCCEEDED:
         fields.append(("outcome", repr(s.outcome)))
     width = max(len(k) for k, _ in fields)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in fields)
+    text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in fields)
+    if s.failure is not None and s.failure.traceback:
+        text += "\n\n" + s.failure.traceback.rstrip("\n")
+    return text
 
 
 def history_rows(transitions: list[Transition]) -> tuple[list[str], list[list[str]]]:

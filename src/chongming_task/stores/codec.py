@@ -195,14 +195,15 @@ def decode_progress(value: Any) -> Progress | None:
 def encode_failure(failure: Failure | None) -> str | None:
     if failure is None:
         return None
-    return encode_json(
-        {
-            "kind": failure.kind.value,
-            "message": failure.message,
-            "exception_type": failure.exception_type,
-            "carrier_may_run": failure.carrier_may_run,
-        }
-    )
+    data: dict[str, Any] = {
+        "kind": failure.kind.value,
+        "message": failure.message,
+        "exception_type": failure.exception_type,
+        "carrier_may_run": failure.carrier_may_run,
+    }
+    if failure.traceback is not None:  # absent, not null: older rows read the same
+        data["traceback"] = failure.traceback
+    return encode_json(data)
 
 
 def decode_failure(value: Any) -> Failure | None:
@@ -214,6 +215,7 @@ def decode_failure(value: Any) -> Failure | None:
         message=data["message"],
         exception_type=data.get("exception_type"),
         carrier_may_run=bool(data.get("carrier_may_run", False)),
+        traceback=data.get("traceback"),
     )
 
 
