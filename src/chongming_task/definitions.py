@@ -40,6 +40,14 @@ class TaskDefinition:
             raise ConfigurationError(f"task {self.name}: timeout_grace must be >= 0")
 
 
+def default_name(func: TaskFunction) -> str:
+    """``module.qualname``; just the qualname for a script's own functions (``__main__``
+    is no name a user would search for: ``ps --name ingest`` finds ``ingest``)."""
+    module = getattr(func, "__module__", None)
+    qualname = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
+    return qualname if module in (None, "__main__") else f"{module}.{qualname}"
+
+
 def define(
     func: TaskFunction,
     *,
@@ -61,7 +69,7 @@ def define(
             jitter=policy.jitter,
         )
     return TaskDefinition(
-        name=name or f"{func.__module__}.{func.__qualname__}",
+        name=name or default_name(func),
         func=func,
         retry=policy,
         timeout=timeout,

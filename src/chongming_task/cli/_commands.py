@@ -15,16 +15,15 @@ from ..policies import format_buckets
 from ..states import SHOWS_PROGRESS, TERMINAL
 from ..stores.capabilities import Capabilities
 from . import render
-from ._context import Context, get_task, task_query
+from ._context import Context, find_tasks, get_task
 from ._parser import PROG, UsageError
 
 __all__ = ["COMMANDS"]
 
 
 def cmd_ps(ctx: Context) -> int:
-    store = ctx.store()
-    snapshots = store.query(task_query(ctx))
-    now = Capabilities(store).now()  # the store's clock where it has one
+    snapshots = find_tasks(ctx)
+    now = Capabilities(ctx.store()).now()  # the store's clock where it has one
     headers, rows = render.ps_rows(snapshots, now)
     ctx.emit(
         [{**render.snapshot_json(s), **render.health_json(s, now)} for s in snapshots],
@@ -55,14 +54,13 @@ def cmd_watch(ctx: Context) -> int:
     """Print each new transition once (incrementally, via ``since_version``), then the
     progress of what is running; repeat every ``--interval`` seconds."""
     store = ctx.store()
-    query = task_query(ctx)
     seen: dict[str, int] = {}
     first = True
     tick = threading.Event()
     count = 0
     while ctx.args.count is None or count < ctx.args.count:
         count += 1
-        snapshots = store.query(query)
+        snapshots = find_tasks(ctx)
         events = []
         for s in snapshots:
             last = seen.get(s.task_id)

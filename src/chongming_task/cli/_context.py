@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -87,15 +88,37 @@ def task_query(ctx: Context) -> TaskQuery:
         statuses = NON_TERMINAL
     if a.limit is not None and a.limit < 0:
         raise UsageError("--limit must be >= 0")
+    pattern = _glob(a.name)
     return TaskQuery(
         statuses=statuses,
-        name=a.name,
+        name=a.name if pattern is None else None,
+        # A glob: its literal head narrows the query in the store, the rest is matched
+        # here (find_tasks), so the limit is applied after that match.
+        name_prefix=None if pattern is None else pattern[0],
         tag=a.tag,
         buckets=buckets,
         pipeline_run_id=a.pipeline,
-        limit=a.limit,
+        limit=a.limit if pattern is None else None,
         newest_first=True,
     )
+
+
+def _glob(name: str | None) -> tuple[str, str] | None:
+    """``(literal head, pattern)`` when ``--name`` is a glob (``*``, ``?``, ``[``)."""
+    if name is None:
+        return None
+    cut = min((i for i, ch in enumerate(name) if ch in "*?["), default=None)
+    return None if cut is None else (name[:cut], name)
+
+
+def find_tasks(ctx: Context) -> list[TaskSnapshot]:
+    """The tasks the filter flags select (``--name`` may be a glob)."""
+    found = ctx.store().query(task_query(ctx))
+    pattern = _glob(ctx.args.name)
+    if pattern is None:
+        return found
+    found = [s for s in found if fnmatch.fnmatchcase(s.name, pattern[1])]
+    return found if ctx.args.limit is None else found[: ctx.args.limit]
 
 
 def get_task(ctx: Context, task_id: str) -> TaskSnapshot:

@@ -1,5 +1,6 @@
-"""A failed task keeps its traceback (bounded, the raise kept) in the store, and `show`
-prints it."""
+"""What a newcomer meets first (issue 13): a failed task keeps its traceback (bounded,
+the raise kept) and `show` prints it; a script's functions are named without
+``__main__.``; `ps --name` takes a glob."""
 
 from __future__ import annotations
 
@@ -71,3 +72,51 @@ def test_a_huge_traceback_keeps_its_end(tmp_path: Path) -> None:
     assert len(tb) <= MAX_TRACEBACK + 64
     assert tb.startswith("[... ") and "earlier characters]" in tb.splitlines()[0]
     assert tb.rstrip().endswith("ValueError: at the bottom")
+
+
+def test_a_scripts_own_function_is_named_without_main() -> None:
+    from chongming_task.definitions import define
+
+    def ingest(token: CancellationToken) -> None:
+        return None
+
+    ingest.__module__ = "__main__"
+    ingest.__qualname__ = "ingest"
+    assert define(ingest).name == "ingest"
+    assert define(lookup).name == "tests.unit.test_first_hour.lookup"
+
+
+def test_ps_name_takes_a_glob(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from chongming_task import TaskSnapshot
+
+    db = tmp_path / "glob.db"
+    store = SqliteTaskStore(db)
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    for i, name in enumerate(["etl.extract", "etl.load", "report", "etl"]):
+        store.create(
+            TaskSnapshot(
+                task_id=f"t{i}",
+                name=name,
+                status=TaskStatus.QUEUED,
+                status_version=1,
+                created_at=t0,
+            )
+        )
+    store.close()
+
+    def names(*flags: str) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), "--json", "ps", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return sorted(t["name"] for t in json.loads(out.stdout))
+
+    assert names("--name", "etl.*") == ["etl.extract", "etl.load"]
+    assert names("--name", "*t") == ["etl.extract", "report"]
+    assert names("--name", "etl") == ["etl"]  # no wildcard: the exact name
+    assert len(names("--name", "etl*", "--limit", "2")) == 2
