@@ -302,3 +302,39 @@ def test_a_large_batch_is_one_array_statement_and_all_or_nothing(
         assert store.get("new000") is None and store.history("new000") == []
     finally:
         store.close()
+
+
+def test_a_refusal_is_reported_at_once_in_the_servers_words(pg_dsn: str) -> None:
+    """A wrong role or database is not an outage: the CLI says the server's reason in
+    one line, at once (it used to wait the connect timeout and say "cannot reach")."""
+    import subprocess
+    import sys
+    import time
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(pg_dsn)
+    host, port = info.get("host", "127.0.0.1"), info.get("port", 5432)
+    user, db = info.get("user", "postgres"), info.get("dbname", "postgres")
+    cases = {
+        f"postgresql://chongming_no_such_role@{host}:{port}/{db}": (
+            'role "chongming_no_such_role" does not exist'
+        ),
+        f"postgresql://{user}@{host}:{port}/chongming_no_such_db": (
+            'database "chongming_no_such_db" does not exist'
+        ),
+    }
+    for dsn, reason in cases.items():
+        start = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", dsn, "ps"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - start
+        assert result.returncode == 1
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "refused the connection" in lines[0], result.stderr
+        assert reason in lines[0]
+        assert took < 4.5, f"took {took:.1f}s: waited instead of reporting"

@@ -95,6 +95,20 @@ _PROBE_INTERVAL = 0.2
 """Seconds between direct connection attempts while the server is away."""
 
 
+_TRANSIENT = re.compile(r"starting up|shutting down|too many (clients|connections)|recovery")
+"""Refusals that pass: wait for them like an outage."""
+
+
+def _server_reason(exc: BaseException) -> str:
+    """The reason in a connection error, without libpq's "connection to server at ...
+    failed:" preamble: ``role "nobody" does not exist``, ``Connection refused``."""
+    text = " ".join(str(exc).split())
+    for marker in ("FATAL: ", "failed: "):
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return text.split(" Is the server running", 1)[0].strip()
+
+
 def _is_outage(exc: BaseException) -> bool:
     """A fault of the connection, not of the statement: no connection from the pool, a
     client-side connection error (no SQLSTATE), a connection exception (class 08) or
@@ -152,13 +166,26 @@ class PostgresTaskStore(NodeRegistrySQL, TaskScanSQL):
         self._health = threading.Lock()
         self._down_since: float | None = None  # monotonic time the outage was noticed
         self._stopped = threading.Event()  # set by close(): the prober exits
+        # One direct attempt first: a server that answers with a refusal (no such role
+        # or database, a wrong password) says so at once, in its own words, instead of
+        # the pool retrying it for connect_timeout seconds.
+        unreachable = ""
+        try:
+            psycopg.connect(self._dsn, **self._connect_kwargs).close()
+        except psycopg.OperationalError as exc:
+            # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
+            if "FATAL:" in str(exc) and not _TRANSIENT.search(str(exc)):
+                raise StoreError(
+                    f"PostgreSQL at {self.where} refused the connection: {_server_reason(exc)}"
+                ) from None
+            unreachable = f": {_server_reason(exc)}"
         self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout:
             self._pool.close()
             raise StoreError(
-                f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s"
+                f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s{unreachable}"
             ) from None
 
     def _new_pool(self) -> ConnectionPool:
