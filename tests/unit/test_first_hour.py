@@ -120,3 +120,96 @@ def test_ps_name_takes_a_glob(tmp_path: Path) -> None:
     assert names("--name", "*t") == ["etl.extract", "report"]
     assert names("--name", "etl") == ["etl"]  # no wildcard: the exact name
     assert len(names("--name", "etl*", "--limit", "2")) == 2
+
+
+def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_prune_dry_run_counts_and_deletes_nothing(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from chongming_task import TaskSnapshot
+
+    db = tmp_path / "prune.db"
+    store = SqliteTaskStore(db)
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    for i in range(5):
+        store.create(
+            TaskSnapshot(
+                task_id=f"t{i}",
+                name="job",
+                status=TaskStatus.SUCCEEDED,
+                status_version=4,
+                created_at=t0,
+            )
+        )
+    store.create(
+        TaskSnapshot(
+            task_id="live",
+            name="job",
+            status=TaskStatus.QUEUED,
+            status_version=1,
+            created_at=t0,
+        )
+    )
+    store.close()
+    dry = _cli(db, "--json", "prune", "--keep", "2", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout) == {"dry_run": True, "pruned": 3}
+    assert "would prune 3" in _cli(db, "prune", "--keep", "2", "--dry-run").stdout
+    assert len(json.loads(_cli(db, "--json", "ps", "--all").stdout)) == 6  # all kept
+    real = _cli(db, "--json", "prune", "--keep", "2")
+    assert json.loads(real.stdout) == {"pruned": 3}
+    assert len(json.loads(_cli(db, "--json", "ps", "--all").stdout)) == 3
+
+
+def test_leaving_watch_with_ctrl_c_is_not_an_error(tmp_path: Path) -> None:
+    import signal
+    import time
+    from datetime import UTC, datetime
+
+    from chongming_task import Progress, TaskSnapshot
+
+    db = tmp_path / "watch.db"
+    store = SqliteTaskStore(db)
+    store.create(  # a running task: watch prints its progress on every refresh
+        TaskSnapshot(
+            task_id="t1",
+            name="job",
+            status=TaskStatus.RUNNING,
+            status_version=3,
+            created_at=datetime(2026, 3, 1, tzinfo=UTC),
+            progress=Progress(current=1, total=2),
+        )
+    )
+    store.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert "t1" in proc.stdout.readline()  # watching: its loop is running
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "error" not in err and "Traceback" not in err
+
+
+def test_negative_waits_are_usage_errors(tmp_path: Path) -> None:
+    db = tmp_path / "neg.db"
+    SqliteTaskStore(db).close()
+    for args in (["watch", "--interval", "-1"], ["watch", "--interval", "0"]):
+        result = _cli(db, *args)
+        assert result.returncode == 2 and "--interval must be > 0" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    result = _cli(db, "stop", "some-task", "--wait", "-5")
+    assert result.returncode == 2 and "--wait must be >= 0" in result.stderr

@@ -53,6 +53,15 @@ def cmd_history(ctx: Context) -> int:
 def cmd_watch(ctx: Context) -> int:
     """Print each new transition once (incrementally, via ``since_version``), then the
     progress of what is running; repeat every ``--interval`` seconds."""
+    if ctx.args.interval <= 0:
+        raise UsageError("--interval must be > 0 seconds")
+    try:
+        return _watch(ctx)
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C is how one leaves watch: no error
+
+
+def _watch(ctx: Context) -> int:
     store = ctx.store()
     seen: dict[str, int] = {}
     first = True
@@ -139,6 +148,8 @@ _WAIT_UNTIL = {
 
 
 def cmd_control(ctx: Context) -> int:
+    if ctx.args.wait is not None and ctx.args.wait < 0:
+        raise UsageError("--wait must be >= 0 seconds")
     action = CommandAction(ctx.args.command)
     task_id = ctx.args.task_id
     controller = ctx.controller()
@@ -236,6 +247,14 @@ def cmd_doctor(ctx: Context) -> int:
 def cmd_prune(ctx: Context) -> int:
     if ctx.args.keep < 0:
         raise UsageError("--keep must be >= 0")
+    if ctx.args.dry_run:
+        counts = Capabilities(ctx.store()).count_tasks("status", statuses=TERMINAL)
+        doomed = max(0, sum(counts.values()) - ctx.args.keep)
+        ctx.emit(
+            {"dry_run": True, "pruned": doomed},
+            f"would prune {doomed} finished task(s) and their history (nothing deleted)",
+        )
+        return 0
     pruned = ctx.store().prune(keep_terminal=ctx.args.keep)
     ctx.emit({"pruned": pruned}, f"pruned {pruned} finished task(s) and their history")
     return 0

@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20, help="task ids listed per alarm")
     p = sub.add_parser("prune", help="delete the oldest finished tasks")
     p.add_argument("--keep", type=int, required=True, metavar="N")
+    p.add_argument("--dry-run", action="store_true", help="say how many, delete nothing")
     sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")
     p = sub.add_parser("demo", help="run a demo node with sample tasks")
     p.add_argument("--duration", type=float, default=300.0)
