@@ -238,6 +238,13 @@ class Carrier:
         kind = self.token.stop_kind
         if self._snapshot.status in states.STOPPABLE:
             self._apply(S.STOPPING, reason="stop raised in the task")
+        # What it was doing when asked: the status the move into stopping left.
+        last = self._history[-1] if self._history else None
+        was = (
+            last.from_status
+            if last is not None and last.to_status is S.STOPPING and last.from_status
+            else S.RUNNING
+        )
         if kind == "timeout":
             timeout = self.definition.timeout
             self._apply(
@@ -249,7 +256,7 @@ class Carrier:
                 reason="timeout",
             )
         elif kind == "cancel":
-            self._apply(S.CANCELLED, reason="cancelled while running")
+            self._apply(S.CANCELLED, reason=f"cancelled while {was.value}")
         else:
             self._apply(S.STOPPED, reason="stopped at a checkpoint")
 

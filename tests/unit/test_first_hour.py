@@ -213,3 +213,28 @@ def test_negative_waits_are_usage_errors(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1
     result = _cli(db, "stop", "some-task", "--wait", "-5")
     assert result.returncode == 2 and "--wait must be >= 0" in result.stderr
+
+
+def test_cancelling_a_paused_task_says_it_was_paused() -> None:
+    from chongming_task import InMemoryTaskStore
+    from tests.conftest import wait_until
+
+    with Controller(InMemoryTaskStore(), owner="node-a") as node:
+
+        @node.task(name="loop")
+        def loop(token: CancellationToken) -> None:
+            while True:
+                token.checkpoint()
+                token.sleep(0.01)
+
+        paused, running = node.submit(loop), node.submit(loop)
+        wait_until(lambda: paused.status is TaskStatus.RUNNING, what="running")
+        wait_until(lambda: running.status is TaskStatus.RUNNING, what="running")
+        node.pause(paused.task_id)
+        wait_until(lambda: paused.status is TaskStatus.PAUSED, what="paused")
+        node.cancel(paused.task_id)
+        node.cancel(running.task_id)
+        assert paused.wait(5).status is TaskStatus.CANCELLED
+        assert running.wait(5).status is TaskStatus.CANCELLED
+    assert paused.history()[-1].reason == "cancelled while paused"
+    assert running.history()[-1].reason == "cancelled while running"
