@@ -238,3 +238,44 @@ def test_cancelling_a_paused_task_says_it_was_paused() -> None:
         assert running.wait(5).status is TaskStatus.CANCELLED
     assert paused.history()[-1].reason == "cancelled while paused"
     assert running.history()[-1].reason == "cancelled while running"
+
+
+def test_ps_shows_age_duration_and_the_progress_message(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from chongming_task import Progress, TaskSnapshot
+
+    db = tmp_path / "cols.db"
+    store = SqliteTaskStore(db)
+    now = datetime.now(UTC)
+    store.create(
+        TaskSnapshot(
+            task_id="done",
+            name="job",
+            status=TaskStatus.SUCCEEDED,
+            status_version=4,
+            created_at=now - timedelta(hours=2),
+            started_at=now - timedelta(hours=2),
+            ended_at=now - timedelta(hours=2) + timedelta(seconds=75),
+        )
+    )
+    store.create(
+        TaskSnapshot(
+            task_id="busy",
+            name="job",
+            status=TaskStatus.RUNNING,
+            status_version=3,
+            created_at=now - timedelta(minutes=3),
+            started_at=now - timedelta(minutes=3),
+            progress=Progress(current=5, total=10, message="page 5"),
+            lease_owner="n",
+            lease_until=now + timedelta(hours=1),
+        )
+    )
+    store.close()
+    table = _cli(db, "ps", "--all").stdout.splitlines()
+    assert table[0].split()[7:9] == ["AGE", "TOOK"]  # after "TASK ID ... OWNER"
+    done = next(line for line in table if line.startswith("done"))
+    busy = next(line for line in table if line.startswith("busy"))
+    assert " 2h00m " in done and " 1m15s " in done  # 2 h old, ran 75 s
+    assert " 3m0" in busy and "page 5" in busy and " ok" in busy

@@ -23,6 +23,7 @@ __all__ = [
     "show_text",
     "snapshot_json",
     "table",
+    "took",
     "transition_json",
     "ts",
 ]
@@ -139,8 +140,27 @@ def health_json(s: TaskSnapshot, now: datetime) -> dict[str, Any]:
     }
 
 
+def took(s: TaskSnapshot, now: datetime) -> str:
+    """How long it ran: start to end once finished, start to now while running."""
+    if s.started_at is None:
+        return "-"
+    end = s.ended_at if s.ended_at is not None else (None if s.is_terminal else now)
+    return "-" if end is None else age(max(0.0, (end - s.started_at).total_seconds()))
+
+
 def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], list[list[str]]]:
-    headers = ["TASK ID", "NAME", "STATUS", "TRY", "BUCKET", "OWNER", "PROGRESS", "HEALTH"]
+    headers = [
+        "TASK ID",
+        "NAME",
+        "STATUS",
+        "TRY",
+        "BUCKET",
+        "OWNER",
+        "AGE",
+        "TOOK",
+        "PROGRESS",
+        "HEALTH",
+    ]
     rows = [
         [
             s.task_id,
@@ -149,7 +169,9 @@ def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], li
             str(s.attempt),
             "-" if s.bucket is None else str(s.bucket),
             s.owner or "-",
-            bar(s),
+            age(max(0.0, (now - s.created_at).total_seconds())),
+            took(s, now),
+            f"{bar(s)} {s.progress.message or ''}".strip() if s.progress else "",
             health(s, now),
         ]
         for s in snapshots
