@@ -121,7 +121,7 @@ def node_statuses(caps: Capabilities, now: datetime) -> list[NodeStatus]:
 
 
 def examine(
-    store: TaskStore,
+    store: TaskStore | Capabilities,
     *,
     num_buckets: int,
     now: datetime | None = None,
@@ -129,8 +129,8 @@ def examine(
     stale_after: float = DEFAULT_STALE_AFTER,
     limit: int = 20,
 ) -> FleetReport:
-    """Every alarm of the module's list, for the whole store. ``now`` is the store's
-    clock where it has one (``Capabilities.now``)."""
+    """Every alarm of the module's list, for the whole store (or its ``Capabilities``).
+    ``now`` is the store's clock where it has one (``Capabilities.now``)."""
     caps = store if isinstance(store, Capabilities) else Capabilities(store)
     now = caps.now() if now is None else now
     nodes = node_statuses(caps, now)
