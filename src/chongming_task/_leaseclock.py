@@ -31,6 +31,8 @@ _ZERO = timedelta(0)
 
 
 class LeaseClock:
+    """One node's lease time: its clock plus the measured offset to the store's."""
+
     def __init__(self, capabilities: Capabilities, node_now: Callable[[], datetime]) -> None:
         self._storage = capabilities.storage_now if capabilities.has_storage_clock else None
         self._node_now = node_now
