@@ -29,7 +29,7 @@ from .values import check_text, storable_text
 
 if TYPE_CHECKING:
     from ._dispatch import Dispatcher
-    from .definitions import TaskDefinition
+    from .definitions import TaskDefinition, TaskRef
 
 __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 
@@ -99,7 +99,7 @@ class Submitter:
         dispatcher: Dispatcher,
         ownership: Ownership,
         lease_ttl: float,
-        resolve: Callable[[TaskDefinition | str], TaskDefinition],
+        resolve: Callable[[TaskRef], TaskDefinition],
         accepting: Callable[[], bool],
         stored: Callable[[], None],
     ) -> None:
@@ -119,7 +119,7 @@ class Submitter:
 
     def submit(
         self,
-        task: TaskDefinition | str,
+        task: TaskRef,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         *,
@@ -132,7 +132,7 @@ class Submitter:
         return prepared[0]
 
     def submit_many(
-        self, task: TaskDefinition | str, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
+        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
     ) -> list[TaskRun]:
         prepared = [self.prepare(task, tuple(args), {}, bucket_key=bucket_key) for args in calls]
         self.persist(prepared)
@@ -172,7 +172,7 @@ class Submitter:
         return True
 
     def check(
-        self, task: TaskDefinition | str, bucket_key: str | None, tags: Iterable[str] = ()
+        self, task: TaskRef, bucket_key: str | None, tags: Iterable[str] = ()
     ) -> tuple[TaskDefinition, int | None]:
         """What a submit (or a schedule, before its first firing) must pass: the node is
         open, the task is defined here, the tags and key are text the store can hold, and
@@ -189,7 +189,7 @@ class Submitter:
 
     def prepare(
         self,
-        task: TaskDefinition | str,
+        task: TaskRef,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         *,

@@ -35,7 +35,7 @@ from ._submission import Ownership, Submitter, default_owner, new_task_id
 from ._supervision import Reconciler, ReconcileReport, Supervisor
 from ._workers import WorkerPool
 from .clock import Clock, SystemClock
-from .definitions import Definitions, TaskDefinition
+from .definitions import Definitions, TaskDefinition, TaskRef
 from .errors import (
     ConfigurationError,
     TaskNotFound,
@@ -282,7 +282,7 @@ class Controller:
 
     def submit(
         self,
-        task: TaskDefinition | str,
+        task: TaskRef,
         /,
         *args: Any,
         bucket_key: str | None = None,
@@ -298,7 +298,7 @@ class Controller:
 
     def submit_many(
         self,
-        task: TaskDefinition | str,
+        task: TaskRef,
         calls: Iterable[tuple[Any, ...]],
         /,
         *,
@@ -326,7 +326,7 @@ class Controller:
     def schedule(
         self,
         name: str,
-        task: TaskDefinition | str,
+        task: TaskRef,
         trigger: Trigger,
         /,
         *args: Any,

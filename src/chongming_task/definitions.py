@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, TypeAlias, overload
 
 from .errors import ConfigurationError, UnknownTask
 from .policies import RetryPolicy
 from .values import ValueRules, check_text
 
-__all__ = ["Definitions", "TaskDefinition", "TaskFunction", "define"]
+__all__ = ["Definitions", "TaskDefinition", "TaskFunction", "TaskRef", "define"]
 
 TaskFunction = Callable[..., Any]
 """Called as ``func(token, *args, **kwargs)``; returns a JSON-serializable result."""
@@ -38,6 +38,11 @@ class TaskDefinition:
             raise ConfigurationError(f"task {self.name}: timeout must be > 0, got {self.timeout}")
         if self.timeout_grace < 0:
             raise ConfigurationError(f"task {self.name}: timeout_grace must be >= 0")
+
+
+TaskRef: TypeAlias = TaskDefinition | TaskFunction | str
+"""What ``submit`` and ``Pipeline.add`` take: a definition, a plain function (defined on
+first use with the defaults), or the name of a task defined on the node."""
 
 
 def default_name(func: TaskFunction) -> str:
@@ -86,6 +91,8 @@ class Definitions:
         self._owner = owner
         self._rules = rules
         self._lock = threading.Lock()
+        self._func_lock = threading.Lock()
+        self._by_func: dict[TaskFunction, TaskDefinition] = {}  # plain functions submitted
         self._by_name: dict[str, TaskDefinition] = {}
 
     def register(self, definition: TaskDefinition) -> TaskDefinition:
@@ -107,13 +114,26 @@ class Definitions:
         except KeyError:
             raise UnknownTask(f"no task named {name!r} is defined on node {self._owner}") from None
 
-    def resolve(self, task: TaskDefinition | str) -> TaskDefinition:
-        """A name must be defined here; a definition is registered on first use."""
+    def resolve(self, task: TaskRef) -> TaskDefinition:
+        """A name must be defined here; a definition, or a plain function (defined with
+        the defaults, named by ``default_name``), is registered on first use."""
         if isinstance(task, str):
             return self.get(task)
-        if self._by_name.get(task.name) is task:
-            return task  # every submit passes here: registered already
-        return self.register(task)
+        if isinstance(task, TaskDefinition):
+            if self._by_name.get(task.name) is task:
+                return task  # every submit passes here: registered already
+            return self.register(task)
+        if not callable(task):
+            raise ConfigurationError(
+                f"not a task: {task!r} (give a function, a TaskDefinition or a task name)"
+            )
+        found = self._by_func.get(task)
+        if found is None:
+            with self._func_lock:
+                found = self._by_func.get(task)
+                if found is None:
+                    found = self._by_func[task] = self.register(define(task))
+        return found
 
     @overload
     def task(self, func: TaskFunction, /) -> TaskDefinition: ...

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import states
-from .definitions import TaskDefinition
+from .definitions import TaskRef
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
 from .run import cancel_waiting
@@ -45,7 +45,7 @@ class PipelineNode:
     """One node: a task definition (or its name), arguments, and the keys it waits for."""
 
     key: str
-    task: TaskDefinition | str
+    task: TaskRef
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     depends_on: tuple[str, ...] = ()
@@ -73,7 +73,7 @@ class Pipeline:
     def add(
         self,
         key: str,
-        task: TaskDefinition | str,
+        task: TaskRef,
         /,
         *args: Any,
         depends_on: Iterable[str] = (),

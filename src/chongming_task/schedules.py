@@ -31,7 +31,7 @@ from .errors import ChongmingTaskError, ConfigurationError
 from .model import utc
 
 if TYPE_CHECKING:
-    from .definitions import TaskDefinition
+    from .definitions import TaskRef
     from .run import TaskRun
 
 __all__ = [
@@ -204,7 +204,7 @@ class Schedule:
     """A trigger bound to a task on this node, with its firing record."""
 
     name: str
-    task: TaskDefinition | str
+    task: TaskRef
     trigger: Trigger
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)

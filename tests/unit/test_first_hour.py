@@ -279,3 +279,39 @@ def test_ps_shows_age_duration_and_the_progress_message(tmp_path: Path) -> None:
     busy = next(line for line in table if line.startswith("busy"))
     assert " 2h00m " in done and " 1m15s " in done  # 2 h old, ran 75 s
     assert " 3m0" in busy and "page 5" in busy and " ok" in busy
+
+
+def greet(token: CancellationToken, who: str) -> str:
+    return f"hello {who}"
+
+
+def extract_step(token: CancellationToken) -> int:
+    return 1
+
+
+def load_step(token: CancellationToken) -> int:
+    return 2
+
+
+def test_plain_functions_are_tasks_defined_on_first_use() -> None:
+    import pytest
+
+    from chongming_task import ConfigurationError, InMemoryTaskStore
+    from chongming_task.pipelines import Pipeline
+
+    with Controller(InMemoryTaskStore(), owner="node-a") as node:
+        first, second = node.submit(greet, "bob"), node.submit(greet, "amy")
+        assert first.result(5) == "hello bob" and second.result(5) == "hello amy"
+        assert (
+            first.snapshot().name == second.snapshot().name == ("tests.unit.test_first_hour.greet")
+        )
+        pipeline = Pipeline("etl")
+        pipeline.add("extract", extract_step)
+        pipeline.add("load", load_step, depends_on=["extract"])
+        finals = node.submit_pipeline(pipeline).wait(10)
+        assert {key: s.status for key, s in finals.items()} == {
+            "extract": TaskStatus.SUCCEEDED,
+            "load": TaskStatus.SUCCEEDED,
+        }
+        with pytest.raises(ConfigurationError, match="not a task: 42"):
+            node.submit(42)  # type: ignore[arg-type]
