@@ -465,7 +465,7 @@ class Capabilities:
             return self._scan.count_tasks(by, statuses=statuses)
         counts: dict[Any, int] = {}
         for s in self.store.query(TaskQuery(statuses=statuses)):
-            value = s.status if by == "status" else getattr(s, by)
+            value = getattr(s, by)
             counts[value] = counts.get(value, 0) + 1
         return counts
 

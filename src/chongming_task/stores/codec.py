@@ -244,31 +244,7 @@ def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
 
 
 def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
-    created_at = decode_dt(row["created_at"])
-    assert created_at is not None, "created_at is NOT NULL in every store"
-    # Every value below is normalised here (UTC times, frozenset tags): skip re-validation.
-    snapshot: TaskSnapshot = trusted_snapshot(
-        task_id=row["task_id"],
-        name=row["name"],
-        status=TaskStatus(row["status"]),
-        status_version=int(row["status_version"]),
-        attempt=int(row["attempt"]),
-        tags=decode_tags(row["tags"]),
-        bucket=row["bucket"],
-        bucket_key=row["bucket_key"],
-        pipeline_run_id=row["pipeline_run_id"],
-        owner=row["owner"],
-        created_at=created_at,
-        started_at=decode_dt(row["started_at"]),
-        ended_at=decode_dt(row["ended_at"]),
-        last_heartbeat_at=decode_dt(row["last_heartbeat_at"]),
-        progress=decode_progress(row["progress"]),
-        failure=decode_failure(row["failure"]),
-        outcome=decode_json(row["outcome"]),
-        lease_owner=row["lease_owner"],
-        lease_until=decode_dt(row["lease_until"]),
-    )
-    return snapshot
+    return values_to_snapshot([row[c] for c in TASK_COLUMNS])
 
 
 def transition_to_row(transition: Transition) -> Row:
@@ -367,8 +343,9 @@ def touch_values(
 
 
 def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
-    """``row_to_snapshot`` for a row in ``TASK_COLUMNS`` order, without the dict (every
-    query decodes its rows here)."""
+    """A row in ``TASK_COLUMNS`` order as a snapshot (every query decodes its rows here;
+    ``row_to_snapshot`` is this for a mapping). Every value is normalised here (UTC
+    times, frozenset tags): the trusted builder skips re-validation."""
     (
         task_id,
         name,

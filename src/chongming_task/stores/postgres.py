@@ -369,12 +369,10 @@ class PostgresTaskStore(NodeRegistrySQL, TaskScanSQL):
         if not items:
             return
         if len(items) < _BULK_FROM:
-            with self.atomic(), self._cursor("create_many") as cur:
+            with self.atomic():  # create and append run on its connection
                 for snapshot, created in items:
-                    cur.execute(_SQL["insert_task"], codec.snapshot_to_values(snapshot))
-                    if cur.rowcount != 1:
-                        raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
-                    cur.execute(_SQL["append"], codec.transition_to_values(created))
+                    self.create(snapshot)
+                    self.append(created)
             return
         tasks = [codec.snapshot_to_values(s) for s, _ in items]
         trail = [codec.transition_to_values(t) for _, t in items]
