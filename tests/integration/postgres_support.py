@@ -50,3 +50,22 @@ def schemas(pg_dsn: str) -> Iterator[list[str]]:
     made: list[str] = []
     yield made
     drop_schemas(pg_dsn, made)
+
+
+def made_schema(dsn: str) -> str:
+    """A new schema with chongming-task's tables in it (drop it with ``drop_schemas``)."""
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    name = new_schema()
+    store = PostgresTaskStore(dsn, schema=name)
+    store.create_schema()
+    store.close()
+    return name
+
+
+@pytest.fixture
+def schema(pg_dsn: str) -> Iterator[str]:
+    """One ready schema for the test, dropped afterwards."""
+    name = made_schema(pg_dsn)
+    yield name
+    drop_schemas(pg_dsn, [name])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.postgres_support import drop_schemas, new_schema, pg_dsn
+from tests.integration.postgres_support import drop_schemas, made_schema, pg_dsn
 from tests.integration.test_cross_process import Node
 
 __all__ = ["pg_dsn"]  # the fixture, found by pytest here
@@ -52,13 +52,8 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     if request.param == "sqlite":
         yield Where(str(tmp_path / "fleet.db"), [], [])
         return
-    from chongming_task.stores.postgres import PostgresTaskStore
-
     dsn: str = request.getfixturevalue("pg_dsn")
-    schema = new_schema()
-    store = PostgresTaskStore(dsn, schema=schema)
-    store.create_schema()
-    store.close()
+    schema = made_schema(dsn)
     yield Where(dsn, ["--schema", schema], ["--pg-schema", schema])
     drop_schemas(dsn, [schema])
 

@@ -13,23 +13,13 @@ import pytest
 from chongming_task import Controller, TaskStatus
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.conftest import wait_until
-from tests.integration.postgres_support import drop_schemas, new_schema, pg_dsn
+from tests.integration.postgres_support import pg_dsn, schema
 from tests.integration.test_cross_process import Node
 
-__all__ = ["pg_dsn"]
+__all__ = ["pg_dsn", "schema"]
 S = TaskStatus
 SKEW = 300.0  # five minutes
 TTL = 1.5
-
-
-@pytest.fixture
-def schema(pg_dsn: str) -> Iterator[str]:
-    name = new_schema()
-    store = PostgresTaskStore(pg_dsn, schema=name)
-    store.create_schema()
-    store.close()
-    yield name
-    drop_schemas(pg_dsn, [name])
 
 
 @pytest.fixture
@@ -40,6 +30,15 @@ def console(pg_dsn: str, schema: str) -> Iterator[Controller]:
     yield node
     node.close()
     store.close()
+
+
+def skewed_node(dsn: str, schema: str, owner: str, skew: float, task: str) -> Node:
+    """A node process whose clock is ``skew`` seconds off, running ``task``."""
+    return Node(
+        dsn,
+        *("--schema", schema, "--owner", owner, "--lease-ttl", str(TTL)),
+        *("--clock-offset", str(skew), "--submit", task),
+    )
 
 
 def lease_left(console: Controller, task_id: str) -> float:
@@ -53,19 +52,7 @@ def lease_left(console: Controller, task_id: str) -> float:
 def test_a_node_five_minutes_slow_keeps_its_tasks(
     pg_dsn: str, schema: str, console: Controller
 ) -> None:
-    slow = Node(
-        pg_dsn,
-        "--schema",
-        schema,
-        "--owner",
-        "slow",
-        "--lease-ttl",
-        str(TTL),
-        "--clock-offset",
-        str(-SKEW),
-        "--submit",
-        "loop",
-    )
+    slow = skewed_node(pg_dsn, schema, "slow", -SKEW, "loop")
     try:
         (task_id,) = slow.task_ids
         wait_until(lambda: console.get(task_id).status is S.RUNNING, what="running")
@@ -89,19 +76,7 @@ def test_a_node_five_minutes_slow_keeps_its_tasks(
 def test_a_dead_node_five_minutes_fast_does_not_keep_its_leases(
     pg_dsn: str, schema: str, console: Controller
 ) -> None:
-    fast = Node(
-        pg_dsn,
-        "--schema",
-        schema,
-        "--owner",
-        "fast",
-        "--lease-ttl",
-        str(TTL),
-        "--clock-offset",
-        str(SKEW),
-        "--submit",
-        "silent:60",
-    )
+    fast = skewed_node(pg_dsn, schema, "fast", SKEW, "silent:60")
     (task_id,) = fast.task_ids
     try:
         wait_until(lambda: console.get(task_id).status is S.RUNNING, what="running")

@@ -7,19 +7,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-
-import pytest
 
 from chongming_task import Controller, TaskSnapshot, TaskStatus
 from chongming_task.policies import BucketPolicy
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.conftest import wait_until
-from tests.integration.postgres_support import drop_schemas, new_schema, pg_dsn
+from tests.integration.postgres_support import drop_schemas, new_schema, pg_dsn, schema
 from tests.integration.test_cross_process import Node
 
-__all__ = ["pg_dsn"]
+__all__ = ["pg_dsn", "schema"]
 S = TaskStatus
 POLICY = BucketPolicy(64)
 
@@ -28,16 +25,6 @@ def key_in(low: int, high: int, salt: str = "") -> str:
     return next(
         k for k in (f"{salt}k{i}" for i in range(10_000)) if low <= POLICY.bucket_for(k) <= high
     )
-
-
-@pytest.fixture
-def schema(pg_dsn: str) -> Iterator[str]:
-    name = new_schema()
-    store = PostgresTaskStore(pg_dsn, schema=name)
-    store.create_schema()
-    store.close()
-    yield name
-    drop_schemas(pg_dsn, [name])
 
 
 def test_two_nodes_on_postgres_control_each_other_and_reconcile_their_own_buckets(

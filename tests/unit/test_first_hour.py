@@ -13,6 +13,15 @@ from chongming_task import CancellationToken, Controller, SqliteTaskStore, TaskS
 from chongming_task.values import MAX_TRACEBACK
 
 
+def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def lookup(token: CancellationToken, key: str) -> str:
     table = {"present": "yes"}
     return table[key]
@@ -42,21 +51,11 @@ def test_the_traceback_is_stored_and_shown(tmp_path: Path) -> None:
     assert "in lookup" in tb and "return table[key]" in tb
     assert tb.rstrip().endswith("KeyError: 'missing'")
 
-    shown = subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", str(db), "show", run.task_id],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = _cli(db, "show", run.task_id)
     assert shown.returncode == 0, shown.stderr
     assert "Traceback (most recent call last):" in shown.stdout
     assert "return table[key]" in shown.stdout
-    as_json = subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", str(db), "--json", "show", run.task_id],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    as_json = _cli(db, "--json", "show", run.task_id)
     assert json.loads(as_json.stdout)["failure"]["traceback"] == tb
 
 
@@ -107,12 +106,7 @@ def test_ps_name_takes_a_glob(tmp_path: Path) -> None:
     store.close()
 
     def names(*flags: str) -> list[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "chongming_task", "--db", str(db), "--json", "ps", *flags],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = _cli(db, "--json", "ps", *flags)
         assert out.returncode == 0, out.stderr
         return sorted(t["name"] for t in json.loads(out.stdout))
 
@@ -120,15 +114,6 @@ def test_ps_name_takes_a_glob(tmp_path: Path) -> None:
     assert names("--name", "*t") == ["etl.extract", "report"]
     assert names("--name", "etl") == ["etl"]  # no wildcard: the exact name
     assert len(names("--name", "etl*", "--limit", "2")) == 2
-
-
-def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_prune_dry_run_counts_and_deletes_nothing(tmp_path: Path) -> None:
