@@ -20,8 +20,8 @@ from datetime import datetime
 
 from ._services import LoopService, NodeContext
 from .errors import StoreError
+from .fleet import AlarmKind, bucket_alarms
 from .model import NodeRecord
-from .policies import format_buckets
 
 __all__ = ["NodeBeacon"]
 
@@ -82,11 +82,16 @@ class NodeBeacon(LoopService):
     def _declare(self) -> None:
         """Write the declaration, then say what clashes with it (a warning per clash)."""
         record = self.record(self._now())
-        others = [n for n in self._caps.nodes() if n.node != record.node]
+        live = [
+            n for n in self._caps.nodes() if n.node != record.node and n.is_live(record.seen_at)
+        ]
         self._caps.declare_node(record)
         self._declared = True
-        for clash in clashes(record, others, now=record.seen_at):
-            log.warning("node %s: %s", record.node, clash)
+        # The fleet's own judgement (doctor raises the same alarms), for this node: a
+        # bucket count other than its own, or a bucket it shares with a live node.
+        for alarm in bucket_alarms([record, *live], record.num_buckets):
+            if alarm.kind is AlarmKind.NUM_BUCKETS_MISMATCH or record.node in alarm.nodes:
+                log.warning("node %s: %s", record.node, alarm.message)
 
     def retire(self) -> None:
         """Mark the declaration stopped (a clean close): its buckets are then uncovered,
@@ -97,26 +102,3 @@ class NodeBeacon(LoopService):
             self._caps.retire_node(self._owner, now=self._now())
         except StoreError as exc:
             log.warning("node %s: could not mark itself stopped (%s)", self._owner, exc)
-
-
-def clashes(record: NodeRecord, others: list[NodeRecord], *, now: datetime) -> list[str]:
-    """What in ``record`` clashes with the live declarations ``others``: a bucket
-    declared by another live node, or a different bucket count (each its own line)."""
-    found: list[str] = []
-    for other in others:
-        if not other.is_live(now):
-            continue
-        if other.num_buckets != record.num_buckets:
-            found.append(
-                f"num_buckets {record.num_buckets} here, {other.num_buckets} on live node "
-                f"{other.node}: the same bucket_key lands in different buckets"
-            )
-        if record.buckets is not None and other.buckets is not None:
-            both = record.buckets & other.buckets
-            if both:
-                plural = "s" if len(both) > 1 else ""
-                found.append(
-                    f"bucket{plural} {format_buckets(both)} declared by {other.node} and "
-                    f"{record.node}"
-                )
-    return found

@@ -40,6 +40,7 @@ __all__ = [
     "AlarmKind",
     "FleetReport",
     "NodeStatus",
+    "bucket_alarms",
     "examine",
     "lease_expired",
     "node_statuses",
@@ -120,35 +121,21 @@ def node_statuses(caps: Capabilities, now: datetime) -> list[NodeStatus]:
     ]
 
 
-def examine(
-    store: TaskStore | Capabilities,
-    *,
-    num_buckets: int,
-    now: datetime | None = None,
-    orphan_after: float = DEFAULT_ORPHAN_AFTER,
-    stale_after: float = DEFAULT_STALE_AFTER,
-    limit: int = 20,
-) -> FleetReport:
-    """Every alarm of the module's list, for the whole store (or its ``Capabilities``).
-    ``now`` is the store's clock where it has one (``Capabilities.now``)."""
-    caps = store if isinstance(store, Capabilities) else Capabilities(store)
-    now = caps.now() if now is None else now
-    nodes = node_statuses(caps, now)
-    live = [n.record for n in nodes if n.live]
+def bucket_alarms(live: list[NodeRecord], num_buckets: int) -> list[Alarm]:
+    """What the live declarations say against each other: a bucket count other than
+    ``num_buckets``, and buckets declared by two or more nodes (one alarm per set of
+    nodes). ``examine`` raises these; a node's beacon logs them at start-up."""
     alarms: list[Alarm] = []
-
-    counts = {n.num_buckets for n in live} | {num_buckets}
-    if len(counts) > 1:
-        said = ", ".join(f"{n.node}={n.num_buckets}" for n in live)
+    if any(r.num_buckets != num_buckets for r in live):
+        said = ", ".join(f"{r.node}={r.num_buckets}" for r in live)
         alarms.append(
             Alarm(
                 kind=AlarmKind.NUM_BUCKETS_MISMATCH,
                 message=f"bucket counts disagree: expected {num_buckets}, live nodes say "
                 f"{said}; one bucket_key lands in different buckets",
-                nodes=tuple(n.node for n in live if n.num_buckets != num_buckets),
+                nodes=tuple(r.node for r in live if r.num_buckets != num_buckets),
             )
         )
-
     declared: dict[int, list[str]] = {}
     for r in live:
         for b in r.buckets or ():
@@ -168,6 +155,26 @@ def examine(
                 nodes=names,
             )
         )
+    return alarms
+
+
+def examine(
+    store: TaskStore | Capabilities,
+    *,
+    num_buckets: int,
+    now: datetime | None = None,
+    orphan_after: float = DEFAULT_ORPHAN_AFTER,
+    stale_after: float = DEFAULT_STALE_AFTER,
+    limit: int = 20,
+) -> FleetReport:
+    """Every alarm of the module's list, for the whole store (or its ``Capabilities``).
+    ``now`` is the store's clock where it has one (``Capabilities.now``)."""
+    caps = store if isinstance(store, Capabilities) else Capabilities(store)
+    now = caps.now() if now is None else now
+    nodes = node_statuses(caps, now)
+    live = [n.record for n in nodes if n.live]
+    alarms = bucket_alarms(live, num_buckets)
+    declared = {b for r in live for b in r.buckets or ()}
     covers_all = any(r.covers_all for r in live)
     # A partitioned fleet: some node not cleanly stopped (live, or dead) declared buckets.
     # Then every bucket needs a live declarer; a fleet stopped on purpose needs none.

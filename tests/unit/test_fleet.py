@@ -156,7 +156,7 @@ def test_the_beacon_declares_refreshes_warns_and_retires(
             assert mine.stopped_at is None and mine.seen_at == T0
         finally:
             a.close()
-    assert "bucket 2 declared by node-x and node-a" in caplog.text
+    assert "bucket 2 declared by node-a and node-x" in caplog.text
     (retired,) = [n for n in store.nodes() if n.node == "node-a"]
     assert retired.stopped_at is not None
 
