@@ -15,13 +15,14 @@ import logging
 import uuid
 from collections.abc import Callable
 
+from . import states
 from ._services import LoopService, NodeContext
 from .errors import StoreUnavailable, TaskNotFound
-from .model import Command, CommandAction, ControlOutcome, ControlReceipt
+from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskStatus
 from .run import TaskRun
 from .values import check_text
 
-__all__ = ["CommandPoller", "ControlRouter", "act"]
+__all__ = ["CommandPoller", "ControlRouter", "act", "answer_from_status"]
 
 log = logging.getLogger("chongming_task.commands")
 
@@ -37,6 +38,21 @@ def act(
     if action is CommandAction.RESUME:
         return run.resume(reason, actor)
     return run.cancel(reason, actor)
+
+
+def answer_from_status(action: CommandAction, status: TaskStatus) -> ControlOutcome | None:
+    """What a control of a task held elsewhere comes to when its stored status already
+    answers it (no command is written), else ``None``. A resume of a task that has not
+    started still goes to its holder: a pause may be pending there."""
+    if status in states.TERMINAL:
+        return ControlOutcome.ALREADY_TERMINAL
+    if status is TaskStatus.STOPPING:
+        return ControlOutcome.ALREADY_STOPPING
+    if action is CommandAction.PAUSE and status in states.PAUSE_HELD:
+        return ControlOutcome.ALREADY_PAUSED
+    if action is CommandAction.RESUME and status is TaskStatus.RUNNING:
+        return ControlOutcome.NOT_PAUSED
+    return None
 
 
 class CommandPoller(LoopService):
@@ -119,13 +135,16 @@ class ControlRouter:
         run = self._registry.get(task_id)
         if run is not None:
             outcome = act(run, action, reason, self._owner)
-            return ControlReceipt(task_id=task_id, action=action, outcome=outcome)
+            return ControlReceipt(
+                task_id=task_id, action=action, outcome=outcome, status=run.snapshot().status
+            )
         snapshot = self._store.get(task_id)
         if snapshot is None:
             raise TaskNotFound(f"no task {task_id} in {self._store!r}")
-        if snapshot.is_terminal:
+        answered = answer_from_status(action, snapshot.status)
+        if answered is not None:
             return ControlReceipt(
-                task_id=task_id, action=action, outcome=ControlOutcome.ALREADY_TERMINAL
+                task_id=task_id, action=action, outcome=answered, status=snapshot.status
             )
         command = Command(
             command_id=uuid.uuid4().hex,
@@ -141,4 +160,5 @@ class ControlRouter:
             action=action,
             outcome=ControlOutcome.ACCEPTED,
             command_id=command.command_id,
+            status=snapshot.status,
         )

@@ -13,7 +13,6 @@ import os
 import random
 import secrets
 import socket
-import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -44,10 +43,11 @@ _ids = random.Random(secrets.randbits(128))  # ids need uniqueness, not secrecy
 
 
 def new_task_id() -> str:
-    """32 hex digits: milliseconds since the epoch, then 80 random bits. Ids sort roughly by
-    creation, which keeps B-tree inserts local, and never collide across nodes in practice
-    (each process seeds its generator from the OS)."""
-    return f"{time.time_ns() // 1_000_000:012x}{_ids.getrandbits(80):020x}"
+    """32 random hex digits (128 bits). Random from the first digit, so the first six or
+    eight tell tasks apart and an operator can type a short prefix (``show 3f9a2c``); ids
+    never collide across nodes in practice (each process seeds its generator from the OS).
+    The cost is B-tree locality on insert, measured in docs/benchmarks.md."""
+    return f"{_ids.getrandbits(128):032x}"
 
 
 class Ownership:

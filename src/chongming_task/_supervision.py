@@ -237,8 +237,10 @@ class Reconciler:
             expired = f"supervisor lease of {owner or 'nobody'} expired"
             failure = Failure(
                 kind=FailureKind.LOST,
-                message=f"{expired}; result unknown: the task may have run, partly or "
-                "fully, and may still be running",
+                # One verdict per owner covers tasks stored as started and as waiting;
+                # a waiting one ran only if its node's writes were failing, so say "if".
+                message=f"{expired}; result unknown: if the task had started, it may have "
+                "run partly or fully and may still be running",
                 carrier_may_run=True,
             )
             found = self._verdicts[owner] = (failure, f"reconcile: {expired}")

@@ -318,11 +318,13 @@ class Command:
 class TaskQuery:
     """Filters for ``TaskStore.query``; every filter set must hold (AND).
 
-    ``tag`` matches one tag exactly (``io`` never matches ``ios``). Results are ordered by
-    ``created_at`` ascending, descending with ``newest_first``.
+    ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` selects
+    the tasks whose id starts with the text (how the CLI resolves a short id). Results are
+    ordered by ``created_at`` ascending, descending with ``newest_first``.
     """
 
     statuses: frozenset[TaskStatus] | None = None
+    id_prefix: str | None = None
     name: str | None = None
     name_prefix: str | None = None
     tag: str | None = None
@@ -338,7 +340,9 @@ class TaskQuery:
             object.__setattr__(self, "buckets", frozenset(self.buckets))
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
-        for name in ("name", "name_prefix", "tag", "pipeline_run_id"):
+        if self.id_prefix == "":
+            raise ValueError("id_prefix must not be empty")
+        for name in ("id_prefix", "name", "name_prefix", "tag", "pipeline_run_id"):
             value = getattr(self, name)
             if value is not None and utf8_fault(value) is not None:
                 raise InvalidValue(f"query {name} is not valid UTF-8 text: {value!a}")
@@ -347,6 +351,7 @@ class TaskQuery:
         """Whether ``snapshot`` passes every filter (ordering and limit aside)."""
         return (
             (self.statuses is None or snapshot.status in self.statuses)
+            and (self.id_prefix is None or snapshot.task_id.startswith(self.id_prefix))
             and (self.name is None or snapshot.name == self.name)
             and (self.name_prefix is None or snapshot.name.startswith(self.name_prefix))
             and (self.tag is None or self.tag in snapshot.tags)
@@ -381,13 +386,15 @@ class ControlReceipt:
 
     ``accepted`` means a command was written for the process that holds the task: the
     request is accepted, not yet carried out. Otherwise ``outcome`` says what happened
-    here and now (``stopping``, ``paused``, ``already-terminal``, ...).
+    here and now (``stopping``, ``paused``, ``already-terminal``, ...). ``status`` is the
+    task's status when the call was answered (its final one for ``already-terminal``).
     """
 
     task_id: str
     action: CommandAction
     outcome: ControlOutcome
     command_id: str | None = None
+    status: TaskStatus | None = None
 
     @property
     def accepted(self) -> bool:

@@ -5,11 +5,21 @@ the raise kept) and `show` prints it; a script's functions are named without
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 
-from chongming_task import CancellationToken, Controller, SqliteTaskStore, TaskStatus
+from chongming_task import (
+    CancellationToken,
+    Controller,
+    SqliteTaskStore,
+    TaskSnapshot,
+    TaskStatus,
+)
 from chongming_task.values import MAX_TRACEBACK
 
 
@@ -300,3 +310,145 @@ def test_plain_functions_are_tasks_defined_on_first_use() -> None:
         }
         with pytest.raises(ConfigurationError, match="not a task: 42"):
             node.submit(42)  # type: ignore[arg-type]
+
+
+def test_ids_differ_early_and_a_unique_prefix_names_a_task(tmp_path: Path) -> None:
+    db = tmp_path / "ids.db"
+    with Controller(SqliteTaskStore(db), owner="node-a") as node:
+        runs = [node.submit(greet, str(n)) for n in range(40)]
+        for run in runs:
+            run.wait(10)
+    ids = [run.task_id for run in runs]
+    # Random from the first digit: 40 ids made in the same millisecond-range differ
+    # within their first six characters (a clash has odds of about 1 in 20,000).
+    assert len({task_id[:6] for task_id in ids}) == len(ids)
+    target = ids[0]
+    for command in (("show",), ("history",), ("--json", "show")):
+        *flags, verb = command
+        done = _cli(db, *flags, verb, target[:6])
+        assert done.returncode == 0, done.stderr
+        assert target in done.stdout or verb == "history"
+    shown = json.loads(_cli(db, "--json", "show", target[:8]).stdout)
+    assert shown["task_id"] == target
+    assert target[:12] in _cli(db, "ps", "--all").stdout  # the table shows a 12-char id
+    stop = _cli(db, "stop", target[:7])
+    assert stop.returncode == 0 and "already succeeded" in stop.stdout, stop.stdout
+
+    too_short = _cli(db, "show", target[:5])
+    assert too_short.returncode == 1
+    assert "needs 6+ characters" in too_short.stderr
+    missing = _cli(db, "show", "zzzzzzzz")
+    assert missing.returncode == 1 and "no task zzzzzzzz" in missing.stderr
+
+
+def test_an_ambiguous_prefix_is_an_error_naming_the_candidates(tmp_path: Path) -> None:
+    db = tmp_path / "clash.db"
+    store = SqliteTaskStore(db)
+    with Controller(store, owner="node-a") as node:
+        node.task(greet, name="greet")
+    base = datetime.now(UTC)
+    for n, task_id in enumerate(["abcdef01", "abcdef02", "abcdff03"]):
+        store.create(
+            TaskSnapshot(
+                task_id=task_id,
+                name=f"job{n}",
+                status=TaskStatus.QUEUED,
+                status_version=1,
+                created_at=base,
+            )
+        )
+    store.close()
+    clash = _cli(db, "show", "abcdef")
+    assert clash.returncode == 1
+    assert clash.stderr.count("\n") == 1, clash.stderr  # one line
+    assert "ambiguous" in clash.stderr
+    assert "abcdef01 (job0)" in clash.stderr and "abcdef02 (job1)" in clash.stderr
+    assert "abcdff03" not in clash.stderr
+    unique = _cli(db, "--json", "show", "abcdff")
+    assert json.loads(unique.stdout)["task_id"] == "abcdff03"
+
+
+def _held_elsewhere(db: Path, status: TaskStatus) -> str:
+    """A task in the store held by a node that is not this test (it never polls)."""
+    store = SqliteTaskStore(db)
+    now = datetime.now(UTC)
+    task_id = f"{status.value}0001"
+    store.create(
+        TaskSnapshot(
+            task_id=task_id,
+            name="elsewhere",
+            status=status,
+            status_version=1,
+            created_at=now,
+            started_at=now,
+            owner="node-far",
+        )
+    )
+    store.close()
+    return task_id
+
+
+def _commands(db: Path) -> int:
+    with closing(sqlite3.connect(db)) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM commands").fetchone()
+    return int(count)
+
+
+def test_controls_answer_exactly_what_happened(tmp_path: Path) -> None:
+    db = tmp_path / "exact.db"
+    paused = _held_elsewhere(db, TaskStatus.PAUSED)
+    running = _held_elsewhere(db, TaskStatus.RUNNING)
+    done = _held_elsewhere(db, TaskStatus.FAILED)
+    cases = [
+        (("pause", paused), "already paused"),
+        (("resume", running), "not paused (it is running); nothing to do"),
+        (("stop", done), "already failed; nothing to do"),
+        (("cancel", done), "already failed; nothing to do"),
+    ]
+    for args, said in cases:
+        result = _cli(db, *args)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"{args[0]} {args[1]}: {said}"
+    assert _commands(db) == 0  # the stored status answered: no command was written
+    as_json = json.loads(_cli(db, "--json", "pause", paused).stdout)
+    assert as_json["outcome"] == "already-paused" and as_json["status"] == "paused"
+
+    accepted = _cli(db, "pause", running)
+    assert accepted.returncode == 0
+    first, hint = accepted.stdout.strip().splitlines()
+    assert first.startswith(f"pause {running}: request accepted (command ")
+    assert "now" not in accepted.stdout  # no claim about an effect it did not see
+    assert hint.startswith("check with: ") and str(db.resolve()) in hint
+    assert _commands(db) == 1
+
+
+def test_a_wait_that_runs_out_says_the_request_stays_queued(tmp_path: Path) -> None:
+    db = tmp_path / "wait.db"
+    running = _held_elsewhere(db, TaskStatus.RUNNING)
+    result = _cli(db, "pause", running, "--wait", "0.3")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "request accepted (command " in result.stderr
+    assert "stays queued" in result.stderr and "still running after 0.3s" in result.stderr
+
+
+def test_ctrl_c_during_a_wait_says_the_request_stays_queued(tmp_path: Path) -> None:
+    from tests.conftest import wait_until
+
+    db = tmp_path / "sigint.db"
+    running = _held_elsewhere(db, TaskStatus.RUNNING)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), "stop", running, "--wait", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: _commands(db) == 1, what="the command written")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted" in err and "request accepted (command " in err
+    assert "stays queued" in err and "Traceback" not in err

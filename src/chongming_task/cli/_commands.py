@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from .. import fleet
-from ..errors import StoreError
+from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
 from ..policies import format_buckets
 from ..states import SHOWS_PROGRESS, TERMINAL
@@ -43,8 +43,8 @@ def cmd_show(ctx: Context) -> int:
 
 
 def cmd_history(ctx: Context) -> int:
-    get_task(ctx, ctx.args.task_id)
-    trail = ctx.store().history(ctx.args.task_id, since_version=ctx.args.since)
+    task_id = get_task(ctx, ctx.args.task_id).task_id
+    trail = ctx.store().history(task_id, since_version=ctx.args.since)
     headers, rows = render.history_rows(trail)
     ctx.emit([render.transition_json(t) for t in trail], render.table(headers, rows))
     return 0
@@ -151,7 +151,7 @@ def cmd_control(ctx: Context) -> int:
     if ctx.args.wait is not None and ctx.args.wait < 0:
         raise UsageError("--wait must be >= 0 seconds")
     action = CommandAction(ctx.args.command)
-    task_id = ctx.args.task_id
+    task_id = get_task(ctx, ctx.args.task_id).task_id
     controller = ctx.controller()
     try:
         receipt = getattr(controller, action.value)(task_id, reason=ctx.args.reason)
@@ -160,20 +160,25 @@ def cmd_control(ctx: Context) -> int:
             "action": action.value,
             "outcome": receipt.outcome,
             "command_id": receipt.command_id,
+            "status": None if receipt.status is None else receipt.status.value,
         }
-        if receipt.accepted:
-            text = (
-                f"{action.value} {task_id}: request accepted (command {receipt.command_id}); "
-                f"the node holding it acts at its next poll.\n"
-                f"check with: {PROG} --db {ctx.shown_db} show {task_id}"
-            )
-        else:
-            text = f"{action.value} {task_id}: {receipt.outcome}"
-        if ctx.args.wait is not None and receipt.accepted:
+        head = f"{action.value} {task_id}: {render.control_outcome(receipt)}"
+        if not receipt.accepted:
+            ctx.emit(data, head)
+            return 0
+        if ctx.args.wait is None:
+            ctx.emit(data, f"{head}\ncheck with: {ctx.command_line('show', task_id)}")
+            return 0
+        queued = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
+        try:
             final = controller.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
-            data["status"] = final.status.value
-            text += f"\nnow {final.status.value}"
-        ctx.emit(data, text)
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{queued} and stays queued; {exc}") from None
+        except KeyboardInterrupt:
+            print(f"{PROG}: interrupted: {queued} and stays queued", file=sys.stderr)
+            return 130
+        data["status"] = final.status.value
+        ctx.emit(data, f"{queued}; now {final.status.value}")
         return 0
     finally:
         controller.close()

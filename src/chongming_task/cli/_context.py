@@ -7,7 +7,10 @@ import fnmatch
 import json
 import os
 import re
+import shlex
+import shutil
 import socket
+import sys
 from typing import Any
 
 from ..controller import Controller
@@ -17,9 +20,9 @@ from ..policies import BucketPolicy, parse_buckets
 from ..states import NON_TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.protocol import TaskStore
-from ._parser import UsageError
+from ._parser import PROG, UsageError
 
-__all__ = ["Context", "get_task", "task_query"]
+__all__ = ["MIN_PREFIX", "Context", "find_tasks", "get_task", "program_words", "task_query"]
 
 
 class Context:
@@ -52,6 +55,15 @@ class Context:
             return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.db)
         return self.db
 
+    def command_line(self, *args: str) -> str:
+        """A command that works pasted into another terminal, in any directory: this
+        program as it can be found from there, and this store by an absolute path."""
+        db = self.shown_db if is_postgres_dsn(self.db) else os.path.abspath(self.db)
+        words = [*program_words(), "--db", db]
+        if self.args.pg_schema:
+            words += ["--pg-schema", self.args.pg_schema]
+        return shlex.join([*words, *args])
+
     def store(self, *, create: bool = False) -> TaskStore:
         if self._store is None:
             self._store = open_store(self.db, create=create, schema=self.args.pg_schema)
@@ -72,6 +84,19 @@ class Context:
 
     def emit(self, data: Any, text: str) -> None:
         print(json.dumps(data, ensure_ascii=False, indent=2) if self.args.json else text)
+
+
+def program_words() -> list[str]:
+    """How to run this program from another terminal: through ``uv run --project`` when
+    it runs in a uv project's environment, by name when that name is on ``PATH``, else
+    as ``python -m`` with this interpreter."""
+    venv = os.environ.get("VIRTUAL_ENV")
+    if os.environ.get("UV") and venv and os.path.isfile(os.path.join(venv, "..", "pyproject.toml")):
+        return ["uv", "run", "--project", os.path.dirname(os.path.abspath(venv)), PROG]
+    found = shutil.which(PROG)
+    if found and os.path.dirname(found) == os.path.dirname(sys.executable):
+        return [PROG]
+    return [sys.executable, "-m", "chongming_task"]
 
 
 def task_query(ctx: Context) -> TaskQuery:
@@ -121,8 +146,27 @@ def find_tasks(ctx: Context) -> list[TaskSnapshot]:
     return found if ctx.args.limit is None else found[: ctx.args.limit]
 
 
-def get_task(ctx: Context, task_id: str) -> TaskSnapshot:
-    snapshot = ctx.store().get(task_id)
-    if snapshot is None:
-        raise LookupError(f"no task {task_id} in {ctx.shown_db}")
-    return snapshot
+MIN_PREFIX = 6
+"""The shortest id prefix the CLI resolves (shorter ones are too likely to clash)."""
+
+
+def get_task(ctx: Context, given: str) -> TaskSnapshot:
+    """The task ``given`` names: its full id, or a unique prefix of at least
+    ``MIN_PREFIX`` characters. An ambiguous prefix is an error naming the candidates."""
+    store = ctx.store()
+    snapshot = store.get(given)
+    if snapshot is not None:
+        return snapshot
+    if len(given) < MIN_PREFIX:
+        raise LookupError(
+            f"no task {given} in {ctx.shown_db} (an id prefix needs {MIN_PREFIX}+ characters)"
+        )
+    shown = 5
+    found = store.query(TaskQuery(id_prefix=given, limit=shown + 1))
+    if not found:
+        raise LookupError(f"no task {given} in {ctx.shown_db}")
+    if len(found) == 1:
+        return found[0]
+    listed = ", ".join(f"{s.task_id} ({s.name})" for s in found[:shown])
+    more = " and more" if len(found) > shown else ""
+    raise LookupError(f"id prefix {given} is ambiguous: it matches {listed}{more}")

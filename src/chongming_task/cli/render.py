@@ -6,13 +6,15 @@ from datetime import datetime
 from typing import Any
 
 from ..fleet import Alarm, FleetReport, NodeStatus, lease_expired
-from ..model import TaskSnapshot, TaskStatus, Transition
+from ..model import ControlOutcome, ControlReceipt, TaskSnapshot, TaskStatus, Transition
 from ..policies import format_buckets
 
 __all__ = [
+    "SHORT_ID",
     "age",
     "alarm_json",
     "bar",
+    "control_outcome",
     "doctor_text",
     "health",
     "health_json",
@@ -20,6 +22,7 @@ __all__ = [
     "node_json",
     "nodes_rows",
     "ps_rows",
+    "short_id",
     "show_text",
     "snapshot_json",
     "table",
@@ -148,6 +151,33 @@ def took(s: TaskSnapshot, now: datetime) -> str:
     return "-" if end is None else age(max(0.0, (end - s.started_at).total_seconds()))
 
 
+SHORT_ID = 12
+"""How much of an id a table shows; every command takes any unique prefix of 6+."""
+
+
+def short_id(task_id: str) -> str:
+    return task_id[:SHORT_ID]
+
+
+def control_outcome(receipt: ControlReceipt) -> str:
+    """What a stop / pause / resume / cancel did, in words: exactly what happened."""
+    o, status = ControlOutcome, receipt.status.value if receipt.status else "unknown"
+    if receipt.accepted:
+        return (
+            f"request accepted (command {receipt.command_id}); "
+            "the node holding the task acts on it at its next poll"
+        )
+    if receipt.outcome is o.ALREADY_TERMINAL:
+        return f"already {status}; nothing to do"
+    if receipt.outcome is o.ALREADY_PAUSED:
+        return f"already {status}"
+    if receipt.outcome is o.NOT_PAUSED:
+        return f"not paused (it is {status}); nothing to do"
+    if receipt.outcome is o.PAUSE_PENDING:
+        return "not started yet: it pauses at its first checkpoint"
+    return str(receipt.outcome).replace("-", " ")
+
+
 def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], list[list[str]]]:
     headers = [
         "TASK ID",
@@ -163,7 +193,7 @@ def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], li
     ]
     rows = [
         [
-            s.task_id,
+            short_id(s.task_id),
             s.name,
             s.status.value,
             str(s.attempt),

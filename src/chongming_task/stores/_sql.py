@@ -66,8 +66,8 @@ class Dialect:
     placeholder: str
     one_of: Callable[[str, list[Any]], Fragment]
     """``column`` is one of the values."""
-    prefix: Callable[[str], Fragment]
-    """``name`` starts with the text."""
+    prefix: Callable[[str, str], Fragment]
+    """``column`` starts with the text."""
     tag: Callable[[str], Fragment]
     """The tags hold exactly this tag."""
     insertion_order: str
@@ -92,10 +92,15 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
 
     if query.statuses is not None:
         add(dialect.one_of("status", sorted(s.value for s in query.statuses)))
+    if query.id_prefix is not None:
+        # The range lets the primary key index find the candidates; the prefix test is exact.
+        text = query.id_prefix
+        add((f"task_id >= {p} AND task_id < {p}", [text, text[:-1] + chr(ord(text[-1]) + 1)]))
+        add(dialect.prefix("task_id", text))
     if query.name is not None:
         add((f"name = {p}", [query.name]))
     if query.name_prefix is not None:
-        add(dialect.prefix(query.name_prefix))
+        add(dialect.prefix("name", query.name_prefix))
     if query.tag is not None:
         add(dialect.tag(query.tag))
     if query.buckets is not None:

@@ -80,7 +80,7 @@ _DIALECT = Dialect(
     select=f"SELECT {_TASK_SELECT} FROM tasks",
     placeholder="%s",
     one_of=lambda column, values: (f"{column} = ANY(%s)", [values]),
-    prefix=lambda text: ("starts_with(name, %s)", [text]),
+    prefix=lambda column, text: (f"starts_with({column}, %s)", [text]),
     tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
     insertion_order="seq",
     time="%s::timestamptz",

@@ -60,7 +60,7 @@ _DIALECT = Dialect(
     select=_SELECT_TASKS,
     placeholder="?",
     one_of=lambda column, values: (f"{column} IN ({', '.join('?' * len(values))})", values),
-    prefix=lambda text: ("substr(name, 1, ?) = ?", [len(text), text]),
+    prefix=lambda column, text: (f"substr({column}, 1, ?) = ?", [len(text), text]),
     # Exact element match on the tags' JSON text: ",<encoded tag>," within the array with
     # its brackets turned into commas. Inside a JSON string every quote is escaped, so
     # '"' after a ',' only starts an element. (json_each cuts a string at an escaped

@@ -274,6 +274,24 @@ class StoreContract(CapabilityContract):
             for query, expected in cases:
                 assert self._ids(store.query(query)) == expected, (query, expected)
 
+    def test_query_by_id_prefix(self) -> None:
+        with self._store() as store:
+            ids = ["a1b2c3d4", "a1b2c3ff", "a1b2c4", "a1b2c", "b1b2c3d4", "a1b2c3d4ex"]
+            for n, task_id in enumerate(ids):
+                store.create(self.snapshot(task_id, created_at=at(n)))
+            cases: list[tuple[str, list[str]]] = [
+                ("a1b2c3", ["a1b2c3d4", "a1b2c3ff", "a1b2c3d4ex"]),
+                ("a1b2c3d4", ["a1b2c3d4", "a1b2c3d4ex"]),
+                ("a1b2c3d4e", ["a1b2c3d4ex"]),
+                ("a1b2c", ["a1b2c3d4", "a1b2c3ff", "a1b2c4", "a1b2c", "a1b2c3d4ex"]),
+                ("A1B2C3", []),
+                ("a1b2c5", []),
+                ("b", ["b1b2c3d4"]),
+            ]
+            for prefix, expected in cases:
+                assert self._ids(store.query(TaskQuery(id_prefix=prefix))) == expected, prefix
+            assert self._ids(store.query(TaskQuery(id_prefix="a1b2c3", limit=2))) == ids[:2]
+
     def test_query_orders_and_limits(self) -> None:
         with self._store() as store:
             self._populate(store)
