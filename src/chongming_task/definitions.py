@@ -106,6 +106,9 @@ class Definitions:
             if existing is not None and existing is not definition:
                 raise ConfigurationError(f"a task named {definition.name!r} is already defined")
             self._by_name[definition.name] = definition
+        # The plain function submitted later means this definition (the first made of
+        # it), not a second one with the default name; setdefault is atomic on its own.
+        self._by_func.setdefault(definition.func, definition)
         return definition
 
     def get(self, name: str) -> TaskDefinition:

@@ -191,6 +191,7 @@ def test_leaving_watch_with_ctrl_c_is_not_an_error(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("watching ")
     assert "t1" in proc.stdout.readline()  # watching: its loop is running
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)

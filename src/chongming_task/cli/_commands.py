@@ -3,20 +3,19 @@ render the answer as a table or JSON."""
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
 from typing import Any
 
 from .. import fleet
 from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
 from ..policies import format_buckets
-from ..states import SHOWS_PROGRESS, TERMINAL
+from ..states import TERMINAL
 from ..stores.capabilities import Capabilities
 from . import render
 from ._context import Context, find_tasks, get_task
 from ._parser import PROG, UsageError
+from ._watch import cmd_watch
 
 __all__ = ["COMMANDS"]
 
@@ -47,57 +46,6 @@ def cmd_history(ctx: Context) -> int:
     trail = ctx.store().history(task_id, since_version=ctx.args.since)
     headers, rows = render.history_rows(trail)
     ctx.emit([render.transition_json(t) for t in trail], render.table(headers, rows))
-    return 0
-
-
-def cmd_watch(ctx: Context) -> int:
-    """Print each new transition once (incrementally, via ``since_version``), then the
-    progress of what is running; repeat every ``--interval`` seconds."""
-    if ctx.args.interval <= 0:
-        raise UsageError("--interval must be > 0 seconds")
-    try:
-        return _watch(ctx)
-    except KeyboardInterrupt:
-        return 0  # Ctrl-C is how one leaves watch: no error
-
-
-def _watch(ctx: Context) -> int:
-    store = ctx.store()
-    seen: dict[str, int] = {}
-    first = True
-    tick = threading.Event()
-    count = 0
-    while ctx.args.count is None or count < ctx.args.count:
-        count += 1
-        snapshots = find_tasks(ctx)
-        events = []
-        for s in snapshots:
-            last = seen.get(s.task_id)
-            if last is None and first:
-                seen[s.task_id] = s.status_version  # start from now, not from the past
-                continue
-            if last != s.status_version:
-                events += store.history(s.task_id, since_version=last or 0)
-                seen[s.task_id] = s.status_version
-        first = False
-        events.sort(key=lambda t: t.at)
-        running = [s for s in snapshots if s.status in SHOWS_PROGRESS]
-        if ctx.args.json:
-            for t in events:
-                print(json.dumps({"event": "transition", **render.transition_json(t)}))
-            for s in running:
-                print(json.dumps({"event": "progress", **render.snapshot_json(s)}))
-        else:
-            for t in events:
-                source = t.from_status.value if t.from_status else "new"
-                why = f" ({t.reason})" if t.reason else ""
-                print(f"{render.ts(t.at)}  {t.task_id}  {source} -> {t.to_status.value}{why}")
-            for s in running:
-                print(f"    {s.task_id}  {s.name:16} {s.status.value:8} {render.bar(s)}")
-        sys.stdout.flush()
-        if ctx.args.count is not None and count >= ctx.args.count:
-            break
-        tick.wait(ctx.args.interval)
     return 0
 
 

@@ -22,7 +22,15 @@ from ..stores import is_postgres_dsn, open_store
 from ..stores.protocol import TaskStore
 from ._parser import PROG, UsageError
 
-__all__ = ["MIN_PREFIX", "Context", "find_tasks", "get_task", "program_words", "task_query"]
+__all__ = [
+    "MIN_PREFIX",
+    "Context",
+    "find_tasks",
+    "get_task",
+    "matches_name",
+    "program_words",
+    "task_query",
+]
 
 
 class Context:
@@ -55,11 +63,14 @@ class Context:
             return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.db)
         return self.db
 
+    def where(self) -> str:
+        """The store, as a person reads it: an absolute path or a DSN without password."""
+        return self.shown_db if is_postgres_dsn(self.db) else os.path.abspath(self.db)
+
     def command_line(self, *args: str) -> str:
         """A command that works pasted into another terminal, in any directory: this
         program as it can be found from there, and this store by an absolute path."""
-        db = self.shown_db if is_postgres_dsn(self.db) else os.path.abspath(self.db)
-        words = [*program_words(), "--db", db]
+        words = [*program_words(), "--db", self.where()]
         if self.args.pg_schema:
             words += ["--pg-schema", self.args.pg_schema]
         return shlex.join([*words, *args])
@@ -136,13 +147,18 @@ def _glob(name: str | None) -> tuple[str, str] | None:
     return None if cut is None else (name[:cut], name)
 
 
+def matches_name(ctx: Context, s: TaskSnapshot) -> bool:
+    """Whether ``s`` passes a ``--name`` glob (the store applied the rest of the filter)."""
+    pattern = _glob(ctx.args.name)
+    return pattern is None or fnmatch.fnmatchcase(s.name, pattern[1])
+
+
 def find_tasks(ctx: Context) -> list[TaskSnapshot]:
     """The tasks the filter flags select (``--name`` may be a glob)."""
     found = ctx.store().query(task_query(ctx))
-    pattern = _glob(ctx.args.name)
-    if pattern is None:
+    if _glob(ctx.args.name) is None:
         return found
-    found = [s for s in found if fnmatch.fnmatchcase(s.name, pattern[1])]
+    found = [s for s in found if matches_name(ctx, s)]
     return found if ctx.args.limit is None else found[: ctx.args.limit]
 
 

@@ -1,0 +1,275 @@
+"""``watch``: every transition of the tasks the filters select, endings included, with
+names, who and why; a live table redrawn in place when stdout is a terminal (``rich``,
+from the ``[cli]`` extra), plain lines when piped, JSON lines with ``--json``.
+
+Where the transitions come from, each refresh: the unfinished tasks the filters select,
+the newest tasks (so one created and finished between two refreshes is still shown),
+and every task seen unfinished last time (so its ending is shown once it leaves the
+unfinished set). A task's trail is read from the version last shown, never twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..model import TaskSnapshot, Transition
+from ..states import SHOWS_PROGRESS
+from ..stores.capabilities import Capabilities
+from . import render
+from ._context import Context, find_tasks, matches_name, task_query
+from ._parser import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+__all__ = ["Change", "Feed", "cmd_watch"]
+
+RECENT = 200
+"""How many of the newest tasks each refresh reads to catch short-lived ones."""
+PROGRESS_EVERY = 10.0
+"""Plain output prints a task's progress at most this often (seconds)."""
+OVERFLOW = f"(more than {RECENT} tasks were created since the last refresh; some are not shown)"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What one refresh found: new transitions (oldest first), with each task's name,
+    the unfinished tasks now, and whether more tasks were created than one refresh reads."""
+
+    transitions: list[Transition]
+    names: dict[str, str]
+    active: list[TaskSnapshot]
+    overflow: bool = False
+    progressed: list[TaskSnapshot] = field(default_factory=list)
+
+
+class Feed:
+    """Reads what changed since the last refresh; the first refresh starts from now."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._store = ctx.store()
+        self._shown: dict[str, int] = {}  # task id -> last status version shown
+        self._unfinished: set[str] = set()
+        self._progress: dict[str, Any] = {}
+        self._first = True
+        query = task_query(ctx)
+        # The newest tasks, in whatever status (unless --status asks for some).
+        self._recent = dataclasses.replace(
+            query,
+            statuses=query.statuses if ctx.args.status else None,
+            newest_first=True,
+            limit=RECENT,
+        )
+
+    def poll(self) -> Change:
+        active = find_tasks(self._ctx)
+        recent = [s for s in self._store.query(self._recent) if matches_name(self._ctx, s)]
+        current = {s.task_id: s for s in recent}
+        current.update((s.task_id, s) for s in active)
+        for task_id in self._unfinished - current.keys():
+            gone = self._store.get(task_id)  # ended (or pruned) since the last refresh
+            if gone is not None:
+                current[task_id] = gone
+        # Every one of the newest tasks unseen: more may have come and gone unread.
+        overflow = (
+            not self._first
+            and len(recent) >= RECENT
+            and not any(s.task_id in self._shown for s in recent)
+        )
+        transitions: list[Transition] = []
+        for s in current.values():
+            last = self._shown.get(s.task_id)
+            if self._first:
+                self._shown[s.task_id] = s.status_version
+            elif last != s.status_version:
+                transitions += self._store.history(s.task_id, since_version=last or 0)
+                self._shown[s.task_id] = s.status_version
+        transitions.sort(key=lambda t: (t.at, t.task_id, t.version))
+        self._unfinished = {s.task_id for s in current.values() if not s.is_terminal}
+        progressed = [s for s in active if self._progress.get(s.task_id) != s.progress]
+        self._progress = {s.task_id: s.progress for s in active}
+        self._first = False
+        names = {task_id: s.name for task_id, s in current.items()}
+        return Change(transitions, names, active, overflow, progressed)
+
+
+def clock(at: datetime) -> str:
+    """A transition's time on this machine's clock, to the second."""
+    return at.astimezone().strftime("%H:%M:%S")
+
+
+def transition_line(t: Transition, name: str) -> str:
+    source = t.from_status.value if t.from_status else "new"
+    why = f" ({t.reason})" if t.reason else ""
+    who = f" by {t.actor}" if t.actor else ""
+    move = f"{source} -> {t.to_status.value}{why}{who}"
+    return f"{clock(t.at)}  {render.short_id(t.task_id)}  {name}  {move}"
+
+
+def progress_line(s: TaskSnapshot) -> str:
+    message = s.progress.message if s.progress and s.progress.message else ""
+    shown = f"{render.bar(s)} {message}".strip() or "-"
+    return f"          {render.short_id(s.task_id)}  {s.name}  {s.status.value}  {shown}"
+
+
+def cmd_watch(ctx: Context) -> int:
+    if ctx.args.interval <= 0:
+        raise UsageError("--interval must be > 0 seconds")
+    feed = Feed(ctx)
+    try:
+        if ctx.args.json:
+            _loop(ctx, feed, _json_out)
+        elif sys.stdout.isatty() and _rich_available():
+            _live(ctx, feed)
+        else:
+            _loop(ctx, feed, _plain_out(ctx))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how one leaves watch: no error
+    return 0
+
+
+def _rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _loop(ctx: Context, feed: Feed, out: Any) -> None:
+    tick = threading.Event()
+    count = 0
+    while True:
+        count += 1
+        out(feed.poll())
+        sys.stdout.flush()
+        if ctx.args.count is not None and count >= ctx.args.count:
+            return
+        tick.wait(ctx.args.interval)
+
+
+def _json_out(change: Change) -> None:
+    for t in change.transitions:
+        event = {"event": "transition", **render.transition_json(t)}
+        print(json.dumps({**event, "name": change.names.get(t.task_id)}))
+    for s in change.active:
+        if s.status in SHOWS_PROGRESS:
+            print(json.dumps({"event": "progress", **render.snapshot_json(s)}))
+
+
+def _plain_out(ctx: Context) -> Any:
+    """A log: a header and every unfinished task first, then transitions as they come and
+    a task's progress at most every ``PROGRESS_EVERY`` seconds."""
+    started = [False]
+    printed: dict[str, float] = {}
+
+    def out(change: Change) -> None:
+        now = time.monotonic()
+        shown = change.progressed
+        if not started[0]:
+            started[0] = True
+            print(f"watching {ctx.where()}: {len(change.active)} unfinished; Ctrl-C to leave")
+            shown = change.active
+        elif change.overflow:
+            print(OVERFLOW)
+        for t in change.transitions:
+            print(transition_line(t, change.names.get(t.task_id, "?")))
+        for s in shown:
+            if shown is change.active or (
+                s.status in SHOWS_PROGRESS and now - printed.get(s.task_id, -1e9) >= PROGRESS_EVERY
+            ):
+                printed[s.task_id] = now
+                print(progress_line(s))
+
+    return out
+
+
+def _live(ctx: Context, feed: Feed) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    tick = threading.Event()
+    count = 0
+    change = feed.poll()
+    with Live(_screen(ctx, change), console=console, auto_refresh=False) as live:
+        while True:
+            count += 1
+            if change.overflow:
+                live.console.print(OVERFLOW, style="dim", markup=False)
+            for t in change.transitions:
+                live.console.print(_styled(t, change.names.get(t.task_id, "?")), highlight=False)
+            live.update(_screen(ctx, change), refresh=True)
+            if ctx.args.count is not None and count >= ctx.args.count:
+                return
+            tick.wait(ctx.args.interval)
+            change = feed.poll()
+
+
+_STYLE = {
+    "succeeded": "green",
+    "failed": "bold red",
+    "lost": "bold red",
+    "stopped": "yellow",
+    "cancelled": "yellow",
+    "paused": "cyan",
+    "running": "blue",
+}
+
+
+def _styled(t: Transition, name: str) -> RenderableType:
+    from rich.text import Text
+
+    line = Text(f"{clock(t.at)}  ", style="dim")
+    line.append(render.short_id(t.task_id), style="magenta")
+    line.append(f"  {name}  ", style="bold")
+    line.append(f"{t.from_status.value if t.from_status else 'new'} -> ")
+    line.append(t.to_status.value, style=_STYLE.get(t.to_status.value, ""))
+    if t.reason:
+        line.append(f" ({t.reason})")
+    if t.actor:
+        line.append(f" by {t.actor}", style="dim")
+    return line
+
+
+def _screen(ctx: Context, change: Change) -> RenderableType:
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    now = Capabilities(ctx.store()).now()
+    table = Table(
+        title=Text(f"watching {ctx.where()}: {len(change.active)} unfinished; Ctrl-C to leave"),
+        title_justify="left",
+        expand=False,
+    )
+    for header in ("TASK ID", "NAME", "STATUS", "PROGRESS", "", "MESSAGE", "AGE", "HEALTH"):
+        table.add_column(header, no_wrap=header != "MESSAGE")
+    for s in change.active:
+        fraction = s.progress.fraction if s.progress else None
+        health = render.health(s, now)
+        gauge: RenderableType = (
+            ProgressBar(total=1.0, completed=fraction, width=20) if fraction is not None else ""
+        )
+        # Text cells: a task's name or message is shown as written, never read as markup.
+        table.add_row(
+            Text(render.short_id(s.task_id), style="magenta"),
+            Text(s.name),
+            Text(s.status.value, style=_STYLE.get(s.status.value, "")),
+            gauge,
+            Text("" if fraction is None else f"{fraction:.0%}"),
+            Text((s.progress.message or "") if s.progress else ""),
+            Text(render.age(max(0.0, (now - s.created_at).total_seconds()))),
+            Text(health, style="" if health in ("ok", "-") else "bold red"),
+        )
+    if not change.active:
+        table.caption = "nothing unfinished; transitions appear above as they happen"
+    return table

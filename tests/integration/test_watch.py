@@ -1,0 +1,126 @@
+"""`watch` across processes: every transition, endings included (a task that leaves the
+default unfinished filter, and one created and finished between two refreshes), with
+names, who and why; a live table redrawn in place on a terminal (a real pseudo-terminal)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from chongming_task import CancellationToken, Controller, Progress, SqliteTaskStore, TaskStatus
+from tests.conftest import wait_until
+
+
+def _watch(db: Path, *args: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def slow(token: CancellationToken, steps: int) -> int:
+    for n in range(steps):
+        token.checkpoint(Progress(current=n, total=steps, message=f"step {n}"))
+        token.sleep(0.05)
+    return steps
+
+
+def quick(token: CancellationToken) -> str:
+    return "done"
+
+
+def test_watch_shows_every_transition_with_names_and_endings(tmp_path: Path) -> None:
+    db = tmp_path / "watch.db"
+    with Controller(SqliteTaskStore(db), owner="node-w") as node:
+        node.task(slow, name="slow")
+        node.task(quick, name="quick")
+        long_run = node.submit(slow, 40)
+        wait_until(lambda: long_run.status is TaskStatus.RUNNING, what="running")
+        watch = _watch(db, "--interval", "0.2")
+        try:
+            assert watch.stdout is not None
+            header = watch.stdout.readline()
+            assert header.startswith(f"watching {db}: 1 unfinished"), header
+            # The first refresh has been read: from here on everything is new to watch.
+            time.sleep(0.3)
+            short = node.submit(quick)  # created and finished between two refreshes
+            assert short.wait(10).status is TaskStatus.SUCCEEDED
+            assert long_run.wait(30).status is TaskStatus.SUCCEEDED
+            time.sleep(1.0)  # a few refreshes after the end
+        finally:
+            watch.terminate()
+            out, err = watch.communicate(timeout=20)
+    lines = out.splitlines()  # the header line was read above
+    moves = {(line.split("  ")[1], line.split("  ")[2], line.split("  ")[3]) for line in lines}
+    long_id, short_id = long_run.task_id[:12], short.task_id[:12]
+    assert (long_id, "slow", "running -> succeeded by node-w") in moves, out
+    short_moves = {m for (i, _, m) in moves if i == short_id}
+    assert {
+        "new -> queued (submitted) by node-w",
+        "running -> succeeded by node-w",
+    } <= short_moves, out
+    assert all(line.split("  ")[2] == "quick" for line in lines if short_id in line), (
+        "every line names its task"
+    )
+    assert "Traceback" not in err
+
+
+LIVE_ARGS = ("--interval", "0.2", "--count", "12")
+
+
+def _read_pty(fd: int, until: float) -> bytes:
+    got = b""
+    while time.monotonic() < until:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def test_watch_on_a_terminal_redraws_a_live_table(tmp_path: Path) -> None:
+    db = tmp_path / "live.db"
+    with Controller(SqliteTaskStore(db), owner="node-live") as node:
+        run = node.submit(slow, 200)
+        wait_until(lambda: run.status is TaskStatus.RUNNING, what="running")
+        leader, follower = pty.openpty()
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "150", "LINES": "40"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", *LIVE_ARGS],
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            env=env,
+            close_fds=True,
+        )
+        os.close(follower)
+        try:
+            time.sleep(0.8)
+            node.pause(run.task_id)
+            screen = _read_pty(leader, time.monotonic() + 15)
+            proc.wait(timeout=20)
+        finally:
+            proc.kill()
+            os.close(leader)
+            node.stop(run.task_id)
+    text = screen.decode("utf-8", "replace")
+    assert proc.returncode == 0, text
+    assert "TASK ID" in text and "PROGRESS" in text and run.task_id[:12] in text
+    assert "step " in text  # the progress message in its column
+    assert "\x1b[" in text and ("\x1b[1A" in text or "\x1b[2K" in text)  # redrawn in place
+    # A transition is printed above the table, named, with who asked.
+    assert "running -> pausing (pause requested)" in text, text
+    assert text.count("TASK ID") >= 1
