@@ -347,7 +347,7 @@ class Controller:
         """
         # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
         # the first firing.
-        self._submitter.check(task, bucket_key, schedule_tags(name, tags))
+        definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
             trigger.start_at = self._now()
         entry = Schedule(
@@ -361,6 +361,7 @@ class Controller:
             jitter=jitter,
             bucket_key=bucket_key,
             tags=frozenset(tags),
+            task_name=definition.name,
         )
         self._scheduler.add(entry)
         if self._run_schedules:
@@ -519,6 +520,7 @@ class Controller:
             service.join(timeout)
         for run in self.held():
             catch_up(run)
+        self._scheduler.retire()
         if self._beacon.started:
             self._beacon.retire()
         if self._owns_store:

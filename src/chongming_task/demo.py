@@ -1,7 +1,11 @@
-"""The demo node: sample tasks with progress, run by ``chongming-task demo``.
+"""The demo node, run by ``chongming-task demo``: it keeps running until Ctrl-C, so there
+is time to copy an id and try the controls from a second terminal.
 
-While it runs, a second terminal sees and controls its tasks through the store:
-``chongming-task ps``, ``chongming-task pause TASK_ID`` (then ``resume`` / ``stop``).
+What it runs: two long ``ingest`` tasks and a ``report`` that checkpoint (pause, resume
+and stop them), an ``etl`` pipeline (extract -> transform -> load) started again every
+few minutes, a ``heartbeat`` schedule firing every 10 s, a ``flaky`` task that fails
+twice and succeeds on its third try (fired every minute), and a ``parse`` task that
+fails with a traceback (``show`` prints it).
 """
 
 from __future__ import annotations
@@ -11,37 +15,24 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from .controller import Controller
-from .model import Progress, TaskSnapshot
-from .pipelines import Pipeline
+from .model import Progress, TaskStatus
+from .pipelines import Pipeline, PipelineRun
 from .policies import RetryPolicy
+from .run import TaskRun
 from .schedules import IntervalTrigger
 from .stores.protocol import TaskStore
 from .token import CancellationToken
 
-__all__ = ["render", "run_node"]
+__all__ = ["run_node"]
 
-
-def _bar(snapshot: TaskSnapshot, width: int = 20) -> str:
-    fraction = snapshot.progress.fraction if snapshot.progress else None
-    if fraction is None:
-        return " " * (width + 7)
-    filled = round(fraction * width)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {fraction:4.0%}"
-
-
-def render(snapshots: list[TaskSnapshot]) -> str:
-    lines = [f"{'TASK ID':32}  {'NAME':10} {'STATUS':10} {'TRY':>3}  PROGRESS"]
-    for s in snapshots:
-        note = s.progress.message if s.progress and s.progress.message else ""
-        if s.failure and s.is_terminal:
-            note = s.failure.message
-        lines.append(
-            f"{s.task_id:32}  {s.name:10} {s.status.value:10} {s.attempt:>3}  {_bar(s)} {note}"
-        )
-    return "\n".join(lines)
+PIPELINE_EVERY = 180.0
+"""Seconds between two runs of the demo's ``etl`` pipeline."""
+SUMMARY_EVERY = 10.0
+"""Seconds between two status lines on the demo's own terminal."""
 
 
 def _define(node: Controller) -> None:
@@ -56,16 +47,20 @@ def _define(node: Controller) -> None:
     def report(token: CancellationToken, pages: int) -> str:
         for page in range(1, pages + 1):
             token.checkpoint(Progress(current=page, total=pages, message=f"page {page}"))
-            token.sleep(0.5)
+            token.sleep(1.0)
         return f"{pages} pages"
 
-    @node.task(name="etl.step")
-    def etl_step(token: CancellationToken, step: str, seconds: float) -> dict[str, object]:
-        ticks = int(seconds * 4)
-        for i in range(1, ticks + 1):
-            token.checkpoint(Progress(current=i, total=ticks, message=step))
-            token.sleep(0.25)
-        return {"step": step, "inputs": sorted(token.upstream)}
+    def step(name: str) -> None:
+        @node.task(name=f"etl.{name}")
+        def run_step(token: CancellationToken, seconds: float) -> dict[str, object]:
+            ticks = int(seconds * 4)
+            for i in range(1, ticks + 1):
+                token.checkpoint(Progress(current=i, total=ticks, message=name))
+                token.sleep(0.25)
+            return {"step": name, "inputs": sorted(token.upstream)}
+
+    for name in ("extract", "transform", "load"):
+        step(name)
 
     @node.task(name="heartbeat")
     def heartbeat(token: CancellationToken) -> str:
@@ -74,7 +69,7 @@ def _define(node: Controller) -> None:
 
     attempts: dict[str, int] = {}
 
-    @node.task(name="flaky", retries=3, backoff=RetryPolicy(base_delay=1.0))
+    @node.task(name="flaky", retries=3, backoff=RetryPolicy(base_delay=2.0))
     def flaky(token: CancellationToken, fail_times: int) -> str:
         seen = attempts[token.task_id] = attempts.get(token.task_id, 0) + 1
         token.checkpoint(Progress(current=seen, total=fail_times + 1, message=f"try {seen}"))
@@ -83,50 +78,108 @@ def _define(node: Controller) -> None:
             raise ConnectionError(f"upstream unavailable (try {seen})")
         return "recovered"
 
+    @node.task(name="parse")
+    def parse(token: CancellationToken, record: dict[str, str]) -> str:
+        token.checkpoint(Progress(current=0, total=1, message="reading the record"))
+        token.sleep(2.0)
+        return _field(record, "customer_id")  # the record has no such field: KeyError
 
-def run_node(store: TaskStore, db: str, duration: float) -> int:
-    """Run the demo node on ``store`` until its tasks finish, ``duration`` passes, or
-    Ctrl-C / SIGTERM (then its tasks are stopped and their state stays stored)."""
+
+def _field(record: dict[str, str], key: str) -> str:
+    return record[key]
+
+
+def _pipeline(node: Controller) -> PipelineRun:
+    etl = Pipeline("etl")
+    etl.add("extract", "etl.extract", 20)
+    etl.add("transform", "etl.transform", 30, depends_on=["extract"])
+    etl.add("load", "etl.load", 15, depends_on=["transform"])
+    return node.submit_pipeline(etl)
+
+
+def _banner(
+    node: Controller,
+    where: str,
+    command: Callable[..., str],
+    runs: dict[str, TaskRun],
+    pipeline: PipelineRun,
+) -> str:
+    def short(key: str) -> str:
+        return runs[key].task_id[:8]
+
+    lines = [
+        f"demo node {node.owner} is running on {where}; it runs until you press Ctrl-C.",
+        "",
+        "In a second terminal, paste any of these:",
+        f"  {command('watch')}",
+        f"  {command('ps')}",
+        f"  {command('pause', short('ingest'), '--wait', '5')}     # a long task",
+        f"  {command('resume', short('ingest'), '--wait', '5')}",
+        f"  {command('stop', short('report'), '--wait', '10')}",
+        f"  {command('show', short('parse'))}     # fails in ~2 s: its traceback",
+        f"  {command('history', short('flaky'))}  # failed twice, retried",
+        f"  {command('ps', '--all', '--pipeline', pipeline.pipeline_run_id[:8])}",
+        f"  {command('schedules')}",
+        f"  {command('nodes')}",
+        "",
+        "Ids: any unique prefix of 6+ characters works.",
+    ]
+    return "\n".join(lines)
+
+
+def run_node(
+    store: TaskStore, where: str, command: Callable[..., str], duration: float | None = None
+) -> int:
+    """Run the demo node on ``store`` until Ctrl-C or SIGTERM (or ``duration`` seconds):
+    its tasks are then stopped and their state stays stored. ``command`` spells a CLI
+    command that works pasted into another terminal."""
     node = Controller(store, owner=f"demo:{os.getpid()}")
     _define(node)
-    etl = Pipeline("etl")
-    etl.add("extract", "etl.step", "extract", 3)
-    etl.add("transform", "etl.step", "transform", 4, depends_on=["extract"])
-    etl.add("load", "etl.step", "load", 2, depends_on=["transform"])
-    pipeline = node.submit_pipeline(etl)
-    node.schedule("heartbeat", "heartbeat", IntervalTrigger(15))
-    runs = [
-        node.submit("ingest", 60),
-        node.submit("ingest", 100),
-        node.submit("report", 30),
-        node.submit("flaky", 2),
-        *pipeline.nodes.values(),
-    ]
+    pipeline = _pipeline(node)
+    runs = {
+        "ingest": node.submit("ingest", 1200),
+        "ingest2": node.submit("ingest", 2400),
+        "report": node.submit("report", 300),
+        "flaky": node.submit("flaky", 2),
+        "parse": node.submit("parse", {"name": "Ada"}),
+    }
+    node.schedule("heartbeat", "heartbeat", IntervalTrigger(10))
+    node.schedule("flaky-every-minute", "flaky", IntervalTrigger(60), 2)
     interrupted = threading.Event()
+    by: list[str] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        by.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
         interrupted.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    me = f"chongming-task --db {db}"  # the caller passes a printable form
-    print(f"demo node {node.owner} running {len(runs)} tasks in {db}")
-    print(f"from another terminal:  {me} ps   |   {me} watch")
-    print(f"                        {me} pause|resume|stop|cancel TASK_ID")
-    print(f"pipeline etl: {me} ps --all --pipeline {pipeline.pipeline_run_id}")
-    print("a 'heartbeat' task fires every 15 s from a node-owned schedule")
-    print("Ctrl-C stops the tasks and exits; their state stays in the database.\n", flush=True)
-    deadline = time.monotonic() + duration
+    print(_banner(node, where, command, runs, pipeline), end="\n\n", flush=True)
+    started = last_summary = time.monotonic()
+    next_pipeline = started + PIPELINE_EVERY
     while not interrupted.wait(1.0):
-        snapshots = [r.snapshot() for r in runs]
-        print(render(snapshots), end="\n\n", flush=True)
-        if all(s.is_terminal for s in snapshots) or time.monotonic() > deadline:
+        now = time.monotonic()
+        if now >= next_pipeline:
+            _pipeline(node)
+            next_pipeline = now + PIPELINE_EVERY
+        if now - last_summary >= SUMMARY_EVERY:
+            last_summary = now
+            print(_summary(store), flush=True)
+        if duration is not None and now - started >= duration:
             break
+    print("stopping the demo's tasks...", flush=True)
     node.close()
-    print(render([r.snapshot() for r in runs]))
-    if interrupted.is_set():
-        print("\nstopped by Ctrl-C; tasks stopped and persisted.")
+    print(
+        f"stopped{f' by {by[0]}' if by else ''}; every task's state stays in {where}.",
+        flush=True,
+    )
     return 0
+
+
+def _summary(store: TaskStore) -> str:
+    counts = store.counts()
+    shown = [f"{status.value} {counts[status]}" for status in TaskStatus if counts.get(status)]
+    return f"{time.strftime('%H:%M:%S')}  tasks: {', '.join(shown) or 'none'}"
 
 
 if __name__ == "__main__":

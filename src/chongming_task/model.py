@@ -27,6 +27,7 @@ __all__ = [
     "JSONValue",
     "NodeRecord",
     "Progress",
+    "ScheduleRecord",
     "TaskQuery",
     "TaskScan",
     "TaskSnapshot",
@@ -293,6 +294,28 @@ class NodeRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRecord:
+    """A schedule as its node declares it in the store, for people (the CLI's
+    ``schedules``): what it fires, on which trigger, when next and when last. Schedules
+    belong to their node; nothing reads this record to decide a firing, and a schedule
+    fires only while its node runs."""
+
+    node: str
+    name: str
+    task: str
+    trigger: str
+    updated_at: datetime
+    next_fire_at: datetime | None = None
+    last_fired_at: datetime | None = None
+    last_task_id: str | None = None
+    fired: int = 0
+    skipped: int = 0
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("updated_at", "next_fire_at", "last_fired_at"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
     """A control request for a task held by another process.
 
@@ -318,8 +341,9 @@ class Command:
 class TaskQuery:
     """Filters for ``TaskStore.query``; every filter set must hold (AND).
 
-    ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` selects
-    the tasks whose id starts with the text (how the CLI resolves a short id). Results are
+    ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` and
+    ``pipeline_prefix`` select the tasks whose id, or pipeline run id, starts with the
+    text (how the CLI resolves a short id). Results are
     ordered by ``created_at`` ascending, descending with ``newest_first``.
     """
 
@@ -330,6 +354,7 @@ class TaskQuery:
     tag: str | None = None
     buckets: frozenset[int] | None = None
     pipeline_run_id: str | None = None
+    pipeline_prefix: str | None = None
     limit: int | None = None
     newest_first: bool = False
 
@@ -340,9 +365,10 @@ class TaskQuery:
             object.__setattr__(self, "buckets", frozenset(self.buckets))
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
-        if self.id_prefix == "":
-            raise ValueError("id_prefix must not be empty")
-        for name in ("id_prefix", "name", "name_prefix", "tag", "pipeline_run_id"):
+        if self.id_prefix == "" or self.pipeline_prefix == "":
+            raise ValueError("an id prefix must not be empty")
+        texts = ("id_prefix", "name", "name_prefix", "tag", "pipeline_run_id", "pipeline_prefix")
+        for name in texts:
             value = getattr(self, name)
             if value is not None and utf8_fault(value) is not None:
                 raise InvalidValue(f"query {name} is not valid UTF-8 text: {value!a}")
@@ -357,6 +383,10 @@ class TaskQuery:
             and (self.tag is None or self.tag in snapshot.tags)
             and (self.buckets is None or snapshot.bucket in self.buckets)
             and (self.pipeline_run_id is None or snapshot.pipeline_run_id == self.pipeline_run_id)
+            and (
+                self.pipeline_prefix is None
+                or (snapshot.pipeline_run_id or "").startswith(self.pipeline_prefix)
+            )
         )
 
 

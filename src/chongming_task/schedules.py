@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ._services import LoopService, NodeContext
 from .errors import ChongmingTaskError, ConfigurationError
-from .model import utc
+from .model import ScheduleRecord, utc
 
 if TYPE_CHECKING:
     from .definitions import TaskRef
@@ -69,6 +69,9 @@ class IntervalTrigger:
 
     def __repr__(self) -> str:
         return f"IntervalTrigger({self.interval.total_seconds():g}s)"
+
+    def __str__(self) -> str:
+        return f"every {self.interval.total_seconds():g}s"
 
     def _anchor(self) -> datetime:
         if self.start_at is None:
@@ -158,6 +161,9 @@ class CronTrigger:
     def __repr__(self) -> str:
         return f"CronTrigger({self.expression!r}, timezone={self.tz})"
 
+    def __str__(self) -> str:
+        return f"cron '{self.expression}' ({self.tz})"
+
     def _day_matches(self, day: date) -> bool:
         if day.month not in self.months:
             return False
@@ -213,9 +219,12 @@ class Schedule:
     jitter: float = 0.0
     bucket_key: str | None = None
     tags: frozenset[str] = frozenset()
+    task_name: str | None = None
+    """The name of the task it fires (set by the controller, which resolves ``task``)."""
     next_fire: datetime | None = None
     due: datetime | None = None
     last_run: TaskRun | None = None
+    last_fired: datetime | None = None
     fired: int = 0
     skipped_overlap: int = 0
     skipped_misfire: int = 0
@@ -257,6 +266,9 @@ class ScheduleRunner(LoopService):
     ) -> None:
         super().__init__()
         self.name = f"chongming-scheduler[{node.owner}]"
+        self._owner = node.owner
+        self._caps = node.capabilities
+        self._unrecorded = False  # a record failed: warned once
         self._now = node.now
         self._rng = rng
         self._submit = submit
@@ -270,12 +282,47 @@ class ScheduleRunner(LoopService):
                 raise ConfigurationError(f"a schedule named {entry.name!r} exists already")
             self._advance(entry, self._now())
             self._schedules[entry.name] = entry
+        self._record([entry])
         self.wake()
 
     def remove(self, name: str) -> None:
         with self._lock:
             if self._schedules.pop(name, None) is None:
                 raise ConfigurationError(f"no schedule named {name!r}")
+        self._store_call(self._caps.forget_schedule, self._owner, name)
+
+    def retire(self) -> None:
+        """A clean close: the node's schedules fire no more, so their records go."""
+        for entry in self.entries():
+            self._store_call(self._caps.forget_schedule, self._owner, entry.name)
+
+    def _record(self, entries: Iterable[Schedule]) -> None:
+        """Write each schedule's record for people (``schedules`` in the CLI). A failed
+        write costs the schedule nothing: it is logged, and the next firing writes again."""
+        now = self._now()
+        for entry in entries:
+            last = entry.last_run
+            record = ScheduleRecord(
+                node=self._owner,
+                name=entry.name,
+                task=entry.task_name or str(entry.task),
+                trigger=str(entry.trigger),
+                updated_at=now,
+                next_fire_at=entry.due,
+                last_fired_at=entry.last_fired,
+                last_task_id=None if last is None else last.task_id,
+                fired=entry.fired,
+                skipped=entry.skipped_overlap + entry.skipped_misfire,
+            )
+            self._store_call(self._caps.declare_schedule, record)
+
+    def _store_call(self, call: Callable[..., None], *args: Any) -> None:
+        try:
+            call(*args)
+        except ChongmingTaskError as exc:
+            level = logging.DEBUG if self._unrecorded else logging.WARNING
+            self._unrecorded = True
+            log.log(level, "schedule records not written (firing goes on): %s", exc)
 
     def entries(self) -> list[Schedule]:
         with self._lock:
@@ -296,6 +343,7 @@ class ScheduleRunner(LoopService):
         than ``misfire_grace``; missed firings coalesce into one."""
         now = self._now()
         fired: list[TaskRun] = []
+        moved: list[Schedule] = []
         with self._lock:
             if not self._accepting():
                 return fired
@@ -317,9 +365,12 @@ class ScheduleRunner(LoopService):
                         log.exception("schedule %s: submit failed; will try again", entry.name)
                         continue
                     entry.last_run = run
+                    entry.last_fired = now
                     entry.fired += 1
                     fired.append(run)
                 self._advance(entry, now)
+                moved.append(entry)
+        self._record(moved)
         return fired
 
     def _advance(self, entry: Schedule, now: datetime) -> None:

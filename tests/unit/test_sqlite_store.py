@@ -22,6 +22,7 @@ from chongming_task import (
     Transition,
 )
 from chongming_task.stores import SqliteTaskStore
+from chongming_task.stores.sqlite import SCHEMA_VERSION
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -477,25 +478,30 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     ]
 
 
-def test_a_version_1_file_gains_the_node_tables_when_opened(tmp_path: Path) -> None:
-    """Files made before node declarations existed (schema 1) are upgraded in place,
-    their tasks kept."""
-    path = tmp_path / "v1.db"
+@pytest.mark.parametrize(
+    ("version", "dropped"), [(1, ("nodes", "node_buckets", "schedules")), (2, ("schedules",))]
+)
+def test_an_older_file_gains_the_new_tables_when_opened(
+    tmp_path: Path, version: int, dropped: tuple[str, ...]
+) -> None:
+    """Files made before node declarations (schema 1) or schedule records (schema 2)
+    existed are upgraded in place, their tasks kept."""
+    path = tmp_path / f"v{version}.db"
     store = SqliteTaskStore(path)
     store.create_many([_created("kept")])
     store.close()
     conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE nodes")
-    conn.execute("DROP TABLE node_buckets")
-    conn.execute("PRAGMA user_version = 1")
+    for table in dropped:
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
     reopened = SqliteTaskStore(path, create=False)
     try:
         assert reopened.get("kept") is not None
-        assert reopened.nodes() == []
-        (version,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert version == 2
+        assert reopened.nodes() == [] and reopened.schedules() == []
+        (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
+        assert now == SCHEMA_VERSION == 3
     finally:
         reopened.close()
 

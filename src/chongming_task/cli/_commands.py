@@ -167,6 +167,30 @@ def cmd_nodes(ctx: Context) -> int:
     return 0
 
 
+def cmd_schedules(ctx: Context) -> int:
+    """Every schedule its node recorded: trigger, next firing, last run and its status,
+    and whether it can fire at all (its node live, dead or stopped)."""
+    store = ctx.store()
+    caps = Capabilities(store)
+    if not caps.has_schedule_registry:
+        raise StoreError(f"{ctx.shown_db}: this store keeps no schedule records")
+    now = caps.now()
+    nodes = {n.node: n for n in caps.nodes()}
+    rows, data = [], []
+    for r in caps.schedules():
+        last = None if r.last_task_id is None else store.get(r.last_task_id)
+        node = nodes.get(r.node)
+        rows.append(render.schedule_row(r, node, last, now))
+        data.append(render.schedule_json(r, node, last, now))
+    text = (
+        render.table(render.SCHEDULE_HEADERS, rows)
+        if rows
+        else "no schedules: a node records its schedules here while it runs"
+    )
+    ctx.emit(data, text)
+    return 0
+
+
 DOCTOR_ALARMED = 3
 """``doctor``'s exit code when an alarm fires (1 is kept for "could not check")."""
 
@@ -228,7 +252,9 @@ def cmd_migrate(ctx: Context) -> int:
 def cmd_demo(ctx: Context) -> int:
     from ..demo import run_node
 
-    return run_node(ctx.store(create=True), ctx.shown_db, ctx.args.duration)
+    if ctx.args.duration is not None and ctx.args.duration <= 0:
+        raise UsageError("--duration must be > 0 seconds")
+    return run_node(ctx.store(create=True), ctx.where(), ctx.command_line, ctx.args.duration)
 
 
 COMMANDS = {
@@ -244,6 +270,7 @@ COMMANDS = {
     "cancel": cmd_control,
     "reconcile": cmd_reconcile,
     "nodes": cmd_nodes,
+    "schedules": cmd_schedules,
     "doctor": cmd_doctor,
     "prune": cmd_prune,
     "migrate": cmd_migrate,

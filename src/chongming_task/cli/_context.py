@@ -28,6 +28,7 @@ __all__ = [
     "find_tasks",
     "get_task",
     "matches_name",
+    "pipeline_run",
     "program_words",
     "task_query",
 ]
@@ -133,10 +134,26 @@ def task_query(ctx: Context) -> TaskQuery:
         name_prefix=None if pattern is None else pattern[0],
         tag=a.tag,
         buckets=buckets,
-        pipeline_run_id=a.pipeline,
+        pipeline_run_id=pipeline_run(ctx, a.pipeline),
         limit=a.limit if pattern is None else None,
         newest_first=True,
     )
+
+
+def pipeline_run(ctx: Context, given: str | None) -> str | None:
+    """The pipeline run ``--pipeline`` names: its id or a unique prefix of 6+ characters
+    (a name that matches nothing selects nothing)."""
+    if given is None or len(given) < MIN_PREFIX:
+        return given
+    store = ctx.store()
+    if store.query(TaskQuery(pipeline_run_id=given, limit=1)):
+        return given
+    found = sorted(
+        {s.pipeline_run_id or "" for s in store.query(TaskQuery(pipeline_prefix=given, limit=500))}
+    )
+    if len(found) > 1:
+        raise LookupError(f"pipeline prefix {given} is ambiguous: it matches {', '.join(found)}")
+    return found[0] if found else given
 
 
 def _glob(name: str | None) -> tuple[str, str] | None:

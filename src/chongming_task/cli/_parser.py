@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reconcile", help="mark tasks of dead nodes lost (owned buckets)")
     p.add_argument("--dry-run", action="store_true")
     sub.add_parser("nodes", help="every declared node: buckets, last seen, live or not")
+    sub.add_parser(
+        "schedules", help="every node's schedules: trigger, next firing, last run, state"
+    )
     p = sub.add_parser(
         "doctor",
         help="fleet alarms: duplicate and uncovered buckets, orphans, stale queued tasks, "
@@ -155,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, required=True, metavar="N")
     p.add_argument("--dry-run", action="store_true", help="say how many, delete nothing")
     sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")
-    p = sub.add_parser("demo", help="run a demo node with sample tasks")
-    p.add_argument("--duration", type=float, default=300.0)
+    p = sub.add_parser("demo", help="run a demo node with sample tasks until Ctrl-C")
+    p.add_argument(
+        "--duration", type=float, default=None, help="stop after S seconds (default: Ctrl-C)"
+    )
     return parser

@@ -6,10 +6,19 @@ from datetime import datetime
 from typing import Any
 
 from ..fleet import Alarm, FleetReport, NodeStatus, lease_expired
-from ..model import ControlOutcome, ControlReceipt, TaskSnapshot, TaskStatus, Transition
+from ..model import (
+    ControlOutcome,
+    ControlReceipt,
+    NodeRecord,
+    ScheduleRecord,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+)
 from ..policies import format_buckets
 
 __all__ = [
+    "SCHEDULE_HEADERS",
     "SHORT_ID",
     "age",
     "alarm_json",
@@ -22,6 +31,9 @@ __all__ = [
     "node_json",
     "nodes_rows",
     "ps_rows",
+    "schedule_json",
+    "schedule_row",
+    "schedule_state",
     "short_id",
     "show_text",
     "snapshot_json",
@@ -249,6 +261,76 @@ def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
         for n in nodes
     ]
     return headers, rows
+
+
+def schedule_state(r: ScheduleRecord, node: NodeRecord | None, now: datetime) -> str:
+    """Whether a schedule can fire: only while its node runs (schedules are node-owned)."""
+    if node is None:
+        return "unknown node"
+    if node.stopped_at is not None:
+        return "node stopped"
+    return "ok" if node.is_live(now) else "node DEAD: will not fire"
+
+
+def schedule_json(
+    r: ScheduleRecord, node: NodeRecord | None, last: TaskSnapshot | None, now: datetime
+) -> dict[str, Any]:
+    return {
+        "node": r.node,
+        "name": r.name,
+        "task": r.task,
+        "trigger": r.trigger,
+        "state": schedule_state(r, node, now),
+        "next_fire_at": ts(r.next_fire_at),
+        "last_fired_at": ts(r.last_fired_at),
+        "last_task_id": r.last_task_id,
+        "last_status": None if last is None else last.status.value,
+        "fired": r.fired,
+        "skipped": r.skipped,
+        "updated_at": ts(r.updated_at),
+    }
+
+
+def schedule_row(
+    r: ScheduleRecord, node: NodeRecord | None, last: TaskSnapshot | None, now: datetime
+) -> list[str]:
+    state = schedule_state(r, node, now)
+    if r.next_fire_at is None:
+        upcoming = "-"
+    else:
+        wait = (r.next_fire_at - now).total_seconds()
+        upcoming = f"in {age(wait)}" if wait >= 0 else f"due {age(-wait)} ago"
+    if r.last_fired_at is None:
+        previous = "never"
+    else:
+        previous = f"{age(max(0.0, (now - r.last_fired_at).total_seconds()))} ago"
+        if r.last_task_id is not None:
+            status = "pruned" if last is None else last.status.value
+            previous += f" {short_id(r.last_task_id)} {status}"
+    return [
+        r.name,
+        r.node,
+        r.task,
+        r.trigger,
+        upcoming,
+        previous,
+        str(r.fired),
+        str(r.skipped),
+        state,
+    ]
+
+
+SCHEDULE_HEADERS = [
+    "SCHEDULE",
+    "NODE",
+    "TASK",
+    "TRIGGER",
+    "NEXT",
+    "LAST RUN",
+    "FIRED",
+    "SKIPPED",
+    "STATE",
+]
 
 
 def alarm_json(a: Alarm) -> dict[str, Any]:

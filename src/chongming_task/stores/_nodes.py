@@ -1,6 +1,7 @@
-"""The node registry (``SupportsNodeRegistry``) written once for both SQL stores: the same
-named statements (in ``sqlite.sql`` and ``postgres.sql``) through each store's own
-transaction scope. Times are taken from the store's clock where it has one."""
+"""The node and schedule registries (``SupportsNodeRegistry``,
+``SupportsScheduleRegistry``) written once for both SQL stores: the same named statements
+(in ``sqlite.sql`` and ``postgres.sql``) through each store's own transaction scope. Node
+times are taken from the store's clock where it has one."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 
-from ..model import NodeRecord
+from ..model import NodeRecord, ScheduleRecord
 from . import codec
 from ._sql import Executor
 
-__all__ = ["NodeRegistrySQL"]
+__all__ = ["NodeRegistrySQL", "ScheduleRegistrySQL"]
 
 
 class NodeRegistrySQL:
@@ -87,3 +88,58 @@ class NodeRegistrySQL:
                 )
             )
         return out
+
+
+class ScheduleRegistrySQL:
+    """Mixin: as ``NodeRegistrySQL``, for schedule records (times as the node gives them:
+    they are the node's own plans, for people to read)."""
+
+    __slots__ = ()
+
+    _sql: Mapping[str, str]
+
+    def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
+        raise NotImplementedError
+
+    def declare_schedule(self, record: ScheduleRecord) -> None:
+        dt = codec.encode_dt
+        with self._sql_scope("declare_schedule", write=True) as c:
+            c.execute(
+                self._sql["upsert_schedule"],
+                [
+                    record.node,
+                    record.name,
+                    record.task,
+                    record.trigger,
+                    dt(record.next_fire_at),
+                    dt(record.last_fired_at),
+                    record.last_task_id,
+                    record.fired,
+                    record.skipped,
+                    dt(record.updated_at),
+                ],
+            )
+
+    def forget_schedule(self, node: str, name: str) -> None:
+        with self._sql_scope("forget_schedule", write=True) as c:
+            c.execute(self._sql["forget_schedule"], [node, name])
+
+    def schedules(self) -> list[ScheduleRecord]:
+        with self._sql_scope("schedules", write=False) as c:
+            rows = c.execute(self._sql["schedules"]).fetchall()
+        dt = codec.decode_dt
+        return [
+            ScheduleRecord(
+                node=row[0],
+                name=row[1],
+                task=row[2],
+                trigger=row[3],
+                next_fire_at=dt(row[4]),
+                last_fired_at=dt(row[5]),
+                last_task_id=row[6],
+                fired=row[7],
+                skipped=row[8],
+                updated_at=dt(row[9]),  # type: ignore[arg-type]
+            )
+            for row in rows
+        ]

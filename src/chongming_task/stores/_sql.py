@@ -107,6 +107,8 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
         add(dialect.one_of("bucket", sorted(query.buckets)))
     if query.pipeline_run_id is not None:
         add((f"pipeline_run_id = {p}", [query.pipeline_run_id]))
+    if query.pipeline_prefix is not None:
+        add(dialect.prefix("pipeline_run_id", query.pipeline_prefix))
     sql = dialect.select
     if where:
         sql += " WHERE " + " AND ".join(where)

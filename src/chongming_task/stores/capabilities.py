@@ -21,6 +21,7 @@ from ..errors import ConcurrencyConflict, StoreError
 from ..model import (
     Failure,
     NodeRecord,
+    ScheduleRecord,
     TaskQuery,
     TaskScan,
     TaskSnapshot,
@@ -43,6 +44,7 @@ __all__ = [
     "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
+    "SupportsScheduleRegistry",
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsWriteTransitions",
@@ -150,6 +152,24 @@ class SupportsNodeRegistry(Protocol):
 
 
 @runtime_checkable
+class SupportsScheduleRegistry(Protocol):
+    """Schedule declarations (``ScheduleRecord``): what each node's schedules fire and
+    when, for the CLI's ``schedules``. For people only; a firing never reads them."""
+
+    def declare_schedule(self, record: ScheduleRecord) -> None:
+        """Write ``record`` in place of the node's earlier record of the same name."""
+        ...
+
+    def forget_schedule(self, node: str, name: str) -> None:
+        """Remove the node's record of schedule ``name`` (nothing if there is none)."""
+        ...
+
+    def schedules(self) -> list[ScheduleRecord]:
+        """Every schedule record, ordered by node then name."""
+        ...
+
+
+@runtime_checkable
 class SupportsStorageClock(Protocol):
     def storage_now(self) -> datetime:
         """The store's own clock (``now()`` on PostgreSQL): one clock for every node's
@@ -231,6 +251,7 @@ class Capabilities:
         "_mark_lost",
         "_nodes",
         "_scan",
+        "_schedules",
         "_schema",
         "_storage_now",
         "_subscribe",
@@ -265,6 +286,9 @@ class Capabilities:
         self._nodes: SupportsNodeRegistry | None = (
             store if isinstance(store, SupportsNodeRegistry) else None
         )
+        self._schedules: SupportsScheduleRegistry | None = (
+            store if isinstance(store, SupportsScheduleRegistry) else None
+        )
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
@@ -282,6 +306,7 @@ class Capabilities:
                 ("mark_expired_lost", self._mark_expired),
                 ("subscribe_commands", self._subscribe),
                 ("node registry", self._nodes),
+                ("schedule registry", self._schedules),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
@@ -440,6 +465,23 @@ class Capabilities:
     def nodes(self) -> list[NodeRecord]:
         """Every declaration; empty where the store keeps no registry."""
         return self._nodes.nodes() if self._nodes is not None else []
+
+    @property
+    def has_schedule_registry(self) -> bool:
+        return self._schedules is not None
+
+    def declare_schedule(self, record: ScheduleRecord) -> None:
+        """Record the schedule (nothing where the store keeps no registry)."""
+        if self._schedules is not None:
+            self._schedules.declare_schedule(record)
+
+    def forget_schedule(self, node: str, name: str) -> None:
+        if self._schedules is not None:
+            self._schedules.forget_schedule(node, name)
+
+    def schedules(self) -> list[ScheduleRecord]:
+        """Every schedule record; empty where the store keeps no registry."""
+        return self._schedules.schedules() if self._schedules is not None else []
 
     @property
     def has_storage_clock(self) -> bool:

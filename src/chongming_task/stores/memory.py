@@ -16,6 +16,7 @@ from ..model import (
     Command,
     NodeRecord,
     Progress,
+    ScheduleRecord,
     TaskQuery,
     TaskSnapshot,
     TaskStatus,
@@ -44,6 +45,7 @@ class InMemoryTaskStore:
         self._history: dict[str, dict[int, Transition]] = {}
         self._commands: dict[str, Command] = {}
         self._nodes: dict[str, NodeRecord] = {}
+        self._schedules: dict[tuple[str, str], ScheduleRecord] = {}
         self._closed = False
 
     value_rules = ValueRules(nul_in_text=True)
@@ -238,6 +240,23 @@ class InMemoryTaskStore:
         with self._lock:
             self._check_open()
             return list(self._nodes.values())
+
+    # -- schedule declarations (SupportsScheduleRegistry) --------------------------------------
+
+    def declare_schedule(self, record: ScheduleRecord) -> None:
+        with self._lock:
+            self._check_open()
+            self._schedules[(record.node, record.name)] = record
+
+    def forget_schedule(self, node: str, name: str) -> None:
+        with self._lock:
+            self._check_open()
+            self._schedules.pop((node, name), None)
+
+    def schedules(self) -> list[ScheduleRecord]:
+        with self._lock:
+            self._check_open()
+            return [self._schedules[key] for key in sorted(self._schedules)]
 
     def prune(self, *, keep_terminal: int) -> int:
         if keep_terminal < 0:

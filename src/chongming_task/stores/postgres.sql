@@ -214,3 +214,21 @@ SELECT task_id FROM won
 -- The lease owners of the tasks reconcile would mark (the same {scan} condition).
 -- name: expired_owners
 SELECT DISTINCT lease_owner FROM tasks WHERE {scan}
+
+-- name: upsert_schedule
+INSERT INTO schedules (node, name, task, trigger_text, next_fire_at, last_fired_at,
+                       last_task_id, fired, skipped, updated_at)
+VALUES (%s, %s, %s, %s, %s::timestamptz, %s::timestamptz, %s, %s, %s, %s::timestamptz)
+ON CONFLICT (node, name) DO UPDATE SET
+    task = excluded.task, trigger_text = excluded.trigger_text,
+    next_fire_at = excluded.next_fire_at, last_fired_at = excluded.last_fired_at,
+    last_task_id = excluded.last_task_id, fired = excluded.fired,
+    skipped = excluded.skipped, updated_at = excluded.updated_at
+
+-- name: forget_schedule
+DELETE FROM schedules WHERE node = %s AND name = %s
+
+-- name: schedules
+SELECT node, name, task, trigger_text, next_fire_at, last_fired_at, last_task_id, fired,
+       skipped, updated_at
+FROM schedules ORDER BY node, name

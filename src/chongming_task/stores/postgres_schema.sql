@@ -79,3 +79,18 @@ CREATE TABLE IF NOT EXISTS {schema}.node_buckets (
     updated_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (bucket, node)
 );
+
+-- Schedule declarations: for people (the CLI's `schedules`); a firing never reads them.
+CREATE TABLE IF NOT EXISTS {schema}.schedules (
+    node          TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    task          TEXT NOT NULL,
+    trigger_text  TEXT NOT NULL,
+    next_fire_at  TIMESTAMPTZ,
+    last_fired_at TIMESTAMPTZ,
+    last_task_id  TEXT,
+    fired         INTEGER NOT NULL,
+    skipped       INTEGER NOT NULL,
+    updated_at    TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (node, name)
+);

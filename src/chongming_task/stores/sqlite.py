@@ -33,7 +33,7 @@ from ..model import (
 )
 from ..values import ValueRules
 from . import codec
-from ._nodes import NodeRegistrySQL
+from ._nodes import NodeRegistrySQL, ScheduleRegistrySQL
 from ._sql import (
     Dialect,
     TaskScanSQL,
@@ -48,7 +48,7 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 2  # 2: node declarations (nodes, node_buckets)
+SCHEMA_VERSION = 3  # 2: node declarations (nodes, node_buckets); 3: schedules
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -74,7 +74,7 @@ _DIALECT = Dialect(
 )
 
 
-class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
+class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, TaskScanSQL):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 
     ``create=False`` refuses to create a missing file: read-only tools should say "no
@@ -159,10 +159,11 @@ class SqliteTaskStore(NodeRegistrySQL, TaskScanSQL):
         if version < SCHEMA_VERSION:
             return False
         (found,) = self._conn.execute(
-            "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('task_writes_trail', 'node_buckets')"
+            "SELECT COUNT(*) FROM sqlite_master "
+            "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules')"
         ).fetchone()
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return found == 2 and (self.path == ":memory:" or mode == "wal")
+        return found == 3 and (self.path == ":memory:" or mode == "wal")
 
     def _has_tables(self) -> bool:
         (found,) = self._conn.execute(

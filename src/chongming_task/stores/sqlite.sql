@@ -94,6 +94,24 @@ CREATE TABLE IF NOT EXISTS node_buckets (
     PRIMARY KEY (bucket, node)
 ) WITHOUT ROWID
 
+-- Schedule declarations: what each node's schedules fire and when, for people (the
+-- CLI's `schedules`). A firing never reads them: a schedule belongs to its node.
+
+-- name: schema_schedules
+CREATE TABLE IF NOT EXISTS schedules (
+    node          TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    task          TEXT NOT NULL,
+    trigger_text  TEXT NOT NULL,
+    next_fire_at  TEXT,
+    last_fired_at TEXT,
+    last_task_id  TEXT,
+    fired         INTEGER NOT NULL,
+    skipped       INTEGER NOT NULL,
+    updated_at    TEXT NOT NULL,
+    PRIMARY KEY (node, name)
+) WITHOUT ROWID
+
 -- The group commit's single statement. task_writes is a view nobody reads: inserting a
 -- row into it runs one of three triggers, so a whole batch of writes (new tasks, each
 -- task's compare-and-set, trail rows) is one INSERT, one statement, atomic on its own (no
@@ -316,3 +334,21 @@ FROM lost_doomed d JOIN lost_verdicts v ON v.owner = d.owner
 
 -- name: lost_marked
 SELECT task_id FROM lost_doomed
+
+-- name: upsert_schedule
+INSERT INTO schedules (node, name, task, trigger_text, next_fire_at, last_fired_at,
+                       last_task_id, fired, skipped, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (node, name) DO UPDATE SET
+    task = excluded.task, trigger_text = excluded.trigger_text,
+    next_fire_at = excluded.next_fire_at, last_fired_at = excluded.last_fired_at,
+    last_task_id = excluded.last_task_id, fired = excluded.fired,
+    skipped = excluded.skipped, updated_at = excluded.updated_at
+
+-- name: forget_schedule
+DELETE FROM schedules WHERE node = ? AND name = ?
+
+-- name: schedules
+SELECT node, name, task, trigger_text, next_fire_at, last_fired_at, last_task_id, fired,
+       skipped, updated_at
+FROM schedules ORDER BY node, name

@@ -16,6 +16,7 @@ from ..model import (
     Failure,
     FailureKind,
     NodeRecord,
+    ScheduleRecord,
     TaskScan,
     TaskSnapshot,
     TaskStatus,
@@ -28,6 +29,7 @@ from ..stores.capabilities import (
     SupportsMarkExpired,
     SupportsMarkLost,
     SupportsNodeRegistry,
+    SupportsScheduleRegistry,
     SupportsStorageClock,
     SupportsTaskScan,
     SupportsWriteTransitions,
@@ -212,6 +214,44 @@ class CapabilityContract(ContractBase):
             store.declare_node(replace(a, seen_at=at(40)))
             again = node("node-a")
             assert again.stopped_at is None and again.buckets == frozenset({1, 2, 3})
+
+    def test_capability_schedule_registry_keeps_records(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsScheduleRegistry, "the schedule registry")
+            assert isinstance(store, SupportsScheduleRegistry)
+
+            def keys() -> list[tuple[str, str]]:
+                return [(r.node, r.name) for r in store.schedules()]
+
+            a = ScheduleRecord(
+                node="node-a",
+                name="nightly",
+                task="etl.load",
+                trigger="cron '0 2 * * *' (UTC)",
+                updated_at=at(0),
+                next_fire_at=at(100),
+            )
+            store.declare_schedule(a)
+            store.declare_schedule(replace(a, node="node-b"))
+            store.declare_schedule(replace(a, name="hourly", next_fire_at=None))
+            assert keys() == [("node-a", "hourly"), ("node-a", "nightly"), ("node-b", "nightly")]
+            fired = replace(
+                a,
+                next_fire_at=at(200),
+                last_fired_at=at(100),
+                last_task_id="t-1",
+                fired=1,
+                skipped=2,
+                updated_at=at(100),
+            )
+            store.declare_schedule(fired)  # replaces node-a's record of that name
+            assert [r for r in store.schedules() if r.name == "nightly"] == [
+                fired,
+                replace(a, node="node-b"),
+            ]
+            store.forget_schedule("node-a", "nightly")
+            store.forget_schedule("node-a", "never-declared")
+            assert keys() == [("node-a", "hourly"), ("node-b", "nightly")]
 
     def test_capability_storage_clock_tells_aware_forward_time(self) -> None:
         with self._store() as store:

@@ -257,6 +257,8 @@ class StoreContract(CapabilityContract):
                 (TaskQuery(buckets=frozenset()), []),
                 (TaskQuery(pipeline_run_id="p1"), ["b", "c"]),
                 (TaskQuery(pipeline_run_id="p2"), []),
+                (TaskQuery(pipeline_prefix="p"), ["b", "c"]),
+                (TaskQuery(pipeline_prefix="p1x"), []),
             ]
             for query, expected in cases:
                 assert self._ids(store.query(query)) == expected, (query, expected)
