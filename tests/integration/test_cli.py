@@ -82,8 +82,22 @@ def test_ps_mine_shows_only_owned_buckets_and_buckets_marks_them(
     assert f"{bucket_b}*" not in table
     data = cli_json(db, "--owned-buckets", "0-31", "buckets")
     by_bucket = {x["bucket"]: x for x in data["buckets"]}  # type: ignore[index]
-    assert by_bucket[bucket_a] == {"bucket": bucket_a, "tasks": 1, "owned": True}
-    assert by_bucket[bucket_b] == {"bucket": bucket_b, "tasks": 1, "owned": False}
+    running = {"running": 1}
+    assert by_bucket[bucket_a] == {
+        "bucket": bucket_a,
+        "tasks": 1,
+        "by_status": running,
+        "owned": True,
+    }
+    assert by_bucket[bucket_b] == {
+        "bucket": bucket_b,
+        "tasks": 1,
+        "by_status": running,
+        "owned": False,
+    }
+    header, *lines = table.splitlines()
+    assert header.split() == ["BUCKET", "TASKS", "RUNNING"]
+    assert any(line.split()[:3] == [f"{bucket_a}*", "1", "1"] for line in lines), table
 
 
 def test_stop_from_the_cli_stops_a_task_running_in_a_node(

@@ -237,7 +237,7 @@ def test_the_scan_fallback_answers_like_the_sql_store(tmp_path: Path) -> None:
     try:
         fallback, native = Capabilities(memory), Capabilities(sqlite)
         active = frozenset({S.QUEUED, S.RUNNING, S.PAUSED})
-        for by in ("status", "bucket", "owner", "lease_owner"):
+        for by in ("status", "bucket", "owner", "lease_owner", "bucket_status"):
             assert fallback.count_tasks(by) == native.count_tasks(by)  # type: ignore[arg-type]
             assert fallback.count_tasks(by, statuses=active) == native.count_tasks(  # type: ignore[arg-type]
                 by, statuses=active

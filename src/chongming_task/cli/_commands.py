@@ -59,31 +59,48 @@ def cmd_stats(ctx: Context) -> int:
 
 
 def cmd_buckets(ctx: Context) -> int:
-    counts: dict[int | None, int] = Capabilities(ctx.store()).count_tasks("bucket")
+    """Tasks per bucket, and per status within each bucket (one ``GROUP BY``)."""
+    pairs: dict[tuple[int | None, TaskStatus], int] = Capabilities(ctx.store()).count_tasks(
+        "bucket_status"
+    )
+    per: dict[int | None, dict[TaskStatus, int]] = {}
+    for (bucket, status), n in pairs.items():
+        per.setdefault(bucket, {})[status] = n
     owned = ctx.owned
     shown = (
         range(ctx.policy.num_buckets)
         if ctx.args.all
-        else sorted({b for b in counts if b is not None} | (owned or set()))
+        else sorted({b for b in per if b is not None} | (owned or set()))
     )
+    present = [status for status in TaskStatus if any(status in c for c in per.values())]
 
     def mine(b: int) -> bool:
         return owned is None or b in owned
 
+    def entry(bucket: int | None) -> dict[str, Any]:
+        found = per.get(bucket, {})
+        return {
+            "tasks": sum(found.values()),
+            "by_status": {status.value: n for status, n in found.items()},
+        }
+
     data = {
         "num_buckets": ctx.policy.num_buckets,
         "owned": None if owned is None else format_buckets(owned),
-        "buckets": [{"bucket": b, "tasks": counts.get(b, 0), "owned": mine(b)} for b in shown],
-        "unbucketed": counts.get(None, 0),
+        "buckets": [{"bucket": b, **entry(b), "owned": mine(b)} for b in shown],
+        "unbucketed": entry(None),
     }
-    rows = [
-        [f"{b}{'*' if owned is not None and b in owned else ''}", str(counts.get(b, 0))]
-        for b in shown
-    ]
-    if counts.get(None):
-        rows.append(["-", str(counts[None])])
+
+    def row(label: str, bucket: int | None) -> list[str]:
+        found = per.get(bucket, {})
+        return [label, str(sum(found.values())), *(str(found.get(s, 0)) for s in present)]
+
+    rows = [row(f"{b}{'*' if owned is not None and b in owned else ''}", b) for b in shown]
+    if None in per:
+        rows.append(row("-", None))
+    headers = ["BUCKET", "TASKS", *(status.value.upper() for status in present)]
     note = "" if owned is None else "\n* owned by this node"
-    ctx.emit(data, render.table(["BUCKET", "TASKS"], rows) + note)
+    ctx.emit(data, render.table(headers, rows) + note)
     return 0
 
 

@@ -129,19 +129,26 @@ def encoded_tag(tag: str) -> str:
     return codec.encode_tags([tag])[1:-1]
 
 
-_COUNT_BY = {"status", "bucket", "owner", "lease_owner"}
+_COUNT_BY = {
+    "status": "status",
+    "bucket": "bucket",
+    "owner": "owner",
+    "lease_owner": "lease_owner",
+    "bucket_status": "bucket, status",
+}
 
 
 def count_sql(by: str, statuses: frozenset[TaskStatus] | None, dialect: Dialect) -> Fragment:
     """``SELECT <by>, COUNT(*) ... GROUP BY <by>`` (``by`` one of a fixed set of columns)."""
-    if by not in _COUNT_BY:
+    columns = _COUNT_BY.get(by)
+    if columns is None:
         raise ValueError(f"cannot count tasks by {by!r}")
-    sql = f"SELECT {by}, COUNT(*) FROM tasks"
+    sql = f"SELECT {columns}, COUNT(*) FROM tasks"
     params: list[Any] = []
     if statuses is not None:
         where, params = dialect.one_of("status", sorted(s.value for s in statuses))
         sql += f" WHERE {where}"
-    return f"{sql} GROUP BY {by}", params
+    return f"{sql} GROUP BY {columns}", params
 
 
 def scan_where(scan: TaskScan, dialect: Dialect) -> Fragment:
@@ -227,6 +234,8 @@ class TaskScanSQL:
             rows = c.execute(sql, params).fetchall()
         if by == "status":
             return {TaskStatus(value): n for value, n in rows}
+        if by == "bucket_status":
+            return {(bucket, TaskStatus(status)): n for bucket, status, n in rows}
         return {value: n for value, n in rows}
 
     def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:

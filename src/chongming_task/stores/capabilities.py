@@ -177,7 +177,8 @@ class SupportsStorageClock(Protocol):
         ...
 
 
-CountBy = Literal["status", "bucket", "owner", "lease_owner"]
+CountBy = Literal["status", "bucket", "owner", "lease_owner", "bucket_status"]
+"""A column to count tasks by; ``bucket_status`` counts per ``(bucket, status)`` pair."""
 
 
 @runtime_checkable
@@ -507,7 +508,7 @@ class Capabilities:
             return self._scan.count_tasks(by, statuses=statuses)
         counts: dict[Any, int] = {}
         for s in self.store.query(TaskQuery(statuses=statuses)):
-            value = getattr(s, by)
+            value = (s.bucket, s.status) if by == "bucket_status" else getattr(s, by)
             counts[value] = counts.get(value, 0) + 1
         return counts
 

@@ -295,6 +295,13 @@ class CapabilityContract(ContractBase):
             assert store.count_tasks("status", statuses=active) == {q: 1, r: 2}
             assert store.count_tasks("lease_owner", statuses=frozenset({r})) == {"n1": 1, "n2": 1}
             assert store.count_tasks("owner", statuses=frozenset()) == {}
+            done = TaskStatus.SUCCEEDED
+            assert store.count_tasks("bucket_status") == {
+                (1, q): 1,
+                (1, done): 1,
+                (5, r): 1,
+                (None, r): 1,
+            }
 
             def scan(**filters: object) -> tuple[int, list[str]]:
                 count, found = store.scan_tasks(TaskScan(statuses=active, **filters))  # type: ignore[arg-type]
