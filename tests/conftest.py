@@ -42,3 +42,66 @@ def make_controller() -> Iterator[Callable[..., Controller]]:
     yield make
     for c in made:
         c.close(timeout=5)
+
+
+# -- a PostgreSQL for the Postgres tests ---------------------------------------------------
+#
+# With CHONGMING_TEST_POSTGRES set, the Postgres tests use that server. Without it, and
+# where PostgreSQL's server binaries (initdb, pg_ctl) are installed, the session starts a
+# throwaway cluster of its own in a temporary directory on a free port, points the tests
+# at it and removes it at the end, so a newcomer's `uv run pytest` proves what CI proves.
+# CHONGMING_TEST_POSTGRES=none skips the Postgres tests (visibly) instead.
+
+_THROWAWAY: list[object] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import os
+
+    from tests.integration import postgres_support
+    from tests.integration.pg_cluster import ThrowawayCluster, _bindir, unavailable_reason
+
+    if os.environ.get(postgres_support.ENV) or hasattr(config, "workerinput"):
+        return
+    reason = unavailable_reason()
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        reason = reason or "psycopg is not installed (the [postgres] extra)"
+    if reason is not None:
+        postgres_support.NO_SERVER_REASON = f"no throwaway PostgreSQL: {reason}"
+        return
+    bindir = _bindir()
+    assert bindir is not None
+    cluster = ThrowawayCluster(bindir)
+    try:
+        cluster.init()
+        cluster.start()
+    except Exception as exc:
+        cluster.remove()
+        postgres_support.NO_SERVER_REASON = f"the throwaway PostgreSQL did not start: {exc}"
+        return
+    _THROWAWAY.append(cluster)
+    os.environ[postgres_support.ENV] = cluster.dsn
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import os
+
+    from tests.integration import postgres_support
+
+    if _THROWAWAY:
+        return f"postgres: a throwaway cluster of this run at {os.environ[postgres_support.ENV]}"
+    dsn = os.environ.get(postgres_support.ENV)
+    if dsn and dsn != "none":
+        return f"postgres: {postgres_support.ENV}={dsn}"
+    return f"postgres: none ({postgres_support.NO_SERVER_REASON or 'CHONGMING_TEST_POSTGRES=none'})"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.integration.pg_cluster import ThrowawayCluster
+
+    for cluster in _THROWAWAY:
+        assert isinstance(cluster, ThrowawayCluster)
+        cluster.remove()
+    _THROWAWAY.clear()

@@ -1,6 +1,7 @@
 """PostgresTaskStore against a real server: the contract, and the concurrency the contract
 cannot prove (store guide §6, distributed design §15.4). Each test gets its own schema,
-dropped afterwards. Without CHONGMING_TEST_POSTGRES these skip visibly; in CI they fail.
+dropped afterwards. Without a server (CHONGMING_TEST_POSTGRES, or the throwaway cluster
+tests/conftest.py starts where initdb and pg_ctl exist) these skip visibly; in CI they fail.
 """
 
 from __future__ import annotations
