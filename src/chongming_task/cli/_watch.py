@@ -15,11 +15,11 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..model import TaskSnapshot, Transition
+from ..model import Progress, TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
 from . import render
@@ -40,14 +40,15 @@ OVERFLOW = f"(more than {RECENT} tasks were created since the last refresh; some
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """What one refresh found: new transitions (oldest first), with each task's name,
-    the unfinished tasks now, and whether more tasks were created than one refresh reads."""
+    """What one refresh found: new transitions (oldest first) and each task's name, the
+    unfinished tasks now and those whose progress moved, and whether more tasks were
+    created since the last refresh than one refresh reads."""
 
     transitions: list[Transition]
     names: dict[str, str]
     active: list[TaskSnapshot]
-    overflow: bool = False
-    progressed: list[TaskSnapshot] = field(default_factory=list)
+    progressed: list[TaskSnapshot]
+    overflow: bool
 
 
 class Feed:
@@ -58,7 +59,7 @@ class Feed:
         self._store = ctx.store()
         self._shown: dict[str, int] = {}  # task id -> last status version shown
         self._unfinished: set[str] = set()
-        self._progress: dict[str, Any] = {}
+        self._progress: dict[str, Progress | None] = {}
         self._first = True
         query = task_query(ctx)
         # The newest tasks, in whatever status (unless --status asks for some).
@@ -93,12 +94,14 @@ class Feed:
                 transitions += self._store.history(s.task_id, since_version=last or 0)
                 self._shown[s.task_id] = s.status_version
         transitions.sort(key=lambda t: (t.at, t.task_id, t.version))
+        # Forget what can change no more: a finished task out of the newest few.
+        self._shown = {task_id: self._shown[task_id] for task_id in current}
         self._unfinished = {s.task_id for s in current.values() if not s.is_terminal}
         progressed = [s for s in active if self._progress.get(s.task_id) != s.progress]
         self._progress = {s.task_id: s.progress for s in active}
         self._first = False
         names = {task_id: s.name for task_id, s in current.items()}
-        return Change(transitions, names, active, overflow, progressed)
+        return Change(transitions, names, active, progressed, overflow)
 
 
 def clock(at: datetime) -> str:
