@@ -86,18 +86,20 @@ def test_ps_mine_shows_only_owned_buckets_and_buckets_marks_them(
     assert by_bucket[bucket_a] == {
         "bucket": bucket_a,
         "tasks": 1,
-        "by_status": running,
+        "unfinished": running,
+        "finished": 0,
         "owned": True,
     }
     assert by_bucket[bucket_b] == {
         "bucket": bucket_b,
         "tasks": 1,
-        "by_status": running,
+        "unfinished": running,
+        "finished": 0,
         "owned": False,
     }
     header, *lines = table.splitlines()
-    assert header.split() == ["BUCKET", "TASKS", "RUNNING"]
-    assert any(line.split()[:3] == [f"{bucket_a}*", "1", "1"] for line in lines), table
+    assert header.split() == ["BUCKET", "TASKS", "RUNNING", "FINISHED"]
+    assert any(line.split()[:4] == [f"{bucket_a}*", "1", "1", "0"] for line in lines), table
 
 
 def test_stop_from_the_cli_stops_a_task_running_in_a_node(

@@ -10,7 +10,7 @@ from .. import fleet
 from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
 from ..policies import format_buckets
-from ..states import TERMINAL
+from ..states import NON_TERMINAL, TERMINAL
 from ..stores.capabilities import Capabilities
 from . import render
 from ._context import Context, find_tasks, get_task
@@ -59,9 +59,13 @@ def cmd_stats(ctx: Context) -> int:
 
 
 def cmd_buckets(ctx: Context) -> int:
-    """Tasks per bucket, and per status within each bucket (one ``GROUP BY``)."""
-    pairs: dict[tuple[int | None, TaskStatus], int] = Capabilities(ctx.store()).count_tasks(
-        "bucket_status"
+    """Tasks per bucket: the unfinished per status, the finished together. Two
+    ``GROUP BY``s the indexes answer (a per-status split of the finished would read every
+    finished row: seconds at a million tasks)."""
+    caps = Capabilities(ctx.store())
+    totals: dict[int | None, int] = caps.count_tasks("bucket")
+    pairs: dict[tuple[int | None, TaskStatus], int] = caps.count_tasks(
+        "bucket_status", statuses=NON_TERMINAL
     )
     per: dict[int | None, dict[TaskStatus, int]] = {}
     for (bucket, status), n in pairs.items():
@@ -70,7 +74,7 @@ def cmd_buckets(ctx: Context) -> int:
     shown = (
         range(ctx.policy.num_buckets)
         if ctx.args.all
-        else sorted({b for b in per if b is not None} | (owned or set()))
+        else sorted({b for b in totals if b is not None} | (owned or set()))
     )
     present = [status for status in TaskStatus if any(status in c for c in per.values())]
 
@@ -79,9 +83,11 @@ def cmd_buckets(ctx: Context) -> int:
 
     def entry(bucket: int | None) -> dict[str, Any]:
         found = per.get(bucket, {})
+        total = totals.get(bucket, 0)
         return {
-            "tasks": sum(found.values()),
-            "by_status": {status.value: n for status, n in found.items()},
+            "tasks": total,
+            "unfinished": {status.value: n for status, n in found.items()},
+            "finished": total - sum(found.values()),
         }
 
     data = {
@@ -92,13 +98,14 @@ def cmd_buckets(ctx: Context) -> int:
     }
 
     def row(label: str, bucket: int | None) -> list[str]:
-        found = per.get(bucket, {})
-        return [label, str(sum(found.values())), *(str(found.get(s, 0)) for s in present)]
+        counts = entry(bucket)
+        unfinished = [str(per.get(bucket, {}).get(s, 0)) for s in present]
+        return [label, str(counts["tasks"]), *unfinished, str(counts["finished"])]
 
     rows = [row(f"{b}{'*' if owned is not None and b in owned else ''}", b) for b in shown]
-    if None in per:
+    if None in totals:
         rows.append(row("-", None))
-    headers = ["BUCKET", "TASKS", *(status.value.upper() for status in present)]
+    headers = ["BUCKET", "TASKS", *(status.value.upper() for status in present), "FINISHED"]
     note = "" if owned is None else "\n* owned by this node"
     ctx.emit(data, render.table(headers, rows) + note)
     return 0
