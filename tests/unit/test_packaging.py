@@ -57,3 +57,16 @@ def test_the_cli_says_how_to_install_the_driver() -> None:
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "chongming-task[postgres]" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_web_without_its_extra_names_the_extra(tmp_path: object) -> None:
+    result = _run(
+        "import sys\n"
+        "sys.modules['starlette'] = None\n"  # as if the [web] extra were not installed
+        "sys.modules['uvicorn'] = None\n"
+        "from chongming_task.cli import main\n"
+        f"sys.exit(main(['--db', r'{tmp_path}/w.db', 'web']))\n"
+    )
+    assert result.returncode == 2, result.stderr
+    assert 'needs the [web] extra: pip install "chongming-task[web]"' in result.stderr
+    assert "Traceback" not in result.stderr

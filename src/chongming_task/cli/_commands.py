@@ -3,6 +3,7 @@ render the answer as a table or JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -273,6 +274,41 @@ def cmd_migrate(ctx: Context) -> int:
     return 0
 
 
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def cmd_web(ctx: Context) -> int:
+    """Serve the dashboard until Ctrl-C. Off loopback, only with an access token."""
+    a = ctx.args
+    if a.host not in LOOPBACK and not a.token:
+        raise UsageError(
+            f"--host {a.host} is reachable from other machines: give --token "
+            "(or CHONGMING_WEB_TOKEN), or bind 127.0.0.1"
+        )
+    if not 0 < a.port < 65536:
+        raise UsageError("--port must be 1-65535")
+    try:
+        import uvicorn
+
+        from ..web import Dashboard, create_app
+    except ImportError as exc:
+        raise UsageError(
+            f'the dashboard needs the [web] extra: pip install "chongming-task[web]" ({exc.name})'
+        ) from None
+    dashboard = Dashboard(
+        ctx.store(),
+        where=ctx.where(),
+        num_buckets=ctx.policy.num_buckets,
+        read_only=a.read_only,
+        token=a.token or None,
+    )
+    where = f"http://{a.host}:{a.port}/"
+    print(f"dashboard for {ctx.where()} at {where}; Ctrl-C to stop", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
+        uvicorn.run(create_app(dashboard), host=a.host, port=a.port, log_level="warning")
+    return 0
+
+
 def cmd_demo(ctx: Context) -> int:
     from ..demo import run_node
 
@@ -298,5 +334,6 @@ COMMANDS = {
     "doctor": cmd_doctor,
     "prune": cmd_prune,
     "migrate": cmd_migrate,
+    "web": cmd_web,
     "demo": cmd_demo,
 }

@@ -13,6 +13,7 @@ import socket
 import sys
 from typing import Any
 
+from .._lookup import MIN_PREFIX, find_task
 from ..controller import Controller
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
@@ -179,27 +180,6 @@ def find_tasks(ctx: Context) -> list[TaskSnapshot]:
     return found if ctx.args.limit is None else found[: ctx.args.limit]
 
 
-MIN_PREFIX = 6
-"""The shortest id prefix the CLI resolves (shorter ones are too likely to clash)."""
-
-
 def get_task(ctx: Context, given: str) -> TaskSnapshot:
-    """The task ``given`` names: its full id, or a unique prefix of at least
-    ``MIN_PREFIX`` characters. An ambiguous prefix is an error naming the candidates."""
-    store = ctx.store()
-    snapshot = store.get(given)
-    if snapshot is not None:
-        return snapshot
-    if len(given) < MIN_PREFIX:
-        raise LookupError(
-            f"no task {given} in {ctx.shown_db} (an id prefix needs {MIN_PREFIX}+ characters)"
-        )
-    shown = 5
-    found = store.query(TaskQuery(id_prefix=given, limit=shown + 1))
-    if not found:
-        raise LookupError(f"no task {given} in {ctx.shown_db}")
-    if len(found) == 1:
-        return found[0]
-    listed = ", ".join(f"{s.task_id} ({s.name})" for s in found[:shown])
-    more = " and more" if len(found) > shown else ""
-    raise LookupError(f"id prefix {given} is ambiguous: it matches {listed}{more}")
+    """The task ``given`` names: a full id or a unique prefix (``find_task``)."""
+    return find_task(ctx.store(), given, ctx.shown_db)

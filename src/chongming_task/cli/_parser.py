@@ -158,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, required=True, metavar="N")
     p.add_argument("--dry-run", action="store_true", help="say how many, delete nothing")
     sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")
+    p = sub.add_parser("web", help="the web dashboard and /metrics (the [web] extra)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8484)
+    p.add_argument("--read-only", action="store_true", help="no controls")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("CHONGMING_WEB_TOKEN"),
+        help="access token (env CHONGMING_WEB_TOKEN); required off loopback",
+    )
     p = sub.add_parser("demo", help="run a demo node with sample tasks until Ctrl-C")
     p.add_argument(
         "--duration", type=float, default=None, help="stop after S seconds (default: Ctrl-C)"

@@ -1,0 +1,41 @@
+"""Finding a task by what a person types: its full id, or a unique prefix of it (the CLI
+and the dashboard both take short ids)."""
+
+from __future__ import annotations
+
+from .model import TaskQuery, TaskSnapshot
+from .stores.protocol import TaskStore
+
+__all__ = ["MIN_PREFIX", "AmbiguousId", "find_task"]
+
+MIN_PREFIX = 6
+"""The shortest id prefix resolved (shorter ones are too likely to clash)."""
+
+
+class AmbiguousId(LookupError):
+    """A prefix that matches several tasks; ``candidates`` are the first few."""
+
+    def __init__(self, message: str, candidates: list[TaskSnapshot]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
+def find_task(store: TaskStore, given: str, where: str, *, shown: int = 5) -> TaskSnapshot:
+    """The task ``given`` names: its full id, or a unique prefix of at least
+    ``MIN_PREFIX`` characters. ``LookupError`` (one line, naming ``where``) when there is
+    none; ``AmbiguousId`` naming the candidates when the prefix fits several."""
+    snapshot = store.get(given)
+    if snapshot is not None:
+        return snapshot
+    if len(given) < MIN_PREFIX:
+        raise LookupError(
+            f"no task {given} in {where} (an id prefix needs {MIN_PREFIX}+ characters)"
+        )
+    found = store.query(TaskQuery(id_prefix=given, limit=shown + 1))
+    if not found:
+        raise LookupError(f"no task {given} in {where}")
+    if len(found) == 1:
+        return found[0]
+    listed = ", ".join(f"{s.task_id} ({s.name})" for s in found[:shown])
+    more = " and more" if len(found) > shown else ""
+    raise AmbiguousId(f"id prefix {given} is ambiguous: it matches {listed}{more}", found[:shown])

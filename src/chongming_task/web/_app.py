@@ -1,0 +1,283 @@
+"""The dashboard's Starlette application: pages rendered by Jinja2 (autoescaped), live
+parts refreshed by htmx polling a fragment, controls posted as forms.
+
+Access: with a token, every request must carry it (``Authorization: Bearer``, or once as
+``?token=`` which sets a cookie); ``--read-only`` refuses every control. Forms carry a
+CSRF value that must equal the ``cm_csrf`` cookie (double submit, ``SameSite=Strict``), so
+another site cannot post one. Bad input (an unknown id, a status that does not exist, a
+bucket out of range) is a clear error page and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from .._lookup import AmbiguousId, find_task
+from ..controller import Controller
+from ..errors import ChongmingTaskError, InvalidValue
+from ..model import CommandAction, TaskQuery, TaskStatus
+from ..policies import BucketPolicy, format_buckets
+from ..states import NON_TERMINAL, TERMINAL
+from ..stores.capabilities import Capabilities
+from ..stores.protocol import TaskStore
+from . import _views
+from ._metrics import metrics_text
+
+__all__ = ["Dashboard", "create_app"]
+
+CSRF_COOKIE = "cm_csrf"
+TOKEN_COOKIE = "cm_token"
+PAGE = 50
+"""Tasks per page of the tasks list."""
+
+
+class BadInput(ValueError):
+    """A query string or form the dashboard cannot honour: a 400 page, nothing done."""
+
+
+class Dashboard:
+    """What the pages read and act on: one store, its capabilities, the settings."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        where: str,
+        num_buckets: int = 64,
+        read_only: bool = False,
+        token: str | None = None,
+    ) -> None:
+        self.store = store
+        self.caps = Capabilities(store)
+        self.where = where
+        self.policy = BucketPolicy(num_buckets)
+        self.read_only = read_only
+        self.token = token
+        self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
+
+    def controller(self) -> Controller:
+        """An operator's controller: it acts for nodes and never takes commands."""
+        return Controller(
+            self.store,
+            owner=self.owner,
+            num_buckets=self.policy.num_buckets,
+            poll_commands=False,
+        )
+
+    def now(self) -> datetime:
+        return self.caps.now()
+
+
+def _templates() -> Jinja2Templates:
+    folder = resources.files(__package__).joinpath("templates")
+    templates = Jinja2Templates(directory=str(folder))
+    templates.env.globals.update(
+        age=_views.age, short=_views.short, style=_views.status_style, ts=_views.clock
+    )
+    return templates
+
+
+def create_app(dashboard: Dashboard) -> Starlette:
+    """The dashboard as an ASGI application (``uvicorn`` serves it in ``web``)."""
+    templates = _templates()
+    d = dashboard
+
+    def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        base = {
+            "where": d.where,
+            "read_only": d.read_only,
+            "csrf": request.state.csrf,
+            "now": d.now(),
+        }
+        return templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+
+    def error(request: Request, status: int, message: str, **more: Any) -> Response:
+        return page(request, "error.html", {"status": status, "message": message, **more}, status)
+
+    async def overview(request: Request) -> Response:
+        return page(request, "overview.html", _views.overview(d))
+
+    async def overview_live(request: Request) -> Response:
+        return page(request, "_overview_live.html", _views.overview(d))
+
+    async def tasks(request: Request) -> Response:
+        query, shown = _task_query(d, request)
+        found = d.store.query(query)
+        return page(
+            request,
+            "tasks.html",
+            {
+                "tasks": found[:PAGE],
+                "more": len(found) > PAGE,
+                "filters": shown,
+                "statuses": [s.value for s in TaskStatus],
+                "health": {s.task_id: _views.health(s, d.now()) for s in found},
+            },
+        )
+
+    async def task(request: Request) -> Response:
+        snapshot = find_task(d.store, request.path_params["task_id"], d.where)
+        if snapshot.task_id != request.path_params["task_id"]:
+            return RedirectResponse(f"/tasks/{snapshot.task_id}", status_code=303)
+        return page(request, "task.html", _views.task(d, snapshot))
+
+    async def task_live(request: Request) -> Response:
+        snapshot = find_task(d.store, request.path_params["task_id"], d.where)
+        return page(request, "_task_live.html", _views.task(d, snapshot))
+
+    async def control(request: Request) -> Response:
+        if d.read_only:
+            return error(request, 403, "this dashboard is read-only: controls are off")
+        form = await request.form()
+        if not _csrf_ok(request, str(form.get("csrf", ""))):
+            return error(request, 403, "the form's CSRF value is missing or wrong; reload the page")
+        try:
+            action = CommandAction(request.path_params["action"])
+        except ValueError:
+            return error(request, 404, f"no control named {request.path_params['action']!r}")
+        given = [str(v) for v in form.getlist("task_id")] or [request.path_params["task_id"]]
+        answers = []
+        controller = d.controller()
+        try:
+            for task_id in given:
+                snapshot = find_task(d.store, task_id, d.where)
+                receipt = getattr(controller, action.value)(snapshot.task_id, reason="dashboard")
+                answers.append((snapshot, _views.control_outcome(receipt)))
+        finally:
+            controller.close()
+        shown = "_answer.html" if request.headers.get("hx-request") else "answer.html"
+        return page(request, shown, {"action": action.value, "answers": answers})
+
+    async def schedules(request: Request) -> Response:
+        return page(request, "schedules.html", _views.schedules(d))
+
+    async def nodes(request: Request) -> Response:
+        return page(request, "nodes.html", _views.nodes(d))
+
+    async def healthz(request: Request) -> Response:
+        try:
+            counts = d.store.counts()
+        except ChongmingTaskError as exc:
+            return JSONResponse({"ok": False, "store": d.where, "error": str(exc)}, 503)
+        return JSONResponse({"ok": True, "store": d.where, "tasks": sum(counts.values())})
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = metrics_text(d)
+        return Response(body, media_type=content_type)
+
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if d.token is not None and not request.url.path.startswith("/healthz"):
+            given = request.query_params.get("token")
+            if given is not None and hmac.compare_digest(given, d.token):
+                response: Response = RedirectResponse(request.url.path, status_code=303)
+                response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+                return response
+            if not _token_ok(request, d.token):
+                return HTMLResponse(
+                    "<h1>401</h1><p>This dashboard needs its access token: open it once as "
+                    "<code>/?token=…</code> or send <code>Authorization: Bearer …</code>.</p>",
+                    status_code=401,
+                )
+        request.state.csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+        try:
+            response = await call_next(request)
+        except AmbiguousId as exc:
+            response = error(request, 409, str(exc), candidates=exc.candidates)
+        except LookupError as exc:
+            response = error(request, 404, str(exc))
+        except (BadInput, InvalidValue) as exc:
+            response = error(request, 400, str(exc))
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict")
+        return response
+
+    static = resources.files(__package__).joinpath("static")
+    return Starlette(
+        routes=[
+            Route("/", overview),
+            Route("/live/overview", overview_live),
+            Route("/tasks", tasks),
+            Route("/tasks/{task_id}", task),
+            Route("/tasks/{task_id}/live", task_live),
+            Route("/tasks/{task_id}/{action}", control, methods=["POST"]),
+            Route("/schedules", schedules),
+            Route("/nodes", nodes),
+            Route("/healthz", healthz),
+            Route("/metrics", metrics),
+            Mount("/static", StaticFiles(directory=str(static)), name="static"),
+        ],
+        middleware=[Middleware(BaseHTTPMiddleware, dispatch=guard)],
+    )
+
+
+def _token_ok(request: Request, token: str) -> bool:
+    header = request.headers.get("authorization", "")
+    if header.startswith("Bearer ") and hmac.compare_digest(header[7:], token):
+        return True
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    return cookie is not None and hmac.compare_digest(cookie, token)
+
+
+def _csrf_ok(request: Request, given: str) -> bool:
+    cookie = request.cookies.get(CSRF_COOKIE)
+    return bool(cookie) and bool(given) and hmac.compare_digest(cookie or "", given)
+
+
+def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, Any]]:
+    """The tasks page's filters from its query string, each checked (a bad one is a 400)."""
+    q = request.query_params
+    statuses: frozenset[TaskStatus] | None = NON_TERMINAL
+    wanted = q.getlist("status")
+    if wanted == ["all"]:
+        statuses = None
+    elif wanted == ["finished"]:
+        statuses = TERMINAL
+    elif wanted:
+        try:
+            statuses = frozenset(TaskStatus(s) for s in wanted)
+        except ValueError:
+            raise BadInput(f"unknown status in {wanted}") from None
+    buckets: frozenset[int] | None = None
+    if q.get("bucket"):
+        try:
+            buckets = d.policy.validate([int(b) for b in q.getlist("bucket")])
+        except (ValueError, ChongmingTaskError) as exc:
+            raise BadInput(f"bad bucket: {exc}") from None
+    text = {key: (q.get(key) or None) for key in ("name", "tag", "pipeline", "q")}
+    prefix = text["q"]
+    if prefix is not None and len(prefix) < 2:
+        raise BadInput("search an id by at least 2 characters")
+    query = TaskQuery(
+        statuses=statuses,
+        id_prefix=prefix,
+        name_prefix=text["name"],
+        tag=text["tag"],
+        buckets=buckets,
+        pipeline_run_id=text["pipeline"],
+        limit=PAGE + 1,
+        newest_first=True,
+    )
+    shown = {
+        "status": wanted,
+        **{k: v or "" for k, v in text.items()},
+        "bucket": "" if buckets is None else format_buckets(buckets),
+    }
+    return query, shown

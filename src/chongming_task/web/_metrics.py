@@ -1,0 +1,105 @@
+"""``/metrics``: the store's state in Prometheus text format, read at each scrape with
+the same index-answered questions as the CLI (never a task id as a label).
+
+Gauges, because they are read from the store, not counted by this process: tasks by
+status, unfinished tasks by bucket and status, tasks per bucket, lost tasks (the
+``lost`` status is terminal: it only grows until ``prune``), nodes by state, alarms
+firing by kind, the age of the oldest queued task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from .. import fleet
+from ..model import TaskScan, TaskStatus
+from ..states import NON_TERMINAL
+
+if TYPE_CHECKING:
+    from ._app import Dashboard
+
+__all__ = ["metrics_text"]
+
+
+class StoreCollector(Collector):
+    def __init__(self, dashboard: Dashboard) -> None:
+        self._d = dashboard
+
+    def collect(self) -> Iterator[Metric]:
+        d = self._d
+        now = d.now()
+        counts = d.store.counts()
+        by_status = GaugeMetricFamily(
+            "chongming_tasks", "Tasks in the store by status.", labels=["status"]
+        )
+        for status in TaskStatus:
+            by_status.add_metric([status.value], counts.get(status, 0))
+        yield by_status
+        lost = GaugeMetricFamily("chongming_lost_tasks", "Tasks marked lost (result unknown).")
+        lost.add_metric([], counts.get(TaskStatus.LOST, 0))
+        yield lost
+        per_bucket = GaugeMetricFamily(
+            "chongming_bucket_tasks", "Tasks per bucket (any status).", labels=["bucket"]
+        )
+        totals: dict[int | None, int] = d.caps.count_tasks("bucket")
+        for bucket in sorted(totals, key=_order):
+            per_bucket.add_metric([_label(bucket)], totals[bucket])
+        yield per_bucket
+        unfinished = GaugeMetricFamily(
+            "chongming_unfinished_tasks",
+            "Unfinished tasks by bucket and status.",
+            labels=["bucket", "status"],
+        )
+        pairs: dict[tuple[int | None, TaskStatus], int] = d.caps.count_tasks(
+            "bucket_status", statuses=NON_TERMINAL
+        )
+        for bucket, status in sorted(pairs, key=lambda pair: (_order(pair[0]), pair[1].value)):
+            unfinished.add_metric([_label(bucket), status.value], pairs[(bucket, status)])
+        yield unfinished
+        report = fleet.examine(d.caps, num_buckets=d.policy.num_buckets, now=now, limit=0)
+        nodes = GaugeMetricFamily("chongming_nodes", "Declared nodes by state.", labels=["state"])
+        states = {"live": 0, "dead": 0, "stopped": 0}
+        for node in report.nodes:
+            key = "stopped" if node.record.stopped_at else "live" if node.live else "dead"
+            states[key] += 1
+        for key, count in states.items():
+            nodes.add_metric([key], count)
+        yield nodes
+        alarms = GaugeMetricFamily(
+            "chongming_alarms", "Fleet alarms firing (doctor), by kind.", labels=["kind"]
+        )
+        firing = {kind.value: 0 for kind in fleet.AlarmKind}
+        for alarm in report.alarms:
+            firing[alarm.kind.value] += 1
+        for kind, n in firing.items():
+            alarms.add_metric([kind], n)
+        yield alarms
+        _, oldest = d.caps.scan_tasks(TaskScan(statuses=frozenset({TaskStatus.QUEUED}), limit=1))
+        waited = GaugeMetricFamily(
+            "chongming_oldest_queued_seconds", "Age of the oldest queued task (0: none)."
+        )
+        waited.add_metric(
+            [], max(0.0, (now - oldest[0].created_at).total_seconds()) if oldest else 0.0
+        )
+        yield waited
+
+
+def _label(bucket: int | None) -> str:
+    return "none" if bucket is None else str(bucket)
+
+
+def _order(bucket: int | None) -> tuple[int, int]:
+    return (1, 0) if bucket is None else (0, bucket)
+
+
+def metrics_text(dashboard: Dashboard) -> tuple[bytes, str]:
+    """One scrape: the body and its content type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(dashboard))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

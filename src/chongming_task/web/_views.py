@@ -1,0 +1,145 @@
+"""What each page shows, as plain data for the templates: read from the store in as few
+questions as the CLI asks (``GROUP BY``s the indexes answer), never a whole table."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .. import fleet
+from ..cli import render
+from ..model import ScheduleRecord, TaskSnapshot, TaskStatus
+from ..states import NON_TERMINAL
+
+if TYPE_CHECKING:
+    from ._app import Dashboard
+
+__all__ = [
+    "age",
+    "clock",
+    "control_outcome",
+    "health",
+    "nodes",
+    "overview",
+    "schedules",
+    "short",
+    "status_style",
+    "task",
+]
+
+age = render.age
+short = render.short_id
+health = render.health
+control_outcome = render.control_outcome
+
+_STYLE = {
+    "succeeded": "ok",
+    "failed": "bad",
+    "lost": "bad",
+    "stopped": "warn",
+    "cancelled": "warn",
+    "paused": "info",
+    "pausing": "info",
+    "running": "run",
+    "stopping": "warn",
+}
+
+
+def status_style(status: TaskStatus | str) -> str:
+    return _STYLE.get(str(status), "")
+
+
+def clock(at: datetime | None) -> str:
+    return "-" if at is None else at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def overview(d: Dashboard) -> dict[str, Any]:
+    now = d.now()
+    counts = d.store.counts()
+    report = fleet.examine(d.caps, num_buckets=d.policy.num_buckets, now=now, limit=5)
+    totals = d.caps.count_tasks("bucket")
+    unfinished = d.caps.count_tasks("bucket_status", statuses=NON_TERMINAL)
+    owners: dict[int, list[str]] = {}
+    everywhere = []
+    for n in report.nodes:
+        if not n.live:
+            continue
+        if n.record.buckets is None:
+            everywhere.append(n.record.node)
+        for b in n.record.buckets or ():
+            owners.setdefault(b, []).append(n.record.node)
+    alarmed = {b for a in report.alarms for b in a.buckets}
+    busiest = max((sum(v for (b, _), v in unfinished.items() if b == x) for x in totals), default=0)
+    cells = []
+    for b in range(d.policy.num_buckets):
+        active = sum(v for (bucket, _), v in unfinished.items() if bucket == b)
+        cells.append(
+            {
+                "bucket": b,
+                "tasks": totals.get(b, 0),
+                "active": active,
+                "heat": 0 if not busiest else round(4 * active / busiest),
+                "owners": owners.get(b, []) or everywhere,
+                "alarm": b in alarmed,
+            }
+        )
+    return {
+        "counts": [(s.value, counts.get(s, 0)) for s in TaskStatus],
+        "total": sum(counts.values()),
+        "report": report,
+        "cells": cells,
+        "unbucketed": totals.get(None, 0),
+    }
+
+
+def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
+    now = d.now()
+    return {
+        "t": s,
+        "trail": d.store.history(s.task_id),
+        "health": render.health(s, now),
+        "took": render.took(s, now),
+        "fraction": s.progress.fraction if s.progress else None,
+        "heartbeat_age": None
+        if s.last_heartbeat_at is None
+        else render.age(max(0.0, (now - s.last_heartbeat_at).total_seconds())),
+        "lease_left": None if s.lease_until is None else (s.lease_until - now).total_seconds(),
+        "outcome_json": render.snapshot_json(s)["outcome"],
+        "controls": _controls(s),
+    }
+
+
+def _controls(s: TaskSnapshot) -> list[str]:
+    if s.is_terminal:
+        return []
+    if s.status in (TaskStatus.PAUSED, TaskStatus.PAUSING):
+        return ["resume", "stop", "cancel"]
+    return ["pause", "stop", "cancel"]
+
+
+def schedules(d: Dashboard) -> dict[str, Any]:
+    now = d.now()
+    nodes = {n.node: n for n in d.caps.nodes()}
+    rows = []
+    for r in d.caps.schedules():
+        last = None if r.last_task_id is None else d.store.get(r.last_task_id)
+        rows.append(_schedule(r, nodes.get(r.node), last, now))
+    return {"rows": rows, "has_registry": d.caps.has_schedule_registry}
+
+
+def _schedule(r: ScheduleRecord, node: Any, last: TaskSnapshot | None, now: datetime) -> Any:
+    return {
+        "record": r,
+        "row": render.schedule_row(r, node, last, now),
+        "state": render.schedule_state(r, node, now),
+        "last": last,
+    }
+
+
+def nodes(d: Dashboard) -> dict[str, Any]:
+    now = d.now()
+    statuses = fleet.node_statuses(d.caps, now)
+    return {
+        "nodes": [render.node_json(n) for n in statuses],
+        "has_registry": d.caps.has_node_registry,
+    }

@@ -1,0 +1,231 @@
+"""The dashboard as a real server process against a store a real node process writes:
+pages, a control posted as a form pausing a task the node holds, bad input and forged
+forms refused with nothing changed, the access token, /metrics through the Prometheus
+parser."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chongming_task import SqliteTaskStore, TaskStatus
+from tests.conftest import wait_until
+from tests.integration.test_cross_process import Node
+
+pytest.importorskip("starlette", reason="the [web] extra is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Web:
+    """A `chongming-task web` process and a cookie-keeping client for it."""
+
+    def __init__(self, db: Path, *args: str) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "chongming_task", "--db", str(db), "web"]
+        self.proc = subprocess.Popen(
+            [*command, "--port", str(self.port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.get("/healthz")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"web did not start: {self.proc.stderr.read()}") from None
+                time.sleep(0.1)
+
+    def request(
+        self, path: str, data: dict[str, str | list[str]] | None = None, **headers: str
+    ) -> tuple[int, str]:
+        body = None if data is None else urllib.parse.urlencode(data, doseq=True).encode()
+        req = urllib.request.Request(self.base + path, data=body, headers=headers)
+        try:
+            with self.opener.open(req, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def get(self, path: str, **headers: str) -> tuple[int, str]:
+        return self.request(path, **headers)
+
+    def csrf(self) -> str:
+        for cookie in self.jar:
+            if cookie.name == "cm_csrf" and cookie.value:
+                return cookie.value
+        raise AssertionError("no CSRF cookie was set")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Path, Node, Web]]:
+    db = tmp_path / "web.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--submit", "loop", "--submit", "loop")
+    web = Web(db)
+    try:
+        yield db, node, web
+    finally:
+        web.close()
+        node.finish()
+
+
+def _status(db: Path, task_id: str) -> TaskStatus:
+    store = SqliteTaskStore(db)
+    try:
+        snapshot = store.get(task_id)
+        assert snapshot is not None
+        return snapshot.status
+    finally:
+        store.close()
+
+
+def test_every_page_answers(running: tuple[Path, Node, Web]) -> None:
+    db, node, web = running
+    first = node.task_ids[0]
+    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    for path, needle in [
+        ("/", "Buckets"),
+        ("/live/overview", "Nodes"),
+        ("/tasks", first[:12]),
+        ("/tasks?status=all&name=lo", first[:12]),
+        (f"/tasks?q={first[:8]}", first[:12]),
+        (f"/tasks/{first}", "Timeline"),
+        (f"/tasks/{first}/live", "queued → "),
+        ("/schedules", "Schedules"),
+        ("/nodes", "live"),
+        ("/static/htmx.min.js", "htmx"),
+    ]:
+        status, body = web.get(path)
+        assert status == 200, (path, body[:500])
+        assert needle in body, (path, needle)
+    status, body = web.get(f"/tasks/{first[:8]}")  # a prefix redirects to the full id
+    assert status == 200 and f"<code>{first}</code>" in body
+    health = json.loads(web.get("/healthz")[1])
+    assert health == {"ok": True, "store": str(db), "tasks": 2}
+
+
+def test_a_pause_posted_from_the_page_pauses_a_task_in_another_process(
+    running: tuple[Path, Node, Web],
+) -> None:
+    db, node, web = running
+    first, second = node.task_ids
+    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    web.get(f"/tasks/{first}")  # the page sets the CSRF cookie its forms carry
+    status, body = web.request(f"/tasks/{first}/pause", {"csrf": web.csrf()})
+    assert status == 200 and "request accepted (command " in body, body
+    wait_until(lambda: _status(db, first) is TaskStatus.PAUSED, 15, "paused by the node")
+    again = web.request(f"/tasks/{first}/pause", {"csrf": web.csrf()}, **{"HX-Request": "true"})
+    assert again[0] == 200 and "already paused" in again[1] and "<html" not in again[1]
+    # A selection: both tasks at once, each answered.
+    status, body = web.request(
+        "/tasks/selection/stop", {"csrf": web.csrf(), "task_id": [first, second]}
+    )
+    assert status == 200 and body.count("request accepted") == 2, body
+    wait_until(lambda: _status(db, second) is TaskStatus.STOPPED, 15, "stopped")
+    wait_until(lambda: _status(db, first) is TaskStatus.STOPPED, 15, "stopped")
+
+
+def test_bad_input_is_a_clear_error_and_changes_nothing(
+    running: tuple[Path, Node, Web],
+) -> None:
+    db, node, web = running
+    first = node.task_ids[0]
+    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    cases = [
+        ("/tasks/zzzzzzzz", 404, "no task zzzzzzzz"),
+        ("/tasks/abc", 404, "needs 6+ characters"),
+        ("/tasks?status=bogus", 400, "unknown status"),
+        ("/tasks?bucket=999", 400, "bad bucket"),
+        ("/tasks?bucket=x", 400, "bad bucket"),
+        ("/tasks?q=%3Cscript%3Ealert(1)%3C%2Fscript%3E", 200, "no task matches"),
+        ("/tasks?name=%00%ff", 200, "no task matches"),
+    ]
+    for path, code, said in cases:
+        status, body = web.get(path)
+        assert status == code and said in body, (path, status, body[-600:])
+        assert "<script>alert(1)</script>" not in body  # escaped, never markup
+    web.get("/")
+    forged = web.request(f"/tasks/{first}/stop", {"csrf": "forged"})
+    assert forged[0] == 403 and "CSRF" in forged[1]
+    missing = web.request(f"/tasks/{first}/stop", {})
+    assert missing[0] == 403
+    unknown = web.request(f"/tasks/{first}/explode", {"csrf": web.csrf()})
+    assert unknown[0] == 404
+    time.sleep(0.3)
+    assert _status(db, first) is TaskStatus.RUNNING  # nothing changed
+
+
+def test_read_only_and_the_access_token(tmp_path: Path) -> None:
+    db = tmp_path / "guarded.db"
+    SqliteTaskStore(db).close()
+    refused = subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), "web", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "give --token" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    web = Web(db, "--token", "s3cret", "--read-only")
+    try:
+        assert web.get("/")[0] == 401
+        assert web.get("/", Authorization="Bearer wrong")[0] == 401
+        assert web.get("/", Authorization="Bearer s3cret")[0] == 200
+        assert web.get("/healthz")[0] == 200  # a probe needs no token
+        status, body = web.get("/?token=s3cret")  # once: a cookie, then plain requests
+        assert status == 200 and "read-only" in body
+        assert web.get("/tasks")[0] == 200
+        status, body = web.request("/tasks/t/stop", {"csrf": web.csrf()})
+        assert status == 403 and "read-only" in body
+    finally:
+        web.close()
+
+
+def test_metrics_parse_and_never_label_a_task_id(running: tuple[Path, Node, Web]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    db, node, web = running
+    wait_until(lambda: _status(db, node.task_ids[0]) is TaskStatus.RUNNING, what="running")
+    status, text = web.get("/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    running_now = [
+        s.value for s in families["chongming_tasks"].samples if s.labels == {"status": "running"}
+    ]
+    assert running_now == [2.0]
+    assert sum(s.value for s in families["chongming_nodes"].samples) >= 1
+    assert {"chongming_lost_tasks", "chongming_alarms", "chongming_unfinished_tasks"} <= set(
+        families
+    )
+    ids = set(node.task_ids)
+    for family in families.values():
+        for sample in family.samples:
+            assert not ids & set(sample.labels.values()), sample
+    assert not re.search(r"[0-9a-f]{32}", text)
