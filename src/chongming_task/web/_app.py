@@ -157,7 +157,9 @@ def create_app(dashboard: Dashboard) -> Starlette:
         try:
             for task_id in given:
                 snapshot = find_task(d.store, task_id, d.where)
-                receipt = getattr(controller, action.value)(snapshot.task_id, reason="dashboard")
+                receipt = getattr(controller, action.value)(
+                    snapshot.task_id, reason=f"{action.value} from the dashboard"
+                )
                 answers.append((snapshot, _views.control_outcome(receipt)))
         finally:
             controller.close()
