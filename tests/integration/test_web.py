@@ -224,8 +224,39 @@ def test_metrics_parse_and_never_label_a_task_id(running: tuple[Path, Node, Web]
     assert {"chongming_lost_tasks", "chongming_alarms", "chongming_unfinished_tasks"} <= set(
         families
     )
+    # The dashboard's follower counts what it sees happen: stop one task, then scrape.
+    web.get("/")
+    web.request(f"/tasks/{node.task_ids[0]}/stop", {"csrf": web.csrf()})
+    wait_until(lambda: _status(db, node.task_ids[0]) is TaskStatus.STOPPED, 15, "stopped")
+
+    def counted() -> dict[str, object]:
+        return {f.name: f for f in text_string_to_metric_families(web.get("/metrics")[1])}
+
+    wait_until(lambda: "stopping -> stopped" in _moves(counted()), 10, "the follower to count")
+    families = counted()
+    moves = _moves(families)
+    assert moves["running -> stopping"] == 1.0 and moves["stopping -> stopped"] == 1.0
+    durations = [
+        s
+        for s in families["chongming_task_duration_seconds"].samples  # type: ignore[attr-defined]
+        if s.name.endswith("_count") and s.labels == {"name": "loop", "outcome": "stopped"}
+    ]
+    assert [s.value for s in durations] == [1.0]
+    overview = web.get("/")[1]
+    assert "Finished, last 10 minutes" in overview and "1 stopped" in overview
     ids = set(node.task_ids)
     for family in families.values():
         for sample in family.samples:
             assert not ids & set(sample.labels.values()), sample
     assert not re.search(r"[0-9a-f]{32}", text)
+
+
+def _moves(families: dict[str, object]) -> dict[str, float]:
+    family = families.get("chongming_transitions")
+    if family is None:
+        return {}
+    return {
+        f"{s.labels['from_status']} -> {s.labels['to_status']}": s.value
+        for s in family.samples  # type: ignore[attr-defined]
+        if s.name.endswith("_total") and s.labels.get("name") == "loop"
+    }

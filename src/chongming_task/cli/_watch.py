@@ -2,24 +2,21 @@
 names, who and why; a live table redrawn in place when stdout is a terminal (``rich``,
 from the ``[cli]`` extra), plain lines when piped, JSON lines with ``--json``.
 
-Where the transitions come from, each refresh: the unfinished tasks the filters select,
-the newest tasks (so one created and finished between two refreshes is still shown),
-and every task seen unfinished last time (so its ending is shown once it leaves the
-unfinished set). A task's trail is read from the version last shown, never twice.
+The transitions come from ``TransitionFeed`` (``chongming_task._feed``), over the tasks
+the filters select.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..model import Progress, TaskSnapshot, Transition
+from .._feed import RECENT, Change, TransitionFeed
+from ..model import TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
 from . import render
@@ -29,79 +26,22 @@ from ._parser import UsageError
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-__all__ = ["Change", "Feed", "cmd_watch"]
+__all__ = ["cmd_watch"]
 
-RECENT = 200
-"""How many of the newest tasks each refresh reads to catch short-lived ones."""
 PROGRESS_EVERY = 10.0
 """Plain output prints a task's progress at most this often (seconds)."""
 OVERFLOW = f"(more than {RECENT} tasks were created since the last refresh; some are not shown)"
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """What one refresh found: new transitions (oldest first) and each task's name, the
-    unfinished tasks now and those whose progress moved, and whether more tasks were
-    created since the last refresh than one refresh reads."""
-
-    transitions: list[Transition]
-    names: dict[str, str]
-    active: list[TaskSnapshot]
-    progressed: list[TaskSnapshot]
-    overflow: bool
-
-
-class Feed:
-    """Reads what changed since the last refresh; the first refresh starts from now."""
-
-    def __init__(self, ctx: Context) -> None:
-        self._ctx = ctx
-        self._store = ctx.store()
-        self._shown: dict[str, int] = {}  # task id -> last status version shown
-        self._unfinished: set[str] = set()
-        self._progress: dict[str, Progress | None] = {}
-        self._first = True
-        query = task_query(ctx)
-        # The newest tasks, in whatever status (unless --status asks for some).
-        self._recent = dataclasses.replace(
-            query,
-            statuses=query.statuses if ctx.args.status else None,
-            newest_first=True,
-            limit=RECENT,
-        )
-
-    def poll(self) -> Change:
-        active = find_tasks(self._ctx)
-        recent = [s for s in self._store.query(self._recent) if matches_name(self._ctx, s)]
-        current = {s.task_id: s for s in recent}
-        current.update((s.task_id, s) for s in active)
-        for task_id in self._unfinished - current.keys():
-            gone = self._store.get(task_id)  # ended (or pruned) since the last refresh
-            if gone is not None:
-                current[task_id] = gone
-        # Every one of the newest tasks unseen: more may have come and gone unread.
-        overflow = (
-            not self._first
-            and len(recent) >= RECENT
-            and not any(s.task_id in self._shown for s in recent)
-        )
-        transitions: list[Transition] = []
-        for s in current.values():
-            last = self._shown.get(s.task_id)
-            if self._first:
-                self._shown[s.task_id] = s.status_version
-            elif last != s.status_version:
-                transitions += self._store.history(s.task_id, since_version=last or 0)
-                self._shown[s.task_id] = s.status_version
-        transitions.sort(key=lambda t: (t.at, t.task_id, t.version))
-        # Forget what can change no more: a finished task out of the newest few.
-        self._shown = {task_id: self._shown[task_id] for task_id in current}
-        self._unfinished = {s.task_id for s in current.values() if not s.is_terminal}
-        progressed = [s for s in active if self._progress.get(s.task_id) != s.progress]
-        self._progress = {s.task_id: s.progress for s in active}
-        self._first = False
-        names = {task_id: s.name for task_id, s in current.items()}
-        return Change(transitions, names, active, progressed, overflow)
+def _feed(ctx: Context) -> TransitionFeed:
+    """The transitions of the tasks ``watch``'s filters select (endings included)."""
+    return TransitionFeed(
+        ctx.store(),
+        task_query(ctx),
+        any_status=not ctx.args.status,
+        keep=lambda s: matches_name(ctx, s),
+        active=lambda: find_tasks(ctx),
+    )
 
 
 def clock(at: datetime) -> str:
@@ -126,7 +66,7 @@ def progress_line(s: TaskSnapshot) -> str:
 def cmd_watch(ctx: Context) -> int:
     if ctx.args.interval <= 0:
         raise UsageError("--interval must be > 0 seconds")
-    feed = Feed(ctx)
+    feed = _feed(ctx)
     try:
         if ctx.args.json:
             _loop(ctx, feed, _json_out)
@@ -147,7 +87,7 @@ def _rich_available() -> bool:
     return True
 
 
-def _loop(ctx: Context, feed: Feed, out: Any) -> None:
+def _loop(ctx: Context, feed: TransitionFeed, out: Any) -> None:
     tick = threading.Event()
     count = 0
     while True:
@@ -195,7 +135,7 @@ def _plain_out(ctx: Context) -> Any:
     return out
 
 
-def _live(ctx: Context, feed: Feed) -> None:
+def _live(ctx: Context, feed: TransitionFeed) -> None:
     from rich.console import Console
     from rich.live import Live
 

@@ -10,11 +10,12 @@ bucket out of range) is a clear error page and changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -37,7 +38,8 @@ from ..states import NON_TERMINAL, TERMINAL
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from . import _views
-from ._metrics import metrics_text
+from ._follow import Follower
+from ._metrics import metrics_text, store_registry
 
 __all__ = ["Dashboard", "create_app"]
 
@@ -70,6 +72,8 @@ class Dashboard:
         self.read_only = read_only
         self.token = token
         self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
+        self.registry = store_registry(self)
+        self.follower = Follower(store, self.registry)
 
     def controller(self) -> Controller:
         """An operator's controller: it acts for nodes and never takes commands."""
@@ -115,6 +119,14 @@ def create_app(dashboard: Dashboard) -> Starlette:
 
     async def overview_live(request: Request) -> Response:
         return page(request, "_overview_live.html", _views.overview(d))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        d.follower.start()
+        try:
+            yield
+        finally:
+            d.follower.stop()
 
     async def tasks(request: Request) -> Response:
         query, shown = _task_query(d, request)
@@ -180,7 +192,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
         return JSONResponse({"ok": True, "store": d.where, "tasks": sum(counts.values())})
 
     async def metrics(request: Request) -> Response:
-        body, content_type = metrics_text(d)
+        body, content_type = metrics_text(d.registry)
         return Response(body, media_type=content_type)
 
     async def guard(
@@ -227,6 +239,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         middleware=[Middleware(BaseHTTPMiddleware, dispatch=guard)],
+        lifespan=lifespan,
     )
 
 

@@ -4,7 +4,8 @@ the same index-answered questions as the CLI (never a task id as a label).
 Gauges, because they are read from the store, not counted by this process: tasks by
 status, unfinished tasks by bucket and status, tasks per bucket, lost tasks (the
 ``lost`` status is terminal: it only grows until ``prune``), nodes by state, alarms
-firing by kind, the age of the oldest queued task.
+firing by kind, the age of the oldest queued task. The dashboard's follower adds
+counters of the transitions it saw (``_follow``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..states import NON_TERMINAL
 if TYPE_CHECKING:
     from ._app import Dashboard
 
-__all__ = ["metrics_text"]
+__all__ = ["StoreCollector", "metrics_text", "store_registry"]
 
 
 class StoreCollector(Collector):
@@ -98,8 +99,13 @@ def _order(bucket: int | None) -> tuple[int, int]:
     return (1, 0) if bucket is None else (0, bucket)
 
 
-def metrics_text(dashboard: Dashboard) -> tuple[bytes, str]:
-    """One scrape: the body and its content type."""
+def store_registry(dashboard: Dashboard) -> CollectorRegistry:
+    """A registry whose scrape reads the store (the follower adds its counters to it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(dashboard))
+    return registry
+
+
+def metrics_text(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """One scrape: the body and its content type."""
     return generate_latest(registry), CONTENT_TYPE_LATEST

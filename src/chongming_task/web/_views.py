@@ -84,12 +84,34 @@ def overview(d: Dashboard) -> dict[str, Any]:
             }
         )
     return {
+        "chart": _chart(d),
         "counts": [(s.value, counts.get(s, 0)) for s in TaskStatus],
         "total": sum(counts.values()),
         "report": report,
         "cells": cells,
         "unbucketed": totals.get(None, 0),
     }
+
+
+def _chart(d: Dashboard) -> dict[str, Any]:
+    """Tasks finished per 10 s over the last ten minutes, as SVG bars (succeeded below,
+    every other ending stacked above it)."""
+    slots = d.follower.throughput()
+    tallest = max((sum(c.values()) for _, c in slots), default=0) or 1
+    bars = []
+    for i, (_, counts) in enumerate(slots):
+        good = counts.get("succeeded", 0)
+        bad = sum(counts.values()) - good
+        bars.append(
+            {
+                "x": i * 8,
+                "good": 60 * good / tallest,
+                "bad": 60 * bad / tallest,
+                "title": ", ".join(f"{n} {status}" for status, n in counts.items()) or "none",
+            }
+        )
+    total = sum(sum(c.values()) for _, c in slots)
+    return {"bars": bars, "tallest": tallest, "total": total, "per_second": total / 600}
 
 
 def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:

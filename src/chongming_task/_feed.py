@@ -1,0 +1,99 @@
+"""Following a store's transitions from outside any node: what ``watch`` prints and what
+the dashboard counts. The store keeps no global sequence of transitions, so each refresh
+reads three things: the unfinished tasks of a query, the newest few tasks (one created and
+finished between two refreshes still shows), and each task seen unfinished last time (its
+ending shows once it leaves the unfinished set). A task's trail is read from the version
+last seen, never twice; the first refresh starts from now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .model import Progress, TaskQuery, TaskSnapshot, Transition
+from .states import NON_TERMINAL
+from .stores.protocol import TaskStore
+
+__all__ = ["RECENT", "Change", "TransitionFeed"]
+
+RECENT = 200
+"""How many of the newest tasks each refresh reads to catch short-lived ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What one refresh found: new transitions (oldest first) and each task's name and
+    latest snapshot, the unfinished tasks now and those whose progress moved, and whether
+    more tasks were created since the last refresh than one refresh reads."""
+
+    transitions: list[Transition]
+    tasks: dict[str, TaskSnapshot]
+    active: list[TaskSnapshot]
+    progressed: list[TaskSnapshot]
+    overflow: bool
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {task_id: s.name for task_id, s in self.tasks.items()}
+
+
+class TransitionFeed:
+    """Reads what changed since the last refresh. ``query`` selects the unfinished tasks
+    to follow (default: all of them); ``keep`` filters what the store cannot (a glob)."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        query: TaskQuery | None = None,
+        *,
+        any_status: bool = True,
+        keep: Callable[[TaskSnapshot], bool] = lambda s: True,
+        active: Callable[[], list[TaskSnapshot]] | None = None,
+    ) -> None:
+        self._store = store
+        query = query or TaskQuery(statuses=NON_TERMINAL)
+        self._active = active or (lambda: [s for s in store.query(query) if keep(s)])
+        self._keep = keep
+        # The newest tasks, in whatever status (unless the caller asked for some).
+        self._recent = dataclasses.replace(
+            query, statuses=None if any_status else query.statuses, newest_first=True, limit=RECENT
+        )
+        self._shown: dict[str, int] = {}  # task id -> last status version seen
+        self._unfinished: set[str] = set()
+        self._progress: dict[str, Progress | None] = {}
+        self._first = True
+
+    def poll(self) -> Change:
+        store = self._store
+        active = self._active()
+        recent = [s for s in store.query(self._recent) if self._keep(s)]
+        current = {s.task_id: s for s in recent}
+        current.update((s.task_id, s) for s in active)
+        for task_id in self._unfinished - current.keys():
+            gone = store.get(task_id)  # ended (or pruned) since the last refresh
+            if gone is not None:
+                current[task_id] = gone
+        # Every one of the newest tasks unseen: more may have come and gone unread.
+        overflow = (
+            not self._first
+            and len(recent) >= RECENT
+            and not any(s.task_id in self._shown for s in recent)
+        )
+        transitions: list[Transition] = []
+        for s in current.values():
+            last = self._shown.get(s.task_id)
+            if self._first:
+                self._shown[s.task_id] = s.status_version
+            elif last != s.status_version:
+                transitions += store.history(s.task_id, since_version=last or 0)
+                self._shown[s.task_id] = s.status_version
+        transitions.sort(key=lambda t: (t.at, t.task_id, t.version))
+        # Forget what can change no more: a finished task out of the newest few.
+        self._shown = {task_id: self._shown[task_id] for task_id in current}
+        self._unfinished = {s.task_id for s in current.values() if not s.is_terminal}
+        progressed = [s for s in active if self._progress.get(s.task_id) != s.progress]
+        self._progress = {s.task_id: s.progress for s in active}
+        self._first = False
+        return Change(transitions, current, active, progressed, overflow)
