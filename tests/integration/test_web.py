@@ -260,3 +260,25 @@ def _moves(families: dict[str, object]) -> dict[str, float]:
         for s in family.samples  # type: ignore[attr-defined]
         if s.name.endswith("_total") and s.labels.get("name") == "loop"
     }
+
+
+def test_reconcile_previews_then_marks_a_dead_nodes_task_lost(tmp_path: Path) -> None:
+    db = tmp_path / "dead.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--lease-ttl", "1", "--submit", "loop")
+    (task_id,) = node.task_ids
+    wait_until(lambda: _status(db, task_id) is TaskStatus.RUNNING, what="running")
+    node.kill()  # its lease runs out within a second
+    web = Web(db)
+    try:
+        wait_until(lambda: task_id[:12] in web.get("/reconcile")[1], 15, "the preview")
+        status, body = web.get("/reconcile")
+        assert status == 200 and "1 task(s) would be marked lost" in body
+        assert _status(db, task_id) is TaskStatus.RUNNING  # a preview changes nothing
+        assert web.request("/reconcile", {"csrf": "forged"})[0] == 403
+        assert _status(db, task_id) is TaskStatus.RUNNING
+        status, body = web.request("/reconcile", {"csrf": web.csrf()})
+        assert status == 200 and "Marked 1 task(s) lost" in body, body
+        assert _status(db, task_id) is TaskStatus.LOST
+    finally:
+        web.close()

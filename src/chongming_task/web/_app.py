@@ -178,6 +178,27 @@ def create_app(dashboard: Dashboard) -> Starlette:
         shown = "_answer.html" if request.headers.get("hx-request") else "answer.html"
         return page(request, shown, {"action": action.value, "answers": answers})
 
+    async def reconcile(request: Request) -> Response:
+        """GET: what reconcile would mark lost (a dry run). POST (confirmed, CSRF): do it;
+        reconcile judges every task again, so the answer may differ from the preview."""
+        if request.method == "POST":
+            if d.read_only:
+                return error(request, 403, "this dashboard is read-only: controls are off")
+            form = await request.form()
+            if not _csrf_ok(request, str(form.get("csrf", ""))):
+                return error(request, 403, "the form's CSRF value is missing or wrong")
+        controller = d.controller()
+        try:
+            report = controller.reconcile(dry_run=request.method != "POST")
+        finally:
+            controller.close()
+        found = [d.store.get(task_id) for task_id in report.lost[:200]]
+        return page(
+            request,
+            "reconcile.html",
+            {"report": report, "tasks": [s for s in found if s is not None]},
+        )
+
     async def schedules(request: Request) -> Response:
         return page(request, "schedules.html", _views.schedules(d))
 
@@ -232,6 +253,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Route("/tasks/{task_id}", task),
             Route("/tasks/{task_id}/live", task_live),
             Route("/tasks/{task_id}/{action}", control, methods=["POST"]),
+            Route("/reconcile", reconcile, methods=["GET", "POST"]),
             Route("/schedules", schedules),
             Route("/nodes", nodes),
             Route("/healthz", healthz),
