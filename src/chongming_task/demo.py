@@ -91,9 +91,9 @@ def _field(record: dict[str, str], key: str) -> str:
 
 def _pipeline(node: Controller) -> PipelineRun:
     etl = Pipeline("etl")
-    etl.add("extract", "etl.extract", 20)
-    etl.add("transform", "etl.transform", 30, depends_on=["extract"])
-    etl.add("load", "etl.load", 15, depends_on=["transform"])
+    etl.add("extract", "etl.extract", 20, bucket_key="etl")
+    etl.add("transform", "etl.transform", 30, depends_on=["extract"], bucket_key="etl")
+    etl.add("load", "etl.load", 15, depends_on=["transform"], bucket_key="etl")
     return node.submit_pipeline(etl)
 
 
@@ -121,6 +121,7 @@ def _banner(
         f"  {command('ps', '--all', '--pipeline', pipeline.pipeline_run_id[:8])}",
         f"  {command('schedules')}",
         f"  {command('nodes')}",
+        f"  {command('web')}     # the dashboard: http://127.0.0.1:8484/",
         "",
         "Ids: any unique prefix of 6+ characters works.",
     ]
@@ -136,15 +137,16 @@ def run_node(
     node = Controller(store, owner=f"demo:{os.getpid()}")
     _define(node)
     pipeline = _pipeline(node)
+    # Bucket keys spread the tasks over the 64 buckets (the dashboard's map shows them).
     runs = {
-        "ingest": node.submit("ingest", 1200),
-        "ingest2": node.submit("ingest", 2400),
-        "report": node.submit("report", 300),
-        "flaky": node.submit("flaky", 2),
-        "parse": node.submit("parse", {"name": "Ada"}),
+        "ingest": node.submit("ingest", 1200, bucket_key="tenant-a"),
+        "ingest2": node.submit("ingest", 2400, bucket_key="tenant-b"),
+        "report": node.submit("report", 300, bucket_key="tenant-c"),
+        "flaky": node.submit("flaky", 2, bucket_key="tenant-d"),
+        "parse": node.submit("parse", {"name": "Ada"}, bucket_key="tenant-e"),
     }
-    node.schedule("heartbeat", "heartbeat", IntervalTrigger(10))
-    node.schedule("flaky-every-minute", "flaky", IntervalTrigger(60), 2)
+    node.schedule("heartbeat", "heartbeat", IntervalTrigger(10), bucket_key="tenant-f")
+    node.schedule("flaky-every-minute", "flaky", IntervalTrigger(60), 2, bucket_key="tenant-d")
     interrupted = threading.Event()
     by: list[str] = []
 
