@@ -343,7 +343,9 @@ class TaskQuery:
 
     ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` and
     ``pipeline_prefix`` select the tasks whose id, or pipeline run id, starts with the
-    text (how the CLI resolves a short id). Results are
+    text (how the CLI resolves a short id). ``created_until`` keeps tasks created at or
+    before that time (a page of older tasks: skip the ones already shown at that very
+    time, which come first). Results are
     ordered by ``created_at`` ascending, descending with ``newest_first``.
     """
 
@@ -355,6 +357,7 @@ class TaskQuery:
     buckets: frozenset[int] | None = None
     pipeline_run_id: str | None = None
     pipeline_prefix: str | None = None
+    created_until: datetime | None = None
     limit: int | None = None
     newest_first: bool = False
 
@@ -365,6 +368,7 @@ class TaskQuery:
             object.__setattr__(self, "buckets", frozenset(self.buckets))
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
+        _normalise(self, ("created_until",))
         if self.id_prefix == "" or self.pipeline_prefix == "":
             raise ValueError("an id prefix must not be empty")
         texts = ("id_prefix", "name", "name_prefix", "tag", "pipeline_run_id", "pipeline_prefix")
@@ -387,6 +391,7 @@ class TaskQuery:
                 self.pipeline_prefix is None
                 or (snapshot.pipeline_run_id or "").startswith(self.pipeline_prefix)
             )
+            and (self.created_until is None or snapshot.created_at <= self.created_until)
         )
 
 

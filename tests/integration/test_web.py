@@ -282,3 +282,45 @@ def test_reconcile_previews_then_marks_a_dead_nodes_task_lost(tmp_path: Path) ->
         assert _status(db, task_id) is TaskStatus.LOST
     finally:
         web.close()
+
+
+def test_paging_walks_every_task_once_even_across_a_tie(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from chongming_task import TaskSnapshot
+
+    db = tmp_path / "pages.db"
+    store = SqliteTaskStore(db)
+    base = datetime(2026, 12, 1, tzinfo=UTC)
+    made = []
+    for n in range(130):  # 40 alone, then 60 created at one instant, then 30 alone
+        at = base + timedelta(seconds=n if n < 40 else 40 if n < 100 else n)
+        task_id = f"{n:04d}" + "a" * 28
+        store.create(
+            TaskSnapshot(
+                task_id=task_id,
+                name="paged",
+                status=TaskStatus.SUCCEEDED,
+                status_version=4,
+                created_at=at,
+            )
+        )
+        made.append(task_id)
+    store.close()
+    web = Web(db)
+    try:
+        seen: list[str] = []
+        path = "/tasks?status=all"
+        for _ in range(10):
+            status, body = web.get(path)
+            assert status == 200, body
+            seen += re.findall(r'href="/tasks/([0-9a-f]{32})"', body)
+            older = re.search(r'class="older" href="([^"]+)"', body)
+            if older is None:
+                break
+            path = older.group(1).replace("&amp;", "&")
+        assert seen == list(reversed(made))  # newest first, each exactly once
+        assert web.get("/tasks?status=all&until=yesterday")[0] == 400
+        assert web.get("/tasks?status=all&until=2026-12-01T00:00:00&skip=1")[0] == 400
+    finally:
+        web.close()

@@ -294,6 +294,18 @@ class StoreContract(CapabilityContract):
                 assert self._ids(store.query(TaskQuery(id_prefix=prefix))) == expected, prefix
             assert self._ids(store.query(TaskQuery(id_prefix="a1b2c3", limit=2))) == ids[:2]
 
+    def test_query_pages_back_by_creation_time(self) -> None:
+        with self._store() as store:
+            self._populate(store)  # a..e created at 1..5 s
+            older = TaskQuery(created_until=at(3), newest_first=True)
+            assert self._ids(store.query(older)) == ["c", "b", "a"]
+            assert self._ids(store.query(TaskQuery(created_until=at(2.5)))) == ["a", "b"]
+            assert store.query(TaskQuery(created_until=at(0))) == []
+            for task_id in ["x", "y", "z"]:  # a tie: three tasks created at the same time
+                store.create(self.snapshot(task_id, created_at=at(3)))
+            tie = TaskQuery(created_until=at(3), newest_first=True, limit=3)
+            assert self._ids(store.query(tie)) == ["z", "y", "x"]
+
     def test_query_orders_and_limits(self) -> None:
         with self._store() as store:
             self._populate(store)

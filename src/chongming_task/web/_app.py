@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -47,6 +48,9 @@ CSRF_COOKIE = "cm_csrf"
 TOKEN_COOKIE = "cm_token"
 PAGE = 50
 """Tasks per page of the tasks list."""
+PAGING = ("until", "skip")
+MAX_SKIP = 100_000
+"""Tasks created at one same instant that paging steps over (a bulk submit's batch)."""
 
 
 class BadInput(ValueError):
@@ -129,17 +133,28 @@ def create_app(dashboard: Dashboard) -> Starlette:
             d.follower.stop()
 
     async def tasks(request: Request) -> Response:
-        query, shown = _task_query(d, request)
-        found = d.store.query(query)
+        query, shown, skip = _task_query(d, request)
+        found = d.store.query(query)[skip:]
+        listed = found[:PAGE]
+        older = None
+        if len(found) > PAGE:
+            # Keyset paging: the next page starts at the last time shown, past the tasks
+            # of that very time already shown (a tie; they come first, newest first).
+            last = listed[-1].created_at
+            tied = sum(1 for s in listed if s.created_at == last)
+            if query.created_until == last:
+                tied += skip
+            params = [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
+            older = urlencode([*params, ("until", last.isoformat()), ("skip", str(tied))])
         return page(
             request,
             "tasks.html",
             {
-                "tasks": found[:PAGE],
-                "more": len(found) > PAGE,
+                "tasks": listed,
+                "older": older,
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
-                "health": {s.task_id: _views.health(s, d.now()) for s in found},
+                "health": {s.task_id: _views.health(s, d.now()) for s in listed},
             },
         )
 
@@ -278,7 +293,7 @@ def _csrf_ok(request: Request, given: str) -> bool:
     return bool(cookie) and bool(given) and hmac.compare_digest(cookie or "", given)
 
 
-def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, Any]]:
+def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, Any], int]:
     """The tasks page's filters from its query string, each checked (a bad one is a 400)."""
     q = request.query_params
     statuses: frozenset[TaskStatus] | None = NON_TERMINAL
@@ -302,6 +317,15 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
     prefix = text["q"]
     if prefix is not None and len(prefix) < 2:
         raise BadInput("search an id by at least 2 characters")
+    until, skip = None, 0
+    if q.get("until"):
+        try:
+            until = datetime.fromisoformat(q["until"])
+            skip = int(q.get("skip", "0"))
+        except ValueError:
+            raise BadInput("bad page cursor (until, skip)") from None
+        if until.tzinfo is None or not 0 <= skip <= MAX_SKIP:
+            raise BadInput("bad page cursor (until, skip)")
     query = TaskQuery(
         statuses=statuses,
         id_prefix=prefix,
@@ -309,7 +333,8 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
         tag=text["tag"],
         buckets=buckets,
         pipeline_run_id=text["pipeline"],
-        limit=PAGE + 1,
+        created_until=until,
+        limit=skip + PAGE + 1,
         newest_first=True,
     )
     shown = {
@@ -317,4 +342,4 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
         **{k: v or "" for k, v in text.items()},
         "bucket": "" if buckets is None else format_buckets(buckets),
     }
-    return query, shown
+    return query, shown, skip
