@@ -19,8 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from .. import fleet
-from ..model import TaskScan, TaskStatus
-from ..states import NON_TERMINAL
+from ..model import TaskStatus
 
 if TYPE_CHECKING:
     from ._app import Dashboard
@@ -34,8 +33,8 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         d = self._d
-        now = d.now()
-        counts = d.store.counts()
+        latest = d.follower.latest()  # read in the follower's thread, at most a pass old
+        counts = latest.counts
         by_status = GaugeMetricFamily(
             "chongming_tasks", "Tasks in the store by status.", labels=["status"]
         )
@@ -48,7 +47,7 @@ class StoreCollector(Collector):
         per_bucket = GaugeMetricFamily(
             "chongming_bucket_tasks", "Tasks per bucket (any status).", labels=["bucket"]
         )
-        totals: dict[int | None, int] = d.caps.count_tasks("bucket")
+        totals = latest.bucket_totals
         for bucket in sorted(totals, key=_order):
             per_bucket.add_metric([_label(bucket)], totals[bucket])
         yield per_bucket
@@ -57,13 +56,11 @@ class StoreCollector(Collector):
             "Unfinished tasks by bucket and status.",
             labels=["bucket", "status"],
         )
-        pairs: dict[tuple[int | None, TaskStatus], int] = d.caps.count_tasks(
-            "bucket_status", statuses=NON_TERMINAL
-        )
+        pairs = latest.unfinished
         for bucket, status in sorted(pairs, key=lambda pair: (_order(pair[0]), pair[1].value)):
             unfinished.add_metric([_label(bucket), status.value], pairs[(bucket, status)])
         yield unfinished
-        report = fleet.examine(d.caps, num_buckets=d.policy.num_buckets, now=now, limit=0)
+        report = latest.report
         nodes = GaugeMetricFamily("chongming_nodes", "Declared nodes by state.", labels=["state"])
         states = {"live": 0, "dead": 0, "stopped": 0}
         for node in report.nodes:
@@ -81,14 +78,19 @@ class StoreCollector(Collector):
         for kind, n in firing.items():
             alarms.add_metric([kind], n)
         yield alarms
-        _, oldest = d.caps.scan_tasks(TaskScan(statuses=frozenset({TaskStatus.QUEUED}), limit=1))
         waited = GaugeMetricFamily(
             "chongming_oldest_queued_seconds", "Age of the oldest queued task (0: none)."
         )
+        oldest = latest.oldest_queued
         waited.add_metric(
-            [], max(0.0, (now - oldest[0].created_at).total_seconds()) if oldest else 0.0
+            [], 0.0 if oldest is None else max(0.0, (latest.at - oldest).total_seconds())
         )
         yield waited
+        age = GaugeMetricFamily(
+            "chongming_dashboard_read_age_seconds", "How old these store-wide figures are."
+        )
+        age.add_metric([], max(0.0, (d.now() - latest.at).total_seconds()))
+        yield age
 
 
 def _label(bucket: int | None) -> str:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from .. import fleet
 from ..cli import render
 from ..model import ScheduleRecord, TaskSnapshot, TaskStatus
-from ..states import NON_TERMINAL
 
 if TYPE_CHECKING:
     from ._app import Dashboard
@@ -54,11 +53,11 @@ def clock(at: datetime | None) -> str:
 
 
 def overview(d: Dashboard) -> dict[str, Any]:
-    now = d.now()
-    counts = d.store.counts()
-    report = fleet.examine(d.caps, num_buckets=d.policy.num_buckets, now=now, limit=5)
-    totals = d.caps.count_tasks("bucket")
-    unfinished = d.caps.count_tasks("bucket_status", statuses=NON_TERMINAL)
+    """The overview from the follower's latest aggregates (never a whole-store query in
+    the request: those run in the follower's thread)."""
+    latest = d.follower.latest()
+    counts, report = latest.counts, latest.report
+    totals, unfinished = latest.bucket_totals, latest.unfinished
     owners: dict[int, list[str]] = {}
     everywhere = []
     for n in report.nodes:
@@ -84,6 +83,7 @@ def overview(d: Dashboard) -> dict[str, Any]:
             }
         )
     return {
+        "as_of": latest.at,
         "chart": _chart(d),
         "counts": [(s.value, counts.get(s, 0)) for s in TaskStatus],
         "total": sum(counts.values()),
