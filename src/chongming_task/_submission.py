@@ -9,6 +9,7 @@ another node's bucket would sit ``queued`` forever with no error (distributed §
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
@@ -18,8 +19,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._services import NodeContext
-from .errors import ConfigurationError, ControllerClosed
-from .model import TaskSnapshot, TaskStatus, Transition, trusted_snapshot, trusted_transition
+from .errors import ChongmingTaskError, ConfigurationError, ControllerClosed
+from .model import (
+    PipelineRecord,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    trusted_snapshot,
+    trusted_transition,
+)
 from .pipelines import Pipeline, PipelineRun
 from .policies import BucketPolicy, format_buckets
 from .run import RunHost, TaskRun, dependencies_met, lease_renewed, stored
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 
 Prepared = tuple[TaskRun, Transition]
+
+log = logging.getLogger("chongming_task.submit")
 
 
 def default_owner() -> str:
@@ -142,6 +152,10 @@ class Submitter:
         return runs
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
+        rules = self._host.value_rules
+        check_text(pipeline.name, "pipeline name", rules)
+        for key in pipeline.nodes:
+            check_text(key, f"node key of pipeline {pipeline.name!r}", rules)
         run_id = new_task_id()
         prepared = {
             key: self.prepare(
@@ -156,6 +170,7 @@ class Submitter:
         }
         self.persist(list(prepared.values()))
         nodes = {key: run for key, (run, _) in prepared.items()}
+        self._record_shape(pipeline, run_id, nodes)
         handle = PipelineRun(pipeline, run_id, nodes, self.enqueue_pending)
         for key, run in nodes.items():
             run.pipeline, run.node_key = handle, key
@@ -163,6 +178,24 @@ class Submitter:
             if run.status is TaskStatus.QUEUED:
                 self._dispatcher.put(run)
         return handle
+
+    def _record_shape(self, pipeline: Pipeline, run_id: str, nodes: dict[str, TaskRun]) -> None:
+        """The run's graph, for people (the dashboard draws it). A failed write costs the
+        run nothing: it is logged."""
+        record = PipelineRecord(
+            pipeline_run_id=run_id,
+            name=pipeline.name,
+            node=self._host.owner,
+            created_at=self._host.clock.now(),
+            tasks={key: run.task_id for key, run in nodes.items()},
+            depends_on={key: node.depends_on for key, node in pipeline.nodes.items()},
+        )
+        try:
+            self._host.capabilities.record_pipeline(record)
+        except ChongmingTaskError as exc:
+            log.warning(
+                "pipeline %s (%s): its shape was not recorded: %s", pipeline.name, run_id, exc
+            )
 
     def enqueue_pending(self, run: TaskRun, reason: str) -> bool:
         """Move a ``pending`` run to ``queued``: its dependencies are met."""

@@ -9,7 +9,7 @@ every process. Legality of status changes lives in ``states``, not here.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +26,7 @@ __all__ = [
     "FailureKind",
     "JSONValue",
     "NodeRecord",
+    "PipelineRecord",
     "Progress",
     "ScheduleRecord",
     "TaskQuery",
@@ -313,6 +314,25 @@ class ScheduleRecord:
 
     def __post_init__(self) -> None:
         _normalise(self, ("updated_at", "next_fire_at", "last_fired_at"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineRecord:
+    """A submitted pipeline run's shape, for people (the dashboard draws it): which task
+    each node key became and which keys it waits for. The graph that drives the run lives
+    in the submitting process; nothing reads this record to decide anything."""
+
+    pipeline_run_id: str
+    name: str
+    node: str
+    """The node that submitted the run (it alone drives it)."""
+    created_at: datetime
+    tasks: Mapping[str, str]
+    """Node key -> task id."""
+    depends_on: Mapping[str, tuple[str, ...]]
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("created_at",))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

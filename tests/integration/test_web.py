@@ -325,3 +325,56 @@ def test_paging_walks_every_task_once_even_across_a_tie(tmp_path: Path) -> None:
         assert web.get("/tasks?status=all&until=2026-12-01T00:00:00&skip=1")[0] == 400
     finally:
         web.close()
+
+
+def test_a_pipeline_run_is_drawn_as_a_graph(tmp_path: Path) -> None:
+    import threading
+
+    from chongming_task import CancellationToken, Controller, Pipeline
+
+    db = tmp_path / "graph.db"
+    gate = threading.Event()
+
+    def extract(token: CancellationToken) -> int:
+        return 3
+
+    def transform(token: CancellationToken) -> int:
+        while not gate.is_set():
+            token.checkpoint()
+            token.sleep(0.02)
+        return 4
+
+    def load(token: CancellationToken) -> int:
+        return 5
+
+    with Controller(SqliteTaskStore(db), owner="node-p") as node:
+        etl = Pipeline("etl")
+        etl.add("extract", extract)
+        etl.add("transform", transform, depends_on=["extract"])
+        etl.add("load", load, depends_on=["transform"])
+        etl.add("audit", extract)  # no dependency: a second root
+        run = node.submit_pipeline(etl)
+        wait_until(lambda: run.nodes["transform"].status is TaskStatus.RUNNING, what="running")
+        web = Web(db)
+        try:
+            status, listing = web.get("/pipelines")
+            assert status == 200 and run.pipeline_run_id[:12] in listing and "etl" in listing
+            status, body = web.get(f"/pipelines/{run.pipeline_run_id[:8]}")  # a prefix
+            assert status == 200, body
+            drawn = dict(re.findall(r'data-key="(\w+)" data-status="(\w+)"', body))
+            assert drawn == {
+                "extract": "succeeded",
+                "transform": "running",
+                "load": "pending",
+                "audit": "succeeded",
+            }
+            assert body.count('class="edge"') == 2  # extract -> transform -> load
+            gate.set()
+            run.wait(20)
+            live = web.get(f"/pipelines/{run.pipeline_run_id}/live")[1]
+            assert dict(re.findall(r'data-key="(\w+)" data-status="(\w+)"', live))["load"] == (
+                "succeeded"
+            )
+            assert web.get("/pipelines/ffffffffffff")[0] == 404
+        finally:
+            web.close()

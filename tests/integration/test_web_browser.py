@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chongming_task import SqliteTaskStore, TaskStatus
+from chongming_task import CancellationToken, Controller, Pipeline, SqliteTaskStore, TaskStatus
 from tests.conftest import wait_until
 from tests.integration.test_cross_process import Node
 from tests.integration.test_web import Web
@@ -47,6 +47,10 @@ def browser() -> Iterator[object]:
         yield driver
     finally:
         driver.quit()  # type: ignore[attr-defined]
+
+
+def _step(token: CancellationToken) -> str:
+    return "done"
 
 
 def _status(db: Path, task_id: str) -> TaskStatus:
@@ -105,6 +109,17 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
         cells = driver.find_elements(By.CSS_SELECTOR, ".buckets .cell")
         assert len(cells) == 64
         visit("/tasks", first[:12], "tasks")
+        with Controller(SqliteTaskStore(db), owner="node-p") as submitter:
+            etl = Pipeline("etl")
+            etl.add("extract", _step)
+            etl.add("transform", _step, depends_on=["extract"])
+            etl.add("load", _step, depends_on=["transform"])
+            pipeline = submitter.submit_pipeline(etl)
+            pipeline.wait(20)
+        visit("/pipelines", "etl", "pipelines")
+        visit(f"/pipelines/{pipeline.pipeline_run_id}", 'data-key="load"', "pipeline")
+        boxes = driver.find_elements(By.CSS_SELECTOR, "svg.graph rect.node")
+        assert len(boxes) == 3
         visit("/schedules", "Schedules", "schedules")
         visit("/nodes", "live", "nodes")
         visit(f"/tasks/{first}", "Timeline", "task")
@@ -129,5 +144,6 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
     finally:
         web.close()
         node.finish()
-    for name in ("overview", "tasks", "schedules", "nodes", "task", "task-paused"):
+    shots = ("overview", "tasks", "pipelines", "pipeline", "schedules", "nodes", "task")
+    for name in (*shots, "task-paused"):
         assert (SHOTS / f"{name}.png").stat().st_size > 5_000

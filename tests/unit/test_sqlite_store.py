@@ -479,7 +479,12 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "dropped"), [(1, ("nodes", "node_buckets", "schedules")), (2, ("schedules",))]
+    ("version", "dropped"),
+    [
+        (1, ("nodes", "node_buckets", "schedules", "pipelines")),
+        (2, ("schedules", "pipelines")),
+        (3, ("pipelines",)),
+    ],
 )
 def test_an_older_file_gains_the_new_tables_when_opened(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
@@ -501,7 +506,8 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 3
+        assert now == SCHEMA_VERSION == 4
+        assert reopened.pipeline_records() == []
     finally:
         reopened.close()
 

@@ -12,6 +12,7 @@ from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
+from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from . import render
 from ._context import Context, find_tasks, get_task
@@ -295,17 +296,23 @@ def cmd_web(ctx: Context) -> int:
         raise UsageError(
             f'the dashboard needs the [web] extra: pip install "chongming-task[web]" ({exc.name})'
         ) from None
+    aside = open_store(ctx.db, schema=a.pg_schema) if not is_postgres_dsn(ctx.db) else None
     dashboard = Dashboard(
         ctx.store(),
         where=ctx.where(),
         num_buckets=ctx.policy.num_buckets,
         read_only=a.read_only,
         token=a.token or None,
+        aside=aside,  # SQLite: a second connection for the whole-store reads
     )
     where = f"http://{a.host}:{a.port}/"
     print(f"dashboard for {ctx.where()} at {where}; Ctrl-C to stop", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
-        uvicorn.run(create_app(dashboard), host=a.host, port=a.port, log_level="warning")
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
+            uvicorn.run(create_app(dashboard), host=a.host, port=a.port, log_level="warning")
+    finally:
+        if aside is not None:
+            aside.close()
     return 0
 
 

@@ -5,15 +5,17 @@ times are taken from the store's clock where it has one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any
 
-from ..model import NodeRecord, ScheduleRecord
+from ..model import NodeRecord, PipelineRecord, ScheduleRecord
 from . import codec
 from ._sql import Executor
 
-__all__ = ["NodeRegistrySQL", "ScheduleRegistrySQL"]
+__all__ = ["NodeRegistrySQL", "PipelineRegistrySQL", "ScheduleRegistrySQL"]
 
 
 class NodeRegistrySQL:
@@ -143,3 +145,56 @@ class ScheduleRegistrySQL:
             )
             for row in rows
         ]
+
+
+class PipelineRegistrySQL:
+    """Mixin: as ``NodeRegistrySQL``, for pipeline run shapes (one JSON column)."""
+
+    __slots__ = ()
+
+    _sql: Mapping[str, str]
+
+    def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
+        raise NotImplementedError
+
+    def record_pipeline(self, record: PipelineRecord) -> None:
+        shape = json.dumps(
+            {
+                key: [task_id, list(record.depends_on.get(key, ()))]
+                for key, task_id in record.tasks.items()
+            },
+            ensure_ascii=False,
+        )
+        with self._sql_scope("record_pipeline", write=True) as c:
+            c.execute(
+                self._sql["upsert_pipeline"],
+                [
+                    record.pipeline_run_id,
+                    record.name,
+                    record.node,
+                    codec.encode_dt(record.created_at),
+                    shape,
+                ],
+            )
+
+    def pipeline_record(self, pipeline_run_id: str) -> PipelineRecord | None:
+        with self._sql_scope("pipeline_record", write=False) as c:
+            row = c.execute(self._sql["pipeline"], [pipeline_run_id]).fetchone()
+        return None if row is None else _pipeline(row)
+
+    def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
+        with self._sql_scope("pipeline_records", write=False) as c:
+            rows = c.execute(self._sql["pipelines"], [limit]).fetchall()
+        return [_pipeline(row) for row in rows]
+
+
+def _pipeline(row: Sequence[Any]) -> PipelineRecord:
+    shape: dict[str, list[Any]] = json.loads(row[4])
+    return PipelineRecord(
+        pipeline_run_id=row[0],
+        name=row[1],
+        node=row[2],
+        created_at=codec.decode_dt(row[3]),  # type: ignore[arg-type]
+        tasks={key: task_id for key, (task_id, _) in shape.items()},
+        depends_on={key: tuple(deps) for key, (_, deps) in shape.items()},
+    )

@@ -21,6 +21,7 @@ from ..errors import ConcurrencyConflict, StoreError
 from ..model import (
     Failure,
     NodeRecord,
+    PipelineRecord,
     ScheduleRecord,
     TaskQuery,
     TaskScan,
@@ -44,6 +45,7 @@ __all__ = [
     "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
+    "SupportsPipelineRegistry",
     "SupportsScheduleRegistry",
     "SupportsStorageClock",
     "SupportsTaskScan",
@@ -170,6 +172,22 @@ class SupportsScheduleRegistry(Protocol):
 
 
 @runtime_checkable
+class SupportsPipelineRegistry(Protocol):
+    """Pipeline run shapes (``PipelineRecord``): each node key's task and dependencies,
+    for people (the dashboard draws the graph). Nothing reads them to drive a run."""
+
+    def record_pipeline(self, record: PipelineRecord) -> None:
+        """Keep ``record`` (a run is recorded once; recording it again replaces it)."""
+        ...
+
+    def pipeline_record(self, pipeline_run_id: str) -> PipelineRecord | None: ...
+
+    def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
+        """The newest ``limit`` records, newest first."""
+        ...
+
+
+@runtime_checkable
 class SupportsStorageClock(Protocol):
     def storage_now(self) -> datetime:
         """The store's own clock (``now()`` on PostgreSQL): one clock for every node's
@@ -251,6 +269,7 @@ class Capabilities:
         "_mark_expired",
         "_mark_lost",
         "_nodes",
+        "_pipelines",
         "_scan",
         "_schedules",
         "_schema",
@@ -290,6 +309,9 @@ class Capabilities:
         self._schedules: SupportsScheduleRegistry | None = (
             store if isinstance(store, SupportsScheduleRegistry) else None
         )
+        self._pipelines: SupportsPipelineRegistry | None = (
+            store if isinstance(store, SupportsPipelineRegistry) else None
+        )
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
@@ -308,6 +330,7 @@ class Capabilities:
                 ("subscribe_commands", self._subscribe),
                 ("node registry", self._nodes),
                 ("schedule registry", self._schedules),
+                ("pipeline registry", self._pipelines),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
@@ -483,6 +506,23 @@ class Capabilities:
     def schedules(self) -> list[ScheduleRecord]:
         """Every schedule record; empty where the store keeps no registry."""
         return self._schedules.schedules() if self._schedules is not None else []
+
+    @property
+    def has_pipeline_registry(self) -> bool:
+        return self._pipelines is not None
+
+    def record_pipeline(self, record: PipelineRecord) -> None:
+        """Record the run's shape (nothing where the store keeps no registry)."""
+        if self._pipelines is not None:
+            self._pipelines.record_pipeline(record)
+
+    def pipeline_record(self, pipeline_run_id: str) -> PipelineRecord | None:
+        if self._pipelines is None:
+            return None
+        return self._pipelines.pipeline_record(pipeline_run_id)
+
+    def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
+        return [] if self._pipelines is None else self._pipelines.pipeline_records(limit=limit)
 
     @property
     def has_storage_clock(self) -> bool:

@@ -15,6 +15,7 @@ from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import (
     Command,
     NodeRecord,
+    PipelineRecord,
     Progress,
     ScheduleRecord,
     TaskQuery,
@@ -46,6 +47,7 @@ class InMemoryTaskStore:
         self._commands: dict[str, Command] = {}
         self._nodes: dict[str, NodeRecord] = {}
         self._schedules: dict[tuple[str, str], ScheduleRecord] = {}
+        self._pipelines: dict[str, PipelineRecord] = {}
         self._closed = False
 
     value_rules = ValueRules(nul_in_text=True)
@@ -257,6 +259,25 @@ class InMemoryTaskStore:
         with self._lock:
             self._check_open()
             return [self._schedules[key] for key in sorted(self._schedules)]
+
+    # -- pipeline shapes (SupportsPipelineRegistry) ---------------------------------------------
+
+    def record_pipeline(self, record: PipelineRecord) -> None:
+        with self._lock:
+            self._check_open()
+            self._pipelines.pop(record.pipeline_run_id, None)
+            self._pipelines[record.pipeline_run_id] = record
+
+    def pipeline_record(self, pipeline_run_id: str) -> PipelineRecord | None:
+        with self._lock:
+            self._check_open()
+            return self._pipelines.get(pipeline_run_id)
+
+    def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
+        with self._lock:
+            self._check_open()
+            newest = sorted(self._pipelines.values(), key=lambda r: r.created_at, reverse=True)
+            return newest[:limit]
 
     def prune(self, *, keep_terminal: int) -> int:
         if keep_terminal < 0:

@@ -44,7 +44,7 @@ from ..model import (
 )
 from ..values import STRICT
 from . import codec
-from ._nodes import NodeRegistrySQL, ScheduleRegistrySQL
+from ._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from ._sql import (
     Dialect,
     TaskScanSQL,
@@ -124,7 +124,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, TaskScanSQL):
+class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
 
     _sql = _SQL

@@ -232,3 +232,17 @@ DELETE FROM schedules WHERE node = %s AND name = %s
 SELECT node, name, task, trigger_text, next_fire_at, last_fired_at, last_task_id, fired,
        skipped, updated_at
 FROM schedules ORDER BY node, name
+
+-- name: upsert_pipeline
+INSERT INTO pipelines (pipeline_run_id, name, node, created_at, shape)
+VALUES (%s, %s, %s, %s::timestamptz, %s)
+ON CONFLICT (pipeline_run_id) DO UPDATE SET
+    name = excluded.name, node = excluded.node, created_at = excluded.created_at,
+    shape = excluded.shape
+
+-- name: pipeline
+SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines WHERE pipeline_run_id = %s
+
+-- name: pipelines
+SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines
+ORDER BY created_at DESC LIMIT %s

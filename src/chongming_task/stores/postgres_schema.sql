@@ -94,3 +94,13 @@ CREATE TABLE IF NOT EXISTS {schema}.schedules (
     updated_at    TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (node, name)
 );
+
+-- Pipeline run shapes, for people (the dashboard draws the graph).
+CREATE TABLE IF NOT EXISTS {schema}.pipelines (
+    pipeline_run_id TEXT PRIMARY KEY,
+    name            TEXT NOT NULL,
+    node            TEXT NOT NULL,
+    created_at      TIMESTAMPTZ NOT NULL,
+    shape           TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON {schema}.pipelines (created_at);

@@ -33,7 +33,7 @@ from ..model import (
 )
 from ..values import ValueRules
 from . import codec
-from ._nodes import NodeRegistrySQL, ScheduleRegistrySQL
+from ._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from ._sql import (
     Dialect,
     TaskScanSQL,
@@ -48,7 +48,7 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 3  # 2: node declarations (nodes, node_buckets); 3: schedules
+SCHEMA_VERSION = 4  # 2: nodes, node_buckets; 3: schedules; 4: pipelines
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -74,7 +74,7 @@ _DIALECT = Dialect(
 )
 
 
-class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, TaskScanSQL):
+class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 
     ``create=False`` refuses to create a missing file: read-only tools should say "no
@@ -160,10 +160,10 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, TaskScanSQL):
             return False
         (found,) = self._conn.execute(
             "SELECT COUNT(*) FROM sqlite_master "
-            "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules')"
+            "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines')"
         ).fetchone()
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return found == 3 and (self.path == ":memory:" or mode == "wal")
+        return found == 4 and (self.path == ":memory:" or mode == "wal")
 
     def _has_tables(self) -> bool:
         (found,) = self._conn.execute(

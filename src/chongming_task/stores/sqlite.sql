@@ -112,6 +112,21 @@ CREATE TABLE IF NOT EXISTS schedules (
     PRIMARY KEY (node, name)
 ) WITHOUT ROWID
 
+-- Pipeline run shapes, for people (the dashboard draws the graph); the graph that drives
+-- a run lives in the submitting process.
+
+-- name: schema_pipelines
+CREATE TABLE IF NOT EXISTS pipelines (
+    pipeline_run_id TEXT PRIMARY KEY,
+    name            TEXT NOT NULL,
+    node            TEXT NOT NULL,
+    created_at      TEXT NOT NULL,
+    shape           TEXT NOT NULL
+)
+
+-- name: schema_idx_pipelines_created_at
+CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON pipelines (created_at)
+
 -- The group commit's single statement. task_writes is a view nobody reads: inserting a
 -- row into it runs one of three triggers, so a whole batch of writes (new tasks, each
 -- task's compare-and-set, trail rows) is one INSERT, one statement, atomic on its own (no
@@ -352,3 +367,14 @@ DELETE FROM schedules WHERE node = ? AND name = ?
 SELECT node, name, task, trigger_text, next_fire_at, last_fired_at, last_task_id, fired,
        skipped, updated_at
 FROM schedules ORDER BY node, name
+
+-- name: upsert_pipeline
+INSERT OR REPLACE INTO pipelines (pipeline_run_id, name, node, created_at, shape)
+VALUES (?, ?, ?, ?, ?)
+
+-- name: pipeline
+SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines WHERE pipeline_run_id = ?
+
+-- name: pipelines
+SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines
+ORDER BY created_at DESC LIMIT ?

@@ -16,6 +16,7 @@ from ..model import (
     Failure,
     FailureKind,
     NodeRecord,
+    PipelineRecord,
     ScheduleRecord,
     TaskScan,
     TaskSnapshot,
@@ -29,6 +30,7 @@ from ..stores.capabilities import (
     SupportsMarkExpired,
     SupportsMarkLost,
     SupportsNodeRegistry,
+    SupportsPipelineRegistry,
     SupportsScheduleRegistry,
     SupportsStorageClock,
     SupportsTaskScan,
@@ -252,6 +254,30 @@ class CapabilityContract(ContractBase):
             store.forget_schedule("node-a", "nightly")
             store.forget_schedule("node-a", "never-declared")
             assert keys() == [("node-a", "hourly"), ("node-b", "nightly")]
+
+    def test_capability_pipeline_registry_keeps_run_shapes(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPipelineRegistry, "the pipeline registry")
+            assert isinstance(store, SupportsPipelineRegistry)
+            first = PipelineRecord(
+                pipeline_run_id="run-1",
+                name="etl",
+                node="node-a",
+                created_at=at(0),
+                tasks={"extract": "t1", "transform": "t2", "load": "t3"},
+                depends_on={"transform": ("extract",), "load": ("transform", "extract")},
+            )
+            second = replace(first, pipeline_run_id="run-2", name="étl ✓", created_at=at(5))
+            store.record_pipeline(first)
+            store.record_pipeline(second)
+            got = store.pipeline_record("run-1")
+            assert got is not None and got.tasks == first.tasks
+            assert got.depends_on.get("load") == ("transform", "extract")
+            assert got.depends_on.get("extract", ()) == ()
+            assert got.created_at == at(0) and got.node == "node-a"
+            assert store.pipeline_record("run-3") is None
+            assert [r.pipeline_run_id for r in store.pipeline_records()] == ["run-2", "run-1"]
+            assert [r.name for r in store.pipeline_records(limit=1)] == ["étl ✓"]
 
     def test_capability_storage_clock_tells_aware_forward_time(self) -> None:
         with self._store() as store:

@@ -68,16 +68,23 @@ class Dashboard:
         num_buckets: int = 64,
         read_only: bool = False,
         token: str | None = None,
+        aside: TaskStore | None = None,
     ) -> None:
         self.store = store
         self.caps = Capabilities(store)
+        # The follower's whole-store reads take their own connection where one is given,
+        # so a request never queues behind them (SQLite serializes one connection).
         self.where = where
         self.policy = BucketPolicy(num_buckets)
         self.read_only = read_only
         self.token = token
         self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
         self.registry = store_registry(self)
-        self.follower = Follower(self.caps, self.registry, num_buckets=num_buckets)
+        self.follower = Follower(
+            Capabilities(aside) if aside is not None else self.caps,
+            self.registry,
+            num_buckets=num_buckets,
+        )
 
     def controller(self) -> Controller:
         """An operator's controller: it acts for nodes and never takes commands."""
@@ -214,6 +221,16 @@ def create_app(dashboard: Dashboard) -> Starlette:
             {"report": report, "tasks": [s for s in found if s is not None]},
         )
 
+    async def pipelines(request: Request) -> Response:
+        return page(request, "pipelines.html", _views.pipelines(d))
+
+    async def pipeline(request: Request) -> Response:
+        return page(request, "pipeline.html", _views.pipeline(d, request.path_params["run_id"]))
+
+    async def pipeline_live(request: Request) -> Response:
+        found = _views.pipeline(d, request.path_params["run_id"])
+        return page(request, "_pipeline_live.html", found)
+
     async def schedules(request: Request) -> Response:
         return page(request, "schedules.html", _views.schedules(d))
 
@@ -278,6 +295,9 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Route("/tasks/{task_id}/live", task_live),
             Route("/tasks/{task_id}/{action}", control, methods=["POST"]),
             Route("/reconcile", reconcile, methods=["GET", "POST"]),
+            Route("/pipelines", pipelines),
+            Route("/pipelines/{run_id}", pipeline),
+            Route("/pipelines/{run_id}/live", pipeline_live),
             Route("/schedules", schedules),
             Route("/nodes", nodes),
             Route("/healthz", healthz),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import fleet
 from ..cli import render
-from ..model import ScheduleRecord, TaskSnapshot, TaskStatus
+from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
     from ._app import Dashboard
@@ -20,6 +20,8 @@ __all__ = [
     "health",
     "nodes",
     "overview",
+    "pipeline",
+    "pipelines",
     "schedules",
     "short",
     "status_style",
@@ -164,4 +166,80 @@ def nodes(d: Dashboard) -> dict[str, Any]:
     return {
         "nodes": [render.node_json(n) for n in statuses],
         "has_registry": d.caps.has_node_registry,
+    }
+
+
+BOX_W, BOX_H, GAP_X, GAP_Y = 170, 48, 60, 18
+
+
+def pipelines(d: Dashboard) -> dict[str, Any]:
+    """The newest recorded pipeline runs, each with its tasks counted by status."""
+    rows = []
+    for record in d.caps.pipeline_records(limit=30):
+        tasks = d.store.query(TaskQuery(pipeline_run_id=record.pipeline_run_id))
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[t.status.value] = counts.get(t.status.value, 0) + 1
+        rows.append({"record": record, "counts": sorted(counts.items()), "size": len(tasks)})
+    return {"rows": rows, "has_registry": d.caps.has_pipeline_registry}
+
+
+def pipeline(d: Dashboard, given: str) -> dict[str, Any]:
+    """One run as a graph: node keys in columns by depth, an arrow from each dependency."""
+    record = d.caps.pipeline_record(given)
+    if record is None:
+        found = {
+            s.pipeline_run_id
+            for s in d.store.query(TaskQuery(pipeline_prefix=given, limit=200))
+            if s.pipeline_run_id
+        }
+        if len(found) > 1:
+            raise LookupError(f"pipeline prefix {given} is ambiguous: {', '.join(sorted(found))}")
+        record = d.caps.pipeline_record(found.pop()) if found else None
+    if record is None:
+        raise LookupError(f"no recorded pipeline run {given} in {d.where}")
+    depth: dict[str, int] = {}
+
+    def level(key: str) -> int:
+        if key not in depth:
+            deps = record.depends_on.get(key, ())
+            depth[key] = 0 if not deps else 1 + max(level(k) for k in deps)
+        return depth[key]
+
+    columns: dict[int, list[str]] = {}
+    for key in record.tasks:
+        columns.setdefault(level(key), []).append(key)
+    boxes: dict[str, dict[str, Any]] = {}
+    for col, keys in columns.items():
+        for row, key in enumerate(keys):
+            snapshot = d.store.get(record.tasks[key])
+            boxes[key] = {
+                "key": key,
+                "x": 10 + col * (BOX_W + GAP_X),
+                "y": 10 + row * (BOX_H + GAP_Y),
+                "task": snapshot,
+                "task_id": record.tasks[key],
+                "status": snapshot.status.value if snapshot else "pruned",
+            }
+    edges = [
+        {
+            "x1": boxes[dep]["x"] + BOX_W,
+            "y1": boxes[dep]["y"] + BOX_H / 2,
+            "x2": boxes[key]["x"],
+            "y2": boxes[key]["y"] + BOX_H / 2,
+        }
+        for key, deps in record.depends_on.items()
+        for dep in deps
+        if dep in boxes and key in boxes
+    ]
+    width = 20 + len(columns) * (BOX_W + GAP_X) - GAP_X
+    height = 20 + max(len(keys) for keys in columns.values()) * (BOX_H + GAP_Y) - GAP_Y
+    return {
+        "record": record,
+        "boxes": list(boxes.values()),
+        "edges": edges,
+        "width": width,
+        "height": height,
+        "box_w": BOX_W,
+        "box_h": BOX_H,
     }
