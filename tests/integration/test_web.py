@@ -179,6 +179,11 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(
     assert missing[0] == 403
     unknown = web.request(f"/tasks/{first}/explode", {"csrf": web.csrf()})
     assert unknown[0] == 404
+    # A selection with one unknown id: an error page, and nothing sent for the others.
+    mixed = web.request(
+        "/tasks/selection/stop", {"csrf": web.csrf(), "task_id": [first, "zzzzzzzzzz"]}
+    )
+    assert mixed[0] == 404 and "no task zzzzzzzzzz" in mixed[1]
     time.sleep(0.3)
     assert _status(db, first) is TaskStatus.RUNNING  # nothing changed
 

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -125,10 +126,10 @@ def create_app(dashboard: Dashboard) -> Starlette:
     def error(request: Request, status: int, message: str, **more: Any) -> Response:
         return page(request, "error.html", {"status": status, "message": message, **more}, status)
 
-    async def overview(request: Request) -> Response:
+    def overview(request: Request) -> Response:
         return page(request, "overview.html", _views.overview(d))
 
-    async def overview_live(request: Request) -> Response:
+    def overview_live(request: Request) -> Response:
         return page(request, "_overview_live.html", _views.overview(d))
 
     @contextlib.asynccontextmanager
@@ -139,8 +140,9 @@ def create_app(dashboard: Dashboard) -> Starlette:
         finally:
             d.follower.stop()
 
-    async def tasks(request: Request) -> Response:
+    def tasks(request: Request) -> Response:
         query, shown, skip = _task_query(d, request)
+        now = d.now()  # once: on PostgreSQL it is a round trip
         found = d.store.query(query)[skip:]
         listed = found[:PAGE]
         older = None
@@ -161,17 +163,17 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "older": older,
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
-                "health": {s.task_id: _views.health(s, d.now()) for s in listed},
+                "health": {s.task_id: _views.health(s, now) for s in listed},
             },
         )
 
-    async def task(request: Request) -> Response:
+    def task(request: Request) -> Response:
         snapshot = find_task(d.store, request.path_params["task_id"], d.where)
         if snapshot.task_id != request.path_params["task_id"]:
             return RedirectResponse(f"/tasks/{snapshot.task_id}", status_code=303)
         return page(request, "task.html", _views.task(d, snapshot))
 
-    async def task_live(request: Request) -> Response:
+    def task_live(request: Request) -> Response:
         snapshot = find_task(d.store, request.path_params["task_id"], d.where)
         return page(request, "_task_live.html", _views.task(d, snapshot))
 
@@ -186,17 +188,28 @@ def create_app(dashboard: Dashboard) -> Starlette:
         except ValueError:
             return error(request, 404, f"no control named {request.path_params['action']!r}")
         given = [str(v) for v in form.getlist("task_id")] or [request.path_params["task_id"]]
-        answers = []
-        controller = d.controller()
-        try:
-            for task_id in given:
-                snapshot = find_task(d.store, task_id, d.where)
-                receipt = getattr(controller, action.value)(
-                    snapshot.task_id, reason=f"{action.value} from the dashboard"
-                )
-                answers.append((snapshot, _views.control_outcome(receipt)))
-        finally:
-            controller.close()
+
+        def act() -> list[tuple[Any, str]]:
+            # Every id is resolved before any is acted on: an unknown one in a selection
+            # is an error page with nothing sent.
+            found = [find_task(d.store, task_id, d.where) for task_id in given]
+            controller = d.controller()
+            try:
+                return [
+                    (
+                        snapshot,
+                        _views.control_outcome(
+                            getattr(controller, action.value)(
+                                snapshot.task_id, reason=f"{action.value} from the dashboard"
+                            )
+                        ),
+                    )
+                    for snapshot in found
+                ]
+            finally:
+                controller.close()
+
+        answers = await run_in_threadpool(act)
         shown = "_answer.html" if request.headers.get("hx-request") else "answer.html"
         return page(request, shown, {"action": action.value, "answers": answers})
 
@@ -209,35 +222,39 @@ def create_app(dashboard: Dashboard) -> Starlette:
             form = await request.form()
             if not _csrf_ok(request, str(form.get("csrf", ""))):
                 return error(request, 403, "the form's CSRF value is missing or wrong")
-        controller = d.controller()
-        try:
-            report = controller.reconcile(dry_run=request.method != "POST")
-        finally:
-            controller.close()
-        found = [d.store.get(task_id) for task_id in report.lost[:200]]
+
+        def run() -> tuple[Any, list[Any]]:
+            controller = d.controller()
+            try:
+                report = controller.reconcile(dry_run=request.method != "POST")
+            finally:
+                controller.close()
+            return report, [d.store.get(task_id) for task_id in report.lost[:200]]
+
+        report, found = await run_in_threadpool(run)
         return page(
             request,
             "reconcile.html",
             {"report": report, "tasks": [s for s in found if s is not None]},
         )
 
-    async def pipelines(request: Request) -> Response:
+    def pipelines(request: Request) -> Response:
         return page(request, "pipelines.html", _views.pipelines(d))
 
-    async def pipeline(request: Request) -> Response:
+    def pipeline(request: Request) -> Response:
         return page(request, "pipeline.html", _views.pipeline(d, request.path_params["run_id"]))
 
-    async def pipeline_live(request: Request) -> Response:
+    def pipeline_live(request: Request) -> Response:
         found = _views.pipeline(d, request.path_params["run_id"])
         return page(request, "_pipeline_live.html", found)
 
-    async def schedules(request: Request) -> Response:
+    def schedules(request: Request) -> Response:
         return page(request, "schedules.html", _views.schedules(d))
 
-    async def nodes(request: Request) -> Response:
+    def nodes(request: Request) -> Response:
         return page(request, "nodes.html", _views.nodes(d))
 
-    async def healthz(request: Request) -> Response:
+    def healthz(request: Request) -> Response:
         """One point read: the store answers (cheap enough for a probe every second)."""
         try:
             d.store.get("healthz")
@@ -253,7 +270,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             }
         )
 
-    async def metrics(request: Request) -> Response:
+    def metrics(request: Request) -> Response:
         body, content_type = metrics_text(d.registry)
         return Response(body, media_type=content_type)
 
