@@ -238,7 +238,11 @@ def test_metrics_parse_and_never_label_a_task_id(running: tuple[Path, Node, Web]
     def counted() -> dict[str, object]:
         return {f.name: f for f in text_string_to_metric_families(web.get("/metrics")[1])}
 
-    wait_until(lambda: "stopping -> stopped" in _moves(counted()), 10, "the follower to count")
+    wait_until(
+        lambda: "stopping -> stopped" in _moves(counted()) and _stops_timed(counted()) == 1,
+        10,
+        "the follower to count",
+    )
     families = counted()
     moves = _moves(families)
     assert moves["running -> stopping"] == 1.0 and moves["stopping -> stopped"] == 1.0
@@ -250,6 +254,7 @@ def test_metrics_parse_and_never_label_a_task_id(running: tuple[Path, Node, Web]
     assert [s.value for s in durations] == [1.0]
     overview = web.get("/")[1]
     assert "Finished, last 10 minutes" in overview and "1 stopped" in overview
+    assert _stops_timed(families) == 1  # the stop, as the node carried it out
     ids = set(node.task_ids)
     for family in families.values():
         for sample in family.samples:
@@ -383,3 +388,17 @@ def test_a_pipeline_run_is_drawn_as_a_graph(tmp_path: Path) -> None:
             assert web.get("/pipelines/ffffffffffff")[0] == 404
         finally:
             web.close()
+
+
+def _stops_timed(families: dict[str, object]) -> float:
+    """How many stop commands the command-latency histogram has observed."""
+    family = families.get("chongming_command_latency_seconds")
+    if family is None:
+        return 0.0
+    return float(
+        sum(
+            s.value
+            for s in family.samples  # type: ignore[attr-defined]
+            if s.name.endswith("_count") and s.labels.get("action") == "stop"
+        )
+    )

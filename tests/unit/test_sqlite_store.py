@@ -481,9 +481,10 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("version", "dropped"),
     [
-        (1, ("nodes", "node_buckets", "schedules", "pipelines")),
-        (2, ("schedules", "pipelines")),
-        (3, ("pipelines",)),
+        (1, ("nodes", "node_buckets", "schedules", "pipelines", "idx_commands_finished")),
+        (2, ("schedules", "pipelines", "idx_commands_finished")),
+        (3, ("pipelines", "idx_commands_finished")),
+        (4, ("idx_commands_finished",)),
     ],
 )
 def test_an_older_file_gains_the_new_tables_when_opened(
@@ -496,8 +497,9 @@ def test_an_older_file_gains_the_new_tables_when_opened(
     store.create_many([_created("kept")])
     store.close()
     conn = sqlite3.connect(path)
-    for table in dropped:
-        conn.execute(f"DROP TABLE {table}")
+    for name in dropped:
+        kind = "INDEX" if name.startswith("idx_") else "TABLE"
+        conn.execute(f"DROP {kind} {name}")
     conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
@@ -506,7 +508,7 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 4
+        assert now == SCHEMA_VERSION == 5
         assert reopened.pipeline_records() == []
     finally:
         reopened.close()

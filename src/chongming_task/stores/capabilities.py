@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from .. import states
 from ..errors import ConcurrencyConflict, StoreError
 from ..model import (
+    Command,
     Failure,
     NodeRecord,
     PipelineRecord,
@@ -39,6 +40,7 @@ __all__ = [
     "PartialCreate",
     "PartialWrite",
     "SupportsAtomic",
+    "SupportsCommandLog",
     "SupportsCommandWakeups",
     "SupportsCreateMany",
     "SupportsCreateSchema",
@@ -188,6 +190,16 @@ class SupportsPipelineRegistry(Protocol):
 
 
 @runtime_checkable
+class SupportsCommandLog(Protocol):
+    """Finished commands, oldest finish first: how long controls took to be carried out
+    (the dashboard's command latency)."""
+
+    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        """Commands whose ``finished_at`` is after ``after``, by ``finished_at``."""
+        ...
+
+
+@runtime_checkable
 class SupportsStorageClock(Protocol):
     def storage_now(self) -> datetime:
         """The store's own clock (``now()`` on PostgreSQL): one clock for every node's
@@ -265,6 +277,7 @@ class Capabilities:
 
     __slots__ = (
         "_atomic",
+        "_command_log",
         "_create_many",
         "_mark_expired",
         "_mark_lost",
@@ -312,6 +325,9 @@ class Capabilities:
         self._pipelines: SupportsPipelineRegistry | None = (
             store if isinstance(store, SupportsPipelineRegistry) else None
         )
+        self._command_log: SupportsCommandLog | None = (
+            store if isinstance(store, SupportsCommandLog) else None
+        )
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
@@ -331,6 +347,7 @@ class Capabilities:
                 ("node registry", self._nodes),
                 ("schedule registry", self._schedules),
                 ("pipeline registry", self._pipelines),
+                ("command log", self._command_log),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
@@ -523,6 +540,12 @@ class Capabilities:
 
     def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
         return [] if self._pipelines is None else self._pipelines.pipeline_records(limit=limit)
+
+    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        """Commands finished after ``after``; empty where the store keeps no log."""
+        if self._command_log is None:
+            return []
+        return self._command_log.finished_commands(after=after, limit=limit)
 
     @property
     def has_storage_clock(self) -> bool:

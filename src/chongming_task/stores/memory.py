@@ -260,6 +260,13 @@ class InMemoryTaskStore:
             self._check_open()
             return [self._schedules[key] for key in sorted(self._schedules)]
 
+    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        with self._lock:
+            self._check_open()
+            done = [c for c in self._commands.values() if c.finished_at and c.finished_at > after]
+        done.sort(key=lambda c: c.finished_at or after)
+        return done[:limit]
+
     # -- pipeline shapes (SupportsPipelineRegistry) ---------------------------------------------
 
     def record_pipeline(self, record: PipelineRecord) -> None:

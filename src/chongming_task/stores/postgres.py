@@ -541,6 +541,13 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         rows.sort(key=lambda r: (r[5], r[0]))  # created_at, then insertion order
         return [codec.values_to_command(r[1:]) for r in rows]
 
+    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        """Optional capability (``SupportsCommandLog``)."""
+        with self._cursor("finished_commands") as cur:
+            cur.execute(_SQL["finished_commands"], [codec.encode_dt(utc(after, "after")), limit])
+            rows = cur.fetchall()
+        return [codec.values_to_command(r) for r in rows]
+
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (not part of ``TaskStore``): call ``wake()`` soon after any
         process submits a command, so a poller can claim it before its next interval.

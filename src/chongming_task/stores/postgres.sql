@@ -246,3 +246,9 @@ SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines WHERE pipel
 -- name: pipelines
 SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines
 ORDER BY created_at DESC LIMIT %s
+
+-- name: finished_commands
+SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
+    finished_at, outcome
+FROM commands WHERE finished_at > %s::timestamptz
+ORDER BY finished_at LIMIT %s

@@ -104,3 +104,7 @@ CREATE TABLE IF NOT EXISTS {schema}.pipelines (
     shape           TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON {schema}.pipelines (created_at);
+
+-- Finished commands by finish time (the dashboard's command latency).
+CREATE INDEX IF NOT EXISTS idx_commands_finished ON {schema}.commands (finished_at)
+    WHERE finished_at IS NOT NULL;

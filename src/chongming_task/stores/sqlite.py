@@ -48,7 +48,7 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 4  # 2: nodes, node_buckets; 3: schedules; 4: pipelines
+SCHEMA_VERSION = 5  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished index
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -160,10 +160,11 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
             return False
         (found,) = self._conn.execute(
             "SELECT COUNT(*) FROM sqlite_master "
-            "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines')"
+            "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
+            "'idx_commands_finished')"
         ).fetchone()
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return found == 4 and (self.path == ":memory:" or mode == "wal")
+        return found == 5 and (self.path == ":memory:" or mode == "wal")
 
     def _has_tables(self) -> bool:
         (found,) = self._conn.execute(
@@ -351,6 +352,16 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
             row["lease_until"] = until
             claimed.append(codec.row_to_command(row))
         return claimed
+
+    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        """Optional capability (``SupportsCommandLog``)."""
+        with self._locked("finished_commands") as conn:
+            rows = conn.execute(
+                _SQL["finished_commands"], (codec.encode_dt(utc(after, "after")), limit)
+            ).fetchall()
+        return [
+            codec.row_to_command(dict(zip(codec.COMMAND_COLUMNS, r, strict=True))) for r in rows
+        ]
 
     def complete_command(
         self, command_id: str, *, now: datetime, outcome: str | None = None

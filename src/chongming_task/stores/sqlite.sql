@@ -69,6 +69,10 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE INDEX IF NOT EXISTS idx_commands_open ON commands (created_at)
     WHERE finished_at IS NULL
 
+-- name: schema_idx_commands_finished
+CREATE INDEX IF NOT EXISTS idx_commands_finished ON commands (finished_at)
+    WHERE finished_at IS NOT NULL
+
 -- Node declarations (distributed design §11.3): who runs, which buckets each declares,
 -- when each was last seen. For audit and alarms; nothing reads them to decide who runs
 -- what. A node that declares no partition has all_buckets = 1 and no node_buckets rows.
@@ -378,3 +382,9 @@ SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines WHERE pipel
 -- name: pipelines
 SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines
 ORDER BY created_at DESC LIMIT ?
+
+-- name: finished_commands
+SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
+    finished_at, outcome
+FROM commands WHERE finished_at > ?
+ORDER BY finished_at LIMIT ?

@@ -25,6 +25,7 @@ from ..model import (
 )
 from ..stores.capabilities import (
     SupportsAtomic,
+    SupportsCommandLog,
     SupportsCommandWakeups,
     SupportsCreateMany,
     SupportsMarkExpired,
@@ -278,6 +279,20 @@ class CapabilityContract(ContractBase):
             assert store.pipeline_record("run-3") is None
             assert [r.pipeline_run_id for r in store.pipeline_records()] == ["run-2", "run-1"]
             assert [r.name for r in store.pipeline_records(limit=1)] == ["étl ✓"]
+
+    def test_capability_command_log_lists_finished_commands_by_finish(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsCommandLog, "a command log")
+            assert isinstance(store, SupportsCommandLog)
+            for name in ("c1", "c2", "c3"):
+                store.submit_command(self.command(name, 0))
+            store.complete_command("c2", now=at(20), outcome="paused")
+            store.complete_command("c1", now=at(30), outcome="already-terminal")
+            done = store.finished_commands(after=at(0))
+            assert [c.command_id for c in done] == ["c2", "c1"]  # c3 is still open
+            assert done[0].finished_at == at(20) and done[0].outcome == "paused"
+            assert [c.command_id for c in store.finished_commands(after=at(20))] == ["c1"]
+            assert [c.command_id for c in store.finished_commands(after=at(0), limit=1)] == ["c2"]
 
     def test_capability_storage_clock_tells_aware_forward_time(self) -> None:
         with self._store() as store:

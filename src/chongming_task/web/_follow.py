@@ -1,4 +1,4 @@
-"""The dashboard's own follower: a thread that, about once a second, reads the store's
+"""The dashboard's own follower: a thread that, about twice a second, reads the store's
 transitions (``TransitionFeed``) and counts them, for ``/metrics`` (transitions by move
 and task name, task durations by name and outcome) and the overview's throughput chart,
 and reads the store-wide aggregates (counts by status and bucket, the fleet report) that
@@ -68,7 +68,7 @@ class Follower:
         registry: CollectorRegistry,
         *,
         num_buckets: int,
-        interval: float = 1.0,
+        interval: float = 0.5,
     ) -> None:
         self.interval = interval
         self._caps = caps
@@ -85,6 +85,15 @@ class Follower:
             ["from_status", "to_status", "name"],
             registry=registry,
         )
+        self.command_latency = Histogram(
+            "chongming_command_latency_seconds",
+            "From a control's command being written to its holder finishing it (commands "
+            "finished since this dashboard started), by action and outcome.",
+            ["action", "outcome"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self._commands_after: datetime | None = None
         self.durations = Histogram(
             "chongming_task_duration_seconds",
             "Start to end of tasks that finished since this dashboard started.",
@@ -95,6 +104,7 @@ class Follower:
 
     def start(self) -> None:
         self._feed.poll()  # from now on
+        self._commands_after = self._caps.now()
         self.refresh()
         self._thread = threading.Thread(target=self._run, name="chongming-web-follow", daemon=True)
         self._thread.start()
@@ -126,6 +136,7 @@ class Follower:
         return self._latest or self.refresh()
 
     def once(self) -> None:
+        self._count_commands()
         change = self._feed.poll()
         ended: dict[str, int] = {}
         for t in change.transitions:
@@ -147,6 +158,16 @@ class Follower:
                     counts[status] = counts.get(status, 0) + n
             else:
                 self._finished.append((slot, ended))
+
+    def _count_commands(self) -> None:
+        if self._commands_after is None:
+            self._commands_after = self._caps.now()
+        for c in self._caps.finished_commands(after=self._commands_after):
+            if c.finished_at is None:
+                continue
+            took = max(0.0, (c.finished_at - c.created_at).total_seconds())
+            self.command_latency.labels(c.action.value, c.outcome or "none").observe(took)
+            self._commands_after = max(self._commands_after, c.finished_at)
 
     def throughput(self) -> list[tuple[float, dict[str, int]]]:
         """Tasks finished per ``SLOT`` seconds, by outcome, oldest first (gaps filled)."""
