@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import os
 
     from tests.integration import postgres_support
-    from tests.integration.pg_cluster import ThrowawayCluster, _bindir, unavailable_reason
+    from tests.integration.pg_cluster import start_throwaway, unavailable_reason
 
     if os.environ.get(postgres_support.ENV) or hasattr(config, "workerinput"):
         return
@@ -71,14 +71,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if reason is not None:
         postgres_support.NO_SERVER_REASON = f"no throwaway PostgreSQL: {reason}"
         return
-    bindir = _bindir()
-    assert bindir is not None
-    cluster = ThrowawayCluster(bindir)
     try:
-        cluster.init()
-        cluster.start()
+        cluster = start_throwaway()
     except Exception as exc:
-        cluster.remove()
         postgres_support.NO_SERVER_REASON = f"the throwaway PostgreSQL did not start: {exc}"
         return
     _THROWAWAY.append(cluster)

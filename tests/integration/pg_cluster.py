@@ -120,6 +120,21 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def start_throwaway() -> ThrowawayCluster:
+    """Start a cluster (the caller checked ``unavailable_reason()``); removed if it
+    fails to start."""
+    bindir = _bindir()
+    assert bindir is not None
+    cluster = ThrowawayCluster(bindir)
+    try:
+        cluster.init()
+        cluster.start()
+    except BaseException:
+        cluster.remove()
+        raise
+    return cluster
+
+
 @pytest.fixture
 def throwaway_cluster() -> Iterator[ThrowawayCluster]:
     """A running cluster of this test's own, removed afterwards."""
@@ -132,12 +147,8 @@ def throwaway_cluster() -> Iterator[ThrowawayCluster]:
         import psycopg  # noqa: F401
     except ImportError:
         pytest.skip("psycopg is not installed (the [postgres] extra)")
-    bindir = _bindir()
-    assert bindir is not None
-    cluster = ThrowawayCluster(bindir)
+    cluster = start_throwaway()
     try:
-        cluster.init()
-        cluster.start()
         yield cluster
     finally:
         cluster.remove()

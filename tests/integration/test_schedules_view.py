@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,15 +17,11 @@ from chongming_task import (
 )
 from chongming_task.model import NodeRecord, ScheduleRecord
 from tests.conftest import wait_until
+from tests.integration.test_cli import cli
 
 
 def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return cli(db, *args, check=False)
 
 
 def tick(token: CancellationToken) -> str:

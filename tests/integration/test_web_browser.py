@@ -15,7 +15,7 @@ import pytest
 from chongming_task import CancellationToken, Controller, Pipeline, SqliteTaskStore, TaskStatus
 from tests.conftest import wait_until
 from tests.integration.test_cross_process import Node
-from tests.integration.test_web import Web
+from tests.integration.test_web import Web, _status
 
 SHOTS = Path(__file__).resolve().parents[2] / ".artifacts" / "screenshots"
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -51,16 +51,6 @@ def browser() -> Iterator[object]:
 
 def _step(token: CancellationToken) -> str:
     return "done"
-
-
-def _status(db: Path, task_id: str) -> TaskStatus:
-    store = SqliteTaskStore(db)
-    try:
-        snapshot = store.get(task_id)
-        assert snapshot is not None
-        return snapshot.status
-    finally:
-        store.close()
 
 
 def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
