@@ -402,3 +402,15 @@ def _stops_timed(families: dict[str, object]) -> float:
             if s.name.endswith("_count") and s.labels.get("action") == "stop"
         )
     )
+
+
+def test_ctrl_c_ends_the_dashboard_normally(tmp_path: Path) -> None:
+    import signal
+
+    db = tmp_path / "ctrlc.db"
+    SqliteTaskStore(db).close()
+    web = Web(db)
+    web.proc.send_signal(signal.SIGINT)
+    _, err = web.proc.communicate(timeout=20)
+    assert web.proc.returncode == 0, err
+    assert "Traceback" not in err and "error" not in err
