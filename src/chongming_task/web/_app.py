@@ -73,14 +73,14 @@ class Dashboard:
     ) -> None:
         self.store = store
         self.caps = Capabilities(store)
-        # The follower's whole-store reads take their own connection where one is given,
-        # so a request never queues behind them (SQLite serializes one connection).
         self.where = where
         self.policy = BucketPolicy(num_buckets)
         self.read_only = read_only
         self.token = token
         self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
         self.registry = store_registry(self)
+        # The follower's whole-store reads take their own connection where one is given,
+        # so a request never queues behind them (SQLite serializes one connection).
         self.follower = Follower(
             Capabilities(aside) if aside is not None else self.caps,
             self.registry,

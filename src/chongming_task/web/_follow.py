@@ -123,6 +123,8 @@ class Follower:
                 self.refresh()
             except ChongmingTaskError as exc:
                 log.warning("dashboard follower: %s", exc)
+            except Exception:  # a bug must not end the thread: the pages would go stale
+                log.exception("dashboard follower failed a pass; trying again")
             # A store so large that a pass takes long is read less often: a pass uses at
             # most a third of a core.
             pause = max(self.interval, 2 * (time.monotonic() - started))
