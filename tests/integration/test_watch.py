@@ -58,7 +58,8 @@ def test_watch_shows_every_transition_with_names_and_endings(tmp_path: Path) -> 
         finally:
             watch.terminate()
             out, err = watch.communicate(timeout=20)
-    lines = out.splitlines()  # the header line was read above
+    # The header line was read above; progress lines are not transitions.
+    lines = [line for line in out.splitlines() if " -> " in line]
     moves = {(line.split("  ")[1], line.split("  ")[2], line.split("  ")[3]) for line in lines}
     long_id, short_id = long_run.task_id[:12], short.task_id[:12]
     assert (long_id, "slow", "running -> succeeded by node-w") in moves, out

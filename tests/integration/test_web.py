@@ -414,3 +414,24 @@ def test_ctrl_c_ends_the_dashboard_normally(tmp_path: Path) -> None:
     _, err = web.proc.communicate(timeout=20)
     assert web.proc.returncode == 0, err
     assert "Traceback" not in err and "error" not in err
+
+
+def test_the_event_stream_says_change_after_a_transition(
+    running: tuple[Path, Node, Web],
+) -> None:
+    db, node, web = running
+    first = node.task_ids[0]
+    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    web.get("/")
+    stream = urllib.request.urlopen(web.base + "/events", timeout=20)
+    try:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        assert stream.readline() == b"retry: 2000\n"
+        web.request(f"/tasks/{first}/pause", {"csrf": web.csrf()})
+        lines = [stream.readline()]
+        while b"event: change\n" not in lines:
+            lines.append(stream.readline())
+            assert len(lines) < 50, lines
+        assert stream.readline().startswith(b"data: ")
+    finally:
+        stream.close()

@@ -123,9 +123,11 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
         )
         wait_until(lambda: _status(db, first) is TaskStatus.PAUSED, 15, "paused by its node")
         # The open page follows without a reload: its live part re-renders.
+        # Pushed: the event stream says "change" and the live part is fetched again. Its
+        # fallback poll is every 5 s, so a page showing it within 3 s got the push.
         wait_until(
             lambda: text(By.CSS_SELECTOR, ".status").startswith("paused"),
-            5,
+            3,
             "the page to show paused",
         )
         assert "running → pausing" in text(By.CSS_SELECTOR, ".timeline")

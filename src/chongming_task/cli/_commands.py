@@ -309,7 +309,13 @@ def cmd_web(ctx: Context) -> int:
     print(f"dashboard for {ctx.where()} at {where}; Ctrl-C to stop", flush=True)
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
-            uvicorn.run(create_app(dashboard), host=a.host, port=a.port, log_level="warning")
+            uvicorn.run(
+                create_app(dashboard),
+                host=a.host,
+                port=a.port,
+                log_level="warning",
+                timeout_graceful_shutdown=2,  # open event streams must not hold a stop
+            )
     finally:
         if aside is not None:
             aside.close()

@@ -10,6 +10,7 @@ bucket out of range) is a clear error page and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import os
@@ -26,7 +27,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -50,6 +57,8 @@ TOKEN_COOKIE = "cm_token"
 PAGE = 50
 """Tasks per page of the tasks list."""
 PAGING = ("until", "skip")
+EVENT_POLL = 0.05
+"""Seconds between two looks of an event stream at the follower's version."""
 MAX_SKIP = 100_000
 """Tasks created at one same instant that paging steps over (a bulk submit's batch)."""
 
@@ -254,6 +263,31 @@ def create_app(dashboard: Dashboard) -> Starlette:
     def nodes(request: Request) -> Response:
         return page(request, "nodes.html", _views.nodes(d))
 
+    async def events(request: Request) -> Response:
+        """Server-sent events: ``change`` when the follower saw a transition or a progress
+        move (open pages then fetch their live part; they also poll every 5 s), and a
+        comment every 15 s so that proxies keep the stream."""
+
+        async def stream() -> AsyncIterator[str]:
+            seen, quiet = d.follower.version, 0.0
+            yield "retry: 2000\n\n"
+            while not d.follower.stopped:
+                await asyncio.sleep(EVENT_POLL)
+                if d.follower.version != seen:
+                    seen, quiet = d.follower.version, 0.0
+                    yield f"event: change\ndata: {seen}\n\n"
+                else:
+                    quiet += EVENT_POLL
+                    if quiet >= 15:
+                        quiet = 0.0
+                        yield ": still here\n\n"
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
     def healthz(request: Request) -> Response:
         """One point read: the store answers (cheap enough for a probe every second)."""
         try:
@@ -318,6 +352,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Route("/schedules", schedules),
             Route("/nodes", nodes),
             Route("/healthz", healthz),
+            Route("/events", events),
             Route("/metrics", metrics),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],

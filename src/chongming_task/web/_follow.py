@@ -74,6 +74,9 @@ class Follower:
         self._caps = caps
         self._num_buckets = num_buckets
         self._latest: Aggregates | None = None
+        self.version = 0
+        """Bumped by each pass that saw a transition or a progress move: what the event
+        stream (``/events``) tells open pages."""
         self._feed = TransitionFeed(caps.store)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,6 +112,10 @@ class Follower:
         self._thread = threading.Thread(target=self._run, name="chongming-web-follow", daemon=True)
         self._thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -140,6 +147,8 @@ class Follower:
     def once(self) -> None:
         self._count_commands()
         change = self._feed.poll()
+        if change.transitions or change.progressed:
+            self.version += 1
         ended: dict[str, int] = {}
         for t in change.transitions:
             s = change.tasks.get(t.task_id)
