@@ -6,7 +6,7 @@ from __future__ import annotations
 from .model import TaskQuery, TaskSnapshot
 from .stores.protocol import TaskStore
 
-__all__ = ["MIN_PREFIX", "AmbiguousId", "find_task"]
+__all__ = ["MIN_PREFIX", "AmbiguousId", "find_pipeline_run", "find_task"]
 
 MIN_PREFIX = 6
 """The shortest id prefix resolved (shorter ones are too likely to clash)."""
@@ -39,3 +39,19 @@ def find_task(store: TaskStore, given: str, where: str, *, shown: int = 5) -> Ta
     listed = ", ".join(f"{s.task_id} ({s.name})" for s in found[:shown])
     more = " and more" if len(found) > shown else ""
     raise AmbiguousId(f"id prefix {given} is ambiguous: it matches {listed}{more}", found[:shown])
+
+
+def find_pipeline_run(store: TaskStore, given: str) -> str | None:
+    """The pipeline run ``given`` names: itself when a task carries that run id, else the
+    one run whose id starts with it (a prefix of ``MIN_PREFIX``+ characters); ``None``
+    when none does. A prefix several runs share is a ``LookupError`` naming them."""
+    if store.query(TaskQuery(pipeline_run_id=given, limit=1)):
+        return given
+    if len(given) < MIN_PREFIX:
+        return None
+    found = sorted(
+        {s.pipeline_run_id or "" for s in store.query(TaskQuery(pipeline_prefix=given, limit=500))}
+    )
+    if len(found) > 1:
+        raise LookupError(f"pipeline prefix {given} is ambiguous: it matches {', '.join(found)}")
+    return found[0] if found else None

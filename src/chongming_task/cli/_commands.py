@@ -69,9 +69,7 @@ def cmd_buckets(ctx: Context) -> int:
     pairs: dict[tuple[int | None, TaskStatus], int] = caps.count_tasks(
         "bucket_status", statuses=NON_TERMINAL
     )
-    per: dict[int | None, dict[TaskStatus, int]] = {}
-    for (bucket, status), n in pairs.items():
-        per.setdefault(bucket, {})[status] = n
+    per = render.by_bucket(pairs)
     owned = ctx.owned
     shown = (
         range(ctx.policy.num_buckets)

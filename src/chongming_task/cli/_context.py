@@ -13,7 +13,7 @@ import socket
 import sys
 from typing import Any
 
-from .._lookup import MIN_PREFIX, find_task
+from .._lookup import find_pipeline_run, find_task
 from ..controller import Controller
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
@@ -24,7 +24,6 @@ from ..stores.protocol import TaskStore
 from ._parser import PROG, UsageError
 
 __all__ = [
-    "MIN_PREFIX",
     "Context",
     "find_tasks",
     "get_task",
@@ -144,17 +143,9 @@ def task_query(ctx: Context) -> TaskQuery:
 def pipeline_run(ctx: Context, given: str | None) -> str | None:
     """The pipeline run ``--pipeline`` names: its id or a unique prefix of 6+ characters
     (a name that matches nothing selects nothing)."""
-    if given is None or len(given) < MIN_PREFIX:
-        return given
-    store = ctx.store()
-    if store.query(TaskQuery(pipeline_run_id=given, limit=1)):
-        return given
-    found = sorted(
-        {s.pipeline_run_id or "" for s in store.query(TaskQuery(pipeline_prefix=given, limit=500))}
-    )
-    if len(found) > 1:
-        raise LookupError(f"pipeline prefix {given} is ambiguous: it matches {', '.join(found)}")
-    return found[0] if found else given
+    if given is None:
+        return None
+    return find_pipeline_run(ctx.store(), given) or given
 
 
 def _glob(name: str | None) -> tuple[str, str] | None:

@@ -23,6 +23,7 @@ __all__ = [
     "age",
     "alarm_json",
     "bar",
+    "by_bucket",
     "control_outcome",
     "doctor_text",
     "health",
@@ -169,6 +170,16 @@ SHORT_ID = 12
 
 def short_id(task_id: str) -> str:
     return task_id[:SHORT_ID]
+
+
+def by_bucket(
+    pairs: dict[tuple[int | None, TaskStatus], int],
+) -> dict[int | None, dict[TaskStatus, int]]:
+    """``count_tasks("bucket_status")`` as bucket -> status -> tasks."""
+    per: dict[int | None, dict[TaskStatus, int]] = {}
+    for (bucket, status), n in pairs.items():
+        per.setdefault(bucket, {})[status] = n
+    return per
 
 
 def control_outcome(receipt: ControlReceipt) -> str:

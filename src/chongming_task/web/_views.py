@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet
+from .._lookup import find_pipeline_run
 from ..cli import render
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
 
@@ -70,10 +71,11 @@ def overview(d: Dashboard) -> dict[str, Any]:
         for b in n.record.buckets or ():
             owners.setdefault(b, []).append(n.record.node)
     alarmed = {b for a in report.alarms for b in a.buckets}
-    busiest = max((sum(v for (b, _), v in unfinished.items() if b == x) for x in totals), default=0)
+    per = render.by_bucket(unfinished)
+    busiest = max((sum(c.values()) for c in per.values()), default=0)
     cells = []
     for b in range(d.policy.num_buckets):
-        active = sum(v for (bucket, _), v in unfinished.items() if bucket == b)
+        active = sum(per.get(b, {}).values())
         cells.append(
             {
                 "bucket": b,
@@ -119,6 +121,7 @@ def _chart(d: Dashboard) -> dict[str, Any]:
 def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
     now = d.now()
     return {
+        "now": now,
         "t": s,
         "trail": d.store.history(s.task_id),
         "health": render.health(s, now),
@@ -148,7 +151,7 @@ def schedules(d: Dashboard) -> dict[str, Any]:
     for r in d.caps.schedules():
         last = None if r.last_task_id is None else d.store.get(r.last_task_id)
         rows.append(_schedule(r, nodes.get(r.node), last, now))
-    return {"rows": rows, "has_registry": d.caps.has_schedule_registry}
+    return {"now": now, "rows": rows, "has_registry": d.caps.has_schedule_registry}
 
 
 def _schedule(r: ScheduleRecord, node: Any, last: TaskSnapshot | None, now: datetime) -> Any:
@@ -164,6 +167,7 @@ def nodes(d: Dashboard) -> dict[str, Any]:
     now = d.now()
     statuses = fleet.node_statuses(d.caps, now)
     return {
+        "now": now,
         "nodes": [render.node_json(n) for n in statuses],
         "has_registry": d.caps.has_node_registry,
     }
@@ -186,16 +190,10 @@ def pipelines(d: Dashboard) -> dict[str, Any]:
 
 def pipeline(d: Dashboard, given: str) -> dict[str, Any]:
     """One run as a graph: node keys in columns by depth, an arrow from each dependency."""
-    record = d.caps.pipeline_record(given)
-    if record is None:
-        found = {
-            s.pipeline_run_id
-            for s in d.store.query(TaskQuery(pipeline_prefix=given, limit=200))
-            if s.pipeline_run_id
-        }
-        if len(found) > 1:
-            raise LookupError(f"pipeline prefix {given} is ambiguous: {', '.join(sorted(found))}")
-        record = d.caps.pipeline_record(found.pop()) if found else None
+    # A full id names its record even after the run's tasks were pruned.
+    record = d.caps.pipeline_record(given) or d.caps.pipeline_record(
+        find_pipeline_run(d.store, given) or given
+    )
     if record is None:
         raise LookupError(f"no recorded pipeline run {given} in {d.where}")
     depth: dict[str, int] = {}
