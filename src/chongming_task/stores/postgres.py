@@ -10,11 +10,9 @@ Schema creation is separate from use: ``create_schema()`` (or ``chongming-task -
 migrate``) needs DDL rights once; the store itself only reads and writes, so a role
 without DDL rights can run nodes and the read-only CLI.
 
-Recorded deviation (distributed design §15.1): lease decisions still use the caller's
-``now``, not the server's ``now()``. The contract passes time in (``claim_commands(*,
-now, ...)``) so that it can be tested with an injected clock; deciding by server time
-would break that contract for every store. Node clocks must therefore stay within a small
-fraction of the lease TTL of each other (NTP is plenty for the 30 s default).
+Lease decisions use the server's clock (distributed design §15.1): ``storage_now()``
+is ``statement_timestamp()``, and the runtime's ``LeaseClock`` passes that time in as
+each method's ``now``, so the contract can still be tested with an injected clock.
 
 The driver is optional: without ``pip install "chongming-task[postgres]"`` this module
 still imports, and constructing the store raises a ``StoreError`` naming that command.
@@ -59,6 +57,8 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg_pool import ConnectionPool, PoolTimeout
+
+    from ._pg_listen import listen
 except ImportError:  # the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
@@ -146,6 +146,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
         self.schema = schema
         self._channel = f"chongming_commands_{schema}"  # a validated identifier
+        self._transitions_channel = f"chongming_transitions_{schema}"  # postgres_schema.sql
         self._dsn = dsn  # for the listener's own connection; never printed (password)
         try:
             info = psycopg.conninfo.conninfo_to_dict(dsn)
@@ -549,37 +550,20 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         return [codec.values_to_command(r) for r in rows]
 
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
-        """Optional capability (not part of ``TaskStore``): call ``wake()`` soon after any
-        process submits a command, so a poller can claim it before its next interval.
+        """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
+        any process submits a command, so a poller can claim it before its next interval.
+        Polling stays the source of truth (distributed design §17 point 4). Returns a
+        function that stops it."""
+        return listen(self._dsn, self._channel, wake, name=f"chongming-listen[{self.where}]")
 
-        Polling stays the source of truth (distributed design §17 point 4): a lost
-        notification only costs latency. One dedicated connection ``LISTEN``s on a
-        thread of its own and reconnects after failures. Returns a function that stops it.
-        """
-        stop = threading.Event()
-        dsn = self._dsn
-
-        def listen() -> None:
-            while not stop.is_set():
-                try:
-                    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                        conn.execute(f"LISTEN {self._channel}".encode())
-                        while not stop.is_set():
-                            for _ in conn.notifies(timeout=0.5, stop_after=1):
-                                wake()
-                except psycopg.Error:
-                    stop.wait(1.0)  # the server is away: polling carries on meanwhile
-
-        thread = threading.Thread(
-            target=listen, name=f"chongming-listen[{self.where}]", daemon=True
+    def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Optional capability (``SupportsTransitionWakeups``): call ``wake()`` soon after
+        any process appends transitions (the schema's statement trigger on
+        ``transitions`` notifies once per statement; a schema made before it has none,
+        and then only polling sees them). Returns a function that stops it."""
+        return listen(
+            self._dsn, self._transitions_channel, wake, name=f"chongming-follow[{self.where}]"
         )
-        thread.start()
-
-        def unsubscribe() -> None:
-            stop.set()
-            thread.join(5)
-
-        return unsubscribe
 
     def complete_command(
         self, command_id: str, *, now: datetime, outcome: str | None = None

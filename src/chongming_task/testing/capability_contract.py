@@ -6,6 +6,7 @@ capability; ``StoreContract.verify()`` leaves it out)."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from unittest import SkipTest
@@ -35,6 +36,7 @@ from ..stores.capabilities import (
     SupportsScheduleRegistry,
     SupportsStorageClock,
     SupportsTaskScan,
+    SupportsTransitionWakeups,
     SupportsWriteTransitions,
 )
 from ..stores.protocol import TaskStore
@@ -166,6 +168,32 @@ class CapabilityContract(ContractBase):
                     if woke.wait(0.25):
                         break
                 assert woke.is_set(), "no wake-up within 10 s of submitting commands"
+            finally:
+                unsubscribe()
+
+    def test_capability_transition_wakeups_wake_a_subscriber(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsTransitionWakeups, "subscribe_transitions()")
+            assert isinstance(store, SupportsTransitionWakeups)
+            woke = threading.Event()
+            unsubscribe = store.subscribe_transitions(woke.set)
+            try:
+                # The subscription may take a moment to start: keep appending a while.
+                for i in range(40):
+                    store.create(self.snapshot(f"woken-{i}"))
+                    store.append(self.transition(f"woken-{i}", 1, TaskStatus.QUEUED))
+                    if woke.wait(0.25):
+                        break
+                assert woke.is_set(), "no wake-up within 10 s of appending transitions"
+                time.sleep(0.5)  # wake-ups of the appends above still on their way
+                woke.clear()
+                # Once subscribed, a single append is enough.
+                store.append(
+                    self.transition(
+                        "woken-0", 2, TaskStatus.STARTING, from_status=TaskStatus.QUEUED
+                    )
+                )
+                assert woke.wait(5), "no wake-up within 5 s of one append"
             finally:
                 unsubscribe()
 

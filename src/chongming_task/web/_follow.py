@@ -1,11 +1,16 @@
-"""The dashboard's own follower: a thread that, about twice a second, reads the store's
-transitions (``TransitionFeed``) and counts them, for ``/metrics`` (transitions by move
-and task name, task durations by name and outcome) and the overview's throughput chart,
-and reads the store-wide aggregates (counts by status and bucket, the fleet report) that
-the overview and ``/metrics`` show. Those are ``GROUP BY``s over the whole store (about
-0.1-0.3 s at a million tasks), so a request never waits for them: it shows the latest,
-at most a pass old (``Aggregates.at``). Counters start when the dashboard starts, as
-Prometheus counters do after a restart."""
+"""The dashboard's own follower: a thread that reads the store's transitions
+(``TransitionFeed``) and counts them, for ``/metrics`` (transitions by move and task
+name, task durations by name and outcome) and the overview's throughput chart, and reads
+the store-wide aggregates (counts by status and bucket, the fleet report) that the
+overview and ``/metrics`` show.
+
+When to read: on a store that notifies (``subscribe_transitions``: Postgres's
+``LISTEN``), at once after a notification (at most ``EAGER`` passes a second) and every
+second besides, for progress moves (which notify nobody) and for a notification lost
+while the server was away; elsewhere (SQLite) every ``interval``. The aggregates are
+``GROUP BY``s over the whole store (about 0.1-0.3 s at a million tasks), read on their own
+beat, never by a request: it shows the latest, stamped ``Aggregates.at``. Counters start
+when the dashboard starts, as Prometheus counters do after a restart."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -33,6 +39,10 @@ SLOT = 10.0
 """Seconds per bar of the throughput chart."""
 SLOTS = 60
 """Bars kept: ten minutes."""
+EAGER = 0.2
+"""Seconds between two passes at least, however often the store notifies."""
+NOTIFIED_POLL = 1.0
+"""Seconds between passes without a notification, on a store that notifies."""
 DURATIONS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400)
 
 
@@ -79,6 +89,10 @@ class Follower:
         stream (``/events``) tells open pages."""
         self._feed = TransitionFeed(caps.store)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a notification, or stop()
+        self._unsubscribe: Callable[[], None] | None = None
+        self.notified = False
+        """Whether the store notifies this follower of transitions (else it polls)."""
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._finished: deque[tuple[float, dict[str, int]]] = deque(maxlen=SLOTS)
@@ -109,6 +123,8 @@ class Follower:
         self._feed.poll()  # from now on
         self._commands_after = self._caps.now()
         self.refresh()
+        self._unsubscribe = self._caps.subscribe_transitions(self._wake.set)
+        self.notified = self._unsubscribe is not None
         self._thread = threading.Thread(target=self._run, name="chongming-web-follow", daemon=True)
         self._thread.start()
 
@@ -118,23 +134,35 @@ class Follower:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         if self._thread is not None:
             self._thread.join(5)
 
     def _run(self) -> None:
-        pause = self.interval
-        while not self._stop.wait(pause):
-            started = time.monotonic()
+        poll = NOTIFIED_POLL if self.notified else self.interval
+        clock = time.monotonic
+        next_poll = next_refresh = clock() + self.interval
+        while True:
+            self._wake.wait(max(0.0, min(next_poll, next_refresh) - clock()))
+            if self._stop.is_set():
+                return
+            self._wake.clear()  # a notification from now on wakes the next pass
+            started = clock()
+            next_poll = started + poll
             try:
                 self.once()
-                self.refresh()
+                if started >= next_refresh:
+                    self.refresh()
+                    # A store so large that reading the aggregates takes long is read
+                    # less often: they use at most a third of a core.
+                    next_refresh = clock() + max(self.interval, 2 * (clock() - started))
             except ChongmingTaskError as exc:
                 log.warning("dashboard follower: %s", exc)
             except Exception:  # a bug must not end the thread: the pages would go stale
                 log.exception("dashboard follower failed a pass; trying again")
-            # A store so large that a pass takes long is read less often: a pass uses at
-            # most a third of a core.
-            pause = max(self.interval, 2 * (time.monotonic() - started))
+            self._stop.wait(max(0.0, EAGER - (clock() - started)))
 
     def refresh(self) -> Aggregates:
         self._latest = read_aggregates(self._caps, self._num_buckets)

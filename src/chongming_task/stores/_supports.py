@@ -1,0 +1,273 @@
+"""The optional store capabilities as protocols (``SupportsAtomic`` …), what a store
+declares it can hold (``rules_of``), and the errors of stores without transactions.
+Public through ``chongming_task.stores.capabilities``, beside the adapter that resolves
+them; ``docs/stores.md`` §10 gives each contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ..errors import StoreError
+from ..model import (
+    Command,
+    Failure,
+    NodeRecord,
+    PipelineRecord,
+    ScheduleRecord,
+    TaskScan,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+)
+from ..values import STRICT, ValueRules
+
+__all__ = [
+    "CountBy",
+    "Creation",
+    "DeclaresValueRules",
+    "PartialCreate",
+    "PartialWrite",
+    "SupportsAtomic",
+    "SupportsCommandLog",
+    "SupportsCommandWakeups",
+    "SupportsCreateMany",
+    "SupportsCreateSchema",
+    "SupportsMarkExpired",
+    "SupportsMarkLost",
+    "SupportsNodeRegistry",
+    "SupportsPipelineRegistry",
+    "SupportsScheduleRegistry",
+    "SupportsStorageClock",
+    "SupportsTaskScan",
+    "SupportsTransitionWakeups",
+    "SupportsWriteTransitions",
+    "Verdict",
+    "rules_of",
+]
+
+Creation = tuple[TaskSnapshot, Transition]
+
+
+@runtime_checkable
+class SupportsAtomic(Protocol):
+    def atomic(self) -> AbstractContextManager[None]:
+        """A context manager: the store calls made inside it, on this thread, commit
+        together or not at all (an exception inside undoes them all)."""
+        ...
+
+
+@runtime_checkable
+class SupportsCreateMany(Protocol):
+    def create_many(self, items: Sequence[Creation]) -> None:
+        """``create`` every snapshot and ``append`` its creation transition, in one
+        transaction: all or nothing. An existing id raises ``TaskAlreadyExists`` with
+        nothing of the batch stored."""
+        ...
+
+
+@runtime_checkable
+class SupportsWriteTransitions(Protocol):
+    def write_transitions(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        """Compare-and-set the columns a task's life changes (status, version, attempt,
+        owner, times, progress, failure, outcome; never the identity columns fixed at
+        ``create``, never the lease) where the stored version is ``expect_version``, and
+        ``append`` the transitions, in one transaction. A conflict raises
+        ``ConcurrencyConflict`` with nothing written."""
+        ...
+
+
+@runtime_checkable
+class SupportsMarkLost(Protocol):
+    def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
+        """For each ``(lost snapshot, its transition)``: compare-and-set ``status``,
+        ``status_version``, ``ended_at`` and ``failure`` where the stored version is
+        ``transition.version - 1``, and append the transition only where that won.
+        Returns the ids marked; the others moved on (their holder is alive)."""
+        ...
+
+
+Verdict = Callable[[str | None], tuple[Failure, str]]
+"""For a lease owner (``None``: none), the failure and the trail reason of its lost tasks."""
+
+
+@runtime_checkable
+class SupportsMarkExpired(Protocol):
+    def mark_expired_lost(
+        self,
+        scan: TaskScan,
+        *,
+        exclude: frozenset[str],
+        at: datetime,
+        actor: str,
+        verdict: Verdict,
+    ) -> list[str]:
+        """``reconcile()`` in the store: every task ``scan`` keeps (``lease_expired_at``
+        says by when), but those in ``exclude``, goes to ``lost`` with version + 1,
+        ``ended_at = at`` and ``verdict(lease_owner)``'s failure, and gets its trail row
+        (from its status, the verdict's reason, ``actor``). The judgement and each
+        compare-and-set are one statement: a task whose holder writes meanwhile is left
+        alone. Returns the ids marked."""
+        ...
+
+
+@runtime_checkable
+class SupportsCommandWakeups(Protocol):
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` soon after any process submits a command (a latency
+        optimisation: polling stays the truth). Returns a function that unsubscribes."""
+        ...
+
+
+@runtime_checkable
+class SupportsTransitionWakeups(Protocol):
+    def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` soon after any process appends transitions (a latency
+        optimisation for followers such as the dashboard: polling stays the truth).
+        Returns a function that unsubscribes."""
+        ...
+
+
+@runtime_checkable
+class SupportsNodeRegistry(Protocol):
+    """Node declarations (``NodeRecord``, distributed design §11.3): who runs, which
+    buckets each declares, when each was last seen. For audit and alarms only."""
+
+    def declare_node(self, record: NodeRecord) -> None:
+        """Write ``record`` in place of any earlier declaration of the same node, its
+        buckets replaced, ``stopped_at`` cleared."""
+        ...
+
+    def refresh_node(self, node: str, *, now: datetime) -> bool:
+        """Set the node's ``seen_at`` to ``now`` (the store's own clock where it has
+        one). ``False`` if the node has no declaration or has stopped (declare again)."""
+        ...
+
+    def retire_node(self, node: str, *, now: datetime) -> None:
+        """Mark the node stopped at ``now`` (a clean close); its record stays."""
+        ...
+
+    def nodes(self) -> list[NodeRecord]:
+        """Every declaration, live or not."""
+        ...
+
+
+@runtime_checkable
+class SupportsScheduleRegistry(Protocol):
+    """Schedule declarations (``ScheduleRecord``): what each node's schedules fire and
+    when, for the CLI's ``schedules``. For people only; a firing never reads them."""
+
+    def declare_schedule(self, record: ScheduleRecord) -> None:
+        """Write ``record`` in place of the node's earlier record of the same name."""
+        ...
+
+    def forget_schedule(self, node: str, name: str) -> None:
+        """Remove the node's record of schedule ``name`` (nothing if there is none)."""
+        ...
+
+    def schedules(self) -> list[ScheduleRecord]:
+        """Every schedule record, ordered by node then name."""
+        ...
+
+
+@runtime_checkable
+class SupportsPipelineRegistry(Protocol):
+    """Pipeline run shapes (``PipelineRecord``): each node key's task and dependencies,
+    for people (the dashboard draws the graph). Nothing reads them to drive a run."""
+
+    def record_pipeline(self, record: PipelineRecord) -> None:
+        """Keep ``record`` (a run is recorded once; recording it again replaces it)."""
+        ...
+
+    def pipeline_record(self, pipeline_run_id: str) -> PipelineRecord | None: ...
+
+    def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
+        """The newest ``limit`` records, newest first."""
+        ...
+
+
+@runtime_checkable
+class SupportsCommandLog(Protocol):
+    """Finished commands, oldest finish first: how long controls took to be carried out
+    (the dashboard's command latency)."""
+
+    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        """Commands whose ``finished_at`` is after ``after``, by ``finished_at``."""
+        ...
+
+
+@runtime_checkable
+class SupportsStorageClock(Protocol):
+    def storage_now(self) -> datetime:
+        """The store's own clock (``now()`` on PostgreSQL): one clock for every node's
+        lease and liveness decisions, however far a node's own clock drifts."""
+        ...
+
+
+CountBy = Literal["status", "bucket", "owner", "lease_owner", "bucket_status"]
+"""A column to count tasks by; ``bucket_status`` counts per ``(bucket, status)`` pair."""
+
+
+@runtime_checkable
+class SupportsTaskScan(Protocol):
+    """Questions about many tasks answered inside the store (``GROUP BY``, ``COUNT``), so
+    a tool's time and memory do not grow with the store."""
+
+    def count_tasks(
+        self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        """Tasks per value of the column ``by`` (``None`` a value like any other),
+        among ``statuses`` (``None``: all). Values with no task are absent."""
+        ...
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        """How many tasks ``scan`` keeps, and the first ``scan.limit`` of them, oldest
+        (``created_at``, then insertion) first."""
+        ...
+
+
+@runtime_checkable
+class SupportsCreateSchema(Protocol):
+    """A store whose schema is created apart from use (by a role with DDL rights)."""
+
+    where: str
+    """Where the store is, safe to print (no password)."""
+    schema: str
+
+    def create_schema(self) -> None:
+        """Create the store's schema if absent (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class DeclaresValueRules(Protocol):
+    """A store that says what text it can hold (``chongming_task.values``)."""
+
+    value_rules: ValueRules
+
+
+def rules_of(store: object) -> ValueRules:
+    """What ``store`` declares it can hold (``value_rules``), or ``STRICT``."""
+    if isinstance(store, DeclaresValueRules) and isinstance(store.value_rules, ValueRules):
+        return store.value_rules
+    return STRICT
+
+
+class PartialCreate(StoreError):
+    """A store without transactions created the first ``created`` tasks of a batch, then
+    failed (the cause is chained). Those tasks are stored; the rest are not."""
+
+    def __init__(self, created: int, cause: BaseException) -> None:
+        super().__init__(f"{created} task(s) created before the batch failed: {cause}")
+        self.created = created
+
+
+class PartialWrite(StoreError):
+    """A store without transactions saved the snapshot, then failed to append (the cause
+    is chained). The stored version is the snapshot's; the trail is behind, and appending
+    the same transitions again is harmless (``append`` is idempotent)."""
