@@ -305,15 +305,19 @@ def cmd_web(ctx: Context) -> int:
     )
     where = f"http://{a.host}:{a.port}/"
     print(f"dashboard for {ctx.where()} at {where}; Ctrl-C to stop", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(dashboard),
+            host=a.host,
+            port=a.port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    dashboard.closing = lambda: server.should_exit  # open event streams end at a stop
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
-            uvicorn.run(
-                create_app(dashboard),
-                host=a.host,
-                port=a.port,
-                log_level="warning",
-                timeout_graceful_shutdown=2,  # open event streams must not hold a stop
-            )
+            server.run()
     finally:
         if aside is not None:
             aside.close()

@@ -87,6 +87,9 @@ class Dashboard:
         self.read_only = read_only
         self.token = token
         self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
+        self.closing: Callable[[], bool] = lambda: False
+        """Whether the server is shutting down (``web`` sets it): open event streams
+        then end, so that a stop is not held by a browser tab."""
         self.registry = store_registry(self)
         # The follower's whole-store reads take their own connection where one is given,
         # so a request never queues behind them (SQLite serializes one connection).
@@ -269,7 +272,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
         async def stream() -> AsyncIterator[str]:
             seen, quiet = d.follower.version, 0.0
             yield "retry: 2000\n\n"
-            while not d.follower.stopped:
+            while not (d.follower.stopped or d.closing()):
                 await asyncio.sleep(EVENT_POLL)
                 if d.follower.version != seen:
                     seen, quiet = d.follower.version, 0.0
