@@ -39,9 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from chongming_task import Controller, TaskStatus
 from scale import Target, fill, postgres_target, sqlite_target
-
-from chongming_task import Controller, TaskQuery, TaskStatus
 
 NODE = """
 import random, sys, threading

@@ -363,10 +363,11 @@ class TaskQuery:
 
     ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` and
     ``pipeline_prefix`` select the tasks whose id, or pipeline run id, starts with the
-    text (how the CLI resolves a short id). ``created_until`` keeps tasks created at or
-    before that time (a page of older tasks: skip the ones already shown at that very
-    time, which come first). Results are
-    ordered by ``created_at`` ascending, descending with ``newest_first``.
+    text (how the CLI resolves a short id). ``owner`` keeps the tasks of one node (the
+    process that runs them). ``created_until`` keeps tasks created at or before that time
+    (a page of older tasks: skip the ones already shown at that very time, which come
+    first). Results are ordered by ``created_at`` ascending, descending with
+    ``newest_first``.
     """
 
     statuses: frozenset[TaskStatus] | None = None
@@ -377,6 +378,7 @@ class TaskQuery:
     buckets: frozenset[int] | None = None
     pipeline_run_id: str | None = None
     pipeline_prefix: str | None = None
+    owner: str | None = None
     created_until: datetime | None = None
     limit: int | None = None
     newest_first: bool = False
@@ -391,7 +393,15 @@ class TaskQuery:
         _normalise(self, ("created_until",))
         if self.id_prefix == "" or self.pipeline_prefix == "":
             raise ValueError("an id prefix must not be empty")
-        texts = ("id_prefix", "name", "name_prefix", "tag", "pipeline_run_id", "pipeline_prefix")
+        texts = (
+            "id_prefix",
+            "name",
+            "name_prefix",
+            "tag",
+            "pipeline_run_id",
+            "pipeline_prefix",
+            "owner",
+        )
         for name in texts:
             value = getattr(self, name)
             if value is not None and utf8_fault(value) is not None:
@@ -411,6 +421,7 @@ class TaskQuery:
                 self.pipeline_prefix is None
                 or (snapshot.pipeline_run_id or "").startswith(self.pipeline_prefix)
             )
+            and (self.owner is None or snapshot.owner == self.owner)
             and (self.created_until is None or snapshot.created_at <= self.created_until)
         )
 

@@ -427,3 +427,20 @@ def test_ps_pipeline_lists_one_pipeline_run(tmp_path: Path) -> None:
     ids = {r["task_id"] for r in rows}  # type: ignore[union-attr,index]
     assert ids == {r.task_id for r in run.nodes.values()}
     assert {r["pipeline_run_id"] for r in rows} == {run.pipeline_run_id}  # type: ignore[union-attr,index]
+
+
+def test_ps_node_lists_one_nodes_tasks(tmp_path: Path) -> None:
+    from chongming_task import Controller
+
+    db = tmp_path / "n.db"
+    ids: dict[str, set[str]] = {}
+    for owner in ("node-a", "node-b"):
+        with Controller(db, owner=owner) as node:
+            job = node.task(lambda token: None, name="job")
+            runs = [node.submit(job) for _ in range(3)]
+            for r in runs:
+                r.wait(10)
+            ids[owner] = {r.task_id for r in runs}
+    rows = cli_json(db, "ps", "--all", "--node", "node-a")
+    assert {r["task_id"] for r in rows} == ids["node-a"]  # type: ignore[union-attr,index]
+    assert cli_json(db, "ps", "--all", "--node", "node") == []  # exact, not a prefix

@@ -125,6 +125,17 @@ def test_every_page_answers(running: tuple[Path, Node, Web]) -> None:
         status, body = web.get(path)
         assert status == 200, (path, body[:500])
         assert needle in body, (path, needle)
+    store = SqliteTaskStore(db)
+    owner = store.get(first).owner  # type: ignore[union-attr]
+    store.close()
+    assert owner
+    for path, needle in [
+        (f"/tasks?node={urllib.parse.quote(owner)}", first[:12]),
+        ("/tasks?node=nobody", "no task matches"),
+        ("/nodes", f'href="/tasks?node={urllib.parse.quote(owner)}"'),
+    ]:
+        status, body = web.get(path)
+        assert status == 200 and needle in body, (path, needle, body[-800:])
     status, body = web.get(f"/tasks/{first[:8]}")  # a prefix redirects to the full id
     assert status == 200 and f"<code>{first}</code>" in body
     health = json.loads(web.get("/healthz")[1])

@@ -135,6 +135,7 @@ def task_query(ctx: Context) -> TaskQuery:
         tag=a.tag,
         buckets=buckets,
         pipeline_run_id=pipeline_run(ctx, a.pipeline),
+        owner=a.node,
         limit=a.limit if pattern is None else None,
         newest_first=True,
     )

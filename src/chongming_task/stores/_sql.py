@@ -109,6 +109,8 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
         add((f"pipeline_run_id = {p}", [query.pipeline_run_id]))
     if query.pipeline_prefix is not None:
         add(dialect.prefix("pipeline_run_id", query.pipeline_prefix))
+    if query.owner is not None:
+        add((f"owner = {p}", [query.owner]))
     if query.created_until is not None:
         add((f"created_at <= {dialect.time}", [codec.encode_dt(query.created_until)]))
     sql = dialect.select

@@ -207,6 +207,7 @@ class StoreContract(CapabilityContract):
                 tags=frozenset({"ios", "cpu"}),
                 bucket=1,
                 pipeline_run_id="p1",
+                owner="node-a",
                 created_at=at(2),
             ),
             self.snapshot(
@@ -218,9 +219,16 @@ class StoreContract(CapabilityContract):
                 pipeline_run_id="p1",
                 created_at=at(3),
             ),
-            self.snapshot("d", name="etl", status=TaskStatus.FAILED, created_at=at(4)),
             self.snapshot(
-                "e", name="etl.load", status=TaskStatus.RUNNING, bucket=1, created_at=at(5)
+                "d", name="etl", status=TaskStatus.FAILED, owner="node-b", created_at=at(4)
+            ),
+            self.snapshot(
+                "e",
+                name="etl.load",
+                status=TaskStatus.RUNNING,
+                bucket=1,
+                owner="node-a",
+                created_at=at(5),
             ),
         ]
         for row in rows:
@@ -259,6 +267,8 @@ class StoreContract(CapabilityContract):
                 (TaskQuery(pipeline_run_id="p2"), []),
                 (TaskQuery(pipeline_prefix="p"), ["b", "c"]),
                 (TaskQuery(pipeline_prefix="p1x"), []),
+                (TaskQuery(owner="node-a"), ["b", "e"]),
+                (TaskQuery(owner="node"), []),  # exact, not a prefix
             ]
             for query, expected in cases:
                 assert self._ids(store.query(query)) == expected, (query, expected)
@@ -269,6 +279,7 @@ class StoreContract(CapabilityContract):
             cases: list[tuple[TaskQuery, list[str]]] = [
                 (TaskQuery(name="etl.load", statuses=frozenset({TaskStatus.RUNNING})), ["e"]),
                 (TaskQuery(tag="cpu", buckets=frozenset({2})), ["c"]),
+                (TaskQuery(owner="node-b", statuses=frozenset({TaskStatus.FAILED})), ["d"]),
                 (TaskQuery(pipeline_run_id="p1", statuses=frozenset({TaskStatus.RUNNING})), ["b"]),
                 (TaskQuery(name_prefix="etl", buckets=frozenset({1}), tag="io"), []),
                 (TaskQuery(name_prefix="etl", buckets=frozenset({0, 1}), limit=2), ["a", "b"]),

@@ -395,7 +395,7 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
             buckets = d.policy.validate([int(b) for b in q.getlist("bucket")])
         except (ValueError, ChongmingTaskError) as exc:
             raise BadInput(f"bad bucket: {exc}") from None
-    text = {key: (q.get(key) or None) for key in ("name", "tag", "pipeline", "q")}
+    text = {key: (q.get(key) or None) for key in ("name", "tag", "pipeline", "node", "q")}
     prefix = text["q"]
     if prefix is not None and len(prefix) < 2:
         raise BadInput("search an id by at least 2 characters")
@@ -415,6 +415,7 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
         tag=text["tag"],
         buckets=buckets,
         pipeline_run_id=text["pipeline"],
+        owner=text["node"],
         created_until=until,
         limit=skip + PAGE + 1,
         newest_first=True,
