@@ -31,6 +31,7 @@ from chongming_task import (
     TaskStore,
     Transition,
 )
+from chongming_task.model import trusted_transition
 from chongming_task.run import TaskRun
 from chongming_task.testing import FaultyStore
 from chongming_task.values import STRICT, ValueRules, check_json, storable_text
@@ -413,9 +414,20 @@ def test_write_transitions_refuses_its_own_bad_row_alone(tmp_path: Path) -> None
     try:
         snapshot, created = _snapshot("t1", "fine")
         store.create_many([(snapshot, created)])
-        bad = snapshot.evolve(status=S.STARTING, status_version=2, owner="\udcff")
+        moved = snapshot.evolve(status=S.STARTING, status_version=2)
+        # Built past the checks (a store's own boundary is what is tested here).
+        bad = trusted_transition(
+            task_id="t1",
+            version=2,
+            from_status=S.QUEUED,
+            to_status=S.STARTING,
+            at=created.at,
+            reason="\udcff",
+            actor=None,
+        )
         with pytest.raises(StoreError, match="not valid UTF-8"):
-            store.write_transitions(bad, expect_version=1, transitions=[])
+            store.write_transitions(moved, expect_version=1, transitions=[bad])
+        assert store.history("t1") == [created]
         assert store.get("t1") == snapshot
     finally:
         store.close()

@@ -481,10 +481,21 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("version", "dropped"),
     [
-        (1, ("nodes", "node_buckets", "schedules", "pipelines", "idx_commands_finished")),
-        (2, ("schedules", "pipelines", "idx_commands_finished")),
-        (3, ("pipelines", "idx_commands_finished")),
-        (4, ("idx_commands_finished",)),
+        (
+            1,
+            (
+                "nodes",
+                "node_buckets",
+                "schedules",
+                "pipelines",
+                "idx_commands_finished",
+                "idx_tasks_owner",
+            ),
+        ),
+        (2, ("schedules", "pipelines", "idx_commands_finished", "idx_tasks_owner")),
+        (3, ("pipelines", "idx_commands_finished", "idx_tasks_owner")),
+        (4, ("idx_commands_finished", "idx_tasks_owner")),
+        (5, ("idx_tasks_owner",)),
     ],
 )
 def test_an_older_file_gains_the_new_tables_when_opened(
@@ -500,6 +511,14 @@ def test_an_older_file_gains_the_new_tables_when_opened(
     for name in dropped:
         kind = "INDEX" if name.startswith("idx_") else "TABLE"
         conn.execute(f"DROP {kind} {name}")
+    # Before schema 6 the life trigger also wrote owner.
+    (life,) = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
+    ).fetchone()
+    conn.execute("DROP TRIGGER task_writes_life")
+    conn.execute(
+        life.replace("attempt = NEW.attempt,", "attempt = NEW.attempt, owner = NEW.owner,")
+    )
     conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
@@ -508,8 +527,22 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 5
+        assert now == SCHEMA_VERSION == 6
         assert reopened.pipeline_records() == []
+        (life,) = reopened._conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
+        ).fetchone()
+        assert "owner" not in life  # made again, as this version writes it
+        assert reopened.query(TaskQuery(owner="nobody")) == []
+        plan = " ".join(
+            str(row[-1])
+            for row in reopened._conn.execute(
+                "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE owner = ? "
+                "ORDER BY created_at DESC LIMIT 5",
+                ["n"],
+            )
+        )
+        assert "idx_tasks_owner" in plan, plan
     finally:
         reopened.close()
 

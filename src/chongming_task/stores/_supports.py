@@ -75,8 +75,8 @@ class SupportsWriteTransitions(Protocol):
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
     ) -> None:
         """Compare-and-set the columns a task's life changes (status, version, attempt,
-        owner, times, progress, failure, outcome; never the identity columns fixed at
-        ``create``, never the lease) where the stored version is ``expect_version``, and
+        times, progress, failure, outcome; never the identity columns fixed at ``create``,
+        owner among them, never the lease) where the stored version is ``expect_version``, and
         ``append`` the transitions, in one transaction. A conflict raises
         ``ConcurrencyConflict`` with nothing written."""
         ...

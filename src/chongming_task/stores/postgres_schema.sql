@@ -31,6 +31,7 @@ CREATE INDEX IF NOT EXISTS idx_tasks_status ON {schema}.tasks (status);
 CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON {schema}.tasks (bucket);
 CREATE INDEX IF NOT EXISTS idx_tasks_created_at ON {schema}.tasks (created_at, seq);
 CREATE INDEX IF NOT EXISTS idx_tasks_tags ON {schema}.tasks USING GIN (tags jsonb_path_ops);
+CREATE INDEX IF NOT EXISTS idx_tasks_owner ON {schema}.tasks (owner, created_at, seq);
 CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON {schema}.tasks (pipeline_run_id)
     WHERE pipeline_run_id IS NOT NULL;
 

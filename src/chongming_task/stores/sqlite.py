@@ -48,7 +48,8 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 5  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished index
+SCHEMA_VERSION = 6  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+# index; 6: owner index, owner fixed at create
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -161,10 +162,10 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         (found,) = self._conn.execute(
             "SELECT COUNT(*) FROM sqlite_master "
             "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
-            "'idx_commands_finished')"
+            "'idx_commands_finished', 'idx_tasks_owner')"
         ).fetchone()
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return found == 5 and (self.path == ":memory:" or mode == "wal")
+        return found == 6 and (self.path == ":memory:" or mode == "wal")
 
     def _has_tables(self) -> bool:
         (found,) = self._conn.execute(
@@ -405,7 +406,6 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         life[AT["status"]] = snapshot.status.value
         life[AT["status_version"]] = snapshot.status_version
         life[AT["attempt"]] = snapshot.attempt
-        life[AT["owner"]] = snapshot.owner
         life[AT["started_at"]] = codec.encode_dt(snapshot.started_at)
         life[AT["ended_at"]] = codec.encode_dt(snapshot.ended_at)
         life[AT["last_heartbeat_at"]] = codec.encode_dt(snapshot.last_heartbeat_at)
