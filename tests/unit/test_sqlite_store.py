@@ -21,6 +21,7 @@ from chongming_task import (
     TaskStatus,
     Transition,
 )
+from chongming_task.states import NON_TERMINAL
 from chongming_task.stores import SqliteTaskStore
 from chongming_task.stores.sqlite import SCHEMA_VERSION
 
@@ -167,6 +168,14 @@ def test_filters_use_the_indexes(tmp_path: Path) -> None:
     assert "idx_tasks_bucket" in plan
     plan = " ".join(store.explain_query(TaskQuery(statuses=frozenset({TaskStatus.RUNNING}))))
     assert "idx_tasks_status" in plan
+    # A node's tasks: newest first by the owner index, but its unfinished ones (few) by
+    # the status index, never by walking all the node ever ran.
+    mine = TaskQuery(owner="node-a", newest_first=True, limit=51)
+    assert "idx_tasks_owner" in " ".join(store.explain_query(mine))
+    unfinished = replace(mine, statuses=NON_TERMINAL)
+    assert "idx_tasks_status" in " ".join(store.explain_query(unfinished))
+    finished = replace(mine, statuses=frozenset({TaskStatus.SUCCEEDED}))
+    assert "idx_tasks_owner" in " ".join(store.explain_query(finished))
     store.close()
 
 

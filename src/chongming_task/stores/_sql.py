@@ -74,6 +74,8 @@ class Dialect:
     """The column that orders ties by insertion."""
     time: str
     """A time parameter (bound as ``codec.encode_dt`` text)."""
+    unindexed: Callable[[str], str] = lambda column: column
+    """``column`` spelled so that the planner leaves its index alone (SQLite: ``+column``)."""
     fence: bool = False
     """Filter before ordering in a scan's rows query (a subquery the planner keeps): else
     PostgreSQL walks the ``created_at`` index through every row to find a rare few."""
@@ -110,7 +112,12 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
     if query.pipeline_prefix is not None:
         add(dialect.prefix("pipeline_run_id", query.pipeline_prefix))
     if query.owner is not None:
-        add((f"owner = {p}", [query.owner]))
+        # Unfinished tasks are few: their status index finds a node's at once, where the
+        # owner index would walk every task the node ever ran (SQLite's planner has no
+        # statistics to tell; PostgreSQL's does).
+        unfinished = query.statuses is not None and query.statuses <= states.NON_TERMINAL
+        column = dialect.unindexed("owner") if unfinished else "owner"
+        add((f"{column} = {p}", [query.owner]))
     if query.created_until is not None:
         add((f"created_at <= {dialect.time}", [codec.encode_dt(query.created_until)]))
     sql = dialect.select

@@ -60,6 +60,7 @@ _SELECT_TASKS = "SELECT " + ", ".join(codec.TASK_COLUMNS) + " FROM tasks"
 _DIALECT = Dialect(
     select=_SELECT_TASKS,
     placeholder="?",
+    unindexed=lambda column: f"+{column}",
     one_of=lambda column, values: (f"{column} IN ({', '.join('?' * len(values))})", values),
     prefix=lambda column, text: (f"substr({column}, 1, ?) = ?", [len(text), text]),
     # Exact element match on the tags' JSON text: ",<encoded tag>," within the array with
