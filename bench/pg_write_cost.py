@@ -1,13 +1,12 @@
-"""What the schema's read helpers cost the Postgres write path: the owner index and the
-transitions NOTIFY trigger, each dropped in turn.
+"""What the helpers of readers cost the Postgres write path: the owner index (dropped
+after ``create_schema()``) and the store's announcing of writes (``announce_writes``).
 
     uv run python bench/pg_write_cost.py [--dsn DSN] [--tasks 2000] [--rounds 3]
 
-Each run is chongming-task alone: a fresh schema made by ``create_schema()`` (then the
-index and/or trigger dropped), ``--tasks`` x ``Controller.submit`` on 4 workers, every
-task queued -> starting -> running -> succeeded with its trail rows, timed from the first
-submit to the last task's end. The variants alternate within each round, so drift of the
-machine hits them alike.
+Each run is chongming-task alone in a fresh schema: ``--tasks`` x ``Controller.submit``
+on 4 workers, every task queued -> starting -> running -> succeeded with its trail rows,
+timed from the first submit to the last task's end. The variants alternate within each
+round, so drift of the machine hits them alike.
 """
 
 from __future__ import annotations
@@ -22,14 +21,12 @@ from chongming_task import CancellationToken, Controller
 from chongming_task.stores.postgres import PostgresTaskStore
 
 SCHEMA = "bench_write_cost"
-VARIANTS = {
-    "index and trigger (as shipped)": (),
-    "no owner index": ("DROP INDEX {s}.idx_tasks_owner",),
-    "no trigger": ("DROP TRIGGER transitions_notify ON {s}.transitions",),
-    "neither": (
-        "DROP INDEX {s}.idx_tasks_owner",
-        "DROP TRIGGER transitions_notify ON {s}.transitions",
-    ),
+_NO_INDEX = "DROP INDEX {s}.idx_tasks_owner"
+VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "index, announcing (as shipped)": ((), True),
+    "no owner index": ((_NO_INDEX,), True),
+    "not announcing": ((), False),
+    "neither": ((_NO_INDEX,), False),
 }
 
 
@@ -37,10 +34,10 @@ def noop(token: CancellationToken) -> None:
     return None
 
 
-def run(dsn: str, tasks: int, drops: tuple[str, ...]) -> float:
+def run(dsn: str, tasks: int, drops: tuple[str, ...], announce: bool) -> float:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    store = PostgresTaskStore(dsn, schema=SCHEMA)
+    store = PostgresTaskStore(dsn, schema=SCHEMA, announce_writes=announce)
     store.create_schema()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in drops:
@@ -67,8 +64,8 @@ def main() -> None:
     rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
     try:
         for _ in range(args.rounds):
-            for name, drops in VARIANTS.items():
-                rates[name].append(run(args.dsn, args.tasks, drops))
+            for name, (drops, announce) in VARIANTS.items():
+                rates[name].append(run(args.dsn, args.tasks, drops, announce))
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")

@@ -14,9 +14,9 @@ the latency is the browser's time of the status appearing minus the transition's
 dashboard's follower, the server-sent event, the page's fetch and the browser's render
 are all inside; one machine, one clock).
 
-Rows: SQLite (the follower polls twice a second), PostgreSQL (``LISTEN`` on the schema's
-transitions trigger; the follower also polls every second), and PostgreSQL with that
-trigger dropped, as a schema made before it would be (the follower's one-second poll
+Rows: SQLite (the follower polls twice a second), PostgreSQL (the node's store announces
+its writes, the follower ``LISTEN``s and also polls every second), and PostgreSQL with a
+node that does not announce (``announce_writes=False``: the follower's one-second poll
 alone). Target: every transition on the page within a second.
 """
 
@@ -46,7 +46,9 @@ NODE = """
 import random, sys, threading
 from chongming_task import Controller, Progress
 from chongming_task.stores import open_store
-store = open_store(sys.argv[1], schema=sys.argv[2] or None)
+from chongming_task.stores.postgres import PostgresTaskStore
+store = (PostgresTaskStore(sys.argv[1], schema=sys.argv[2], announce_writes=False)
+         if sys.argv[3:] == ["quiet"] else open_store(sys.argv[1], schema=sys.argv[2] or None))
 node = Controller(store, owner="bench-node", max_workers=8)
 
 @node.task(name="short")
@@ -116,10 +118,10 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
     raise SystemExit(f"web_live: no {what} within {timeout} s")
 
 
-def measure(target: Target, schema: str, cycles: int, browser: Any) -> list[float]:
+def measure(target: Target, schema: str, cycles: int, browser: Any, *quiet: str) -> list[float]:
     db = target.cli[1]
     node = subprocess.Popen(
-        [sys.executable, "-c", NODE, db, schema],
+        [sys.executable, "-c", NODE, db, schema, *quiet],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -210,17 +212,13 @@ def main() -> None:
             report("SQLite (poll every 0.5 s)", measure(target, "", args.cycles, browser))
         if args.dsn:
             schema = f"bench_live_{int(time.time())}"
-            import psycopg
-
             target = postgres_target(args.dsn, schema)
             try:
                 fill(target, args.tasks)
                 report("PostgreSQL (LISTEN/NOTIFY)", measure(target, schema, args.cycles, browser))
-                with psycopg.connect(args.dsn, autocommit=True) as conn:
-                    conn.execute(f"DROP TRIGGER transitions_notify ON {schema}.transitions")
                 report(
-                    "PostgreSQL, trigger dropped (poll every 1 s)",
-                    measure(target, schema, args.cycles, browser),
+                    "PostgreSQL, node not announcing (poll 1 s)",
+                    measure(target, schema, args.cycles, browser, "quiet"),
                 )
             finally:
                 target.drop()

@@ -1,4 +1,5 @@
-"""``LISTEN`` on a PostgreSQL channel from a connection and a thread of its own.
+"""``LISTEN`` on a PostgreSQL channel from a connection and a thread of its own, and
+``Announcer``, which sends the ``NOTIFY`` after writes without making a write wait.
 
 A notification is a hint that something changed, never the change itself: every
 subscriber keeps polling the tables (distributed design §17 point 4), so a notification
@@ -8,12 +9,13 @@ lost while the server was away only costs latency. The driver is imported by the
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
 import psycopg
 
-__all__ = ["listen"]
+__all__ = ["Announcer", "listen"]
 
 _RECONNECT_AFTER = 1.0
 """Seconds between attempts while the server is away (polling carries on meanwhile)."""
@@ -44,3 +46,57 @@ def listen(dsn: str, channel: str, wake: Callable[[], None], *, name: str) -> Ca
         thread.join(5)
 
     return unsubscribe
+
+
+class Announcer:
+    """Sends a notification soon after writes, from a thread of its own and at most once
+    per ``every`` seconds: a write only sets a flag, and a burst of writes costs one
+    ``NOTIFY`` (each takes a server-wide lock at commit, which a ``NOTIFY`` per write
+    made every writer queue on). The first write after a quiet spell is told at once;
+    later ones up to ``every`` seconds late. The thread ends after ``IDLE`` seconds
+    without writes and starts again with the next one."""
+
+    IDLE = 1.0
+
+    def __init__(self, send: Callable[[], None], *, every: float, name: str) -> None:
+        self._send = send
+        self._every = every
+        self._name = name
+        self._due = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the flag's rise and the thread's start and end
+
+    def wrote(self) -> None:
+        """Something was committed: notify soon (never blocks on the server)."""
+        if self._due.is_set():
+            return
+        with self._lock:
+            self._due.set()
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            if not self._due.wait(self.IDLE):
+                with self._lock:
+                    if not self._due.is_set():  # quiet: end; the next write starts one
+                        self._thread = None
+                        return
+            if self._stop.is_set():
+                return
+            self._due.clear()  # writes from now on are told by the next send
+            # The server away, or the store closing: polling carries on.
+            with contextlib.suppress(Exception):
+                self._send()
+            if self._stop.wait(self._every):
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._due.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(2)

@@ -58,7 +58,8 @@ try:
     from psycopg import errors as pg_errors
     from psycopg_pool import ConnectionPool, PoolTimeout
 
-    from ._pg_listen import listen
+    from ._pg_errors import TRANSIENT, first_line, server_reason, translated
+    from ._pg_listen import Announcer, listen
 except ImportError:  # the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
@@ -95,33 +96,8 @@ _PROBE_INTERVAL = 0.2
 """Seconds between direct connection attempts while the server is away."""
 
 
-_TRANSIENT = re.compile(r"starting up|shutting down|too many (clients|connections)|recovery")
-"""Refusals that pass: wait for them like an outage."""
-
-
-def _server_reason(exc: BaseException) -> str:
-    """The reason in a connection error, without libpq's "connection to server at ...
-    failed:" preamble: ``role "nobody" does not exist``, ``Connection refused``."""
-    text = " ".join(str(exc).split())
-    for marker in ("FATAL: ", "failed: "):
-        if marker in text:
-            text = text.rsplit(marker, 1)[1]
-    return text.split(" Is the server running", 1)[0].strip()
-
-
-def _is_outage(exc: BaseException) -> bool:
-    """A fault of the connection, not of the statement: no connection from the pool, a
-    client-side connection error (no SQLSTATE), a connection exception (class 08) or
-    the server shutting down or starting (57P01-57P03). A cancelled query is not one."""
-    if isinstance(exc, PoolTimeout):
-        return True
-    sqlstate = getattr(exc, "sqlstate", None)
-    return sqlstate is None or sqlstate.startswith(("08", "57P"))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+_ANNOUNCE_EVERY = 0.1
+"""Seconds between two notifications of writes, at least."""
 
 
 class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
@@ -139,19 +115,28 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         max_size: int = 10,
         connect_timeout: float = 5.0,
         application_name: str = "chongming-task",
+        announce_writes: bool = True,
     ) -> None:
+        """``announce_writes``: after writes of tasks or transitions, ``NOTIFY`` the
+        schema's transitions channel (at most ten times a second, off the write path), so
+        a follower such as the dashboard sees them at once; off, followers poll."""
         if psycopg is None:
             raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
         if not _IDENTIFIER.match(schema):
             raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
         self.schema = schema
         self._channel = f"chongming_commands_{schema}"  # a validated identifier
-        self._transitions_channel = f"chongming_transitions_{schema}"  # postgres_schema.sql
+        self._transitions_channel = f"chongming_transitions_{schema}"
+        self._announcer = (
+            Announcer(self._announce, every=_ANNOUNCE_EVERY, name=f"chongming-announce[{schema}]")
+            if announce_writes
+            else None
+        )
         self._dsn = dsn  # for the listener's own connection; never printed (password)
         try:
             info = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise StoreError(f"malformed PostgreSQL DSN: {_first_line(exc)}") from None
+            raise StoreError(f"malformed PostgreSQL DSN: {first_line(exc)}") from None
         self.where = (
             f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
         )
@@ -175,11 +160,11 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             psycopg.connect(self._dsn, **self._connect_kwargs).close()
         except psycopg.OperationalError as exc:
             # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
-            if "FATAL:" in str(exc) and not _TRANSIENT.search(str(exc)):
+            if "FATAL:" in str(exc) and not TRANSIENT.search(str(exc)):
                 raise StoreError(
-                    f"PostgreSQL at {self.where} refused the connection: {_server_reason(exc)}"
+                    f"PostgreSQL at {self.where} refused the connection: {server_reason(exc)}"
                 ) from None
-            unreachable = f": {_server_reason(exc)}"
+            unreachable = f": {server_reason(exc)}"
         self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -269,33 +254,8 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             threading.Thread(target=old.close, kwargs={"timeout": 1.0}, daemon=True).start()
             return
 
-    @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except pg_errors.UndefinedTable:
-            raise StoreError(
-                f"no chongming-task schema {self.schema!r} at {self.where}: create it once "
-                f"with `chongming-task --db DSN migrate` (a role with DDL rights)"
-            ) from None
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            if _is_outage(exc):
-                self._went_down()
-                raise StoreUnavailable(
-                    f"PostgreSQL at {self.where} unreachable during {what}: {_first_line(exc)}"
-                ) from exc
-            raise StoreError(
-                f"PostgreSQL {what} failed at {self.where}: {_first_line(exc)}"
-            ) from exc
-        except psycopg.Error as exc:
-            raise StoreError(
-                f"PostgreSQL {what} failed at {self.where}: {_first_line(exc)}"
-            ) from exc
-        except UnicodeEncodeError as exc:
-            raise StoreError(
-                f"PostgreSQL {what} at {self.where}: a value is not valid UTF-8 text "
-                f"({exc.object[exc.start : exc.end]!r}); nothing was written"
-            ) from exc
+    def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return translated(what, self.where, self.schema, self._went_down)
 
     @contextlib.contextmanager
     def _cursor(self, what: str) -> Iterator[Cursor[Any]]:
@@ -336,10 +296,27 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         pool = self._live_pool("atomic")
         with self._errors("atomic"), pool.connection() as conn:
             self._local.conn = conn
+            self._local.wrote = False
             try:
                 yield
             finally:
                 self._local.conn = None
+        if self._local.wrote and self._announcer is not None:  # committed
+            self._announcer.wrote()
+
+    def _wrote(self) -> None:
+        """Tasks or transitions were written: followers are told once it is committed
+        (at the end of ``atomic()`` inside one)."""
+        if self._announcer is None:
+            return
+        if getattr(self._local, "conn", None) is not None:
+            self._local.wrote = True
+        else:
+            self._announcer.wrote()
+
+    def _announce(self) -> None:
+        with self._cursor("notify") as cur:
+            cur.execute(_SQL["notify"], [self._transitions_channel])
 
     def create_schema(self) -> None:
         """Create the schema, tables and indexes if absent (needs DDL rights; idempotent)."""
@@ -360,6 +337,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             inserted = cur.rowcount
         if inserted != 1:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+        self._wrote()
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
         """Optional capability (``SupportsCreateMany``): every task and its creation
@@ -384,6 +362,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             if row is None or row[0] != len(items):
                 # Raised inside atomic(): the transaction rolls back, nothing is kept.
                 raise TaskAlreadyExists(f"a task id among {len(items)} already exists")
+            self._wrote()
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
         """Optional capability (``SupportsMarkLost``), used by ``reconcile()``: each
@@ -416,7 +395,9 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         ]
         columns = [list(column) for column in zip(*rows, strict=True)]
         with self._cursor("mark_lost") as cur:
-            return {task_id for (task_id,) in cur.execute(_SQL["mark_lost"], columns).fetchall()}
+            marked = {task_id for (task_id,) in cur.execute(_SQL["mark_lost"], columns).fetchall()}
+        self._wrote()
+        return marked
 
     def mark_expired_lost(
         self,
@@ -445,17 +426,22 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
                 actor,
             ]
             sql = _SQL["mark_expired_lost"].replace("{scan}", where)
-            return [task_id for (task_id,) in cur.execute(sql, params).fetchall()]
+            marked = [task_id for (task_id,) in cur.execute(sql, params).fetchall()]
+            self._wrote()
+            return marked
 
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
         row = codec.snapshot_to_row(snapshot)
         params = [row[c] for c in _SAVE_VALUE_COLUMNS] + [snapshot.task_id, expect_version]
         with self._cursor("save") as cur:
             cur.execute(_SQL["save_task"], params)
-            if cur.rowcount == 1:
-                return
-            cur.execute(_SQL["stored_version"], [snapshot.task_id])
-            found = cur.fetchone()
+            saved = cur.rowcount == 1
+            if not saved:
+                cur.execute(_SQL["stored_version"], [snapshot.task_id])
+                found = cur.fetchone()
+        if saved:
+            self._wrote()
+            return
         raise ConcurrencyConflict.version_mismatch(
             snapshot.task_id, expect_version, None if found is None else found[0]
         )
@@ -491,6 +477,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         values = codec.transition_to_values(transition)
         with self._cursor("append") as cur:
             cur.execute(_SQL["append"], values)
+        self._wrote()
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._cursor("history") as cur:
@@ -558,9 +545,8 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
 
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (``SupportsTransitionWakeups``): call ``wake()`` soon after
-        any process appends transitions (the schema's statement trigger on
-        ``transitions`` notifies once per statement; a schema made before it has none,
-        and then only polling sees them). Returns a function that stops it."""
+        any process writes tasks or transitions through a store that announces its
+        writes (``announce_writes``, the default). Returns a function that stops it."""
         return listen(
             self._dsn, self._transitions_channel, wake, name=f"chongming-follow[{self.where}]"
         )
@@ -593,4 +579,6 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             self._closed = True
             self._stopped.set()
             pool = self._pool
+        if self._announcer is not None:
+            self._announcer.close()
         pool.close()

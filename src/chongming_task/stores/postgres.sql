@@ -252,3 +252,6 @@ SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
     finished_at, outcome
 FROM commands WHERE finished_at > %s::timestamptz
 ORDER BY finished_at LIMIT %s
+
+-- name: notify
+SELECT pg_notify(%s, '')

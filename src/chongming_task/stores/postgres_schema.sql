@@ -110,25 +110,3 @@ CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON {schema}.pipelines (creat
 CREATE INDEX IF NOT EXISTS idx_commands_finished ON {schema}.commands (finished_at)
     WHERE finished_at IS NOT NULL;
 
--- One notification per statement that appends transitions, whoever wrote them, so a
--- follower (the dashboard) sees a transition at once instead of at its next poll. The
--- payload is empty: it is a hint to read, not the change (polling stays the truth), and
--- Postgres folds identical notifications of one transaction into one.
-CREATE OR REPLACE FUNCTION {schema}.notify_transitions() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('chongming_transitions_{schema}', '');
-    RETURN NULL;
-END
-$$;
-DO $$
-BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_trigger
-        WHERE tgname = 'transitions_notify' AND tgrelid = '{schema}.transitions'::regclass
-    ) THEN
-        CREATE TRIGGER transitions_notify AFTER INSERT ON {schema}.transitions
-            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_transitions();
-    END IF;
-END
-$$;

@@ -1,0 +1,73 @@
+"""How the Postgres store tells the driver's errors apart and words them: an outage
+from a statement's fault, a refusal from a passing one. Reached only with the driver
+installed (``postgres.py`` imports it with psycopg)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import PoolTimeout
+
+from ..errors import StoreError, StoreUnavailable
+
+__all__ = ["TRANSIENT", "first_line", "is_outage", "server_reason", "translated"]
+
+TRANSIENT = re.compile(r"starting up|shutting down|too many (clients|connections)|recovery")
+"""Refusals that pass: wait for them like an outage."""
+
+
+def server_reason(exc: BaseException) -> str:
+    """The reason in a connection error, without libpq's "connection to server at ...
+    failed:" preamble: ``role "nobody" does not exist``, ``Connection refused``."""
+    text = " ".join(str(exc).split())
+    for marker in ("FATAL: ", "failed: "):
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return text.split(" Is the server running", 1)[0].strip()
+
+
+def is_outage(exc: BaseException) -> bool:
+    """A fault of the connection, not of the statement: no connection from the pool, a
+    client-side connection error (no SQLSTATE), a connection exception (class 08) or
+    the server shutting down or starting (57P01-57P03). A cancelled query is not one."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def translated(what: str, where: str, schema: str, went_down: Callable[[], None]) -> Iterator[None]:
+    """The driver's errors as the store's: a missing schema says how to make it, an
+    outage (``went_down()`` is told) is ``StoreUnavailable``, text that is not UTF-8 says
+    nothing was written, anything else is a ``StoreError`` naming ``what`` failed."""
+    try:
+        yield
+    except pg_errors.UndefinedTable:
+        raise StoreError(
+            f"no chongming-task schema {schema!r} at {where}: create it once "
+            f"with `chongming-task --db DSN migrate` (a role with DDL rights)"
+        ) from None
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        if is_outage(exc):
+            went_down()
+            raise StoreUnavailable(
+                f"PostgreSQL at {where} unreachable during {what}: {first_line(exc)}"
+            ) from exc
+        raise StoreError(f"PostgreSQL {what} failed at {where}: {first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"PostgreSQL {what} failed at {where}: {first_line(exc)}") from exc
+    except UnicodeEncodeError as exc:
+        raise StoreError(
+            f"PostgreSQL {what} at {where}: a value is not valid UTF-8 text "
+            f"({exc.object[exc.start : exc.end]!r}); nothing was written"
+        ) from exc
