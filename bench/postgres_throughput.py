@@ -2,26 +2,46 @@
 
     uv run --group bench python bench/postgres_throughput.py [--dsn DSN] [--tasks N]
 
-Both run on the same local server, in the same run, each in a fresh database/schema:
+Each contender runs ``--tasks`` no-op jobs on ``--workers`` workers against the same
+local server, in the same run, each in a fresh database, in two modes:
 
-* chongming-task: ``N`` x ``Controller.submit`` (one transaction each), then every task
-  lives queued -> starting -> running -> succeeded, each transition committed with its
-  audit-trail rows, on ``--workers`` threads;
-* procrastinate (its async API, its fastest): ``N`` x ``defer_async``, then
-  ``run_worker_async(concurrency=--workers, wait=False)`` until the queue is empty;
-* pgqueuer (async, psycopg driver): ``N`` x ``enqueue``, then ``QueueManager.run`` in
-  ``drain`` mode with its default batch size until the queue is empty.
+* **prefilled**: every job is enqueued first (untimed), then the workers start; the time
+  is from the first job's function starting to the last job's function ending;
+* **as you go**: the jobs are submitted one by one while the workers run; the time is
+  from the first submit to the last job's function ending.
 
-Time is measured from the first submit/defer to the last task finished. procrastinate
-and pgqueuer are benchmark-only dependencies (the ``bench`` group), never runtime ones.
+Neither window holds a contender's start-up or shutdown (pgqueuer's drain mode waits for
+its dequeue timeout before it stops; procrastinate's worker shuts down after the queue
+is empty): each job notes its function's start and end, and those bound the time. How:
+
+* chongming-task: ``Controller.submit`` per job (one transaction each); every task lives
+  queued -> starting -> running -> succeeded, each transition committed with its
+  audit-trail rows. Prefilled: ``--workers`` gate tasks hold every worker while the jobs
+  are submitted, then are released (their last writes land before the first job starts);
+* procrastinate (its async API, its fastest): ``defer_async`` per job;
+  ``run_worker_async(concurrency=--workers)``;
+* pgqueuer (async, psycopg driver): ``enqueue`` per job; ``QueueManager.run`` with its
+  default batch size and the entrypoint's ``concurrency_limit=--workers``.
+
+Beside each rate: commits, rows written (inserted + updated + deleted) and WAL bytes per
+job, from the deltas of ``pg_stat_database`` (the contender's own database) and
+``pg_stat_wal`` over the whole life of the jobs (enqueue to completion), read after the
+contender's connections closed (a backend flushes its counters when it ends). And the
+raw rate of one connection committing one-row inserts, the floor of a durable write on
+this server, measured in the same run. procrastinate and pgqueuer are benchmark-only
+dependencies (the ``bench`` group), never runtime ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -30,6 +50,37 @@ from chongming_task import CancellationToken, Controller
 from chongming_task.stores.postgres import PostgresTaskStore
 
 BENCH_DB = "chongming_bench"
+MODES = ("prefilled", "as you go")
+
+
+@dataclass
+class Result:
+    seconds: float
+    commits: float
+    rows: float
+    wal_bytes: float
+
+
+class Span:
+    """Each job's function start and end (thread-safe appends), and a wait for all."""
+
+    def __init__(self, tasks: int) -> None:
+        self.tasks = tasks
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.done = threading.Event()
+
+    def start(self) -> None:
+        self.starts.append(time.perf_counter())
+
+    def end(self) -> None:
+        self.ends.append(time.perf_counter())
+        if len(self.ends) >= self.tasks:
+            self.done.set()
+
+    def seconds(self, since: float | None = None) -> float:
+        assert len(self.ends) == self.tasks, (len(self.ends), self.tasks)
+        return max(self.ends) - (min(self.starts) if since is None else since)
 
 
 def fresh_database(dsn: str, name: str) -> str:
@@ -39,56 +90,131 @@ def fresh_database(dsn: str, name: str) -> str:
     return make_conninfo(**{**conninfo_to_dict(dsn), "dbname": name})
 
 
-def run_chongming(dsn: str, tasks: int, workers: int) -> float:
-    store = PostgresTaskStore(fresh_database(dsn, BENCH_DB), max_size=workers + 4)
-    store.create_schema()
-    node = Controller(store, max_workers=workers)
-
-    @node.task(name="noop")
-    def noop(token: CancellationToken) -> None:
-        return None
-
-    start = time.perf_counter()
-    runs = [node.submit(noop) for _ in range(tasks)]
-    for run in runs:
-        run.wait(300)
-    elapsed = time.perf_counter() - start
-    assert all(r.status.value == "succeeded" for r in runs)
-    node.close()
-    store.close()
-    return elapsed
+def counters(dsn: str) -> tuple[int, int, int]:
+    """Commits and rows written in the bench database, and WAL bytes of the server."""
+    time.sleep(0.5)  # backends that just closed have flushed their counters
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_stat_clear_snapshot()")
+        row = admin.execute(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted "
+            "FROM pg_stat_database WHERE datname = %s",
+            [BENCH_DB],
+        ).fetchone()
+        wal = admin.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()
+    assert row is not None and wal is not None
+    return int(row[0]), int(row[1]), int(wal[0])
 
 
-def run_procrastinate(dsn: str, tasks: int, workers: int) -> float:
+def measured(dsn: str, tasks: int, body: Callable[[], float]) -> Result:
+    before = counters(dsn)
+    seconds = body()
+    after = counters(dsn)
+    commits, rows, wal = (b - a for a, b in zip(before, after, strict=True))
+    return Result(seconds, commits / tasks, rows / tasks, wal / tasks)
+
+
+def run_chongming(dsn: str, tasks: int, workers: int, mode: str) -> Result:
+    conninfo = fresh_database(dsn, BENCH_DB)
+    made = PostgresTaskStore(conninfo)
+    made.create_schema()
+    made.close()
+
+    def body() -> float:
+        span = Span(tasks)
+        store = PostgresTaskStore(conninfo, max_size=workers + 4)
+        node = Controller(store, max_workers=workers)
+        gate = threading.Event()
+
+        @node.task(name="noop")
+        def noop(token: CancellationToken) -> None:
+            span.start()
+            span.end()
+
+        @node.task(name="gate")
+        def hold(token: CancellationToken) -> None:
+            gate.wait(60)
+
+        try:
+            if mode == "prefilled":
+                gates = [node.submit(hold) for _ in range(workers)]
+                runs = [node.submit(noop) for _ in range(tasks)]
+                gate.set()
+                since = None
+            else:
+                gate.set()
+                gates = []
+                since = time.perf_counter()
+                runs = [node.submit(noop) for _ in range(tasks)]
+            assert span.done.wait(300)
+            for run in runs + gates:
+                run.wait(60)
+            assert all(r.status.value == "succeeded" for r in runs)
+            return span.seconds(since)
+        finally:
+            node.close()
+            store.close()
+
+    return measured(dsn, tasks, body)
+
+
+def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
     import procrastinate
 
     conninfo = fresh_database(dsn, BENCH_DB)
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
 
-    @app.task(name="noop")
-    async def noop() -> None:
-        return None
+    def app_with(span: Span) -> procrastinate.App:
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
 
-    async def main() -> float:
+        @app.task(name="noop")
+        async def noop() -> None:
+            span.start()
+            span.end()
+
+        return app
+
+    async def install() -> None:
+        app = app_with(Span(0))
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
-            start = time.perf_counter()
-            for _ in range(tasks):
-                await noop.defer_async()
-            await app.run_worker_async(
-                concurrency=workers, wait=False, install_signal_handlers=False
-            )
-            elapsed = time.perf_counter() - start
-            done = await app.connector.execute_query_one_async(
-                "SELECT count(*) AS n FROM procrastinate_jobs WHERE status = 'succeeded'"
-            )
-            assert done["n"] == tasks, done
-            return elapsed
 
-    return asyncio.run(main())
+    asyncio.run(install())
+
+    def body() -> float:
+        span = Span(tasks)
+        app = app_with(span)
+        noop = app.tasks["noop"]
+
+        async def main() -> float:
+            async with app.open_async():
+                if mode == "prefilled":
+                    for _ in range(tasks):
+                        await noop.defer_async()
+                    await app.run_worker_async(
+                        concurrency=workers, wait=False, install_signal_handlers=False
+                    )
+                    return span.seconds()
+                worker = asyncio.create_task(
+                    app.run_worker_async(
+                        concurrency=workers, wait=True, install_signal_handlers=False
+                    )
+                )
+                since = time.perf_counter()
+                for _ in range(tasks):
+                    await noop.defer_async()
+                while not span.done.is_set():
+                    await asyncio.sleep(0.01)
+                seconds = span.seconds(since)
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+                return seconds
+
+        return asyncio.run(main())
+
+    return measured(dsn, tasks, body)
 
 
-def run_pgqueuer(dsn: str, tasks: int, workers: int) -> float:
+def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
     from datetime import timedelta
 
     from pgqueuer import PsycopgDriver, Queries, QueueManager
@@ -96,30 +222,62 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int) -> float:
 
     conninfo = fresh_database(dsn, BENCH_DB)
 
-    async def main() -> float:
-        worker_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-        client_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-        worker_queries = Queries(PsycopgDriver(worker_conn))
-        await worker_queries.install()
-        manager = QueueManager(worker_queries)
+    async def install() -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            await Queries(PsycopgDriver(conn)).install()
 
-        @manager.entrypoint("noop")
-        async def noop(job: object) -> None:
-            return None
+    asyncio.run(install())
 
-        client = Queries(PsycopgDriver(client_conn))
+    def body() -> float:
+        span = Span(tasks)
+
+        async def main() -> float:
+            worker_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            client_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            manager = QueueManager(PsycopgDriver(worker_conn))
+
+            @manager.entrypoint("noop", concurrency_limit=workers)
+            async def noop(job: object) -> None:
+                span.start()
+                span.end()
+
+            client = Queries(PsycopgDriver(client_conn))
+            try:
+                if mode == "prefilled":
+                    for _ in range(tasks):
+                        await client.enqueue("noop", None)
+                    await manager.run(
+                        mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
+                    )
+                    return span.seconds()
+                runner = asyncio.create_task(manager.run(dequeue_timeout=timedelta(seconds=1)))
+                since = time.perf_counter()
+                for _ in range(tasks):
+                    await client.enqueue("noop", None)
+                while not span.done.is_set():
+                    await asyncio.sleep(0.01)
+                seconds = span.seconds(since)
+                manager.shutdown.set()
+                await runner
+                return seconds
+            finally:
+                await worker_conn.close()
+                await client_conn.close()
+
+        return asyncio.run(main())
+
+    return measured(dsn, tasks, body)
+
+
+def raw_commits(dsn: str, count: int) -> float:
+    """One connection, autocommit, one-row INSERT per commit: commits a second."""
+    conninfo = fresh_database(dsn, BENCH_DB)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE raw_commit (id BIGSERIAL PRIMARY KEY, v INTEGER)")
         start = time.perf_counter()
-        for _ in range(tasks):
-            await client.enqueue("noop", None)
-        await manager.run(mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1))
-        elapsed = time.perf_counter() - start
-        left = await (await client_conn.execute("SELECT count(*) FROM pgqueuer")).fetchone()
-        assert left is not None and left[0] == 0, left
-        await worker_conn.close()
-        await client_conn.close()
-        return elapsed
-
-    return asyncio.run(main())
+        for _ in range(count):
+            conn.execute("INSERT INTO raw_commit (v) VALUES (1)")
+        return count / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -130,16 +288,33 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     logging.getLogger("procrastinate").setLevel(logging.WARNING)
-    rows = {
-        "procrastinate (reference)": run_procrastinate,
-        "pgqueuer (reference)": run_pgqueuer,
-        "chongming-task + PostgresTaskStore": run_chongming,
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
+    contenders: dict[str, Callable[[str, int, int, str], Result]] = {
+        "pgqueuer": run_pgqueuer,
+        "procrastinate": run_procrastinate,
+        "chongming-task": run_chongming,
     }
-    print(f"{args.tasks} durable no-op tasks, {args.workers} workers, best of {args.repeat}")
-    print(f"{'contender':40} {'tasks/s':>10}")
-    for name, fn in rows.items():
-        best = min(fn(args.dsn, args.tasks, args.workers) for _ in range(args.repeat))
-        print(f"{name:40} {args.tasks / best:10,.0f}")
+    raw = max(raw_commits(args.dsn, args.tasks) for _ in range(args.repeat))
+    print(
+        f"{args.tasks} durable no-op jobs, {args.workers} workers, best of {args.repeat}; "
+        f"raw commits, one connection: {raw:,.0f}/s"
+    )
+    print(
+        f"{'mode':10} {'contender':15} {'jobs/s':>8} {'each run':>16} {'vs pgq':>7} "
+        f"{'commits/job':>12} {'rows/job':>9} {'WAL B/job':>10}"
+    )
+    for mode in MODES:
+        best: dict[str, Result] = {}
+        for name, fn in contenders.items():
+            results = [fn(args.dsn, args.tasks, args.workers, mode) for _ in range(args.repeat)]
+            best[name] = min(results, key=lambda r: r.seconds)
+            rates = " ".join(f"{args.tasks / r.seconds:,.0f}" for r in results)
+            r = best[name]
+            versus = best["pgqueuer"].seconds / r.seconds
+            print(
+                f"{mode:10} {name:15} {args.tasks / r.seconds:8,.0f} {rates:>16} "
+                f"{versus:6.2f}x {r.commits:12.2f} {r.rows:9.2f} {r.wal_bytes:10,.0f}"
+            )
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
 

@@ -15,8 +15,8 @@ dashboard's follower, the server-sent event, the page's fetch and the browser's 
 are all inside; one machine, one clock).
 
 Rows: SQLite (the follower polls twice a second), PostgreSQL (the node's store announces
-its writes, the follower ``LISTEN``s and also polls every second), and PostgreSQL with a
-node that does not announce (``announce_writes=False``: the follower's one-second poll
+its writes, the follower ``LISTEN``s and also polls twice a second), and PostgreSQL with a
+node that does not announce (``announce_writes=False``: the follower's half-second poll
 alone). Target: every transition on the page within a second.
 """
 
@@ -217,7 +217,7 @@ def main() -> None:
                 fill(target, args.tasks)
                 report("PostgreSQL (LISTEN/NOTIFY)", measure(target, schema, args.cycles, browser))
                 report(
-                    "PostgreSQL, node not announcing (poll 1 s)",
+                    "PostgreSQL, node not announcing (poll 0.5 s)",
                     measure(target, schema, args.cycles, browser, "quiet"),
                 )
             finally:

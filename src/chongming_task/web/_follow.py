@@ -4,10 +4,12 @@ name, task durations by name and outcome) and the overview's throughput chart, a
 the store-wide aggregates (counts by status and bucket, the fleet report) that the
 overview and ``/metrics`` show.
 
-When to read: on a store that notifies (``subscribe_transitions``: Postgres's
-``LISTEN``), at once after a notification (at most ``EAGER`` passes a second) and every
-second besides, for progress moves (which notify nobody) and for a notification lost
-while the server was away; elsewhere (SQLite) every ``interval``. The aggregates are
+When to read: every ``interval`` (half a second), and on a store that notifies
+(``subscribe_transitions``: Postgres's ``LISTEN``) also at once after a notification
+(at most ``EAGER`` passes a second). The poll stays for progress moves (which notify
+nobody), for writers that do not announce, and for notifications lost while the server
+was away: a transition shows within a second either way, within a fifth of one when
+notified. The aggregates are
 ``GROUP BY``s over the whole store (about 0.1-0.3 s at a million tasks), read on their own
 beat, never by a request: it shows the latest, stamped ``Aggregates.at``. Counters start
 when the dashboard starts, as Prometheus counters do after a restart."""
@@ -41,8 +43,6 @@ SLOTS = 60
 """Bars kept: ten minutes."""
 EAGER = 0.2
 """Seconds between two passes at least, however often the store notifies."""
-NOTIFIED_POLL = 1.0
-"""Seconds between passes without a notification, on a store that notifies."""
 DURATIONS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400)
 
 
@@ -141,7 +141,7 @@ class Follower:
             self._thread.join(5)
 
     def _run(self) -> None:
-        poll = NOTIFIED_POLL if self.notified else self.interval
+        poll = self.interval
         clock = time.monotonic
         next_poll = next_refresh = clock() + self.interval
         while True:
