@@ -234,7 +234,7 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
         async def main() -> float:
             worker_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
             client_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-            manager = QueueManager(PsycopgDriver(worker_conn))
+            manager = QueueManager(Queries(PsycopgDriver(worker_conn)))
 
             @manager.entrypoint("noop", concurrency_limit=workers)
             async def noop(job: object) -> None:
