@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    logging.getLogger("procrastinate").setLevel(logging.WARNING)
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)  # its top-level-app hint
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     contenders: dict[str, Callable[[str, int, int, str], Result]] = {
         "pgqueuer": run_pgqueuer,
