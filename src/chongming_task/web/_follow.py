@@ -141,7 +141,6 @@ class Follower:
             self._thread.join(5)
 
     def _run(self) -> None:
-        poll = self.interval
         clock = time.monotonic
         next_poll = next_refresh = clock() + self.interval
         while True:
@@ -150,7 +149,7 @@ class Follower:
                 return
             self._wake.clear()  # a notification from now on wakes the next pass
             started = clock()
-            next_poll = started + poll
+            next_poll = started + self.interval
             try:
                 self.once()
                 if started >= next_refresh:
