@@ -2,4 +2,6 @@
 
 from .cli import run
 
+__all__: list[str] = []  # a script, not a module to import from
+
 run()
