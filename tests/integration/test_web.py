@@ -397,6 +397,10 @@ def test_a_pipeline_run_is_drawn_as_a_graph(tmp_path: Path) -> None:
                 "succeeded"
             )
             assert web.get("/pipelines/ffffffffffff")[0] == 404
+            # The tasks page takes the run by a prefix too, as the CLI does.
+            listed = web.get(f"/tasks?status=all&pipeline={run.pipeline_run_id[:8]}")[1]
+            assert all(r.task_id[:12] in listed for r in run.nodes.values())
+            assert listed.count('<a href="/tasks/') == len(run.nodes)
         finally:
             web.close()
 

@@ -38,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .._lookup import AmbiguousId, find_task
+from .._lookup import AmbiguousId, find_pipeline_run, find_task
 from ..controller import Controller
 from ..errors import ChongmingTaskError, InvalidValue
 from ..model import CommandAction, TaskQuery, TaskStatus
@@ -408,13 +408,16 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
             raise BadInput("bad page cursor (until, skip)") from None
         if until.tzinfo is None or not 0 <= skip <= MAX_SKIP:
             raise BadInput("bad page cursor (until, skip)")
+    pipeline = text["pipeline"]
+    if pipeline is not None:  # its id or a unique prefix of 6+ characters, as in the CLI
+        pipeline = find_pipeline_run(d.store, pipeline) or pipeline
     query = TaskQuery(
         statuses=statuses,
         id_prefix=prefix,
         name_prefix=text["name"],
         tag=text["tag"],
         buckets=buckets,
-        pipeline_run_id=text["pipeline"],
+        pipeline_run_id=pipeline,
         owner=text["node"],
         created_until=until,
         limit=skip + PAGE + 1,
