@@ -41,6 +41,7 @@ __all__ = [
     "FleetReport",
     "NodeStatus",
     "bucket_alarms",
+    "declared_buckets",
     "examine",
     "lease_expired",
     "node_statuses",
@@ -121,6 +122,16 @@ def node_statuses(caps: Capabilities, now: datetime) -> list[NodeStatus]:
     ]
 
 
+def declared_buckets(live: list[NodeRecord]) -> dict[int, list[str]]:
+    """Each bucket some of ``live`` declare, with the nodes declaring it (in ``live``'s
+    order; a node that declares no buckets, and so runs all, is in none)."""
+    declared: dict[int, list[str]] = {}
+    for r in live:
+        for b in r.buckets or ():
+            declared.setdefault(b, []).append(r.node)
+    return declared
+
+
 def bucket_alarms(live: list[NodeRecord], num_buckets: int) -> list[Alarm]:
     """What the live declarations say against each other: a bucket count other than
     ``num_buckets``, and buckets declared by two or more nodes (one alarm per set of
@@ -136,12 +147,8 @@ def bucket_alarms(live: list[NodeRecord], num_buckets: int) -> list[Alarm]:
                 nodes=tuple(r.node for r in live if r.num_buckets != num_buckets),
             )
         )
-    declared: dict[int, list[str]] = {}
-    for r in live:
-        for b in r.buckets or ():
-            declared.setdefault(b, []).append(r.node)
     twice: dict[tuple[str, ...], list[int]] = {}
-    for b, who in sorted(declared.items()):
+    for b, who in sorted(declared_buckets(live).items()):
         if len(who) > 1:
             twice.setdefault(tuple(sorted(who)), []).append(b)
     for names, buckets in twice.items():
@@ -174,7 +181,7 @@ def examine(
     nodes = node_statuses(caps, now)
     live = [n.record for n in nodes if n.live]
     alarms = bucket_alarms(live, num_buckets)
-    declared = {b for r in live for b in r.buckets or ()}
+    declared = set(declared_buckets(live))
     covers_all = any(r.covers_all for r in live)
     # A partitioned fleet: some node not cleanly stopped (live, or dead) declared buckets.
     # Then every bucket needs a live declarer; a fleet stopped on purpose needs none.

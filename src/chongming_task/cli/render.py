@@ -30,6 +30,7 @@ __all__ = [
     "health_json",
     "history_rows",
     "node_json",
+    "node_state",
     "nodes_rows",
     "ps_rows",
     "schedule_json",
@@ -232,7 +233,8 @@ def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], li
     return headers, rows
 
 
-def _node_state(n: NodeStatus) -> str:
+def node_state(n: NodeStatus) -> str:
+    """``stopped`` (a clean close), ``live`` or ``DEAD`` (silent past its TTL)."""
     if n.record.stopped_at is not None:
         return "stopped"
     return "live" if n.live else "DEAD"
@@ -242,7 +244,7 @@ def node_json(n: NodeStatus) -> dict[str, Any]:
     r = n.record
     return {
         "node": r.node,
-        "state": _node_state(n).lower(),
+        "state": node_state(n).lower(),
         "live": n.live,
         "buckets": None if r.buckets is None else format_buckets(r.buckets),
         "num_buckets": r.num_buckets,
@@ -262,7 +264,7 @@ def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
     rows = [
         [
             n.record.node,
-            _node_state(n),
+            node_state(n),
             "all" if n.record.buckets is None else format_buckets(n.record.buckets) or "none",
             f"{age(n.seen_age)} ago",
             str(n.active_tasks),

@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from .. import fleet
+from ..cli import render
 from ..model import TaskStatus
 
 if TYPE_CHECKING:
@@ -64,8 +65,7 @@ class StoreCollector(Collector):
         nodes = GaugeMetricFamily("chongming_nodes", "Declared nodes by state.", labels=["state"])
         states = {"live": 0, "dead": 0, "stopped": 0}
         for node in report.nodes:
-            key = "stopped" if node.record.stopped_at else "live" if node.live else "dead"
-            states[key] += 1
+            states[render.node_state(node).lower()] += 1
         for key, count in states.items():
             nodes.add_metric([key], count)
         yield nodes

@@ -61,15 +61,9 @@ def overview(d: Dashboard) -> dict[str, Any]:
     latest = d.follower.latest()
     counts, report = latest.counts, latest.report
     totals, unfinished = latest.bucket_totals, latest.unfinished
-    owners: dict[int, list[str]] = {}
-    everywhere = []
-    for n in report.nodes:
-        if not n.live:
-            continue
-        if n.record.buckets is None:
-            everywhere.append(n.record.node)
-        for b in n.record.buckets or ():
-            owners.setdefault(b, []).append(n.record.node)
+    live = [n.record for n in report.nodes if n.live]
+    owners = fleet.declared_buckets(live)
+    everywhere = [r.node for r in live if r.buckets is None]
     alarmed = {b for a in report.alarms for b in a.buckets}
     per = render.by_bucket(unfinished)
     busiest = max((sum(c.values()) for c in per.values()), default=0)
