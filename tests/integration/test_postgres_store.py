@@ -7,6 +7,7 @@ tests/conftest.py starts where initdb and pg_ctl exist) these skip visibly; in C
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -152,7 +153,13 @@ def test_a_killed_holder_keeps_its_lease_until_expiry_and_the_pool_heals(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE application_name = 'holder'"
         ).fetchall()
-    assert killed and all(row[0] for row in killed), "no holder backend was terminated"
+        assert killed and all(row[0] for row in killed), "no holder backend was terminated"
+        # pg_terminate_backend only signals: wait until they are gone, as after a crash.
+        gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder'"
+        for _ in range(1000):
+            if admin.execute(gone).fetchone() == (0,):
+                break
+            time.sleep(0.01)
     # The lease is neither released early ...
     assert other.claim_commands(now=now + timedelta(seconds=1), lease_seconds=2) == []
     # ... nor stuck: after expiry another consumer takes it over.
@@ -163,6 +170,45 @@ def test_a_killed_holder_keeps_its_lease_until_expiry_and_the_pool_heals(
     assert holder.get("after-kill") is not None
     holder.close()
     other.close()
+
+
+def test_a_pooled_connection_is_checked_without_a_query_until_its_backend_dies(
+    pg_dsn: str, schemas: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path asks the server nothing before a statement: the check at checkout
+    looks at the socket, and only a connection with something to read (a terminated
+    backend's last words) is asked, then dropped."""
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+    from chongming_task.stores import postgres
+
+    asked: list[object] = []
+    real = ConnectionPool.check_connection
+    monkeypatch.setattr(
+        ConnectionPool, "check_connection", staticmethod(lambda c: (asked.append(c), real(c)))
+    )
+    schema = new_schema()
+    schemas.append(schema)
+    store = postgres.PostgresTaskStore(
+        pg_dsn, schema=schema, max_size=1, application_name="pool-check"
+    )
+    store.create_schema()
+    store.create(snapshot("one"))
+    assert store.get("one") is not None
+    assert asked == []  # three checkouts, no query of their own
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pool-check'"
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'pool-check'"
+        )
+        deadline = time.monotonic() + 10
+        while admin.execute(gone).fetchone() != (0,) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert store.get("one") is not None  # checked, found dead, replaced: no error
+    assert len(asked) == 1
+    store.close()
 
 
 def test_a_role_without_ddl_rights_uses_the_existing_schema(

@@ -1,10 +1,14 @@
 """``PostgresTaskStore``: one store shared by nodes on different machines.
 
-psycopg 3 with a real connection pool shared by the controller's threads; every method
-is one short transaction (no transaction or row lock is ever held while a task runs).
-``save`` is one conditional ``UPDATE``; ``claim_commands`` picks with
-``FOR UPDATE SKIP LOCKED`` and leases in the same statement; tags are ``JSONB`` with a GIN
-index and exact ``@>`` matching; every time is ``TIMESTAMPTZ``.
+psycopg 3 with a real connection pool shared by the controller's threads, in
+autocommit: a method of one statement is one round trip, and every method is one short
+transaction (no transaction or row lock is ever held while a task runs). The pool checks
+a connection it hands out without asking the server anything (``_still_connected``).
+The write-through's writes and single submits go through a group commit
+(``_pg_group``): concurrent callers share one statement and one commit, and each is told
+only about its own write. ``save`` is one conditional ``UPDATE``; ``claim_commands``
+picks with ``FOR UPDATE SKIP LOCKED`` and leases in the same statement; tags are
+``JSONB`` with a GIN index and exact ``@>`` matching; every time is ``TIMESTAMPTZ``.
 
 Schema creation is separate from use: ``create_schema()`` (or ``chongming-task --db DSN
 migrate``) needs DDL rights once; the store itself only reads and writes, so a role
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +64,7 @@ try:
     from psycopg_pool import ConnectionPool, PoolTimeout
 
     from ._pg_errors import TRANSIENT, first_line, server_reason, translated
+    from ._pg_group import GroupCommit, GroupWrite, batch_params, group_statements, settle
     from ._pg_listen import Announcer, listen
 except ImportError:  # the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
@@ -89,6 +95,11 @@ _DIALECT = Dialect(
 )
 
 
+_GROUP_SQL = group_statements(_SQL) if psycopg is not None else {}
+
+_GROUP_LEADERS = 2
+"""Group-commit statements in flight at once (each on its own pooled connection)."""
+
 _BULK_FROM = 8
 """Batches from this size are created by one array statement, smaller ones row by row."""
 
@@ -98,6 +109,27 @@ _PROBE_INTERVAL = 0.2
 
 _ANNOUNCE_EVERY = 0.1
 """Seconds between two notifications of writes, at least."""
+
+
+def _still_connected(conn: Connection[Any]) -> None:
+    """The pool's check of a connection it hands out, without a round trip: an idle
+    pooled connection has nothing to read, and a backend that was terminated (or a
+    server that went away) has sent its last message or closed the socket, which makes
+    it readable. Only then is the server asked (and the connection dropped if it does
+    not answer). A connection cut without a word is found by the statement that uses it,
+    as it would be a moment after any check."""
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    if _readable(conn.fileno()):
+        ConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - Windows
 
 
 class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
@@ -147,8 +179,12 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             "options": f"-c search_path={schema}",
             "application_name": application_name,  # shows in pg_stat_activity
             "connect_timeout": max(1, round(connect_timeout)),
+            # A single statement is its own transaction: one round trip, no BEGIN and
+            # COMMIT around it. Scopes of several statements open a transaction.
+            "autocommit": True,
         }
         self._min_size, self._max_size = min_size, max_size
+        self._group = GroupCommit(self._group_apply, leaders=_GROUP_LEADERS)
         self._health = threading.Lock()
         self._down_since: float | None = None  # monotonic time the outage was noticed
         self._stopped = threading.Event()  # set by close(): the prober exits
@@ -180,7 +216,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs=self._connect_kwargs,
-            check=ConnectionPool.check_connection,  # a killed backend is replaced, not used
+            check=_still_connected,  # a killed backend is replaced, not used
             # During an outage a write fails after this long (the write-through buffers it
             # and catches up later) instead of holding a task for the pool's default 30 s.
             timeout=self._connect_timeout,
@@ -258,7 +294,10 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         return translated(what, self.where, self.schema, self._went_down)
 
     @contextlib.contextmanager
-    def _cursor(self, what: str) -> Iterator[Cursor[Any]]:
+    def _cursor(self, what: str, *, transaction: bool = False) -> Iterator[Cursor[Any]]:
+        """A cursor on a pooled connection, or inside ``atomic()`` on its connection.
+        Each statement commits on its own (the pool is in autocommit) unless
+        ``transaction``: then the scope is one transaction, rolled back on error."""
         if self._closed:
             raise StoreError(f"{self!r} is closed")
         bound: Connection[Any] | None = getattr(self._local, "conn", None)
@@ -267,13 +306,18 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
                 yield cur
             return
         pool = self._live_pool(what)
-        with self._errors(what), pool.connection() as conn, conn.cursor() as cur:
-            yield cur  # the pool commits on success, rolls back on error
+        with self._errors(what), pool.connection() as conn:
+            if not transaction:
+                with conn.cursor() as cur:
+                    yield cur
+                return
+            with conn.transaction(), conn.cursor() as cur:
+                yield cur
 
     def _sql_scope(
         self, what: str, *, write: bool
     ) -> contextlib.AbstractContextManager[Cursor[Any]]:
-        return self._cursor(what)
+        return self._cursor(what, transaction=write)
 
     def _node_time(self, given: datetime) -> datetime:
         return self.storage_now()  # one clock for every node's liveness
@@ -294,7 +338,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             yield
             return
         pool = self._live_pool("atomic")
-        with self._errors("atomic"), pool.connection() as conn:
+        with self._errors("atomic"), pool.connection() as conn, conn.transaction():
             self._local.conn = conn
             self._local.wrote = False
             try:
@@ -321,7 +365,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
     def create_schema(self) -> None:
         """Create the schema, tables and indexes if absent (needs DDL rights; idempotent)."""
         ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
-        with self._cursor("create_schema") as cur:
+        with self._cursor("create_schema", transaction=True) as cur:
             cur.execute(ddl.replace("{schema}", self.schema).encode())
 
     @staticmethod
@@ -347,6 +391,10 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         against 400/s with every submit through the arrays)."""
         if not items:
             return
+        if len(items) == 1:  # a submit: committed with other threads' writes
+            snapshot, created = items[0]
+            self._group_write(GroupWrite(snapshot.task_id, [created], new=snapshot))
+            return
         if len(items) < _BULK_FROM:
             with self.atomic():  # create and append run on its connection
                 for snapshot, created in items:
@@ -362,6 +410,44 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             if row is None or row[0] != len(items):
                 # Raised inside atomic(): the transaction rolls back, nothing is kept.
                 raise TaskAlreadyExists(f"a task id among {len(items)} already exists")
+            self._wrote()
+
+    def write_transitions(
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition],
+    ) -> None:
+        """Optional capability (``SupportsWriteTransitions``), used by the write-through:
+        compare-and-set the columns a task's life changes (the identity columns are
+        fixed at create) and append ``transitions`` where it won, in one statement.
+        Raises ``ConcurrencyConflict`` like ``save``, with nothing written.
+
+        Committed by group commit (``_pg_group``): it returns once committed, possibly
+        in the same statement as other threads' writes."""
+        self._group_write(
+            GroupWrite(snapshot.task_id, transitions, life=snapshot, expect=expect_version)
+        )
+
+    def _group_write(self, write: GroupWrite) -> None:
+        """Inside ``atomic()`` on its connection (never others' writes in the caller's
+        transaction), else through the group commit."""
+        if getattr(self._local, "conn", None) is not None:
+            self._group_apply([write])
+            if write.error is not None:
+                raise write.error
+            return
+        self._group.run(write)
+
+    def _group_apply(self, writes: Sequence[GroupWrite]) -> None:
+        """One ``group_write`` statement for ``writes``; each write's outcome is set on
+        it. Raises (nothing written) if the statement fails as a whole."""
+        which, params = batch_params(writes)
+        with self._cursor("write") as cur:
+            returned = cur.execute(_GROUP_SQL[which], params).fetchall()
+        settle(writes, returned)
+        if len(returned) > sum(1 for kind, _, _ in returned if kind == "v"):
             self._wrote()
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:

@@ -255,3 +255,89 @@ ORDER BY finished_at LIMIT %s
 
 -- name: notify
 SELECT pg_notify(%s, '')
+
+-- Group commit (chongming_task.stores._pg_group): the writes of many callers, one
+-- statement, WITH new AS (...), life AS (...), trail AS (...) then group_outcome. The
+-- parts a batch does not need are the group_no_* stubs: a part costs its statement's
+-- locks and executor start even with no rows. Parameters are JSON arrays of rows, one
+-- text each (the driver encodes one string, not an array per column); JSON values are
+-- the codec's texts. A batch holds each task id once.
+
+-- New tasks, rows in TASK_COLUMNS order.
+-- name: group_new
+new AS (
+    INSERT INTO tasks (
+        task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+        pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
+        progress, failure, outcome, lease_owner, lease_until
+    )
+    SELECT e->>0, e->>1, e->>2, (e->>3)::int, (e->>4)::int, (e->>5)::jsonb, (e->>6)::int,
+        e->>7, e->>8, e->>9, (e->>10)::timestamptz, (e->>11)::timestamptz,
+        (e->>12)::timestamptz, (e->>13)::timestamptz, (e->>14)::jsonb, (e->>15)::jsonb,
+        (e->>16)::jsonb, e->>17, (e->>18)::timestamptz
+    FROM json_array_elements(%s::json) AS e
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id
+)
+
+-- name: group_no_new
+new AS (SELECT NULL::text AS task_id WHERE false)
+
+-- Compare-and-sets of the columns a task's life changes: rows of task id, expected
+-- version, then the life columns; then their task ids as an array. The rows are found
+-- through that array: the planner sees how many there are, and goes by the primary
+-- key whatever the table's statistics say (through the JSON alone, it guessed 100 rows
+-- and, on a table not analyzed yet, scanned it all).
+-- name: group_life
+changes AS (
+    SELECT e->>0 AS task_id, (e->>1)::int AS expect, e->>2 AS status,
+        (e->>3)::int AS status_version, (e->>4)::int AS attempt,
+        (e->>5)::timestamptz AS started_at, (e->>6)::timestamptz AS ended_at,
+        (e->>7)::timestamptz AS last_heartbeat_at, (e->>8)::jsonb AS progress,
+        (e->>9)::jsonb AS failure, (e->>10)::jsonb AS outcome
+    FROM json_array_elements(%s::json) AS e
+), life AS (
+    UPDATE tasks t SET
+        status = v.status, status_version = v.status_version, attempt = v.attempt,
+        started_at = v.started_at, ended_at = v.ended_at,
+        last_heartbeat_at = v.last_heartbeat_at, progress = v.progress,
+        failure = v.failure, outcome = v.outcome
+    FROM changes v
+    WHERE t.task_id = ANY(%s::text[]) AND t.task_id = v.task_id
+      AND t.status_version = v.expect
+    RETURNING t.task_id
+)
+
+-- name: group_no_life
+life AS (SELECT NULL::text AS task_id WHERE false)
+
+-- Trail rows in TRANSITION_COLUMNS order, then a gate: 0 always, 1 if its task was
+-- inserted here, 2 if its task's compare-and-set won here.
+-- name: group_trail
+trail AS (
+    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    SELECT r.task_id, r.version, r.from_status, r.to_status, r.at, r.reason, r.actor
+    FROM (
+        SELECT e->>0 AS task_id, (e->>1)::int AS version, e->>2 AS from_status,
+            e->>3 AS to_status, (e->>4)::timestamptz AS at, e->>5 AS reason,
+            e->>6 AS actor, (e->>7)::int AS gate
+        FROM json_array_elements(%s::json) AS e
+    ) AS r
+    WHERE r.gate = 0
+       OR (r.gate = 1 AND r.task_id IN (SELECT task_id FROM new))
+       OR (r.gate = 2 AND r.task_id IN (SELECT task_id FROM life))
+    ON CONFLICT (task_id, version) DO NOTHING
+)
+
+-- The ids inserted ('n'), the ids whose compare-and-set won ('l'), and the version
+-- each losing compare-and-set found ('v'; none for a task that does not exist); the
+-- parameter is the compare-and-sets' task ids again.
+-- name: group_outcome
+SELECT 'n', task_id, NULL::int FROM new
+UNION ALL SELECT 'l', task_id, NULL FROM life
+UNION ALL
+SELECT 'v', task_id, status_version FROM tasks
+WHERE task_id = ANY(%s::text[]) AND task_id NOT IN (SELECT task_id FROM life)
+
+-- name: group_outcome_new
+SELECT 'n', task_id, NULL::int FROM new

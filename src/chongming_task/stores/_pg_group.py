@@ -1,0 +1,264 @@
+"""PostgreSQL group commit: the write-through's writes of many threads, one statement.
+
+Each caller hands over a ``GroupWrite``: a new task with its creation trail (a
+``submit``), a task's compare-and-set with its trail (a transition), or trail rows alone.
+While one thread has a statement in flight, the others queue; the next statement carries
+every queued write (``group_write`` in ``postgres.sql``: one array per column, ``unnest``,
+one round trip, one commit). A write has committed when its call returns.
+
+One caller's fault never fails another's: a compare-and-set that finds another version,
+or a new id that exists, writes nothing of that caller's rows (its trail rows are gated
+on its own row being written) and raises for that caller alone. A statement that fails
+as a whole (a value the server refuses, a deadlock) wrote nothing: each write of it is
+then redone on its own. An outage fails every write of the batch, each with its own
+exception.
+
+Why a leader and not a writer thread: the thread that finds no statement in flight runs
+its own write at once (no hand-off when uncontended), and when it is done it hands the
+lead to the oldest queued caller, so no thread commits others' writes for long after its
+own returned.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
+from ..model import TaskSnapshot, Transition
+from . import codec
+
+__all__ = ["GroupCommit", "GroupWrite", "batch_params", "group_statements", "settle"]
+
+# The gate of a trail row: written always, if its task was inserted, if its task's
+# compare-and-set won (postgres.sql, group_write).
+_ALWAYS, _IF_NEW, _IF_WON = 0, 1, 2
+_MAX_BATCH = 256
+
+
+class GroupWrite:
+    """One caller's write of one task, encoded before it is queued."""
+
+    __slots__ = (
+        "error",
+        "expect",
+        "leads",
+        "life",
+        "new",
+        "settled",
+        "task_id",
+        "trail",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        task_id: str,
+        trail: Sequence[Transition],
+        *,
+        new: TaskSnapshot | None = None,
+        life: TaskSnapshot | None = None,
+        expect: int | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.new = None if new is None else codec.snapshot_to_values(new)
+        self.life = None if life is None else _life_values(life, expect)
+        self.expect = expect
+        gate = _IF_NEW if new is not None else _IF_WON if life is not None else _ALWAYS
+        self.trail = [[*codec.transition_to_values(t), gate] for t in trail]
+        self.error: BaseException | None = None
+        self.settled = False
+        self.leads = False  # its own thread commits it (no other leader takes it)
+        self.wake = threading.Lock()
+        self.wake.acquire()  # released once settled, or when this caller is to lead
+
+
+def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
+    """The columns a task's life changes (the identity columns are fixed at create)."""
+    return [
+        snapshot.task_id,
+        expect,
+        snapshot.status.value,
+        snapshot.status_version,
+        snapshot.attempt,
+        codec.encode_dt(snapshot.started_at),
+        codec.encode_dt(snapshot.ended_at),
+        codec.encode_dt(snapshot.last_heartbeat_at),
+        codec.encode_progress(snapshot.progress),
+        codec.encode_failure(snapshot.failure),
+        codec.encode_json(snapshot.outcome),
+    ]
+
+
+def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool], str]:
+    """The ``group_write`` statement for each (has new tasks, has compare-and-sets),
+    from ``postgres.sql``'s parts: a batch runs only the parts it needs."""
+    return {
+        (new, life): "WITH "
+        + ",\n".join(
+            [
+                sql["group_new" if new else "group_no_new"],
+                sql["group_life" if life else "group_no_life"],
+                sql["group_trail"],
+            ]
+        )
+        + "\n"
+        + sql["group_outcome" if life else "group_outcome_new"]
+        for new in (False, True)
+        for life in (False, True)
+    }
+
+
+def batch_params(writes: Sequence[GroupWrite]) -> tuple[tuple[bool, bool], list[Any]]:
+    """Which statement of ``group_statements`` and its parameters for ``writes`` (each
+    task id once). Rows go in task id order, so two batches that touch the same tasks
+    lock them in the same order."""
+    ordered = sorted(writes, key=lambda w: w.task_id)
+    new = [w.new for w in ordered if w.new is not None]
+    life = [w.life for w in ordered if w.life is not None]
+    trail = [row for w in ordered for row in w.trail]
+    params: list[Any] = [_dumps(new)] if new else []
+    if life:
+        ids = [row[0] for row in life]
+        params += [_dumps(life), ids, _dumps(trail), ids]
+    else:
+        params.append(_dumps(trail))
+    return (bool(new), bool(life)), params
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def settle(writes: Sequence[GroupWrite], returned: Sequence[tuple[str, str, Any]]) -> None:
+    """Each write's outcome from the rows ``group_write`` returned: a new task that was
+    not inserted exists already; a compare-and-set that did not win found another
+    version (read by the same statement, so nothing after it can fail the batch)."""
+    inserted = {task_id for kind, task_id, _ in returned if kind == "n"}
+    won = {task_id for kind, task_id, _ in returned if kind == "l"}
+    found = {task_id: version for kind, task_id, version in returned if kind == "v"}
+    for write in writes:
+        if write.new is not None and write.task_id not in inserted:
+            write.error = TaskAlreadyExists(f"task {write.task_id} already exists")
+        elif write.life is not None and write.task_id not in won:
+            assert write.expect is not None
+            write.error = ConcurrencyConflict.version_mismatch(
+                write.task_id, write.expect, found.get(write.task_id)
+            )
+
+
+class GroupCommit:
+    """Queue, lead and hand over (see the module docstring). ``apply(writes)`` runs one
+    statement for ``writes`` and sets each one's ``error`` where it lost; it raises
+    ``StoreError`` when the statement failed as a whole (nothing written).
+
+    Up to ``leaders`` statements are in flight at once, each on its own connection: a
+    caller that finds fewer leads at once; else it queues until a leader commits its
+    write or hands it the lead. A leader commits one batch (its own write first, then
+    the oldest queued ones) and hands the lead to the oldest waiting caller."""
+
+    def __init__(self, apply: Callable[[Sequence[GroupWrite]], None], *, leaders: int) -> None:
+        self._apply = apply
+        self._max_leaders = leaders
+        self._mutex = threading.Lock()
+        self._queue: deque[GroupWrite] = deque()
+        self._leaders = 0
+
+    def run(self, write: GroupWrite) -> None:
+        with self._mutex:
+            self._queue.append(write)
+            if self._leaders < self._max_leaders:
+                self._leaders += 1
+                write.leads = True
+        if not write.leads:
+            write.wake.acquire()  # committed by a leader, or handed the lead
+        if not write.settled:
+            try:
+                self._commit(self._take(write))
+            finally:
+                self._hand_over()
+        if write.error is not None:
+            raise write.error
+
+    def _take(self, own: GroupWrite) -> list[GroupWrite]:
+        """``own`` and the oldest queued writes no other leader owns, each task once (a
+        later write of a task waits for the next batch: it expects the version the
+        earlier one writes)."""
+        batch = [own]
+        seen = {own.task_id}
+        kept: list[GroupWrite] = []
+        with self._mutex:
+            queue = self._queue
+            queue.remove(own)
+            while queue and len(batch) < _MAX_BATCH:
+                write = queue.popleft()
+                if write.leads or write.task_id in seen:
+                    kept.append(write)
+                else:
+                    seen.add(write.task_id)
+                    batch.append(write)
+            queue.extendleft(reversed(kept))
+        return batch
+
+    def _hand_over(self) -> None:
+        with self._mutex:
+            for write in self._queue:
+                if not write.leads:
+                    write.leads = True
+                    write.wake.release()  # the oldest waiter leads next
+                    return
+            self._leaders -= 1
+
+    def _commit(self, batch: list[GroupWrite]) -> None:
+        try:
+            self._apply(batch)
+        except StoreUnavailable as exc:  # an outage: every write of the batch fails
+            _fail(batch, exc)
+        except StoreError as exc:  # the statement failed, nothing was written
+            if len(batch) == 1:
+                batch[0].error = exc
+            else:
+                self._one_by_one(batch)  # so only the faulty caller fails
+        except Exception as exc:
+            _fail(batch, exc)
+        except BaseException as exc:  # KeyboardInterrupt & co: release the waiters first
+            _fail(batch, exc)
+            _settle(batch)
+            raise
+        _settle(batch)
+
+    def _one_by_one(self, batch: list[GroupWrite]) -> None:
+        for done, write in enumerate(batch):
+            try:
+                self._apply([write])
+            except StoreUnavailable as exc:  # the server went away meanwhile
+                _fail(batch[done:], exc)
+                return
+            except Exception as exc:
+                write.error = exc
+
+
+def _fail(writes: Sequence[GroupWrite], exc: BaseException) -> None:
+    """``exc`` for every write not yet decided, one exception per caller (each raises
+    it on its own thread)."""
+    for write in writes:
+        if write.error is None:
+            write.error = exc if len(writes) == 1 else _own_copy(exc)
+
+
+def _settle(batch: Sequence[GroupWrite]) -> None:
+    for write in batch:
+        write.settled = True
+        write.wake.release()
+
+
+def _own_copy(exc: BaseException) -> BaseException:
+    copy = (
+        StoreUnavailable(str(exc))
+        if isinstance(exc, StoreUnavailable)
+        else StoreError(str(exc) or type(exc).__name__)
+    )
+    copy.__cause__ = exc
+    return copy

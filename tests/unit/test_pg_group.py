@@ -1,0 +1,122 @@
+"""The group commit's queue, leaders and hand-over (``stores._pg_group``), with a stand-in
+for the statement: how many run at once, who commits whose write, and that every caller
+returns whatever the statement does. The statement itself is tested against a real
+server in tests/integration/test_postgres_group_commit.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import pytest
+
+from chongming_task import StoreError, StoreUnavailable, TaskSnapshot, TaskStatus
+from chongming_task.model import Transition
+from chongming_task.stores._pg_group import GroupCommit, GroupWrite, batch_params
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def write(task_id: str) -> GroupWrite:
+    snap = TaskSnapshot(
+        task_id=task_id, name="n", status=TaskStatus.QUEUED, status_version=1, created_at=T0
+    )
+    created = Transition(
+        task_id=task_id, version=1, from_status=None, to_status=TaskStatus.QUEUED, at=T0
+    )
+    return GroupWrite(task_id, [created], new=snap)
+
+
+class Statement:
+    """A stand-in statement that takes ``seconds`` and records its batches."""
+
+    def __init__(self, seconds: float = 0.01, fail: BaseException | None = None) -> None:
+        self.seconds = seconds
+        self.fail = fail
+        self.batches: list[list[str]] = []
+        self.running = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, writes: Sequence[GroupWrite]) -> None:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.batches.append([w.task_id for w in writes])
+        time.sleep(self.seconds)
+        with self._lock:
+            self.running -= 1
+        if self.fail is not None:
+            raise self.fail
+
+
+def run_writers(group: GroupCommit, count: int) -> dict[str, BaseException | None]:
+    outcome: dict[str, BaseException | None] = {}
+
+    def one(n: int) -> None:
+        try:
+            group.run(write(f"t{n}"))
+        except BaseException as exc:
+            outcome[f"t{n}"] = exc
+        else:
+            outcome[f"t{n}"] = None
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert not any(t.is_alive() for t in threads), "a writer never returned"
+    return outcome
+
+
+@pytest.mark.parametrize("leaders", [1, 2, 3])
+def test_no_more_statements_in_flight_than_leaders_and_every_write_once(leaders: int) -> None:
+    statement = Statement()
+    outcome = run_writers(GroupCommit(statement, leaders=leaders), 40)
+    assert outcome == {f"t{n}": None for n in range(40)}
+    assert statement.most <= leaders
+    written = [t for batch in statement.batches for t in batch]
+    assert sorted(written) == sorted(outcome)  # each write in exactly one statement
+    assert len(statement.batches) < 40  # writers that queued shared a statement
+
+
+def test_an_outage_fails_each_writer_with_its_own_exception() -> None:
+    statement = Statement(fail=StoreUnavailable("server gone"))
+    outcome = run_writers(GroupCommit(statement, leaders=1), 12)
+    errors = list(outcome.values())
+    assert all(isinstance(e, StoreUnavailable) for e in errors)
+    assert len({id(e) for e in errors}) == 12  # raised on twelve threads: twelve objects
+
+
+def test_a_failed_batch_is_redone_one_by_one() -> None:
+    """A statement failing as a whole wrote nothing; alone, only the faulty write fails."""
+    seen: list[list[str]] = []
+
+    def statement(writes: Sequence[GroupWrite]) -> None:
+        seen.append([w.task_id for w in writes])
+        time.sleep(0.01)
+        if any(w.task_id == "t3" for w in writes):
+            raise StoreError("value refused")
+
+    outcome = run_writers(GroupCommit(statement, leaders=1), 8)
+    assert isinstance(outcome.pop("t3"), StoreError)
+    assert set(outcome.values()) == {None}
+    assert ["t3"] in seen
+
+
+def test_an_interrupt_in_the_statement_reaches_its_leader_and_frees_the_rest() -> None:
+    statement = Statement(fail=KeyboardInterrupt())
+    outcome = run_writers(GroupCommit(statement, leaders=1), 6)
+    kinds = {type(e) for e in outcome.values()}
+    assert KeyboardInterrupt in kinds  # the leader that ran it
+    assert kinds <= {KeyboardInterrupt, StoreError}  # the others: an error, not a hang
+
+
+def test_batch_parameters_list_rows_in_task_id_order() -> None:
+    """Two batches touching the same tasks lock them in the same order (no deadlock)."""
+    (has_new, has_life), params = batch_params([write("b"), write("a")])
+    assert (has_new, has_life) == (True, False)
+    assert params[0].index('"a"') < params[0].index('"b"')
