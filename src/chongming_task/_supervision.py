@@ -118,8 +118,9 @@ class Supervisor(LoopService):
             activity_flushed(run, seq)
 
     def renew_leases(self) -> bool:
-        """Renew leases that have used a third of their TTL, in one transaction where the
-        store offers one (a fresh backlog of queued tasks costs nothing here). If that
+        """Renew leases that have used a third of their TTL, in one statement or one
+        transaction where the store offers one (a fresh backlog of queued tasks costs
+        nothing here). If that
         transaction fails, each lease is renewed on its own, so one task's fault never
         costs another task its lease. Returns whether every due lease was renewed."""
         mono = self._clock.monotonic()
@@ -142,9 +143,7 @@ class Supervisor(LoopService):
         store, owner = self._store, self._owner
         renewed = due
         try:
-            with self._caps.atomic():
-                for run in due:
-                    store.touch(run.task_id, lease_owner=owner, lease_until=until)
+            self._caps.renew_leases([run.task_id for run in due], owner=owner, until=until)
         except StoreUnavailable:
             raise
         except Exception:

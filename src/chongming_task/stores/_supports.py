@@ -40,6 +40,7 @@ __all__ = [
     "SupportsMarkLost",
     "SupportsNodeRegistry",
     "SupportsPipelineRegistry",
+    "SupportsRenewLeases",
     "SupportsScheduleRegistry",
     "SupportsStorageClock",
     "SupportsTaskScan",
@@ -79,6 +80,15 @@ class SupportsWriteTransitions(Protocol):
         owner among them, never the lease) where the stored version is ``expect_version``, and
         ``append`` the transitions, in one transaction. A conflict raises
         ``ConcurrencyConflict`` with nothing written."""
+        ...
+
+
+@runtime_checkable
+class SupportsRenewLeases(Protocol):
+    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> None:
+        """Set ``lease_owner`` and ``lease_until`` of every task in ``task_ids`` (as
+        ``touch`` does; nothing else), in one statement: all or nothing. Ids not stored
+        are skipped."""
         ...
 
 

@@ -46,6 +46,7 @@ from ._supports import (
     SupportsMarkLost,
     SupportsNodeRegistry,
     SupportsPipelineRegistry,
+    SupportsRenewLeases,
     SupportsScheduleRegistry,
     SupportsStorageClock,
     SupportsTaskScan,
@@ -70,6 +71,7 @@ __all__ = [
     "SupportsMarkLost",
     "SupportsNodeRegistry",
     "SupportsPipelineRegistry",
+    "SupportsRenewLeases",
     "SupportsScheduleRegistry",
     "SupportsStorageClock",
     "SupportsTaskScan",
@@ -92,6 +94,7 @@ class Capabilities:
         "_mark_lost",
         "_nodes",
         "_pipelines",
+        "_renew_leases",
         "_scan",
         "_schedules",
         "_schema",
@@ -120,6 +123,7 @@ class Capabilities:
             self._write_transitions or self._compare_and_write
         )
         self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
+        self._renew_leases = store.renew_leases if isinstance(store, SupportsRenewLeases) else None
         self._mark_expired = (
             store.mark_expired_lost if isinstance(store, SupportsMarkExpired) else None
         )
@@ -155,6 +159,7 @@ class Capabilities:
                 ("create_many", self._create_many),
                 ("write_transitions", self._write_transitions),
                 ("mark_lost", self._mark_lost),
+                ("renew_leases", self._renew_leases),
                 ("mark_expired_lost", self._mark_expired),
                 ("subscribe_commands", self._subscribe),
                 ("subscribe_transitions", self._subscribe_transitions),
@@ -240,6 +245,17 @@ class Capabilities:
                 store.append(item)
         except Exception as exc:
             raise PartialWrite(f"saved task {snapshot.task_id}, trail behind: {exc}") from exc
+
+    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> None:
+        """The supervisor's lease renewal: one statement where the store has one, else
+        a ``touch`` per task in one transaction where the store can."""
+        if self._renew_leases is not None:
+            self._renew_leases(task_ids, owner=owner, until=until)
+            return
+        store = self.store
+        with self.atomic():
+            for task_id in task_ids:
+                store.touch(task_id, lease_owner=owner, lease_until=until)
 
     def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
         """``reconcile()``'s writes: each task its own compare-and-set (in one

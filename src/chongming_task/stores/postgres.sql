@@ -44,6 +44,9 @@ UPDATE tasks SET
     lease_until = COALESCE(%s::timestamptz, lease_until)
 WHERE task_id = %s
 
+-- name: renew_leases
+UPDATE tasks SET lease_owner = %s, lease_until = %s::timestamptz WHERE task_id = ANY(%s)
+
 -- name: append
 INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
 VALUES (%s, %s, %s, %s, %s::timestamptz, %s, %s)

@@ -33,6 +33,7 @@ from ..stores.capabilities import (
     SupportsMarkLost,
     SupportsNodeRegistry,
     SupportsPipelineRegistry,
+    SupportsRenewLeases,
     SupportsScheduleRegistry,
     SupportsStorageClock,
     SupportsTaskScan,
@@ -120,6 +121,24 @@ class CapabilityContract(ContractBase):
                 lambda: store.write_transitions(stale, expect_version=1, transitions=[late]),
             )
             assert store.get("t1") == got and store.history("t1") == trail  # nothing written
+
+    def test_capability_renew_leases_sets_only_the_lease_of_the_listed_tasks(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsRenewLeases, "renew_leases()")
+            assert isinstance(store, SupportsRenewLeases)
+            for task_id in ("r1", "r2", "other"):
+                store.create(self.snapshot(task_id, status=TaskStatus.RUNNING, status_version=3))
+            store.touch("other", lease_owner="node-b", lease_until=at(5))
+            before = {t: store.get(t) for t in ("r1", "r2", "other")}
+            store.renew_leases(["r1", "r2", "not-stored"], owner="node-a", until=at(60))
+            for task_id in ("r1", "r2"):
+                got = store.get(task_id)
+                assert got is not None
+                assert got.lease_owner == "node-a" and got.lease_until == at(60)
+                assert replace(got, lease_owner=None, lease_until=None) == before[task_id]
+            assert store.get("other") == before["other"]
+            assert store.get("not-stored") is None
+            store.renew_leases([], owner="node-a", until=at(90))  # nothing due: no error
 
     def test_capability_mark_lost_marks_only_tasks_that_did_not_move(self) -> None:
         with self._store() as store:
