@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import states
@@ -90,11 +92,14 @@ class Carrier:
 
         def _activity(self) -> dict[str, Any]: ...
 
-    def _execute(self) -> None:
+    def _execute(self, defer_end: bool = False) -> Callable[[], None] | None:
+        """One attempt. With ``defer_end``, a success's end is not written here: the
+        write is returned (the caller runs it, on another thread, while this one starts
+        the next run)."""
         host = self._host
         with self._lock:
             if self._snapshot.status is not S.QUEUED:
-                return  # cancelled or stopped while it waited
+                return None  # cancelled or stopped while it waited
             attempt = self._snapshot.attempt + 1
             self.token.attempt = attempt
             stopped = self.token.stop_requested
@@ -110,7 +115,7 @@ class Carrier:
             taken = self._take_if_free()
         self._write_taken(taken)
         if stopped:
-            return
+            return None
         try:
             result = self.definition.func(self.token, *self._args, **self._kwargs)
         except StopRequested:
@@ -124,7 +129,8 @@ class Carrier:
             self._settle_failure(exc, retry=False)
             raise
         else:
-            self._settle(result)
+            return self._settle(result, defer_end)
+        return None
 
     def _start(self, attempt: int) -> None:
         """``queued -> starting -> running``: two transitions, one snapshot and one store
@@ -171,7 +177,7 @@ class Carrier:
             (starting, running) if unwritten is None else (*unwritten, starting, running)
         )
 
-    def _settle(self, result: Any) -> None:
+    def _settle(self, result: Any, defer: bool = False) -> Callable[[], None] | None:
         """Record a return value. The store must be able to hold it: it keeps it as
         ``outcome``, and a value the write-through cannot write once left the store at
         ``running`` while the process said ``succeeded`` (distributed design §14.2). So it
@@ -198,7 +204,10 @@ class Carrier:
                 else:
                     self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
             taken = self._take_if_free()
+        if defer:
+            return partial(self._write_taken, taken)
         self._write_taken(taken)
+        return None
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         delay = self._record_failure(exc, retry)

@@ -159,7 +159,12 @@ class Controller:
         )
         # The services, each started at most once by _start(), all stopped by close().
         self._workers = WorkerPool(
-            registry=self._registry, dispatcher=self._dispatcher, size=max_workers
+            registry=self._registry,
+            dispatcher=self._dispatcher,
+            size=max_workers,
+            # A run's end written while its worker starts the next: on a store that
+            # commits side-by-side writes together, the two cost about one.
+            overlap=self.capabilities.group_commit,
         )
         self._pipelines = PipelineRunner(owner=self.owner)
         self._supervisor = Supervisor(

@@ -278,7 +278,7 @@ def test_a_crash_of_the_runtime_itself_ends_the_task(
 ) -> None:
     c = make_controller()
 
-    def broken(self: TaskRun, result: Any) -> None:
+    def broken(self: TaskRun, result: Any, *rest: Any) -> None:
         raise RuntimeError("settle broke")
 
     monkeypatch.setattr(TaskRun, "_settle", broken)

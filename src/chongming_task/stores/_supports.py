@@ -28,6 +28,7 @@ from ..values import STRICT, ValueRules
 __all__ = [
     "CountBy",
     "Creation",
+    "DeclaresGroupCommit",
     "DeclaresValueRules",
     "PartialCreate",
     "PartialWrite",
@@ -51,6 +52,14 @@ __all__ = [
 ]
 
 Creation = tuple[TaskSnapshot, Transition]
+
+
+@runtime_checkable
+class DeclaresGroupCommit(Protocol):
+    group_commit: bool
+    """True: the store commits writes made side by side together (one statement, one
+    commit), so two writes issued at once cost about one. The runtime then writes a
+    run's end on a thread of its own while the worker starts its next run."""
 
 
 @runtime_checkable

@@ -34,6 +34,7 @@ from ..model import (
 from ._supports import (
     CountBy,
     Creation,
+    DeclaresGroupCommit,
     DeclaresValueRules,
     PartialCreate,
     PartialWrite,
@@ -59,6 +60,7 @@ from .protocol import TaskStore
 
 __all__ = [
     "Capabilities",
+    "DeclaresGroupCommit",
     "DeclaresValueRules",
     "PartialCreate",
     "PartialWrite",
@@ -103,6 +105,7 @@ class Capabilities:
         "_subscribe_transitions",
         "_write_transitions",
         "compare_and_write",
+        "group_commit",
         "store",
         "value_rules",
     )
@@ -110,6 +113,8 @@ class Capabilities:
     def __init__(self, store: TaskStore) -> None:
         self.store = store
         self.value_rules = rules_of(store)
+        self.group_commit = isinstance(store, DeclaresGroupCommit) and store.group_commit is True
+        """Whether the store commits writes made side by side together."""
         self._atomic: Callable[[], AbstractContextManager[None]] | None = (
             store.atomic if isinstance(store, SupportsAtomic) else None
         )

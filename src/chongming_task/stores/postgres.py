@@ -224,6 +224,9 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             name=f"chongming:{self.where}",
         )
 
+    group_commit = True
+    """Writes made side by side share a statement (``_pg_group``)."""
+
     value_rules = STRICT
     """``TEXT`` and ``JSONB`` refuse NUL (see ``chongming_task.values``)."""
 

@@ -174,6 +174,9 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         ).fetchone()
         return bool(found)
 
+    group_commit = True
+    """Writes made side by side share a statement (``GroupCommit``)."""
+
     value_rules = ValueRules(nul_in_text=True)
     """SQLite keeps any UTF-8 text, NUL included (see ``chongming_task.values``)."""
 
