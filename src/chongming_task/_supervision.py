@@ -120,9 +120,9 @@ class Supervisor(LoopService):
     def renew_leases(self) -> bool:
         """Renew leases that have used a third of their TTL, in one statement or one
         transaction where the store offers one (a fresh backlog of queued tasks costs
-        nothing here). If that
-        transaction fails, each lease is renewed on its own, so one task's fault never
-        costs another task its lease. Returns whether every due lease was renewed."""
+        nothing here). If that fails, each lease is renewed on its own, so one task's
+        fault never costs another task its lease. Returns whether every due lease was
+        renewed."""
         mono = self._clock.monotonic()
         due = [
             run

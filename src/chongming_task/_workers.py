@@ -2,7 +2,9 @@
 
 A worker takes the next run from the dispatcher and executes it. A carrier whose task
 timed out and ignored its stop is abandoned (threads cannot be killed): its slot is
-freed and a fresh worker replaces it, so the pool keeps its size.
+freed and a fresh worker replaces it, so the pool keeps its size. With ``overlap`` (a
+store with group commit), a worker hands a successful run's end write to its closer
+thread and takes its next run meanwhile (``_Closer``).
 """
 
 from __future__ import annotations

@@ -450,7 +450,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         with self._cursor("write") as cur:
             returned = cur.execute(_GROUP_SQL[which], params).fetchall()
         settle(writes, returned)
-        if len(returned) > sum(1 for kind, _, _ in returned if kind == "v"):
+        if any(write.error is None for write in writes):
             self._wrote()
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
@@ -606,7 +606,8 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
     def submit_command(self, command: Command) -> None:
         values = codec.command_to_values(command)
         try:
-            with self._cursor("submit_command") as cur:
+            # One transaction: a command is stored and announced, or neither.
+            with self._cursor("submit_command", transaction=True) as cur:
                 cur.execute(_SQL["insert_command"], values)
                 # Delivered at commit, to listeners only: a wake-up, never the delivery.
                 cur.execute(f"NOTIFY {self._channel}".encode())
