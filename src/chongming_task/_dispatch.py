@@ -42,6 +42,9 @@ class Dispatcher(Protocol):
     def done(self, run: TaskRun) -> None:
         """The carrier finished with ``run`` (whatever its outcome)."""
 
+    def ready(self) -> bool:
+        """Whether a run is waiting to start (a hint: another worker may take it)."""
+
     def release_due(self) -> None:
         """Move retries whose backoff has passed to the ready queue."""
 
@@ -111,6 +114,9 @@ class FifoDispatcher:
     def done(self, run: TaskRun) -> None:
         pass
 
+    def ready(self) -> bool:
+        return not self._queue.empty()
+
     def release_due(self) -> None:
         for run in self._delayed.pop_due():
             self._queue.put(run)
@@ -159,6 +165,9 @@ class FairDispatcher:
             self._running[run.bucket] -= 1
             if self._queues.get(run.bucket):
                 self._cond.notify()
+
+    def ready(self) -> bool:
+        return bool(self._rotation)
 
     def release_due(self) -> None:
         due = self._delayed.pop_due()

@@ -3,8 +3,8 @@
 A worker takes the next run from the dispatcher and executes it. A carrier whose task
 timed out and ignored its stop is abandoned (threads cannot be killed): its slot is
 freed and a fresh worker replaces it, so the pool keeps its size. With ``overlap`` (a
-store with group commit), a worker hands a successful run's end write to its closer
-thread and takes its next run meanwhile (``_Closer``).
+store with group commit), a worker whose next run is already waiting hands a successful
+run's end write to its closer thread and starts that run meanwhile (``_Closer``).
 """
 
 from __future__ import annotations
@@ -101,8 +101,10 @@ class WorkerPool:
                 if run.abandoned:
                     return  # abandon() released the slot and started a replacement carrier
                 if end is not None and closer is not None:
-                    closer.hand(run, end)
-                    continue
+                    if dispatcher.ready():  # the next run waits: its start beside this end
+                        closer.hand(run, end)
+                        continue
+                    _write_end(run, end)  # nothing to overlap with: no thread hop
                 registry.finished(run)
                 dispatcher.done(run)
         finally:
@@ -139,10 +141,7 @@ class _Closer:
         while (item := self._queue.get()) is not None:
             run, end = item
             try:
-                end()
-            except BaseException as exc:
-                log.exception("task %s: carrier crashed", run.task_id)
-                carrier_crashed(run, exc)
+                _write_end(run, end)
             finally:
                 self._registry.finished(run)
                 self._dispatcher.done(run)
@@ -152,3 +151,11 @@ class _Closer:
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
+
+
+def _write_end(run: TaskRun, end: Callable[[], None]) -> None:
+    try:
+        end()
+    except BaseException as exc:
+        log.exception("task %s: carrier crashed", run.task_id)
+        carrier_crashed(run, exc)  # never leave the task active with its end unwritten

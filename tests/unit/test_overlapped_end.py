@@ -1,5 +1,6 @@
-"""On a store that commits side-by-side writes together (``group_commit``), a worker hands
-its run's end write to a closer thread and starts its next run meanwhile. What must not
+"""On a store that commits side-by-side writes together (``group_commit``), a worker whose
+next run is waiting hands its run's end write to a closer thread and starts that run
+meanwhile. What must not
 change: ``wait()`` returns only once the end is in the store, the run's slot is freed only
 then, and ``close()`` leaves nothing unwritten. A store without group commit keeps the
 worker writing its own ends (a thread hop would cost it more than it saves)."""
@@ -37,14 +38,24 @@ def test_wait_returns_once_the_end_is_stored_and_nothing_is_lost(
     def double(token: CancellationToken, n: int) -> int:
         return 2 * n
 
+    gate = threading.Event()
+
+    @c.task(name="gate")
+    def hold(token: CancellationToken) -> None:
+        gate.wait(10)
+
+    gates = [c.submit(hold) for _ in range(4)]  # every worker busy: the runs queue up
     runs = [c.submit(double, n) for n in range(300)]
+    gate.set()
+    for g in gates:
+        g.wait(10)
     for n, run in enumerate(runs):
         final = run.wait(10)
         assert final.status is TaskStatus.SUCCEEDED and final.outcome == 2 * n
         stored = store.get(run.task_id)  # read at once: the end is already there
         assert stored is not None and stored.status is TaskStatus.SUCCEEDED
         assert stored.outcome == 2 * n
-    assert closers(), "the ends were written on the workers' threads"
+    assert closers(), "with runs waiting, the ends were written on the workers' threads"
     for run in runs[::37]:
         assert [t.to_status for t in store.history(run.task_id)] == LIFE
 
@@ -72,3 +83,20 @@ def test_a_store_without_group_commit_writes_ends_on_the_worker(make_controller:
     for run in runs:
         assert run.wait(10).status is TaskStatus.SUCCEEDED
     assert not closers()
+
+
+def test_dispatchers_say_whether_a_run_is_waiting() -> None:
+    from types import SimpleNamespace
+
+    from chongming_task._dispatch import FairDispatcher, FifoDispatcher
+    from chongming_task.clock import SystemClock
+
+    for dispatcher in (
+        FifoDispatcher(SystemClock()),
+        FairDispatcher(SystemClock(), max_parallel_per_bucket=1),
+    ):
+        assert not dispatcher.ready()
+        dispatcher.put(SimpleNamespace(bucket=1))  # type: ignore[arg-type]
+        assert dispatcher.ready()
+        assert dispatcher.get() is not None
+        assert not dispatcher.ready()
