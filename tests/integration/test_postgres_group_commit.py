@@ -285,3 +285,19 @@ def test_many_threads_writing_many_tasks_lose_nothing(store: object) -> None:
     assert counts == {TaskStatus.SUCCEEDED: 320}
     for n in (0, 7, 15):
         assert [t.version for t in store.history(f"w{n}-19")] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+
+
+def test_a_lone_compare_and_set_that_loses_says_what_it_found(store: object) -> None:
+    """A batch of compare-and-sets alone takes the per-row form: its outcome too."""
+    for task_id in ("a", "b"):
+        store.create_many([queued(task_id)])  # type: ignore[attr-defined]
+        snap, trail = started(task_id)
+        store.write_transitions(snap, expect_version=1, transitions=trail)  # type: ignore[attr-defined]
+    stale, trail = started("a")
+    with pytest.raises(ConcurrencyConflict, match="expected version 1, stored version 3"):
+        store.write_transitions(stale, expect_version=1, transitions=trail)  # type: ignore[attr-defined]
+    ghost, trail = started("ghost")
+    with pytest.raises(ConcurrencyConflict, match="expected version 1, stored nothing"):
+        store.write_transitions(ghost, expect_version=1, transitions=trail)  # type: ignore[attr-defined]
+    assert [t.version for t in store.history("a")] == [1, 2, 3]  # type: ignore[attr-defined]
+    assert store.history("ghost") == []  # type: ignore[attr-defined]

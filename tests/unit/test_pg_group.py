@@ -117,6 +117,6 @@ def test_an_interrupt_in_the_statement_reaches_its_leader_and_frees_the_rest() -
 
 def test_batch_parameters_list_rows_in_task_id_order() -> None:
     """Two batches touching the same tasks lock them in the same order (no deadlock)."""
-    (has_new, has_life), params = batch_params([write("b"), write("a")])
-    assert (has_new, has_life) == (True, False)
+    which, params = batch_params([write("b"), write("a")])
+    assert which == (True, False, 0)
     assert params[0].index('"a"') < params[0].index('"b"')

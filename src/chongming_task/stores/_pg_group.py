@@ -40,6 +40,8 @@ __all__ = ["GroupCommit", "GroupWrite", "batch_params", "group_statements", "set
 # compare-and-set won (postgres.sql, group_write).
 _ALWAYS, _IF_NEW, _IF_WON = 0, 1, 2
 _MAX_BATCH = 256
+_PAIRS_UP_TO = 8
+"""Batches of up to this many compare-and-sets alone use ``group_life_pair`` parts."""
 
 
 class GroupWrite:
@@ -96,11 +98,13 @@ def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
     ]
 
 
-def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool], str]:
-    """The ``group_write`` statement for each (has new tasks, has compare-and-sets),
-    from ``postgres.sql``'s parts: a batch runs only the parts it needs."""
-    return {
-        (new, life): "WITH "
+def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool, int], str]:
+    """The statement for each batch shape ``batch_params`` names: (has new tasks, has
+    compare-and-sets, 0) built from ``postgres.sql``'s ``group_*`` parts (a batch runs
+    only the parts it needs), and (False, True, n) for n compare-and-sets alone, n pairs
+    of ``group_life_pair`` parts."""
+    shapes = {
+        (new, life, 0): "WITH "
         + ",\n".join(
             [
                 sql["group_new" if new else "group_no_new"],
@@ -113,23 +117,41 @@ def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool], str]:
         for new in (False, True)
         for life in (False, True)
     }
+    for n in range(1, _PAIRS_UP_TO + 1):
+        pairs = range(1, n + 1)
+        shapes[(False, True, n)] = (
+            "WITH "
+            + ",\n".join(sql["group_life_pair"].replace("{n}", str(k)) for k in pairs)
+            + "\n"
+            + "\nUNION ALL\n".join(
+                sql["group_life_pair_outcome"].replace("{n}", str(k)) for k in pairs
+            )
+        )
+    return shapes
 
 
-def batch_params(writes: Sequence[GroupWrite]) -> tuple[tuple[bool, bool], list[Any]]:
+def batch_params(writes: Sequence[GroupWrite]) -> tuple[tuple[bool, bool, int], list[Any]]:
     """Which statement of ``group_statements`` and its parameters for ``writes`` (each
     task id once). Rows go in task id order, so two batches that touch the same tasks
     lock them in the same order."""
     ordered = sorted(writes, key=lambda w: w.task_id)
+    if len(ordered) <= _PAIRS_UP_TO and all(w.life is not None for w in ordered):
+        params: list[Any] = []
+        for write in ordered:
+            task_id, expect, *life = write.life  # type: ignore[misc]
+            params += [*life, task_id, expect, _dumps([row[:-1] for row in write.trail])]
+        params += [w.task_id for w in ordered]
+        return (False, True, len(ordered)), params
     new = [w.new for w in ordered if w.new is not None]
     life = [w.life for w in ordered if w.life is not None]
     trail = [row for w in ordered for row in w.trail]
-    params: list[Any] = [_dumps(new)] if new else []
+    params = [_dumps(new)] if new else []
     if life:
         ids = [row[0] for row in life]
         params += [_dumps(life), ids, _dumps(trail), ids]
     else:
         params.append(_dumps(trail))
-    return (bool(new), bool(life)), params
+    return (bool(new), bool(life), 0), params
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
