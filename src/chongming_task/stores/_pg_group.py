@@ -37,7 +37,7 @@ from . import codec
 __all__ = ["GroupCommit", "GroupWrite", "batch_params", "group_statements", "settle"]
 
 # The gate of a trail row: written always, if its task was inserted, if its task's
-# compare-and-set won (postgres.sql, group_write).
+# compare-and-set won (postgres.sql, group_trail).
 _ALWAYS, _IF_NEW, _IF_WON = 0, 1, 2
 _MAX_BATCH = 256
 _PAIRS_UP_TO = 8
@@ -158,9 +158,10 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def settle(writes: Sequence[GroupWrite], returned: Sequence[tuple[str, str, Any]]) -> None:
-    """Each write's outcome from the rows ``group_write`` returned: a new task that was
-    not inserted exists already; a compare-and-set that did not win found another
-    version (read by the same statement, so nothing after it can fail the batch)."""
+    """Each write's outcome from the rows the group statement returned: a new task
+    that was not inserted exists already; a compare-and-set that did not win found
+    another version (read by the same statement, so nothing after it can fail the
+    batch)."""
     inserted = {task_id for kind, task_id, _ in returned if kind == "n"}
     won = {task_id for kind, task_id, _ in returned if kind == "l"}
     found = {task_id: version for kind, task_id, version in returned if kind == "v"}

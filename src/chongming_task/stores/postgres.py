@@ -444,8 +444,9 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         self._group.run(write)
 
     def _group_apply(self, writes: Sequence[GroupWrite]) -> None:
-        """One ``group_write`` statement for ``writes``; each write's outcome is set on
-        it. Raises (nothing written) if the statement fails as a whole."""
+        """One group statement (``group_statements``) for ``writes``; each write's
+        outcome is set on it. Raises (nothing written) if the statement fails as a
+        whole."""
         which, params = batch_params(writes)
         with self._cursor("write") as cur:
             returned = cur.execute(_GROUP_SQL[which], params).fetchall()
