@@ -301,3 +301,42 @@ def test_a_lone_compare_and_set_that_loses_says_what_it_found(store: object) -> 
         store.write_transitions(ghost, expect_version=1, transitions=trail)  # type: ignore[attr-defined]
     assert [t.version for t in store.history("a")] == [1, 2, 3]  # type: ignore[attr-defined]
     assert store.history("ghost") == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 5, 8, 9, 40])
+def test_every_statement_shape_writes_each_row_with_its_trail(store: object, size: int) -> None:
+    """One statement per shape, run as it is sent (server placeholders, no driver
+    parsing): compare-and-sets alone (the per-row form up to eight, JSON rows beyond),
+    mixed with new tasks, new tasks alone, and one that loses in each."""
+    from chongming_task.stores._pg_group import GroupWrite
+
+    ids = [f"s{size}-{k}" for k in range(size)]
+    for task_id in ids:
+        store.create_many([queued(task_id)])  # type: ignore[attr-defined]
+    writes = []
+    for k, task_id in enumerate(ids):
+        snap, trail = started(task_id, progress=Progress(current=k, total=size))
+        writes.append(GroupWrite(task_id, trail, life=snap, expect=1 if k else 2))
+    store._group_apply(writes)  # type: ignore[attr-defined]
+    assert isinstance(writes[0].error, ConcurrencyConflict)  # expected 2, stored 1
+    assert "expected version 2, stored version 1" in str(writes[0].error)
+    assert all(w.error is None for w in writes[1:])
+    assert [t.version for t in store.history(ids[0])] == [1]  # type: ignore[attr-defined]
+    for k, task_id in enumerate(ids[1:], 1):
+        stored = store.get(task_id)  # type: ignore[attr-defined]
+        assert (stored.status, stored.progress.current) == (TaskStatus.RUNNING, k)
+        assert [t.version for t in store.history(task_id)] == [1, 2, 3]  # type: ignore[attr-defined]
+
+    new = [
+        GroupWrite(f"n{size}-{k}", [queued(f"n{size}-{k}")[1]], new=queued(f"n{size}-{k}")[0])
+        for k in range(size)
+    ]
+    mixed = [*new, GroupWrite(ids[0], started(ids[0])[1], life=started(ids[0])[0], expect=1)]
+    store._group_apply(mixed)  # type: ignore[attr-defined]
+    assert all(w.error is None for w in mixed)
+    assert store.get(ids[0]).status is TaskStatus.RUNNING  # type: ignore[attr-defined]
+    again = [GroupWrite(w.task_id, [queued(w.task_id)[1]], new=queued(w.task_id)[0]) for w in new]
+    store._group_apply(again)  # type: ignore[attr-defined]
+    assert all(isinstance(w.error, TaskAlreadyExists) for w in again)
+    for w in new:
+        assert [t.version for t in store.history(w.task_id)] == [1]  # type: ignore[attr-defined]

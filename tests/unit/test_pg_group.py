@@ -120,3 +120,42 @@ def test_batch_parameters_list_rows_in_task_id_order() -> None:
     which, params = batch_params([write("b"), write("a")])
     assert which == (True, False, 0)
     assert params[0].index('"a"') < params[0].index('"b"')
+
+
+def test_statements_are_sent_with_numbered_server_placeholders() -> None:
+    from chongming_task.stores._pg_group import numbered
+
+    assert numbered("SELECT %s, %s::int FROM t WHERE a = %s") == (
+        b"SELECT $1, $2::int FROM t WHERE a = $3"
+    )
+    with pytest.raises(ValueError, match="not a %s placeholder"):
+        numbered("SELECT %s WHERE a LIKE 'x%'")
+
+
+def test_each_shape_has_one_placeholder_per_parameter() -> None:
+    """Every statement shape takes exactly the parameters ``batch_params`` gives it."""
+    import re
+
+    pytest.importorskip("psycopg")
+    from chongming_task.stores.postgres import _GROUP_SQL
+
+    def life(task_id: str) -> GroupWrite:
+        snap = TaskSnapshot(
+            task_id=task_id,
+            name="j",
+            status=TaskStatus.RUNNING,
+            status_version=3,
+            created_at=T0,
+        )
+        return GroupWrite(task_id, [], life=snap, expect=1)
+
+    batches = [[write(f"n{k}") for k in range(3)], [write("n"), life("l")]]
+    batches += [[life(f"l{k}") for k in range(n)] for n in (1, 2, 5, 8, 9)]
+    batches.append([GroupWrite("t", [])])
+    seen = set()
+    for batch in batches:
+        which, params = batch_params(batch)
+        seen.add(which)
+        placeholders = {int(n) for n in re.findall(rb"\$(\d+)", _GROUP_SQL[which])}
+        assert placeholders == set(range(1, len(params) + 1)), which
+    assert len(seen) == len(batches)

@@ -34,7 +34,7 @@ from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlre
 from ..model import TaskSnapshot, Transition
 from . import codec
 
-__all__ = ["GroupCommit", "GroupWrite", "batch_params", "group_statements", "settle"]
+__all__ = ["GroupCommit", "GroupWrite", "batch_params", "group_statements", "numbered", "settle"]
 
 # The gate of a trail row: written always, if its task was inserted, if its task's
 # compare-and-set won (postgres.sql, group_trail).
@@ -98,11 +98,16 @@ def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
     ]
 
 
-def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool, int], str]:
+def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool, int], bytes]:
     """The statement for each batch shape ``batch_params`` names: (has new tasks, has
     compare-and-sets, 0) built from ``postgres.sql``'s ``group_*`` parts (a batch runs
     only the parts it needs), and (False, True, n) for n compare-and-sets alone, n pairs
-    of ``group_life_pair`` parts."""
+    of ``group_life_pair`` parts.
+
+    Each is returned with the server's own placeholders (``$1``...), encoded, for a
+    ``psycopg.RawCursor``: psycopg parses a ``%s`` query on every execution once it is
+    longer than 4 KiB or has over 50 parameters (no cache; the statements of four pairs
+    and more), and that parse cost more CPU than the rest of the write."""
     shapes = {
         (new, life, 0): "WITH "
         + ",\n".join(
@@ -127,7 +132,19 @@ def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool, int], str
                 sql["group_life_pair_outcome"].replace("{n}", str(k)) for k in pairs
             )
         )
-    return shapes
+    return {shape: numbered(statement) for shape, statement in shapes.items()}
+
+
+def numbered(statement: str) -> bytes:
+    """``statement`` with its ``%s`` placeholders as ``$1``, ``$2``... (it holds no other
+    ``%``), encoded."""
+    parts = statement.split("%s")
+    if any("%" in part for part in parts):
+        raise ValueError("a group statement holds a % that is not a %s placeholder")
+    numbered = [parts[0]]
+    for k, part in enumerate(parts[1:], 1):
+        numbered += [f"${k}", part]
+    return "".join(numbered).encode()
 
 
 def batch_params(writes: Sequence[GroupWrite]) -> tuple[tuple[bool, bool, int], list[Any]]:

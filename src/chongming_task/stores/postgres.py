@@ -297,24 +297,28 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         return translated(what, self.where, self.schema, self._went_down)
 
     @contextlib.contextmanager
-    def _cursor(self, what: str, *, transaction: bool = False) -> Iterator[Cursor[Any]]:
+    def _cursor(
+        self, what: str, *, transaction: bool = False, raw: bool = False
+    ) -> Iterator[Cursor[Any]]:
         """A cursor on a pooled connection, or inside ``atomic()`` on its connection.
         Each statement commits on its own (the pool is in autocommit) unless
-        ``transaction``: then the scope is one transaction, rolled back on error."""
+        ``transaction``: then the scope is one transaction, rolled back on error. A
+        ``raw`` cursor takes statements with ``$1`` placeholders, passed as they are."""
         if self._closed:
             raise StoreError(f"{self!r} is closed")
+        cursor = psycopg.RawCursor if raw else psycopg.Cursor
         bound: Connection[Any] | None = getattr(self._local, "conn", None)
         if bound is not None:  # inside atomic(): the caller's transaction
-            with self._errors(what), bound.cursor() as cur:
+            with self._errors(what), cursor(bound) as cur:
                 yield cur
             return
         pool = self._live_pool(what)
         with self._errors(what), pool.connection() as conn:
             if not transaction:
-                with conn.cursor() as cur:
+                with cursor(conn) as cur:
                     yield cur
                 return
-            with conn.transaction(), conn.cursor() as cur:
+            with conn.transaction(), cursor(conn) as cur:
                 yield cur
 
     def _sql_scope(
@@ -449,7 +453,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         outcome is set on it. Raises (nothing written) if the statement fails as a
         whole."""
         which, params = batch_params(writes)
-        with self._cursor("write") as cur:
+        with self._cursor("write", raw=True) as cur:
             returned = cur.execute(_GROUP_SQL[which], params).fetchall()
         settle(writes, returned)
         if any(write.error is None for write in writes):
