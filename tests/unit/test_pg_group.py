@@ -118,8 +118,12 @@ def test_an_interrupt_in_the_statement_reaches_its_leader_and_frees_the_rest() -
 def test_batch_parameters_list_rows_in_task_id_order() -> None:
     """Two batches touching the same tasks lock them in the same order (no deadlock)."""
     which, params = batch_params([write("b"), write("a")])
-    assert which == (True, False, 0)
-    assert params[0].index('"a"') < params[0].index('"b"')
+    assert which == (2, 0, True)  # per row: two new tasks
+    assert params.index("a") < params.index("b")
+    many = [write(f"t{k:02}") for k in range(12, 0, -1)]
+    which, params = batch_params(many)
+    assert which == (1, 0, False)  # past eight: JSON rows
+    assert params[0].index('"t01"') < params[0].index('"t12"')
 
 
 def test_statements_are_sent_with_numbered_server_placeholders() -> None:
@@ -149,8 +153,10 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
         )
         return GroupWrite(task_id, [], life=snap, expect=1)
 
-    batches = [[write(f"n{k}") for k in range(3)], [write("n"), life("l")]]
+    batches = [[write(f"n{k}") for k in range(n)] for n in (1, 3, 8, 9)]
     batches += [[life(f"l{k}") for k in range(n)] for n in (1, 2, 5, 8, 9)]
+    batches += [[write("n"), life("l")], [*(write(f"n{k}") for k in range(5)), life("l")]]
+    batches.append([*(write(f"n{k}") for k in range(5)), *(life(f"l{k}") for k in range(5))])
     batches.append([GroupWrite("t", [])])
     seen = set()
     for batch in batches:

@@ -34,14 +34,27 @@ from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlre
 from ..model import TaskSnapshot, Transition
 from . import codec
 
-__all__ = ["GroupCommit", "GroupWrite", "batch_params", "group_statements", "numbered", "settle"]
+__all__ = [
+    "GroupCommit",
+    "GroupWrite",
+    "Shape",
+    "batch_params",
+    "group_statements",
+    "numbered",
+    "settle",
+]
 
 # The gate of a trail row: written always, if its task was inserted, if its task's
 # compare-and-set won (postgres.sql, group_trail).
 _ALWAYS, _IF_NEW, _IF_WON = 0, 1, 2
 _MAX_BATCH = 256
 _PAIRS_UP_TO = 8
-"""Batches of up to this many compare-and-sets alone use ``group_life_pair`` parts."""
+"""Batches of up to this many new tasks and compare-and-sets use per-row parts
+(``group_new_pair``, ``group_life_pair``)."""
+
+Shape = tuple[int, int, bool]
+"""A group statement's shape: (new tasks, compare-and-sets, per row). Per row, the
+counts; as JSON rows, whether there are any (0 or 1)."""
 
 
 class GroupWrite:
@@ -98,18 +111,19 @@ def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
     ]
 
 
-def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool, int], bytes]:
-    """The statement for each batch shape ``batch_params`` names: (has new tasks, has
-    compare-and-sets, 0) built from ``postgres.sql``'s ``group_*`` parts (a batch runs
-    only the parts it needs), and (False, True, n) for n compare-and-sets alone, n pairs
-    of ``group_life_pair`` parts.
+def group_statements(sql: Mapping[str, str]) -> dict[Shape, bytes]:
+    """The statement for each batch shape ``batch_params`` names: as JSON rows, built
+    from ``postgres.sql``'s ``group_*`` parts (a batch runs only the parts it needs);
+    per row, for batches of up to ``_PAIRS_UP_TO`` new tasks and compare-and-sets, a
+    ``group_new_pair`` for each new task, then a ``group_life_pair`` for each
+    compare-and-set.
 
     Each is returned with the server's own placeholders (``$1``...), encoded, for a
     ``psycopg.RawCursor``: psycopg parses a ``%s`` query on every execution once it is
     longer than 4 KiB or has over 50 parameters (no cache; the statements of four pairs
     and more), and that parse cost more CPU than the rest of the write."""
-    shapes = {
-        (new, life, 0): "WITH "
+    shapes: dict[Shape, str] = {
+        (new, life, False): "WITH "
         + ",\n".join(
             [
                 sql["group_new" if new else "group_no_new"],
@@ -119,19 +133,23 @@ def group_statements(sql: Mapping[str, str]) -> dict[tuple[bool, bool, int], byt
         )
         + "\n"
         + sql["group_outcome" if life else "group_outcome_new"]
-        for new in (False, True)
-        for life in (False, True)
+        for new in (0, 1)
+        for life in (0, 1)
     }
-    for n in range(1, _PAIRS_UP_TO + 1):
-        pairs = range(1, n + 1)
-        shapes[(False, True, n)] = (
-            "WITH "
-            + ",\n".join(sql["group_life_pair"].replace("{n}", str(k)) for k in pairs)
-            + "\n"
-            + "\nUNION ALL\n".join(
-                sql["group_life_pair_outcome"].replace("{n}", str(k)) for k in pairs
+    for new in range(_PAIRS_UP_TO + 1):
+        for life in range(_PAIRS_UP_TO + 1 - new):
+            if new + life == 0:
+                continue
+            parts = [("group_new_pair", k) for k in range(1, new + 1)]
+            parts += [("group_life_pair", k) for k in range(1, life + 1)]
+            shapes[(new, life, True)] = (
+                "WITH "
+                + ",\n".join(sql[part].replace("{n}", str(k)) for part, k in parts)
+                + "\n"
+                + "\nUNION ALL\n".join(
+                    sql[f"{part}_outcome"].replace("{n}", str(k)) for part, k in parts
+                )
             )
-        )
     return {shape: numbered(statement) for shape, statement in shapes.items()}
 
 
@@ -147,18 +165,26 @@ def numbered(statement: str) -> bytes:
     return "".join(numbered).encode()
 
 
-def batch_params(writes: Sequence[GroupWrite]) -> tuple[tuple[bool, bool, int], list[Any]]:
+def batch_params(writes: Sequence[GroupWrite]) -> tuple[Shape, list[Any]]:
     """Which statement of ``group_statements`` and its parameters for ``writes`` (each
-    task id once). Rows go in task id order, so two batches that touch the same tasks
-    lock them in the same order."""
+    task id once). Rows go in task id order (new tasks first), so two batches that touch
+    the same tasks lock them in the same order."""
     ordered = sorted(writes, key=lambda w: w.task_id)
-    if len(ordered) <= _PAIRS_UP_TO and all(w.life is not None for w in ordered):
+    if len(ordered) <= _PAIRS_UP_TO and all(
+        w.new is not None or w.life is not None for w in ordered
+    ):
         params: list[Any] = []
+        lives = []
         for write in ordered:
+            if write.new is not None:
+                params += [*write.new, _dumps([row[:-1] for row in write.trail])]
+            else:
+                lives.append(write)
+        for write in lives:
             task_id, expect, *life = write.life  # type: ignore[misc]
             params += [*life, task_id, expect, _dumps([row[:-1] for row in write.trail])]
-        params += [w.task_id for w in ordered]
-        return (False, True, len(ordered)), params
+        params += [w.task_id for w in lives]
+        return (len(ordered) - len(lives), len(lives), True), params
     new = [w.new for w in ordered if w.new is not None]
     life = [w.life for w in ordered if w.life is not None]
     trail = [row for w in ordered for row in w.trail]
@@ -168,7 +194,7 @@ def batch_params(writes: Sequence[GroupWrite]) -> tuple[tuple[bool, bool, int], 
         params += [_dumps(life), ids, _dumps(trail), ids]
     else:
         params.append(_dumps(trail))
-    return (bool(new), bool(life), 0), params
+    return (int(bool(new)), int(bool(life)), False), params
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
