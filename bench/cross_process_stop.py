@@ -6,7 +6,8 @@ store, for tasks running in node process A (shared SQLite file).
 With ``--dsn`` the shared store is PostgreSQL (a fresh schema), else a SQLite file.
 
 A's tasks checkpoint every 10 ms; A polls commands every ``--poll`` seconds. Expected:
-latency spread over one poll interval; the target is p99 <= poll interval + 50 ms. The
+latency spread over one poll interval; the target is p99 <= poll interval + 50 ms (on
+PostgreSQL commands arrive by NOTIFY: the target there is p99 <= 15 ms). The
 reference row is the same measurement for a stop of a task held by B itself (no command,
 no poll), in the same run.
 """
@@ -144,7 +145,10 @@ def main() -> None:
     print(f"{'contender':40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, values in rows.items():
         print(latency_row(name, values))
-    print(f"target: p99 <= {args.poll * 1000 + 50:.0f} ms")
+    if args.dsn:  # commands reach the node by NOTIFY, the poll is only the fallback
+        print("target (issue 15): p99 <= 15 ms across processes with NOTIFY")
+    else:
+        print(f"target: p99 <= {args.poll * 1000 + 50:.0f} ms")
 
 
 if __name__ == "__main__":
