@@ -136,6 +136,10 @@ def group_statements(sql: Mapping[str, str]) -> dict[Shape, bytes]:
         for new in (0, 1)
         for life in (0, 1)
     }
+    per_row = {
+        "group_new_pair": sql["group_new_pair"].replace("{insert_task}", sql["insert_task"]),
+        "group_life_pair": sql["group_life_pair"],
+    }
     for new in range(_PAIRS_UP_TO + 1):
         for life in range(_PAIRS_UP_TO + 1 - new):
             if new + life == 0:
@@ -144,7 +148,7 @@ def group_statements(sql: Mapping[str, str]) -> dict[Shape, bytes]:
             parts += [("group_life_pair", k) for k in range(1, life + 1)]
             shapes[(new, life, True)] = (
                 "WITH "
-                + ",\n".join(sql[part].replace("{n}", str(k)) for part, k in parts)
+                + ",\n".join(per_row[part].replace("{n}", str(k)) for part, k in parts)
                 + "\n"
                 + "\nUNION ALL\n".join(
                     sql[f"{part}_outcome"].replace("{n}", str(k)) for part, k in parts

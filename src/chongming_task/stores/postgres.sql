@@ -371,19 +371,10 @@ life{n} AS (
 -- group_life_pair ones, for the same reason: one generic plan (the JSON form of a lone
 -- submit measured 470-510 us a round trip against 380-450 us for this). Parameters: the
 -- task's columns (insert_task's order), then its trail rows (JSON, as group_trail without
--- the gate).
+-- the gate). {insert_task} is insert_task itself.
 -- name: group_new_pair
 new{n} AS (
-    INSERT INTO tasks (
-        task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
-        pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
-        progress, failure, outcome, lease_owner, lease_until
-    ) VALUES (
-        %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::timestamptz,
-        %s::timestamptz, %s::timestamptz, %s::jsonb, %s::jsonb, %s::jsonb, %s,
-        %s::timestamptz
-    )
-    ON CONFLICT (task_id) DO NOTHING
+    {insert_task}
     RETURNING task_id
 ), ntrail{n} AS (
     INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
