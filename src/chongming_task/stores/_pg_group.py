@@ -136,9 +136,12 @@ def group_statements(sql: Mapping[str, str]) -> dict[Shape, bytes]:
         for new in (0, 1)
         for life in (0, 1)
     }
-    per_row = {
-        "group_new_pair": sql["group_new_pair"].replace("{insert_task}", sql["insert_task"]),
-        "group_life_pair": sql["group_life_pair"],
+    trail = sql["group_pair_trail"]
+    per_row = {  # each a task's part, then its trail's
+        "group_new_pair": sql["group_new_pair"].replace("{insert_task}", sql["insert_task"])
+        + ",\n"
+        + trail.replace("{part}", "new"),
+        "group_life_pair": sql["group_life_pair"] + ",\n" + trail.replace("{part}", "life"),
     }
     for new in range(_PAIRS_UP_TO + 1):
         for life in range(_PAIRS_UP_TO + 1 - new):

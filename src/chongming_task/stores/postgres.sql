@@ -345,7 +345,7 @@ WHERE task_id = ANY(%s::text[]) AND task_id NOT IN (SELECT task_id FROM life)
 -- name: group_outcome_new
 SELECT 'n', task_id, NULL::int FROM new
 
--- A few compare-and-sets, each its own pair of parts (life{n}, trail{n}; n from 1), for
+-- A few compare-and-sets, each its own pair of parts (life{n}, life_trail{n}; n from 1), for
 -- the common batches of up to eight when few writers run at once: each row is found by
 -- its primary key, so the prepared statement keeps one generic plan whatever the table
 -- holds (the JSON form is planned for each execution: 0.3-0.6 ms of server time, three
@@ -359,15 +359,9 @@ life{n} AS (
         progress = %s::jsonb, failure = %s::jsonb, outcome = %s::jsonb
     WHERE task_id = %s AND status_version = %s
     RETURNING task_id
-), trail{n} AS (
-    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
-    SELECT e->>0, (e->>1)::int, e->>2, e->>3, (e->>4)::timestamptz, e->>5, e->>6
-    FROM json_array_elements(%s::json) AS e
-    WHERE EXISTS (SELECT FROM life{n})
-    ON CONFLICT (task_id, version) DO NOTHING
 )
 
--- A new task in a batch of a few, as a pair of parts (new{n}, ntrail{n}) beside the
+-- A new task in a batch of a few, as a pair of parts (new{n}, new_trail{n}) beside the
 -- group_life_pair ones, for the same reason: one generic plan (the JSON form of a lone
 -- submit measured 470-510 us a round trip against 380-450 us for this). Parameters: the
 -- task's columns (insert_task's order), then its trail rows (JSON, as group_trail without
@@ -376,11 +370,15 @@ life{n} AS (
 new{n} AS (
     {insert_task}
     RETURNING task_id
-), ntrail{n} AS (
+)
+
+-- The trail part of a pair: its rows, written if its task's part wrote ({part}{n}).
+-- name: group_pair_trail
+{part}_trail{n} AS (
     INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
     SELECT e->>0, (e->>1)::int, e->>2, e->>3, (e->>4)::timestamptz, e->>5, e->>6
     FROM json_array_elements(%s::json) AS e
-    WHERE EXISTS (SELECT FROM new{n})
+    WHERE EXISTS (SELECT FROM {part}{n})
     ON CONFLICT (task_id, version) DO NOTHING
 )
 
