@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from chongming_task import (
     CancellationToken,
     Controller,
@@ -100,3 +102,63 @@ def test_dispatchers_say_whether_a_run_is_waiting() -> None:
         assert dispatcher.ready()
         assert dispatcher.get() is not None
         assert not dispatcher.ready()
+
+
+def test_a_slow_end_write_holds_its_worker_only_after_a_few_more_runs(
+    tmp_path: Path, make_controller: Make
+) -> None:
+    """One end write that does not return (a slow statement) holds neither its waiters'
+    truth nor the worker at once: the worker goes on with the next runs until
+    ``_ENDS_AHEAD`` ends wait, then waits; nothing is reported done before it is stored."""
+    from chongming_task._workers import _ENDS_AHEAD
+
+    held = threading.Event()
+    release = threading.Event()
+
+    class SlowEnd(SqliteTaskStore):
+        slow_id = ""
+
+        def write_transitions(self, snapshot, *, expect_version, transitions):  # type: ignore[no-untyped-def]
+            if snapshot.task_id == self.slow_id and snapshot.status is TaskStatus.SUCCEEDED:
+                held.set()
+                release.wait(10)
+            super().write_transitions(
+                snapshot, expect_version=expect_version, transitions=transitions
+            )
+
+    store = SlowEnd(tmp_path / "t.db")
+    c = make_controller(store, max_workers=1)
+    started: list[int] = []
+    gate = threading.Event()
+
+    @c.task(name="gate")
+    def hold(token: CancellationToken) -> None:
+        gate.wait(10)
+
+    @c.task(name="step")
+    def step(token: CancellationToken, n: int) -> int:
+        started.append(n)
+        return n
+
+    first = c.submit(hold)
+    slow = c.submit(step, 0)
+    store.slow_id = slow.task_id
+    rest = [c.submit(step, n) for n in range(1, 10)]
+    gate.set()
+    assert held.wait(10)
+    pause = threading.Event()  # never set: a sleep
+    for _ in range(500):
+        if len(started) >= _ENDS_AHEAD + 1:
+            break
+        pause.wait(0.01)
+    pause.wait(0.2)  # the worker would start more now if it were not held
+    assert started == list(range(_ENDS_AHEAD + 1))  # the slow one, then the ends ahead
+    with pytest.raises(TimeoutError):
+        slow.wait(0.05)  # its end is not stored: not done
+    assert store.get(slow.task_id).status is TaskStatus.RUNNING  # type: ignore[union-attr]
+    release.set()
+    first.wait(10)
+    for n, run in enumerate([slow, *rest]):
+        assert run.wait(10).outcome == n
+        assert store.get(run.task_id).status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert started == list(range(10))
