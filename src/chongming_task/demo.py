@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -147,19 +146,20 @@ def run_node(
     }
     node.schedule("heartbeat", "heartbeat", IntervalTrigger(10), bucket_key="tenant-f")
     node.schedule("flaky-every-minute", "flaky", IntervalTrigger(60), 2, bucket_key="tenant-d")
-    interrupted = threading.Event()
     by: list[str] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        # No lock here (an Event.set() is one): a second signal runs its handler inside
+        # the first's, on the same thread, and a lock the first holds is never let go.
+        # Ctrl-C twice, or SIGTERM from `timeout` to the group and again from `uv run`.
         by.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
-        interrupted.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     print(_banner(node, where, command, runs, pipeline), end="\n\n", flush=True)
     started = last_summary = time.monotonic()
     next_pipeline = started + PIPELINE_EVERY
-    while not interrupted.wait(1.0):
+    while not _asked_to_stop(by):
         now = time.monotonic()
         if now >= next_pipeline:
             _pipeline(node)
@@ -176,6 +176,15 @@ def run_node(
         flush=True,
     )
     return 0
+
+
+def _asked_to_stop(by: list[str], seconds: float = 1.0) -> bool:
+    """Whether a signal came, after up to ``seconds`` (a tenth at a time) waiting for
+    one."""
+    deadline = time.monotonic() + seconds
+    while not by and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return bool(by)
 
 
 def _summary(store: TaskStore) -> str:

@@ -92,3 +92,38 @@ def _prefix(line: str) -> list[str]:
     """The words before the subcommand: the program and ``--db PATH``."""
     words = shlex.split(line.split("#")[0])
     return words[: words.index("--db") + 2]
+
+
+def test_the_demo_stops_on_a_burst_of_signals(tmp_path: Path) -> None:
+    """Ctrl-C pressed twice, or SIGTERM sent to a process group by ``timeout`` and again
+    by ``uv run`` forwarding it: signals arrive while the handler of the first still
+    runs. A handler that took a lock (``Event.set``) deadlocked against itself there."""
+    node = subprocess.Popen(
+        [sys.executable, "-m", "chongming_task", "--db", "demo.db", "demo"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert node.stdout is not None
+        for line in node.stdout:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any(line.startswith("Ids:") for line in lines), 30, "the banner")
+        for n in range(400):  # SIGTERM and SIGINT back to back, as fast as they go
+            node.send_signal(signal.SIGTERM if n % 2 else signal.SIGINT)
+        node.wait(timeout=30)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        reader.join(timeout=10)
+    output = "\n".join(lines)
+    assert node.returncode == 0, output
+    assert "stopped by " in output and "Traceback" not in output, output
