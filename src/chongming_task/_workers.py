@@ -115,9 +115,9 @@ class WorkerPool:
 _ENDS_AHEAD = 4
 """Ended runs of one worker whose end write may wait at its closer. With one, a worker
 whose previous end was still on its way (a statement slower than the next run's start)
-waited for it; a few absorb that jitter. bench/postgres_throughput.py's prefilled run,
-4,000 jobs, 4 workers, alternating: 1,573-1,807 jobs/s with one, 1,921-2,191 with four;
-two and eight measured alike to four."""
+waited for it; a few absorb that jitter. Postgres, prefilled as in
+bench/postgres_throughput.py, 4,000 jobs, 4 workers, alternating: 1,573-1,807 jobs/s
+with one, 1,921-2,191 with four; two and eight measured alike to four."""
 
 
 class _Closer:
