@@ -19,13 +19,12 @@ def _paste(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(words, capture_output=True, text=True, cwd=cwd, timeout=60)
 
 
-def test_the_demo_runs_until_ctrl_c_and_its_banner_commands_work(tmp_path: Path) -> None:
-    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
-    home.mkdir()
-    elsewhere.mkdir()
+def _start_demo(cwd: Path) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """``chongming-task --db demo.db demo`` in ``cwd`` (a relative ``--db``), its output
+    lines collected as they come by the thread returned."""
     node = subprocess.Popen(
-        [sys.executable, "-m", "chongming_task", "--db", "demo.db", "demo"],  # relative --db
-        cwd=home,
+        [sys.executable, "-m", "chongming_task", "--db", "demo.db", "demo"],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -39,6 +38,14 @@ def test_the_demo_runs_until_ctrl_c_and_its_banner_commands_work(tmp_path: Path)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    return node, lines, reader
+
+
+def test_the_demo_runs_until_ctrl_c_and_its_banner_commands_work(tmp_path: Path) -> None:
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    node, lines, reader = _start_demo(home)
     try:
         wait_until(lambda: any(line.startswith("Ids:") for line in lines), 30, "the banner")
         pasted = [line.strip() for line in lines if line.startswith("  ")]
@@ -98,22 +105,7 @@ def test_the_demo_stops_on_a_burst_of_signals(tmp_path: Path) -> None:
     """Ctrl-C pressed twice, or SIGTERM sent to a process group by ``timeout`` and again
     by ``uv run`` forwarding it: signals arrive while the handler of the first still
     runs. A handler that took a lock (``Event.set``) deadlocked against itself there."""
-    node = subprocess.Popen(
-        [sys.executable, "-m", "chongming_task", "--db", "demo.db", "demo"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-
-    def read() -> None:
-        assert node.stdout is not None
-        for line in node.stdout:
-            lines.append(line.rstrip("\n"))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    node, lines, reader = _start_demo(tmp_path)
     try:
         wait_until(lambda: any(line.startswith("Ids:") for line in lines), 30, "the banner")
         for n in range(400):  # SIGTERM and SIGINT back to back, as fast as they go
