@@ -13,7 +13,8 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 from ._registry import RunRegistry
 from .run import carrier_crashed, execute
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["WorkerPool"]
 
 log = logging.getLogger("chongming_task.workers")
+
+T = TypeVar("T")
 
 
 class WorkerPool:
@@ -92,19 +95,14 @@ class WorkerPool:
                 if run is None:
                     return
                 registry.started(run)
-                end = None
-                try:
-                    end = execute(run, closer is not None)
-                except BaseException as exc:
-                    log.exception("task %s: carrier crashed", run.task_id)
-                    carrier_crashed(run, exc)  # never leave the task active with no carrier
+                end = _carried(run, partial(execute, run, closer is not None))
                 if run.abandoned:
                     return  # abandon() released the slot and started a replacement carrier
                 if end is not None and closer is not None:
                     if dispatcher.ready():  # the next run waits: its start beside this end
                         closer.hand(run, end)
                         continue
-                    _write_end(run, end)  # nothing to overlap with: no thread hop
+                    _carried(run, end)  # nothing to overlap with: no thread hop
                 registry.finished(run)
                 dispatcher.done(run)
         finally:
@@ -150,7 +148,7 @@ class _Closer:
         while (item := self._queue.get()) is not None:
             run, end = item
             try:
-                _write_end(run, end)
+                _carried(run, end)
             finally:
                 self._registry.finished(run)
                 self._dispatcher.done(run)
@@ -162,9 +160,13 @@ class _Closer:
             self._thread.join()
 
 
-def _write_end(run: TaskRun, end: Callable[[], None]) -> None:
+def _carried(run: TaskRun, step: Callable[[], T]) -> T | None:
+    """``step()`` of carrying ``run`` (its attempt, or its end's write); if the runtime
+    itself fails there, the task is ended ``failed`` (``None`` returned), never left
+    active with nobody to finish it."""
     try:
-        end()
+        return step()
     except BaseException as exc:
         log.exception("task %s: carrier crashed", run.task_id)
-        carrier_crashed(run, exc)  # never leave the task active with its end unwritten
+        carrier_crashed(run, exc)
+        return None
