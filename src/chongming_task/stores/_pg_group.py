@@ -4,8 +4,8 @@ Each caller hands over a ``GroupWrite``: a new task with its creation trail (a
 ``submit``), a task's compare-and-set with its trail (a transition), or trail rows alone.
 While the leaders (a few threads, each on its own connection) have statements in flight,
 other callers queue; the next statement carries every queued write (the ``group_*``
-parts of ``postgres.sql``: rows as JSON arrays, one round trip, one commit). A write has
-committed when its call returns.
+parts of ``postgres.sql``: a batch of up to eight as per-row parts, a bigger one as JSON
+rows; one round trip, one commit). A write has committed when its call returns.
 
 One caller's fault never fails another's: a compare-and-set that finds another version,
 or a new id that exists, writes nothing of that caller's rows (its trail rows are gated
@@ -184,12 +184,12 @@ def batch_params(writes: Sequence[GroupWrite]) -> tuple[Shape, list[Any]]:
         lives = []
         for write in ordered:
             if write.new is not None:
-                params += [*write.new, _dumps([row[:-1] for row in write.trail])]
+                params += [*write.new, _ungated_trail(write)]
             else:
                 lives.append(write)
         for write in lives:
             task_id, expect, *life = write.life  # type: ignore[misc]
-            params += [*life, task_id, expect, _dumps([row[:-1] for row in write.trail])]
+            params += [*life, task_id, expect, _ungated_trail(write)]
         params += [w.task_id for w in lives]
         return (len(ordered) - len(lives), len(lives), True), params
     new = [w.new for w in ordered if w.new is not None]
@@ -205,6 +205,11 @@ def batch_params(writes: Sequence[GroupWrite]) -> tuple[Shape, list[Any]]:
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _ungated_trail(write: GroupWrite) -> str:
+    """A per-row part's trail rows (``group_pair_trail``), JSON: its gate is its part."""
+    return _dumps([row[:-1] for row in write.trail])
 
 
 def settle(writes: Sequence[GroupWrite], returned: Sequence[tuple[str, str, Any]]) -> None:
