@@ -327,15 +327,17 @@ def test_every_statement_shape_writes_each_row_with_its_trail(store: object, siz
         assert (stored.status, stored.progress.current) == (TaskStatus.RUNNING, k)
         assert [t.version for t in store.history(task_id)] == [1, 2, 3]  # type: ignore[attr-defined]
 
-    new = [
-        GroupWrite(f"n{size}-{k}", [queued(f"n{size}-{k}")[1]], new=queued(f"n{size}-{k}")[0])
-        for k in range(size)
-    ]
-    mixed = [*new, GroupWrite(ids[0], started(ids[0])[1], life=started(ids[0])[0], expect=1)]
+    def create(task_id: str) -> GroupWrite:
+        snap, created = queued(task_id)
+        return GroupWrite(task_id, [created], new=snap)
+
+    new = [create(f"n{size}-{k}") for k in range(size)]
+    snap, trail = started(ids[0])
+    mixed = [*new, GroupWrite(ids[0], trail, life=snap, expect=1)]
     store._group_apply(mixed)  # type: ignore[attr-defined]
     assert all(w.error is None for w in mixed)
     assert store.get(ids[0]).status is TaskStatus.RUNNING  # type: ignore[attr-defined]
-    again = [GroupWrite(w.task_id, [queued(w.task_id)[1]], new=queued(w.task_id)[0]) for w in new]
+    again = [create(w.task_id) for w in new]
     store._group_apply(again)  # type: ignore[attr-defined]
     assert all(isinstance(w.error, TaskAlreadyExists) for w in again)
     for w in new:
