@@ -39,6 +39,9 @@ class Dispatcher(Protocol):
     def get(self) -> TaskRun | None:
         """Block until a run may start; ``None`` once closed."""
 
+    def take(self) -> TaskRun | None:
+        """The next run that may start, without waiting; ``None`` if none (or closed)."""
+
     def done(self, run: TaskRun) -> None:
         """The carrier finished with ``run`` (whatever its outcome)."""
 
@@ -111,6 +114,21 @@ class FifoDispatcher:
                 return None
             return item  # type: ignore[return-value]
 
+    def take(self) -> TaskRun | None:
+        if self._delayed:
+            self.release_due()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return None
+            if item is _WAKE:
+                continue
+            if item is _CLOSE:
+                self._queue.put(_CLOSE)  # pass it on to the next worker
+                return None
+            return item  # type: ignore[return-value]
+
     def done(self, run: TaskRun) -> None:
         pass
 
@@ -159,6 +177,13 @@ class FairDispatcher:
                 if run is not None:
                     return run
                 self._cond.wait(self._tick if self._delayed else None)
+
+    def take(self) -> TaskRun | None:
+        with self._cond:
+            if self._closed:
+                return None
+            self.release_due()
+            return self._pick()
 
     def done(self, run: TaskRun) -> None:
         with self._cond:

@@ -3,14 +3,15 @@
 A worker takes the next run from the dispatcher and executes it. A carrier whose task
 timed out and ignored its stop is abandoned (threads cannot be killed): its slot is
 freed and a fresh worker replaces it, so the pool keeps its size. With ``overlap`` (a
-store with group commit), a worker whose next run is already waiting hands a successful
-run's end write to its closer thread and starts that run meanwhile (``_Closer``).
+store with group commit), a worker whose next run is already waiting keeps a successful
+run's end unwritten (``DeferredEnd``) and writes it beside that run's start: one store
+call, one statement and one commit for the two. The ended run is finished (its waiters
+released, its slot freed) only once its end is written.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -20,6 +21,7 @@ from ._registry import RunRegistry
 from .run import carrier_crashed, execute
 
 if TYPE_CHECKING:
+    from ._carrier import DeferredEnd
     from ._dispatch import Dispatcher
     from .run import TaskRun
 
@@ -88,76 +90,43 @@ class WorkerPool:
 
     def _work(self) -> None:
         registry, dispatcher = self._registry, self._dispatcher
-        closer = _Closer(registry, dispatcher) if self._overlap else None
-        try:
-            while True:
+        defer = self._overlap
+        ahead: DeferredEnd | None = None  # the previous run's end, not yet written
+        while True:
+            if ahead is None:
                 run = dispatcher.get()
                 if run is None:
                     return
-                registry.started(run)
-                end = _carried(run, partial(execute, run, closer is not None))
-                if run.abandoned:
-                    return  # abandon() released the slot and started a replacement carrier
-                if end is not None and closer is not None:
-                    if dispatcher.ready():  # the next run waits: its start beside this end
-                        closer.hand(run, end)
-                        continue
-                    _carried(run, end)  # nothing to overlap with: no thread hop
+            else:
+                run = dispatcher.take()
+                if run is None:  # taken by another worker meanwhile: the end goes alone
+                    _carried(ahead.run, ahead.write)
+                    ahead = None
+                    continue
+            registry.started(run)
+            try:
+                end = _carried(run, partial(execute, run, defer, ahead))
+            finally:
+                if ahead is not None:
+                    if not ahead.written:  # the run did not start: nothing to go beside
+                        _carried(ahead.run, ahead.write)
+                    ahead = None
+            if run.abandoned:
+                return  # abandon() released the slot and started a replacement carrier
+            if end is None:
                 registry.finished(run)
                 dispatcher.done(run)
-        finally:
-            if closer is not None:
-                closer.stop()
+                continue
+            end.after = partial(self._finished, run)
+            if not dispatcher.ready():  # no next run to write it beside
+                _carried(run, end.write)
+                continue
+            ahead = end
 
-
-_ENDS_AHEAD = 4
-"""Ended runs of one worker whose end write may wait at its closer. With one, a worker
-whose previous end was still on its way (a statement slower than the next run's start)
-waited for it; a few absorb that jitter. Postgres, prefilled as in
-bench/postgres_throughput.py, 4,000 jobs, 4 workers, alternating: 1,573-1,807 jobs/s
-with one, 1,921-2,191 with four; two and eight measured alike to four."""
-
-
-class _Closer:
-    """Writes the end of a worker's run on a thread of its own while the worker starts
-    its next run, so the two writes overlap: on a store a round trip away they share a
-    group commit, or at least run side by side. Up to ``_ENDS_AHEAD`` ends wait their
-    turn, written in the order the runs ended; a worker with that many waits for the
-    oldest. The run is finished (its waiters released, its slot freed) only once its end
-    is written."""
-
-    def __init__(self, registry: RunRegistry, dispatcher: Dispatcher) -> None:
-        self._registry = registry
-        self._dispatcher = dispatcher
-        self._free = threading.Semaphore(_ENDS_AHEAD)
-        self._queue: queue.SimpleQueue[tuple[TaskRun, Callable[[], None]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-
-    def hand(self, run: TaskRun, end: Callable[[], None]) -> None:
-        self._free.acquire()
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name=f"{threading.current_thread().name}-closer", daemon=True
-            )
-            self._thread.start()
-        self._queue.put((run, end))
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            run, end = item
-            try:
-                _carried(run, end)
-            finally:
-                self._registry.finished(run)
-                self._dispatcher.done(run)
-                self._free.release()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
+    def _finished(self, run: TaskRun) -> None:
+        """``run``'s end is written: free its slot."""
+        self._registry.finished(run)
+        self._dispatcher.done(run)
 
 
 def _carried(run: TaskRun, step: Callable[[], T]) -> T | None:

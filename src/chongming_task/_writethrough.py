@@ -26,7 +26,7 @@ from .errors import ConcurrencyConflict, StoreUnavailable
 from .model import TaskSnapshot, Transition
 from .stores.capabilities import Capabilities, PartialWrite
 
-__all__ = ["WriteThrough", "WriteThroughHost"]
+__all__ = ["WriteThrough", "WriteThroughHost", "persist_together"]
 
 log = logging.getLogger("chongming_task.writethrough")
 
@@ -99,13 +99,7 @@ class WriteThrough:
         if self.desynced:
             return False
         if not self._buffer:  # the common case: write it at once, no buffering
-            if self.flush(snapshot, pending):
-                return True
-            if self.desynced:
-                return False
-            self._buffered().extend(pending)
-            self._host.behind(self.task_id)
-            return False
+            return self.flush(snapshot, pending) or self._keep(pending)
         if len(self._buffer) == self._limit:
             self.dropped += 1
             log.error(
@@ -115,6 +109,14 @@ class WriteThrough:
             )
         self._buffered().extend(pending)
         return self.flush(snapshot)
+
+    def _keep(self, pending: tuple[Transition, ...]) -> bool:
+        """After a failed write of ``pending`` (nothing buffered before it): keep them
+        for the catch-up, unless the task is desynced. Returns ``False``."""
+        if not self.desynced:
+            self._buffered().extend(pending)
+            self._host.behind(self.task_id)
+        return False
 
     def flush(self, snapshot: TaskSnapshot, pending: Sequence[Transition] = ()) -> bool:
         """Bring the store up to ``snapshot``: the buffer, then ``pending`` (transitions
@@ -137,25 +139,33 @@ class WriteThrough:
                 host.capabilities.write_transitions(
                     snapshot, expect_version=None, transitions=pending
                 )
+        except Exception as exc:
+            return self._settle(snapshot, exc, len(pending), catching_up)
+        return self._settle(snapshot, None, len(pending), catching_up)
+
+    def _settle(
+        self, snapshot: TaskSnapshot, exc: BaseException | None, pending: int, catching_up: bool
+    ) -> bool:
+        """Take in how the write of ``snapshot`` (and ``pending`` transitions) went;
+        returns whether the store is now up to date."""
+        if exc is None:
             self.written_version = snapshot.status_version
             if self._buffer:
                 self._buffer.clear()
-        except PartialWrite as exc:
+            self.last_error = None
+            return True
+        if isinstance(exc, PartialWrite):
             # The save landed, an append did not: the stored version moved. The trail
             # stays buffered (appends are idempotent, so rewriting them is harmless).
             self.written_version = snapshot.status_version
-            return self._failed(exc, len(pending), catching_up)
-        except ConcurrencyConflict as exc:
+        elif isinstance(exc, ConcurrencyConflict):
             self.desynced = True
             self._buffer = None
-            host.desynced(self.task_id, exc)
+            self._host.desynced(self.task_id, exc)
             return False
-        except Exception as exc:
-            return self._failed(exc, len(pending), catching_up)
-        self.last_error = None
-        return True
+        return self._failed(exc, pending, catching_up)
 
-    def _failed(self, exc: Exception, pending: int, catching_up: bool) -> bool:
+    def _failed(self, exc: BaseException, pending: int, catching_up: bool) -> bool:
         self.last_error = exc
         # An outage is reported once, by the supervisor; other failures per task.
         log.log(
@@ -169,3 +179,33 @@ class WriteThrough:
         if catching_up:
             self._host.behind(self.task_id)
         return False
+
+
+def persist_together(
+    writes: Sequence[tuple[WriteThrough, TaskSnapshot, tuple[Transition, ...]]],
+) -> None:
+    """``persist`` for several tasks' write-throughs (one controller's) at once: those
+    with nothing buffered share one store call (``compare_and_write_together``: one
+    statement on a store with group commit), the others persist alone. Each write stands
+    alone: one's conflict or failure costs the others nothing."""
+    together = [
+        write
+        for write in writes
+        if not write[0].desynced
+        and not write[0]._buffer
+        and write[1].status_version != write[0].written_version
+    ]
+    if len(together) < 2:
+        for wt, snapshot, pending in writes:
+            wt.persist(snapshot, pending)
+        return
+    capabilities = together[0][0]._host.capabilities
+    errors = capabilities.compare_and_write_together(
+        [(snapshot, wt.written_version, pending) for wt, snapshot, pending in together]
+    )
+    for (wt, snapshot, pending), exc in zip(together, errors, strict=True):
+        if not wt._settle(snapshot, exc, len(pending), False):
+            wt._keep(pending)
+    for wt, snapshot, pending in writes:
+        if not any(wt is other for other, _, _ in together):
+            wt.persist(snapshot, pending)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import states
 from ._carrier import Carrier, RunHost
-from ._writethrough import WriteThrough
+from ._writethrough import WriteThrough, persist_together
 from .errors import TaskUnsuccessful, WaitTimeout
 from .model import ControlOutcome as O
 from .model import (
@@ -295,6 +295,29 @@ class TaskRun(Carrier):
             # As in _write (inline: the worker's every write passes here).
             self._wt.persist(snapshot, pending)
             if snapshot.status in states.TERMINAL:
+                self._end()
+        finally:
+            self._write_lock.release()
+
+    def _write_taken_beside(
+        self,
+        taken: tuple[tuple[Transition, ...], TaskSnapshot],
+        other: TaskRun,
+        other_taken: tuple[tuple[Transition, ...], TaskSnapshot],
+    ) -> None:
+        """Write what ``_take_if_free`` took of ``other`` and of this run in one store
+        call (one statement on a store with group commit), ``other`` first; each write
+        stands alone. Both write locks are held (taken) and released here."""
+        try:
+            try:
+                persist_together(
+                    [(other._wt, other_taken[1], other_taken[0]), (self._wt, taken[1], taken[0])]
+                )
+                if other_taken[1].status in states.TERMINAL:
+                    other._end()
+            finally:
+                other._write_lock.release()
+            if taken[1].status in states.TERMINAL:
                 self._end()
         finally:
             self._write_lock.release()

@@ -165,3 +165,64 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
         placeholders = {int(n) for n in re.findall(rb"\$(\d+)", _GROUP_SQL[which])}
         assert placeholders == set(range(1, len(params) + 1)), which
     assert len(seen) == len(batches)
+
+
+def test_one_caller_writes_several_in_one_batch_and_leads_a_write_handed_to_it() -> None:
+    """``run_all`` queues a caller's writes together. When other leaders hand the lead to
+    both of its writes before it takes its first batch, it leads each in turn: every
+    write settles exactly once, the caller returns, and the leader count comes back."""
+    gates = {"a": threading.Event(), "b": threading.Event()}
+    may_take = threading.Event()
+    batches: list[list[str]] = []
+
+    def statement(writes: Sequence[GroupWrite]) -> None:
+        batches.append([w.task_id for w in writes])
+        gate = gates.get(writes[0].task_id)
+        if gate is not None:
+            gate.wait(10)
+
+    class HeldTake(GroupCommit):
+        def _take(self, own: GroupWrite) -> list[GroupWrite]:
+            if own.task_id == "c1":
+                may_take.wait(10)
+            return super()._take(own)
+
+    group = HeldTake(statement, leaders=2)
+    leaders = [threading.Thread(target=group.run, args=(write(t),)) for t in ("a", "b")]
+    for thread in leaders:
+        thread.start()
+    while len(batches) < 2:  # both leaders are inside their statements
+        time.sleep(0.001)
+    mine = [write("c1"), write("c2")]
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            group.run_all(mine)
+        except BaseException as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    while len(group._queue) < 2:
+        time.sleep(0.001)
+    gates["a"].set()  # a's leader hands the lead to c1; the caller waits to take
+    leaders[0].join(10)
+    gates["b"].set()  # b's leader hands the lead to c2
+    leaders[1].join(10)
+    assert mine[1].leads
+    may_take.set()
+    caller.join(10)
+    assert not caller.is_alive() and raised == []
+    assert all(w.settled and w.error is None for w in mine)
+    assert sorted(t for batch in batches for t in batch) == ["a", "b", "c1", "c2"]
+    assert group._leaders == 0 and not group._queue
+
+
+def test_several_writes_of_one_caller_usually_share_one_statement() -> None:
+    statement = Statement(seconds=0)
+    group = GroupCommit(statement, leaders=2)
+    mine = [write("x"), write("y"), write("z")]
+    group.run_all(mine)
+    assert statement.batches == [["x", "y", "z"]]
+    assert all(w.settled and w.error is None for w in mine)

@@ -263,6 +263,26 @@ class GroupCommit:
         if write.error is not None:
             raise write.error
 
+    def run_all(self, writes: Sequence[GroupWrite]) -> None:
+        """``run`` for several writes of one caller (each of another task), queued
+        together so that one batch usually commits them all. Each write's error is left
+        on it (``error``), none raised."""
+        leading = None
+        with self._mutex:
+            self._queue.extend(writes)
+            if self._leaders < self._max_leaders:
+                self._leaders += 1
+                leading = writes[0]
+                leading.leads = True
+        for write in writes:
+            if write is not leading:  # (a lead handed over meanwhile released it too)
+                write.wake.acquire()  # committed by a leader, or handed the lead
+            if not write.settled:
+                try:
+                    self._commit(self._take(write))
+                finally:
+                    self._hand_over()
+
     def _take(self, own: GroupWrite) -> list[GroupWrite]:
         """``own`` and the oldest queued writes no other leader owns, each task once (a
         later write of a task waits for the next batch: it expects the version the

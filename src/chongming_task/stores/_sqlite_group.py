@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -180,6 +180,16 @@ class GroupCommit:
             self.serve()
         if request.error is not None:
             raise request.error
+
+    def run_all(self, requests: Sequence[WriteRequest]) -> None:
+        """``run`` for several requests of one caller (each of another task), queued
+        together so that one batch usually commits them all. Each request's error is left
+        on it (``error``), none raised."""
+        self._queue.extend(requests)
+        self.serve()
+        for request in requests:
+            while not request.done.acquire(timeout=self._RETRY):
+                self.serve()
 
     def serve(self) -> None:
         """Commit queued writes, a batch at a time, while there are some and the store's

@@ -46,20 +46,24 @@ __all__ = [
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsTransitionWakeups",
+    "SupportsWriteTogether",
     "SupportsWriteTransitions",
     "Verdict",
     "rules_of",
 ]
 
 Creation = tuple[TaskSnapshot, Transition]
+LifeWrite = tuple[TaskSnapshot, int, Sequence[Transition]]
+"""One task's ``write_transitions``: the snapshot, the version expected, the trail."""
 
 
 @runtime_checkable
 class DeclaresGroupCommit(Protocol):
     group_commit: bool
     """True: the store commits writes made side by side together (one statement, one
-    commit), so two writes issued at once cost about one. The runtime then writes a
-    run's end on a thread of its own while the worker starts its next run."""
+    commit), so two writes issued at once cost about one. A worker whose next run is
+    waiting then writes a run's end beside that run's start, in one call
+    (``SupportsWriteTogether``)."""
 
 
 @runtime_checkable
@@ -89,6 +93,17 @@ class SupportsWriteTransitions(Protocol):
         owner among them, never the lease) where the stored version is ``expect_version``, and
         ``append`` the transitions, in one transaction. A conflict raises
         ``ConcurrencyConflict`` with nothing written."""
+        ...
+
+
+@runtime_checkable
+class SupportsWriteTogether(Protocol):
+    def write_transitions_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
+        """``write_transitions`` for several tasks (each at most once) in one call, so
+        a store that commits writes made side by side together commits them in one
+        statement. Each write stands alone: its own compare-and-set, all of it or none
+        of it; one write's conflict or bad value never fails another. Returns each
+        write's error (``None``: committed), in order; raises nothing for one write."""
         ...
 
 

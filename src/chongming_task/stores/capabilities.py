@@ -36,6 +36,7 @@ from ._supports import (
     Creation,
     DeclaresGroupCommit,
     DeclaresValueRules,
+    LifeWrite,
     PartialCreate,
     PartialWrite,
     SupportsAtomic,
@@ -52,6 +53,7 @@ from ._supports import (
     SupportsStorageClock,
     SupportsTaskScan,
     SupportsTransitionWakeups,
+    SupportsWriteTogether,
     SupportsWriteTransitions,
     Verdict,
     rules_of,
@@ -78,6 +80,7 @@ __all__ = [
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsTransitionWakeups",
+    "SupportsWriteTogether",
     "SupportsWriteTransitions",
     "Verdict",
     "rules_of",
@@ -103,6 +106,7 @@ class Capabilities:
         "_storage_now",
         "_subscribe",
         "_subscribe_transitions",
+        "_write_together",
         "_write_transitions",
         "compare_and_write",
         "group_commit",
@@ -126,6 +130,9 @@ class Capabilities:
         # this for every transition, so no adapter frame sits in between.
         self.compare_and_write: Callable[..., None] = (
             self._write_transitions or self._compare_and_write
+        )
+        self._write_together = (
+            store.write_transitions_together if isinstance(store, SupportsWriteTogether) else None
         )
         self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
         self._renew_leases = store.renew_leases if isinstance(store, SupportsRenewLeases) else None
@@ -232,6 +239,24 @@ class Capabilities:
                 self.store.append(item)
             return
         self.compare_and_write(snapshot, expect_version=expect_version, transitions=transitions)
+
+    def compare_and_write_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
+        """``compare_and_write`` for several tasks at once: one statement where the store
+        commits side-by-side writes together, else one call each. Returns each write's
+        error (``None``: written), in order; one write's failure never fails another."""
+        if self._write_together is not None:
+            return self._write_together(writes)
+        errors: list[BaseException | None] = []
+        for snapshot, expect_version, transitions in writes:
+            try:
+                self.compare_and_write(
+                    snapshot, expect_version=expect_version, transitions=transitions
+                )
+            except Exception as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
 
     def _compare_and_write(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]

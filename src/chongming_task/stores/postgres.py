@@ -56,6 +56,7 @@ from ._sql import (
     query_sql,
     verdicts_of_expired,
 )
+from ._supports import LifeWrite
 from .capabilities import Verdict
 
 try:
@@ -437,6 +438,25 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         self._group_write(
             GroupWrite(snapshot.task_id, transitions, life=snapshot, expect=expect_version)
         )
+
+    def write_transitions_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
+        """Optional capability (``SupportsWriteTogether``): ``write_transitions`` for each
+        of ``writes``, queued to the group commit together (usually one statement); each
+        compare-and-set stands alone. Returns each write's error, ``None`` where it
+        landed."""
+        group = [
+            GroupWrite(snapshot.task_id, transitions, life=snapshot, expect=expect)
+            for snapshot, expect, transitions in writes
+        ]
+        if getattr(self._local, "conn", None) is not None:  # inside atomic()
+            try:
+                self._group_apply(group)
+            except Exception as exc:  # the statement failed: nothing of it was written
+                for write in group:
+                    write.error = exc
+        else:
+            self._group.run_all(group)
+        return [write.error for write in group]
 
     def _group_write(self, write: GroupWrite) -> None:
         """Inside ``atomic()`` on its connection (never others' writes in the caller's

@@ -44,6 +44,7 @@ from ._sql import (
 )
 from ._sqlite_group import AT, NEW_PAD, WRITE_VIEW_COLUMNS, GroupCommit, WriteRequest, trail_row
 from ._sqlite_scopes import ReadScope, WriteScope
+from ._supports import LifeWrite
 from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
@@ -404,21 +405,24 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         ``ConcurrencyConflict`` like ``save``, with nothing written.
 
         Committed by group commit (``GroupCommit``)."""
-        life: list[Any] = [None] * len(WRITE_VIEW_COLUMNS)
-        life[0] = "life"
-        life[1] = snapshot.task_id
-        life[AT["status"]] = snapshot.status.value
-        life[AT["status_version"]] = snapshot.status_version
-        life[AT["attempt"]] = snapshot.attempt
-        life[AT["started_at"]] = codec.encode_dt(snapshot.started_at)
-        life[AT["ended_at"]] = codec.encode_dt(snapshot.ended_at)
-        life[AT["last_heartbeat_at"]] = codec.encode_dt(snapshot.last_heartbeat_at)
-        life[AT["progress"]] = codec.encode_progress(snapshot.progress)
-        life[AT["failure"]] = codec.encode_failure(snapshot.failure)
-        life[AT["outcome"]] = codec.encode_json(snapshot.outcome)
-        life[AT["expect"]] = expect_version
-        rows = [life, *map(trail_row, transitions)]
-        self._group_write(WriteRequest(rows, expect=(snapshot.task_id, expect_version)))
+        self._group_write(_life_request(snapshot, expect_version, transitions))
+
+    def write_transitions_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
+        """Optional capability (``SupportsWriteTogether``): ``write_transitions`` for each
+        of ``writes``, queued to the group commit together (usually one statement); each
+        compare-and-set stands alone. Returns each write's error, ``None`` where it
+        landed."""
+        requests = [_life_request(*write) for write in writes]
+        if self._holder == threading.get_ident():  # inside atomic(): on this transaction
+            for request in requests:
+                try:
+                    with self._write("write") as conn:
+                        request.apply_alone(conn)
+                except Exception as exc:
+                    request.error = exc
+        else:
+            self._group.run_all(requests)
+        return [request.error for request in requests]
 
     def _group_write(self, request: WriteRequest) -> None:
         """Commit ``request``: on this thread if it already holds the transaction (inside
@@ -552,3 +556,25 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                 return
             self._closed = True
             self._conn.close()
+
+
+def _life_request(
+    snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+) -> WriteRequest:
+    """A compare-and-set of the columns a task's life changes, with its trail, as rows
+    of the write view."""
+    life: list[Any] = [None] * len(WRITE_VIEW_COLUMNS)
+    life[0] = "life"
+    life[1] = snapshot.task_id
+    life[AT["status"]] = snapshot.status.value
+    life[AT["status_version"]] = snapshot.status_version
+    life[AT["attempt"]] = snapshot.attempt
+    life[AT["started_at"]] = codec.encode_dt(snapshot.started_at)
+    life[AT["ended_at"]] = codec.encode_dt(snapshot.ended_at)
+    life[AT["last_heartbeat_at"]] = codec.encode_dt(snapshot.last_heartbeat_at)
+    life[AT["progress"]] = codec.encode_progress(snapshot.progress)
+    life[AT["failure"]] = codec.encode_failure(snapshot.failure)
+    life[AT["outcome"]] = codec.encode_json(snapshot.outcome)
+    life[AT["expect"]] = expect_version
+    rows = [life, *map(trail_row, transitions)]
+    return WriteRequest(rows, expect=(snapshot.task_id, expect_version))

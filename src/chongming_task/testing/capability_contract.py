@@ -38,6 +38,7 @@ from ..stores.capabilities import (
     SupportsStorageClock,
     SupportsTaskScan,
     SupportsTransitionWakeups,
+    SupportsWriteTogether,
     SupportsWriteTransitions,
 )
 from ..stores.protocol import TaskStore
@@ -121,6 +122,33 @@ class CapabilityContract(ContractBase):
                 lambda: store.write_transitions(stale, expect_version=1, transitions=[late]),
             )
             assert store.get("t1") == got and store.history("t1") == trail  # nothing written
+
+    def test_capability_write_together_lets_each_write_stand_alone(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsWriteTogether, "write_transitions_together()")
+            assert isinstance(store, SupportsWriteTogether)
+            for task_id in ("w1", "w2", "w3"):
+                store.create(self.snapshot(task_id))
+                store.append(self.transition(task_id, 1, TaskStatus.QUEUED))
+
+            def running(task_id: str) -> tuple[TaskSnapshot, list[Transition]]:
+                snapshot = self.snapshot(
+                    task_id, status=TaskStatus.RUNNING, status_version=2, started_at=at(1)
+                )
+                trail = [
+                    self.transition(task_id, 2, TaskStatus.RUNNING, from_status=TaskStatus.QUEUED)
+                ]
+                return snapshot, trail
+
+            (s1, t1), (s2, t2), (s3, t3) = running("w1"), running("w2"), running("w3")
+            assert store.write_transitions_together([(s1, 1, t1), (s2, 1, t2)]) == [None, None]
+            assert store.get("w1") == s1 and store.get("w2") == s2
+            assert store.history("w2")[-1] == t2[0]
+            # w1 expects a version it no longer has: its write fails alone, w3's lands.
+            errors = store.write_transitions_together([(s1, 1, t1), (s3, 1, t3)])
+            assert isinstance(errors[0], ConcurrencyConflict) and errors[1] is None
+            assert store.get("w1") == s1 and len(store.history("w1")) == 2  # nothing more
+            assert store.get("w3") == s3 and store.history("w3")[-1] == t3[0]
 
     def test_capability_renew_leases_sets_only_the_lease_of_the_listed_tasks(self) -> None:
         with self._store() as store:
