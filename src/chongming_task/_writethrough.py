@@ -188,24 +188,23 @@ def persist_together(
     with nothing buffered share one store call (``compare_and_write_together``: one
     statement on a store with group commit), the others persist alone. Each write stands
     alone: one's conflict or failure costs the others nothing."""
-    together = [
-        write
-        for write in writes
-        if not write[0].desynced
-        and not write[0]._buffer
-        and write[1].status_version != write[0].written_version
-    ]
-    if len(together) < 2:
-        for wt, snapshot, pending in writes:
-            wt.persist(snapshot, pending)
-        return
-    capabilities = together[0][0]._host.capabilities
-    errors = capabilities.compare_and_write_together(
-        [(snapshot, wt.written_version, pending) for wt, snapshot, pending in together]
-    )
-    for (wt, snapshot, pending), exc in zip(together, errors, strict=True):
-        if not wt._settle(snapshot, exc, len(pending), False):
-            wt._keep(pending)
-    for wt, snapshot, pending in writes:
-        if not any(wt is other for other, _, _ in together):
-            wt.persist(snapshot, pending)
+    together = []
+    alone = []
+    for write in writes:
+        wt, snapshot, _ = write
+        if wt.desynced or wt._buffer or snapshot.status_version == wt.written_version:
+            alone.append(write)
+        else:
+            together.append(write)
+    if len(together) == 1:
+        alone += together
+    elif together:
+        capabilities = together[0][0]._host.capabilities
+        errors = capabilities.compare_and_write_together(
+            [(snapshot, wt.written_version, pending) for wt, snapshot, pending in together]
+        )
+        for (wt, snapshot, pending), exc in zip(together, errors, strict=True):
+            if not wt._settle(snapshot, exc, len(pending), False):
+                wt._keep(pending)
+    for wt, snapshot, pending in alone:
+        wt.persist(snapshot, pending)

@@ -99,7 +99,7 @@ def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
     return [
         snapshot.task_id,
         expect,
-        snapshot.status.value,
+        codec.STATUS_TEXT[snapshot.status],
         snapshot.status_version,
         snapshot.attempt,
         codec.encode_dt(snapshot.started_at),

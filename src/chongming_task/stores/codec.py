@@ -31,6 +31,7 @@ __all__ = [
     "COMMAND_COLUMNS",
     "LEASE_COLUMNS",
     "SAVE_COLUMNS",
+    "STATUS_TEXT",
     "TASK_COLUMNS",
     "TRANSITION_COLUMNS",
     "Primitive",
@@ -85,6 +86,8 @@ TASK_COLUMNS: tuple[str, ...] = (
     "lease_until",
 )
 LEASE_COLUMNS: tuple[str, ...] = ("lease_owner", "lease_until")
+STATUS_TEXT: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+"""Each status as stored (a dict lookup: an enum's ``.value`` is a slow property)."""
 SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in TASK_COLUMNS if c not in LEASE_COLUMNS)
 """What ``save`` writes: everything but the lease, which only ``touch`` writes."""
 
@@ -223,7 +226,7 @@ def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
     return {
         "task_id": snapshot.task_id,
         "name": snapshot.name,
-        "status": snapshot.status.value,
+        "status": STATUS_TEXT[snapshot.status],
         "status_version": snapshot.status_version,
         "attempt": snapshot.attempt,
         "tags": encode_tags(snapshot.tags),
@@ -248,15 +251,7 @@ def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
 
 
 def transition_to_row(transition: Transition) -> Row:
-    return {
-        "task_id": transition.task_id,
-        "version": transition.version,
-        "from_status": transition.from_status.value if transition.from_status else None,
-        "to_status": transition.to_status.value,
-        "at": encode_dt(transition.at),
-        "reason": transition.reason,
-        "actor": transition.actor,
-    }
+    return dict(zip(TRANSITION_COLUMNS, transition_to_values(transition), strict=True))
 
 
 def row_to_transition(row: Mapping[str, Any]) -> Transition:
@@ -312,8 +307,18 @@ def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
 
 
 def transition_to_values(transition: Transition) -> list[Any]:
-    row = transition_to_row(transition)
-    return [row[c] for c in TRANSITION_COLUMNS]
+    """A transition's columns in ``TRANSITION_COLUMNS`` order (every write appends some:
+    built directly, no row dict in between)."""
+    from_status = transition.from_status
+    return [
+        transition.task_id,
+        transition.version,
+        None if from_status is None else STATUS_TEXT[from_status],
+        STATUS_TEXT[transition.to_status],
+        encode_dt(transition.at),
+        transition.reason,
+        transition.actor,
+    ]
 
 
 def command_to_values(command: Command) -> list[Any]:

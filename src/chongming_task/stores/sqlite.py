@@ -566,7 +566,7 @@ def _life_request(
     life: list[Any] = [None] * len(WRITE_VIEW_COLUMNS)
     life[0] = "life"
     life[1] = snapshot.task_id
-    life[AT["status"]] = snapshot.status.value
+    life[AT["status"]] = codec.STATUS_TEXT[snapshot.status]
     life[AT["status_version"]] = snapshot.status_version
     life[AT["attempt"]] = snapshot.attempt
     life[AT["started_at"]] = codec.encode_dt(snapshot.started_at)

@@ -1,0 +1,41 @@
+"""The codec's positional rows: columns in the order the schema's *_COLUMNS name, and
+the same values as the row dicts (the stores bind them by position)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+from chongming_task.model import TaskStatus, Transition
+from chongming_task.stores import codec
+
+
+def test_transition_values_follow_the_column_order_and_round_trip() -> None:
+    at = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    for from_status in (None, TaskStatus.QUEUED):
+        t = Transition(
+            task_id="t1",
+            version=2,
+            from_status=from_status,
+            to_status=TaskStatus.RUNNING,
+            at=at,
+            reason="r",
+            actor="node-a",
+        )
+        values = codec.transition_to_values(t)
+        row = codec.transition_to_row(t)
+        assert list(row) == list(codec.TRANSITION_COLUMNS)
+        assert values == [row[c] for c in codec.TRANSITION_COLUMNS]
+        assert values[2] == (None if from_status is None else "queued")
+        assert values[3] == "running" and type(values[3]) is str  # plain text, not the enum
+        assert values[4] == "2026-03-01T12:00:00.123456+00:00"
+        assert codec.values_to_transition(values) == t
+
+
+def test_a_transition_at_another_offset_is_stored_in_utc() -> None:
+    at = datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    t = Transition(task_id="t1", version=1, from_status=None, to_status=TaskStatus.QUEUED, at=at)
+    assert codec.transition_to_values(t)[4] == "2026-03-01T12:00:00.000000+00:00"
+
+
+def test_every_status_has_its_stored_text() -> None:
+    assert {s: codec.STATUS_TEXT[s] for s in TaskStatus} == {s: s.value for s in TaskStatus}
