@@ -107,12 +107,8 @@ class FifoDispatcher:
                 item = self._queue.get(timeout=self._tick if self._delayed else None)
             except queue.Empty:
                 continue
-            if item is _WAKE:
-                continue
-            if item is _CLOSE:
-                self._queue.put(_CLOSE)  # pass it on to the next worker
-                return None
-            return item  # type: ignore[return-value]
+            if item is not _WAKE:
+                return self._run(item)
 
     def take(self) -> TaskRun | None:
         if self._delayed:
@@ -122,12 +118,15 @@ class FifoDispatcher:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return None
-            if item is _WAKE:
-                continue
-            if item is _CLOSE:
-                self._queue.put(_CLOSE)  # pass it on to the next worker
-                return None
-            return item  # type: ignore[return-value]
+            if item is not _WAKE:
+                return self._run(item)
+
+    def _run(self, item: object) -> TaskRun | None:
+        """The run an item of the queue is; ``None`` for the close mark."""
+        if item is _CLOSE:
+            self._queue.put(_CLOSE)  # pass it on to the next worker
+            return None
+        return item  # type: ignore[return-value]
 
     def done(self, run: TaskRun) -> None:
         pass

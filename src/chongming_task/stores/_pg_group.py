@@ -248,18 +248,7 @@ class GroupCommit:
         self._leaders = 0
 
     def run(self, write: GroupWrite) -> None:
-        with self._mutex:
-            self._queue.append(write)
-            if self._leaders < self._max_leaders:
-                self._leaders += 1
-                write.leads = True
-        if not write.leads:
-            write.wake.acquire()  # committed by a leader, or handed the lead
-        if not write.settled:
-            try:
-                self._commit(self._take(write))
-            finally:
-                self._hand_over()
+        self.run_all((write,))
         if write.error is not None:
             raise write.error
 

@@ -172,12 +172,7 @@ class GroupCommit:
         return bool(self._queue)
 
     def run(self, request: WriteRequest) -> None:
-        # Queue first, then try the lock: if the try fails, the holder has not released
-        # yet, and it looks at the queue after releasing (see serve()).
-        self._queue.append(request)
-        self.serve()
-        while not request.done.acquire(timeout=self._RETRY):
-            self.serve()
+        self.run_all((request,))
         if request.error is not None:
             raise request.error
 
@@ -185,6 +180,8 @@ class GroupCommit:
         """``run`` for several requests of one caller (each of another task), queued
         together so that one batch usually commits them all. Each request's error is left
         on it (``error``), none raised."""
+        # Queue first, then try the lock: if the try fails, the holder has not released
+        # yet, and it looks at the queue after releasing (see serve()).
         self._queue.extend(requests)
         self.serve()
         for request in requests:
