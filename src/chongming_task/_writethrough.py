@@ -200,11 +200,15 @@ def persist_together(
         alone += together
     elif together:
         capabilities = together[0][0]._host.capabilities
-        errors = capabilities.compare_and_write_together(
-            [(snapshot, wt.written_version, pending) for wt, snapshot, pending in together]
-        )
-        for (wt, snapshot, pending), exc in zip(together, errors, strict=True):
-            if not wt._settle(snapshot, exc, len(pending), False):
-                wt._keep(pending)
+        try:
+            errors = capabilities.compare_and_write_together(
+                [(snapshot, wt.written_version, pending) for wt, snapshot, pending in together]
+            )
+        except Exception:  # the call failed as a whole (one write's value, say): one by one,
+            alone += together  # so each write gets its own outcome
+        else:
+            for (wt, snapshot, pending), exc in zip(together, errors, strict=True):
+                if not wt._settle(snapshot, exc, len(pending), False):
+                    wt._keep(pending)
     for wt, snapshot, pending in alone:
         wt.persist(snapshot, pending)

@@ -177,3 +177,41 @@ def test_a_conflict_on_an_end_costs_the_start_beside_it_nothing(
     assert stored_b is not None and stored_b.status is TaskStatus.SUCCEEDED
     assert [t.to_status for t in store.history(b.task_id)] == LIFE
     outsider.close()
+
+
+def test_a_together_call_that_fails_as_a_whole_falls_back_to_one_write_each(
+    tmp_path: Path, make_controller: Make
+) -> None:
+    """A store whose ``write_transitions_together`` raises for the whole call (breaking
+    its contract, or a value it cannot encode): each write of the pair is made alone
+    right away, so no task waits for a catch-up because of another."""
+    from chongming_task import StoreError
+
+    class Refusing(CountingSqlite):
+        def write_transitions_together(self, writes: Sequence[Any]) -> list[BaseException | None]:
+            self.calls.append([snapshot.task_id for snapshot, _, _ in writes])
+            raise StoreError("refused as a whole")
+
+    store = Refusing(tmp_path / "t.db")
+    c = make_controller(store, max_workers=1)
+    gate = threading.Event()
+
+    @c.task(name="gate")
+    def hold(token: CancellationToken) -> None:
+        gate.wait(10)
+
+    @c.task(name="echo")
+    def echo(token: CancellationToken, n: int) -> int:
+        return n
+
+    first = c.submit(hold)
+    runs = [c.submit(echo, n) for n in range(20)]
+    gate.set()
+    first.wait(10)
+    for n, run in enumerate(runs):
+        assert run.wait(10).outcome == n
+        stored = store.get(run.task_id)
+        assert stored is not None and stored.status is TaskStatus.SUCCEEDED
+        assert [t.to_status for t in store.history(run.task_id)] == LIFE
+    assert store.calls  # the pairs were tried together first
+    assert not c.desynced_tasks and all(run.written for run in runs)
