@@ -49,7 +49,9 @@ class Statement:
         with self._lock:
             self.running -= 1
         if self.fail is not None:
-            raise self.fail
+            # A fresh exception per statement, as a driver raises: two writes that each
+            # went alone must not share one object because the stand-in reused it.
+            raise type(self.fail)(*self.fail.args)
 
 
 def run_writers(group: GroupCommit, count: int) -> dict[str, BaseException | None]:
