@@ -149,6 +149,13 @@ class CapabilityContract(ContractBase):
             assert isinstance(errors[0], ConcurrencyConflict) and errors[1] is None
             assert store.get("w1") == s1 and len(store.history("w1")) == 2  # nothing more
             assert store.get("w3") == s3 and store.history("w3")[-1] == t3[0]
+            if isinstance(store, SupportsAtomic):  # inside the caller's transaction too
+                store.create(self.snapshot("w4"))
+                s4, t4 = running("w4")
+                with store.atomic():
+                    errors = store.write_transitions_together([(s4, 1, t4), (s2, 1, t2)])
+                assert errors[0] is None and isinstance(errors[1], ConcurrencyConflict)
+                assert store.get("w4") == s4 and store.history("w4") == t4
 
     def test_capability_renew_leases_sets_only_the_lease_of_the_listed_tasks(self) -> None:
         with self._store() as store:
