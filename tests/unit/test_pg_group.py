@@ -58,12 +58,13 @@ def run_writers(group: GroupCommit, count: int) -> dict[str, BaseException | Non
     outcome: dict[str, BaseException | None] = {}
 
     def one(n: int) -> None:
+        mine = write(f"t{n}")
         try:
-            group.run(write(f"t{n}"))
-        except BaseException as exc:
+            group.run([mine])
+        except BaseException as exc:  # an interrupt in the statement reaches its leader
             outcome[f"t{n}"] = exc
         else:
-            outcome[f"t{n}"] = None
+            outcome[f"t{n}"] = mine.error
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(count)]
     for thread in threads:
@@ -170,7 +171,7 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
 
 
 def test_one_caller_writes_several_in_one_batch_and_leads_a_write_handed_to_it() -> None:
-    """``run_all`` queues a caller's writes together. When other leaders hand the lead to
+    """``run`` queues a caller's writes together. When other leaders hand the lead to
     both of its writes before it takes its first batch, it leads each in turn: every
     write settles exactly once, the caller returns, and the leader count comes back."""
     gates = {"a": threading.Event(), "b": threading.Event()}
@@ -190,7 +191,7 @@ def test_one_caller_writes_several_in_one_batch_and_leads_a_write_handed_to_it()
             return super()._take(own)
 
     group = HeldTake(statement, leaders=2)
-    leaders = [threading.Thread(target=group.run, args=(write(t),)) for t in ("a", "b")]
+    leaders = [threading.Thread(target=group.run, args=([write(t)],)) for t in ("a", "b")]
     for thread in leaders:
         thread.start()
     while len(batches) < 2:  # both leaders are inside their statements
@@ -200,7 +201,7 @@ def test_one_caller_writes_several_in_one_batch_and_leads_a_write_handed_to_it()
 
     def call() -> None:
         try:
-            group.run_all(mine)
+            group.run(mine)
         except BaseException as exc:
             raised.append(exc)
 
@@ -225,6 +226,6 @@ def test_several_writes_of_one_caller_usually_share_one_statement() -> None:
     statement = Statement(seconds=0)
     group = GroupCommit(statement, leaders=2)
     mine = [write("x"), write("y"), write("z")]
-    group.run_all(mine)
+    group.run(mine)
     assert statement.batches == [["x", "y", "z"]]
     assert all(w.settled and w.error is None for w in mine)

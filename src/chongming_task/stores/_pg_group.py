@@ -247,14 +247,9 @@ class GroupCommit:
         self._queue: deque[GroupWrite] = deque()
         self._leaders = 0
 
-    def run(self, write: GroupWrite) -> None:
-        self.run_all((write,))
-        if write.error is not None:
-            raise write.error
-
-    def run_all(self, writes: Sequence[GroupWrite]) -> None:
-        """``run`` for several writes of one caller (each of another task), queued
-        together so that one batch usually commits them all. Each write's error is left
+    def run(self, writes: Sequence[GroupWrite]) -> None:
+        """Commit one caller's ``writes`` (each of another task), queued together so that
+        one batch usually commits them all; returns once each is settled, its error left
         on it (``error``), none raised."""
         leading = None
         with self._mutex:

@@ -171,15 +171,10 @@ class GroupCommit:
         """Whether writes are queued (a releaser of the lock then calls ``serve()``)."""
         return bool(self._queue)
 
-    def run(self, request: WriteRequest) -> None:
-        self.run_all((request,))
-        if request.error is not None:
-            raise request.error
-
-    def run_all(self, requests: Sequence[WriteRequest]) -> None:
-        """``run`` for several requests of one caller (each of another task), queued
-        together so that one batch usually commits them all. Each request's error is left
-        on it (``error``), none raised."""
+    def run(self, requests: Sequence[WriteRequest]) -> None:
+        """Commit one caller's ``requests`` (each of another task), queued together so
+        that one batch usually commits them all; returns once each is committed or has
+        failed, its error left on it (``error``), none raised."""
         # Queue first, then try the lock: if the try fails, the holder has not released
         # yet, and it looks at the queue after releasing (see serve()).
         self._queue.extend(requests)

@@ -448,25 +448,27 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             GroupWrite(snapshot.task_id, transitions, life=snapshot, expect=expect)
             for snapshot, expect, transitions in writes
         ]
-        if getattr(self._local, "conn", None) is not None:  # inside atomic()
-            try:
-                self._group_apply(group)
-            except Exception as exc:  # the statement failed: nothing of it was written
-                for write in group:
-                    write.error = exc
-        else:
-            self._group.run_all(group)
+        self._group_write_all(group)
         return [write.error for write in group]
 
     def _group_write(self, write: GroupWrite) -> None:
-        """Inside ``atomic()`` on its connection (never others' writes in the caller's
-        transaction), else through the group commit."""
-        if getattr(self._local, "conn", None) is not None:
-            self._group_apply([write])
-            if write.error is not None:
-                raise write.error
+        """Commit ``write`` (``_group_write_all``); raise its error."""
+        self._group_write_all((write,))
+        if write.error is not None:
+            raise write.error
+
+    def _group_write_all(self, writes: Sequence[GroupWrite]) -> None:
+        """Commit ``writes``, each on its own, leaving each one's error on it: inside
+        ``atomic()`` as one statement on its connection (never others' writes in the
+        caller's transaction), else through the group commit."""
+        if getattr(self._local, "conn", None) is None:
+            self._group.run(writes)
             return
-        self._group.run(write)
+        try:
+            self._group_apply(writes)
+        except Exception as exc:  # the statement failed: nothing of it was written
+            for write in writes:
+                write.error = exc
 
     def _group_apply(self, writes: Sequence[GroupWrite]) -> None:
         """One group statement (``group_statements``) for ``writes``; each write's

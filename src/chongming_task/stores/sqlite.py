@@ -413,29 +413,32 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         compare-and-set stands alone. Returns each write's error, ``None`` where it
         landed."""
         requests = [_life_request(*write) for write in writes]
-        if self._holder == threading.get_ident():  # inside atomic(): on this transaction
-            for request in requests:
-                try:
-                    with self._write("write") as conn:
-                        request.apply_alone(conn)
-                except Exception as exc:
-                    request.error = exc
-        else:
-            self._group.run_all(requests)
+        self._group_write_all(requests)
         return [request.error for request in requests]
 
     def _group_write(self, request: WriteRequest) -> None:
-        """Commit ``request``: on this thread if it already holds the transaction (inside
-        ``atomic()``), else through the group-commit writer.
+        """Commit ``request`` (``_group_write_all``); raise its error."""
+        self._group_write_all((request,))
+        if request.error is not None:
+            raise request.error
+
+    def _group_write_all(self, requests: Sequence[WriteRequest]) -> None:
+        """Commit ``requests``, each on its own, leaving each one's error on it: on this
+        thread if it already holds the transaction (inside ``atomic()``), each in a
+        savepoint; else through the group-commit writer.
 
         A batch is one statement: a value SQLite cannot bind (text that is not UTF-8)
         fails it before it runs, and the group commit then redoes the batch request by
         request, so only the caller who handed that value over gets the error."""
-        if self._holder == threading.get_ident():
-            with self._write("write") as conn:
-                request.apply_alone(conn)
+        if self._holder != threading.get_ident():
+            self._group.run(requests)
             return
-        self._group.run(request)
+        for request in requests:
+            try:
+                with self._write("write") as conn:
+                    request.apply_alone(conn)
+            except Exception as exc:
+                request.error = exc
 
     def mark_expired_lost(
         self,
