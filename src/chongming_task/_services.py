@@ -66,8 +66,10 @@ class Service(Protocol):
 
 
 class LoopService:
-    """A loop on one named, non-daemon thread: ``run_once()``, then wait up to the
-    seconds it returned (``None``: ``interval``) or until ``wake()``; until ``stop()``.
+    """A loop on one named thread: ``run_once()``, then wait up to the seconds it
+    returned (``None``: ``interval``) or until ``wake()``; until ``stop()``. A daemon
+    thread: a program that never closes its controller must still exit (the controller
+    is closed at interpreter exit, which stops and joins this loop first).
 
     A step that raises is logged and the loop goes on: a background loop never dies
     of one bad pass.
@@ -88,7 +90,7 @@ class LoopService:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self.name)
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
             self._thread.start()
 
     @property

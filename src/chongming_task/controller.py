@@ -13,6 +13,7 @@ the pipeline runner on the first pipeline; ``close()`` stops them all.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import random
@@ -62,6 +63,27 @@ from .values import check_text
 __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 
 log = logging.getLogger("chongming_task.controller")
+
+_running: set[Controller] = set()
+"""Controllers with a service started and not yet closed (their threads hold them)."""
+
+
+def _close_at_exit() -> None:
+    """A program that ends without ``close()`` still ends, and leaves its tasks true in
+    the store: each controller still open is closed as by ``close()`` (running tasks
+    asked to stop, waiting ones cancelled, every transition written). ``atexit`` runs
+    once the program's own non-daemon threads have ended, so a controller serves as
+    long as its program runs; its threads are daemon threads, so that the interpreter
+    reaches this point at all (concurrent.futures joins its workers at the same stage)."""
+    for controller in list(_running):
+        log.info("%r was not closed: closing it at interpreter exit", controller)
+        try:
+            controller.close()
+        except Exception:
+            log.exception("closing %r at interpreter exit failed", controller)
+
+
+atexit.register(_close_at_exit)
 
 
 def _check_settings(
@@ -244,9 +266,12 @@ class Controller:
         return self._state is NodeState.OPEN
 
     def _start(self, *services: Service) -> None:
-        """Start each service at most once, and never once ``close()`` has begun."""
+        """Start each service at most once, and never once ``close()`` has begun. A
+        controller with a service running is closed at interpreter exit if its program
+        did not close it (``_close_at_exit``)."""
         with self._state_lock:
             if self._state is NodeState.OPEN:
+                _running.add(self)
                 for service in services:
                     service.start()
 
@@ -531,3 +556,4 @@ class Controller:
         if self._owns_store:
             self.store.close()
         self._state = NodeState.CLOSED
+        _running.discard(self)

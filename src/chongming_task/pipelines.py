@@ -283,7 +283,8 @@ class PipelineRunner:
     def start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self.name)
+                # Daemon, as every service thread: see LoopService.
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
 
     def _loop(self) -> None:

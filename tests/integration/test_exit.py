@@ -1,0 +1,99 @@
+"""A program that never calls ``Controller.close()`` still exits when its main code
+ends, and leaves the store true: the controller is closed at interpreter exit (running
+tasks stopped, waiting ones cancelled, every transition written). Before, its service
+threads kept the interpreter alive for ever."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from chongming_task import SqliteTaskStore, TaskStatus
+
+PROGRAM = textwrap.dedent(
+    """
+    import sys, threading, time
+    from chongming_task import Controller, IntervalTrigger, Pipeline
+
+    node = Controller(sys.argv[1], max_workers=1)
+    started = threading.Event()
+
+    @node.task(name="long")
+    def long(token):
+        started.set()
+        while True:
+            token.checkpoint()
+            time.sleep(0.01)
+
+    @node.task(name="quick")
+    def quick(token):
+        return "done"
+
+    # Every kind of service thread running: workers, supervisor, poller, beacon,
+    # scheduler (a schedule), pipeline runner (a pipeline).
+    node.schedule("hourly", "quick", IntervalTrigger(3600))
+    pipeline = Pipeline("one")
+    pipeline.add("q", "quick")
+    print("pipeline", node.submit_pipeline(pipeline).wait(30)["q"].task_id)
+    long_run = node.submit(long)
+    print("long", long_run.task_id)
+    print("waiting", node.submit(quick).task_id, flush=True)
+    assert started.wait(30)
+    if sys.argv[2] == "thread":  # the program's own thread outlives its main code
+        def later():
+            time.sleep(0.5)
+            long_run.stop(reason="done with it")  # frees the one worker
+            print("later", node.submit(quick).result(30), flush=True)
+        threading.Thread(target=later).start()
+    print("main code ends", flush=True)
+    """
+)
+
+
+def _run(tmp_path: Path, mode: str) -> tuple[dict[str, str], str]:
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "tasks.db"), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,  # it hung for ever before
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    ids = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    return ids, done.stdout
+
+
+def test_a_program_that_never_closes_its_controller_exits_and_leaves_the_store_true(
+    tmp_path: Path,
+) -> None:
+    ids, _ = _run(tmp_path, "main")
+    store = SqliteTaskStore(tmp_path / "tasks.db")
+    try:
+
+        def status(task_id: str) -> TaskStatus | None:
+            snapshot = store.get(task_id)
+            return None if snapshot is None else snapshot.status
+
+        assert status(ids["pipeline"]) is TaskStatus.SUCCEEDED
+        assert status(ids["long"]) is TaskStatus.STOPPED
+        assert [t.reason for t in store.history(ids["long"])][-2:] == [
+            "controller closed",
+            "stopped at a checkpoint",
+        ]
+        assert status(ids["waiting"]) is TaskStatus.CANCELLED
+        assert store.history(ids["waiting"])[-1].reason == "controller closed"
+        active = [s for s in store.query() if not s.is_terminal]
+        assert active == []
+    finally:
+        store.close()
+
+
+def test_the_controller_serves_until_the_programs_own_threads_end(tmp_path: Path) -> None:
+    """Closed at exit, not when the main code ends: a thread of the program that
+    submits after the main code ended is still served."""
+    _, stdout = _run(tmp_path, "thread")
+    assert "later done" in stdout
