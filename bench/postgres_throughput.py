@@ -1,6 +1,7 @@
 """Durable no-op task throughput on PostgreSQL: chongming-task vs procrastinate, pgqueuer.
 
     uv run --group bench python bench/postgres_throughput.py [--dsn DSN] [--tasks N]
+        [--rounds R] [--skip procrastinate]
 
 Each contender runs ``--tasks`` no-op jobs on ``--workers`` workers against the same
 local server, in the same run, each in a fresh database, in two modes:
@@ -25,6 +26,12 @@ is empty): each job notes its function's start and end, and those bound the time
   ``concurrency_limit`` of ``--workers`` made 1.6.0's drain mode hang; for a no-op the
   limit changes nothing).
 
+The contenders run in ``--rounds`` rounds, each round every contender once (the order
+turning from round to round). "vs pgq" is each round's ratio to pgqueuer, between runs
+made side by side, and "median" their median: this VM drifts by tens of per cent over
+minutes, so one contender's runs back to back against the other's compared moments, not
+contenders. "best/s" is a contender's best run.
+
 Beside each rate: commits, rows written (inserted + updated + deleted) and WAL bytes per
 job, from the deltas of ``pg_stat_database`` (the contender's own database) and
 ``pg_stat_wal`` over the whole life of the jobs (enqueue to completion), read after the
@@ -40,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -289,35 +297,57 @@ def main() -> None:
     # prefilled against 1,747-1,759 with 4,000, same sitting), which flattered us.
     parser.add_argument("--tasks", type=int, default=4000)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["procrastinate"],  # pgqueuer is the reference of every ratio
+        help="leave a contender out",
+    )
     args = parser.parse_args()
     logging.getLogger("procrastinate").setLevel(logging.ERROR)  # its top-level-app hint
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     contenders: dict[str, Callable[[str, int, int, str], Result]] = {
-        "pgqueuer": run_pgqueuer,
-        "procrastinate": run_procrastinate,
-        "chongming-task": run_chongming,
+        name: fn
+        for name, fn in {
+            "pgqueuer": run_pgqueuer,
+            "procrastinate": run_procrastinate,
+            "chongming-task": run_chongming,
+        }.items()
+        if name not in args.skip
     }
-    raw = max(raw_commits(args.dsn, args.tasks) for _ in range(args.repeat))
+    raw = max(raw_commits(args.dsn, args.tasks) for _ in range(args.rounds))
     print(
-        f"{args.tasks} durable no-op jobs, {args.workers} workers, best of {args.repeat}; "
-        f"raw commits, one connection: {raw:,.0f}/s"
+        f"{args.tasks} durable no-op jobs, {args.workers} workers, {args.rounds} rounds "
+        f"(each round runs every contender once, the order turning each round); raw "
+        f"commits, one connection: {raw:,.0f}/s"
     )
     print(
-        f"{'mode':10} {'contender':15} {'jobs/s':>8} {'each run':>16} {'vs pgq':>7} "
-        f"{'commits/job':>12} {'rows/job':>9} {'WAL B/job':>10}"
+        f"{'mode':10} {'contender':15} {'best/s':>7} {'each round':>20} {'vs pgq':>16} "
+        f"{'median':>7} {'commits/job':>12} {'rows/job':>9} {'WAL B/job':>10}"
     )
+    names = list(contenders)
     for mode in MODES:
-        best: dict[str, Result] = {}
-        for name, fn in contenders.items():
-            results = [fn(args.dsn, args.tasks, args.workers, mode) for _ in range(args.repeat)]
-            best[name] = min(results, key=lambda r: r.seconds)
+        # Rounds, not one contender's runs back to back: this VM drifts by tens of per
+        # cent over minutes, and a ratio is only fair between runs made side by side.
+        runs: dict[str, list[Result]] = {name: [] for name in names}
+        for k in range(args.rounds):
+            for name in names[k % len(names) :] + names[: k % len(names)]:
+                runs[name].append(contenders[name](args.dsn, args.tasks, args.workers, mode))
+        for name in names:
+            results = runs[name]
+            best = min(results, key=lambda r: r.seconds)
             rates = " ".join(f"{args.tasks / r.seconds:,.0f}" for r in results)
-            r = best[name]
-            versus = best["pgqueuer"].seconds / r.seconds
+            ratios = [
+                theirs.seconds / ours.seconds
+                for ours, theirs in zip(results, runs["pgqueuer"], strict=True)
+            ]
+            each = " ".join(f"{ratio:.2f}" for ratio in ratios)
             print(
-                f"{mode:10} {name:15} {args.tasks / r.seconds:8,.0f} {rates:>16} "
-                f"{versus:6.2f}x {r.commits:12.2f} {r.rows:9.2f} {r.wal_bytes:10,.0f}"
+                f"{mode:10} {name:15} {args.tasks / best.seconds:7,.0f} {rates:>20} "
+                f"{each:>16} {statistics.median(ratios):6.2f}x {best.commits:12.2f} "
+                f"{best.rows:9.2f} {best.wal_bytes:10,.0f}"
             )
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
