@@ -84,6 +84,9 @@ def _close_at_exit() -> None:
 
 
 atexit.register(_close_at_exit)
+# A forked child holds copies of its parent's controllers, without their threads: closing
+# them at the child's exit would write "controller closed" over the parent's tasks.
+os.register_at_fork(after_in_child=_running.clear)
 
 
 def _check_settings(

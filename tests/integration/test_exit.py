@@ -97,3 +97,55 @@ def test_the_controller_serves_until_the_programs_own_threads_end(tmp_path: Path
     submits after the main code ended is still served."""
     _, stdout = _run(tmp_path, "thread")
     assert "later done" in stdout
+
+
+FORKING = textwrap.dedent(
+    """
+    import os, sys, threading, time, warnings
+    from chongming_task import Controller
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
+    node = Controller(sys.argv[1], max_workers=1)
+    started = threading.Event()
+
+    @node.task(name="long")
+    def long(token):
+        started.set()
+        while True:
+            token.checkpoint()
+            time.sleep(0.01)
+
+    run = node.submit(long)
+    assert started.wait(30)
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a normal exit: atexit hooks run in the child
+    os.waitpid(child, 0)
+    history = [t.reason for t in node.history(run.task_id)]
+    print("after the child", run.snapshot().status.value, history, flush=True)
+    run.stop(reason="the parent stops it")
+    run.wait(30)
+    print("desynced", sorted(node.desynced_tasks), flush=True)
+    print("final", node.get(run.task_id).status.value, flush=True)
+    node.close()
+    """
+)
+
+
+def test_a_forked_child_leaves_its_parents_controller_alone(tmp_path: Path) -> None:
+    """A child made by ``fork()`` holds copies of the parent's controllers without their
+    threads; its exit must not close them (that would write "controller closed" over
+    the parent's running tasks and desync them)."""
+    script = tmp_path / "forking.py"
+    script.write_text(FORKING)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "tasks.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("after the child running"), lines
+    assert "controller closed" not in lines[0], lines
+    assert lines[1:] == ["desynced []", "final stopped"], lines
