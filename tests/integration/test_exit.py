@@ -12,9 +12,9 @@ from pathlib import Path
 
 from chongming_task import SqliteTaskStore, TaskStatus
 
-PROGRAM = textwrap.dedent(
+NODE = textwrap.dedent(
     """
-    import sys, threading, time
+    import os, sys, threading, time, warnings
     from chongming_task import Controller, IntervalTrigger, Pipeline
 
     node = Controller(sys.argv[1], max_workers=1)
@@ -26,7 +26,12 @@ PROGRAM = textwrap.dedent(
         while True:
             token.checkpoint()
             time.sleep(0.01)
+    """
+)
+"""A node with one worker and a task that runs until it is stopped."""
 
+PROGRAM = NODE + textwrap.dedent(
+    """
     @node.task(name="quick")
     def quick(token):
         return "done"
@@ -52,19 +57,25 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[dict[str, str], str]:
+def _exit_of(tmp_path: Path, program: str, *args: str) -> str:
+    """Run ``program`` on ``tmp_path/tasks.db``; it must end by itself, cleanly. Its
+    standard output."""
     script = tmp_path / "program.py"
-    script.write_text(PROGRAM)
+    script.write_text(program)
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "tasks.db"), mode],
+        [sys.executable, str(script), str(tmp_path / "tasks.db"), *args],
         capture_output=True,
         text=True,
         timeout=60,  # it hung for ever before
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    ids = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    return ids, done.stdout
+    return done.stdout
+
+
+def _run(tmp_path: Path, mode: str) -> tuple[dict[str, str], str]:
+    stdout = _exit_of(tmp_path, PROGRAM, mode)
+    return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line), stdout
 
 
 def test_a_program_that_never_closes_its_controller_exits_and_leaves_the_store_true(
@@ -99,22 +110,9 @@ def test_the_controller_serves_until_the_programs_own_threads_end(tmp_path: Path
     assert "later done" in stdout
 
 
-FORKING = textwrap.dedent(
+FORKING = NODE + textwrap.dedent(
     """
-    import os, sys, threading, time, warnings
-    from chongming_task import Controller
-
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
-    node = Controller(sys.argv[1], max_workers=1)
-    started = threading.Event()
-
-    @node.task(name="long")
-    def long(token):
-        started.set()
-        while True:
-            token.checkpoint()
-            time.sleep(0.01)
-
     run = node.submit(long)
     assert started.wait(30)
     child = os.fork()
@@ -136,16 +134,7 @@ def test_a_forked_child_leaves_its_parents_controller_alone(tmp_path: Path) -> N
     """A child made by ``fork()`` holds copies of the parent's controllers without their
     threads; its exit must not close them (that would write "controller closed" over
     the parent's running tasks and desync them)."""
-    script = tmp_path / "forking.py"
-    script.write_text(FORKING)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "tasks.db")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = _exit_of(tmp_path, FORKING).splitlines()
     assert lines[0].startswith("after the child running"), lines
     assert "controller closed" not in lines[0], lines
     assert lines[1:] == ["desynced []", "final stopped"], lines
