@@ -17,12 +17,13 @@ import atexit
 import logging
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from ._beacon import NodeBeacon
@@ -76,7 +77,15 @@ def _close_at_exit() -> None:
     long as its program runs; its threads are daemon threads, so that the interpreter
     reaches this point at all (concurrent.futures joins its workers at the same stage)."""
     for controller in list(_running):
-        log.info("%r was not closed: closing it at interpreter exit", controller)
+        if controller.schedules:
+            log.warning(
+                "%r was not closed and has schedules: closing it at interpreter exit, so "
+                "they fire no more; to keep a node serving, end its program with "
+                "node.serve() (until Ctrl-C or SIGTERM)",
+                controller,
+            )
+        else:
+            log.info("%r was not closed: closing it at interpreter exit", controller)
         try:
             controller.close()
         except Exception:
@@ -513,6 +522,47 @@ class Controller:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every task this process holds is terminal; return whether it is."""
         return self._registry.wait_all_done(timeout)
+
+    def serve(self, until: threading.Event | None = None) -> str:
+        """Keep this node serving (its schedules, its workers, commands from other
+        processes) until Ctrl-C or SIGTERM, or until ``until`` is set; then ``close()``
+        it. Returns what ended it: ``"SIGINT"``, ``"SIGTERM"`` or ``"until"``.
+
+        For a program whose main code has nothing left to do but be a node: without it,
+        the program ends and the node is closed at interpreter exit. The signal handlers
+        are this call's only while it runs (the previous ones come back); off the main
+        thread, where no signal arrives, ``until`` is required.
+        """
+        on_main = threading.current_thread() is threading.main_thread()
+        if until is None and not on_main:
+            raise ConfigurationError(
+                "serve() off the main thread needs until= (signals reach only the main "
+                "thread, so nothing else could end it)"
+            )
+        by: list[str] = []
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # No lock (an Event.set() takes one): a second signal runs this inside the
+            # first's call, on the same thread, and would wait on the first for ever.
+            by.append(signal.Signals(signum).name)
+
+        previous = (
+            {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+            if on_main
+            else {}
+        )
+        try:
+            while not by and not (until is not None and until.is_set()):
+                if until is None:
+                    time.sleep(0.1)
+                else:
+                    until.wait(0.1)
+            self.close()  # a second Ctrl-C meanwhile does not cut it short
+        finally:
+            for sig, handler in previous.items():
+                if handler is not None:  # None: not set from Python, nothing to restore
+                    signal.signal(sig, handler)
+        return by[0] if by else "until"
 
     def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         """Mark tasks whose supervisor lease expired as ``lost``, in this node's buckets only.

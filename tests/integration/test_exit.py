@@ -5,10 +5,14 @@ threads kept the interpreter alive for ever."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from chongming_task import SqliteTaskStore, TaskStatus
 
@@ -17,7 +21,7 @@ NODE = textwrap.dedent(
     import os, sys, threading, time, warnings
     from chongming_task import Controller, IntervalTrigger, Pipeline
 
-    node = Controller(sys.argv[1], max_workers=1)
+    node = Controller(sys.argv[1], max_workers=int(os.environ.get("WORKERS", "1")))
     started = threading.Event()
 
     @node.task(name="long")
@@ -28,7 +32,8 @@ NODE = textwrap.dedent(
             time.sleep(0.01)
     """
 )
-"""A node with one worker and a task that runs until it is stopped."""
+"""A node with one worker (``WORKERS`` in the environment) and a task that runs until
+it is stopped."""
 
 PROGRAM = NODE + textwrap.dedent(
     """
@@ -57,9 +62,9 @@ PROGRAM = NODE + textwrap.dedent(
 )
 
 
-def _exit_of(tmp_path: Path, program: str, *args: str) -> str:
+def _exit_of(tmp_path: Path, program: str, *args: str) -> tuple[str, str]:
     """Run ``program`` on ``tmp_path/tasks.db``; it must end by itself, cleanly. Its
-    standard output."""
+    standard output and error."""
     script = tmp_path / "program.py"
     script.write_text(program)
     done = subprocess.run(
@@ -70,18 +75,21 @@ def _exit_of(tmp_path: Path, program: str, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    return done.stdout
+    return done.stdout, done.stderr
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[dict[str, str], str]:
-    stdout = _exit_of(tmp_path, PROGRAM, mode)
-    return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line), stdout
+def _run(tmp_path: Path, mode: str) -> tuple[dict[str, str], str, str]:
+    stdout, stderr = _exit_of(tmp_path, PROGRAM, mode)
+    ids = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+    return ids, stdout, stderr
 
 
 def test_a_program_that_never_closes_its_controller_exits_and_leaves_the_store_true(
     tmp_path: Path,
 ) -> None:
-    ids, _ = _run(tmp_path, "main")
+    ids, _, stderr = _run(tmp_path, "main")
+    # It had a schedule: the program is told how to keep a node serving.
+    assert "has schedules" in stderr and "node.serve()" in stderr, stderr
     store = SqliteTaskStore(tmp_path / "tasks.db")
     try:
 
@@ -106,7 +114,7 @@ def test_a_program_that_never_closes_its_controller_exits_and_leaves_the_store_t
 def test_the_controller_serves_until_the_programs_own_threads_end(tmp_path: Path) -> None:
     """Closed at exit, not when the main code ends: a thread of the program that
     submits after the main code ended is still served."""
-    _, stdout = _run(tmp_path, "thread")
+    _, stdout, _ = _run(tmp_path, "thread")
     assert "later done" in stdout
 
 
@@ -134,7 +142,59 @@ def test_a_forked_child_leaves_its_parents_controller_alone(tmp_path: Path) -> N
     """A child made by ``fork()`` holds copies of the parent's controllers without their
     threads; its exit must not close them (that would write "controller closed" over
     the parent's running tasks and desync them)."""
-    lines = _exit_of(tmp_path, FORKING).splitlines()
+    lines = _exit_of(tmp_path, FORKING)[0].splitlines()
     assert lines[0].startswith("after the child running"), lines
     assert "controller closed" not in lines[0], lines
     assert lines[1:] == ["desynced []", "final stopped"], lines
+
+
+SERVING = NODE + textwrap.dedent(
+    """
+    @node.task(name="tick")
+    def tick(token):
+        print("fired", flush=True)
+
+    node.schedule("often", "tick", IntervalTrigger(0.1))
+    print("long", node.submit(long).task_id, flush=True)
+    print("served until", node.serve(), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_keeps_a_node_with_schedules_until_a_signal(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """``node.serve()``: the program's main code blocks there, the schedule keeps firing,
+    and Ctrl-C or SIGTERM closes the node cleanly (exit 0, its running task stopped)."""
+    script = tmp_path / "serving.py"
+    script.write_text(SERVING)
+    node = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "tasks.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WORKERS": "2"},  # one for the long task, one for the ticks
+    )
+    try:
+        assert node.stdout is not None
+        lines = []
+        while lines.count("fired") < 3:  # the main code ended in serve(); it still fires
+            line = node.stdout.readline()
+            assert line, "the node ended before firing three times"
+            lines.append(line.strip())
+        node.send_signal(sig)
+        rest, stderr = node.communicate(timeout=30)
+    finally:
+        node.kill()
+    assert node.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert f"served until {sig.name}" in rest.splitlines()
+    long_id = next(line.split()[1] for line in lines if line.startswith("long "))
+    store = SqliteTaskStore(tmp_path / "tasks.db")
+    try:
+        snapshot = store.get(long_id)
+        assert snapshot is not None and snapshot.status is TaskStatus.STOPPED
+        assert all(s.is_terminal for s in store.query())
+    finally:
+        store.close()

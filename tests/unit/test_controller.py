@@ -502,3 +502,47 @@ def test_reconcile_lets_go_when_the_holder_finishes_at_the_same_moment() -> None
     assert store.get("t").status is S.SUCCEEDED  # type: ignore[union-attr]
     assert store.history("t") == []  # reconcile appended nothing
     c.close()
+
+
+def test_serve_keeps_the_node_until_told_then_closes_it(make_controller: Make) -> None:
+    """``serve(until=...)`` from a thread: the node keeps running (its schedule fires),
+    then closes once the event is set, its running task stopped."""
+    from chongming_task import IntervalTrigger, TaskQuery
+
+    c = make_controller(InMemoryTaskStore(), max_workers=2)
+    started = threading.Event()
+    c.task(looping, name="loop")
+    c.task(lambda token: None, name="tick")
+    run = c.submit("loop", started)
+    c.schedule("often", "tick", IntervalTrigger(0.05))
+    until = threading.Event()
+    ended: list[str] = []
+    server = threading.Thread(target=lambda: ended.append(c.serve(until)))
+    server.start()
+    assert started.wait(10)
+    fired = TaskQuery(tag="schedule:often")
+    wait_until(lambda: len(c.list_tasks(fired)) >= 2, 10, "two firings")
+    assert server.is_alive()
+    until.set()
+    server.join(15)
+    assert ended == ["until"]
+    assert run.snapshot().status is S.STOPPED
+    with pytest.raises(ControllerClosed):
+        c.submit("tick")
+
+
+def test_serve_off_the_main_thread_needs_an_event(make_controller: Make) -> None:
+    c = make_controller(InMemoryTaskStore())
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            c.serve()
+        except ConfigurationError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(10)
+    assert len(failed) == 1 and "until=" in str(failed[0])
+    c.submit(c.task(lambda token: None, name="still")).wait(10)  # still open
