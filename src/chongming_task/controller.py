@@ -530,8 +530,9 @@ class Controller:
 
         For a program whose main code has nothing left to do but be a node: without it,
         the program ends and the node is closed at interpreter exit. The signal handlers
-        are this call's only while it runs (the previous ones come back); off the main
-        thread, where no signal arrives, ``until`` is required.
+        are this call's while it runs, the close included (a second Ctrl-C does not cut
+        the close short), then the previous ones come back; off the main thread, where
+        no signal arrives, ``until`` is required.
         """
         on_main = threading.current_thread() is threading.main_thread()
         if until is None and not on_main:
