@@ -17,13 +17,12 @@ import atexit
 import logging
 import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from ._beacon import NodeBeacon
@@ -33,6 +32,7 @@ from ._host import NodeHost
 from ._leaseclock import LeaseClock
 from ._registry import RunRegistry
 from ._services import NodeContext, NodeState, Service
+from ._signals import NotedSignals
 from ._submission import Ownership, Submitter, default_owner, new_task_id
 from ._supervision import Reconciler, ReconcileReport, Supervisor
 from ._workers import WorkerPool
@@ -540,30 +540,14 @@ class Controller:
                 "serve() off the main thread needs until= (signals reach only the main "
                 "thread, so nothing else could end it)"
             )
-        by: list[str] = []
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            # No lock (an Event.set() takes one): a second signal runs this inside the
-            # first's call, on the same thread, and would wait on the first for ever.
-            by.append(signal.Signals(signum).name)
-
-        previous = (
-            {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-            if on_main
-            else {}
-        )
-        try:
-            while not by and not (until is not None and until.is_set()):
+        with NotedSignals(install=on_main) as signals:
+            while not signals.caught:
                 if until is None:
-                    time.sleep(0.1)
-                else:
-                    until.wait(0.1)
+                    signals.wait(0.1)
+                elif until.wait(0.1):
+                    break
             self.close()  # a second Ctrl-C meanwhile does not cut it short
-        finally:
-            for sig, handler in previous.items():
-                if handler is not None:  # None: not set from Python, nothing to restore
-                    signal.signal(sig, handler)
-        return by[0] if by else "until"
+        return signals.caught[0] if signals.caught else "until"
 
     def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         """Mark tasks whose supervisor lease expired as ``lost``, in this node's buckets only.

@@ -11,12 +11,11 @@ fails with a traceback (``show`` prints it).
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
-from types import FrameType
 
+from ._signals import NotedSignals
 from .controller import Controller
 from .model import Progress, TaskStatus
 from .pipelines import Pipeline, PipelineRun
@@ -146,45 +145,28 @@ def run_node(
     }
     node.schedule("heartbeat", "heartbeat", IntervalTrigger(10), bucket_key="tenant-f")
     node.schedule("flaky-every-minute", "flaky", IntervalTrigger(60), 2, bucket_key="tenant-d")
-    by: list[str] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        # No lock here (an Event.set() is one): a second signal runs its handler inside
-        # the first's, on the same thread, and a lock the first holds is never let go.
-        # Ctrl-C twice, or SIGTERM from `timeout` to the group and again from `uv run`.
-        by.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    print(_banner(node, where, command, runs, pipeline), end="\n\n", flush=True)
-    started = last_summary = time.monotonic()
-    next_pipeline = started + PIPELINE_EVERY
-    while not _asked_to_stop(by):
-        now = time.monotonic()
-        if now >= next_pipeline:
-            _pipeline(node)
-            next_pipeline = now + PIPELINE_EVERY
-        if now - last_summary >= SUMMARY_EVERY:
-            last_summary = now
-            print(_summary(store), flush=True)
-        if duration is not None and now - started >= duration:
-            break
-    print("stopping the demo's tasks...", flush=True)
-    node.close()
+    with NotedSignals() as signals:
+        print(_banner(node, where, command, runs, pipeline), end="\n\n", flush=True)
+        started = last_summary = time.monotonic()
+        next_pipeline = started + PIPELINE_EVERY
+        while not signals.wait(1.0):
+            now = time.monotonic()
+            if now >= next_pipeline:
+                _pipeline(node)
+                next_pipeline = now + PIPELINE_EVERY
+            if now - last_summary >= SUMMARY_EVERY:
+                last_summary = now
+                print(_summary(store), flush=True)
+            if duration is not None and now - started >= duration:
+                break
+        print("stopping the demo's tasks...", flush=True)
+        node.close()
+    by = ["Ctrl-C" if name == "SIGINT" else name for name in signals.caught]
     print(
         f"stopped{f' by {by[0]}' if by else ''}; every task's state stays in {where}.",
         flush=True,
     )
     return 0
-
-
-def _asked_to_stop(by: list[str], seconds: float = 1.0) -> bool:
-    """Whether a signal came, after up to ``seconds`` (a tenth at a time) waiting for
-    one."""
-    deadline = time.monotonic() + seconds
-    while not by and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return bool(by)
 
 
 def _summary(store: TaskStore) -> str:
