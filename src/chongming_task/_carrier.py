@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .run import TaskRun
     from .token import CancellationToken
 
-__all__ = ["Carrier", "DeferredEnd", "RunHost"]
+__all__ = ["Carrier", "DeferredEnd", "RunHost", "Taken"]
 
 log = logging.getLogger("chongming_task.carrier")
 
@@ -127,11 +127,9 @@ class Carrier:
 
         def _write(self) -> None: ...
 
-        def _take_if_free(self) -> tuple[tuple[Transition, ...], TaskSnapshot] | None: ...
+        def _take_if_free(self) -> Taken | None: ...
 
-        def _write_taken(
-            self, taken: tuple[tuple[Transition, ...], TaskSnapshot] | None
-        ) -> None: ...
+        def _write_taken(self, taken: Taken | None) -> None: ...
 
         def _activity(self) -> dict[str, Any]: ...
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import states
-from ._carrier import Carrier, RunHost
+from ._carrier import Carrier, RunHost, Taken
 from ._writethrough import WriteThrough, persist_together
 from .errors import TaskUnsuccessful, WaitTimeout
 from .model import ControlOutcome as O
@@ -276,7 +276,7 @@ class TaskRun(Carrier):
             if snapshot.status in states.TERMINAL:
                 self._end()
 
-    def _take_if_free(self) -> tuple[tuple[Transition, ...], TaskSnapshot] | None:
+    def _take_if_free(self) -> Taken | None:
         """The hot path's shortcut. Caller holds the state lock: if the write lock is free,
         take it (without waiting: never the wrong order) with the queue; else ``None``,
         and the caller writes with ``_write()`` once it let go of the state lock."""
@@ -285,7 +285,7 @@ class TaskRun(Carrier):
         pending, self._unwritten = self._unwritten, None
         return pending, self._snapshot
 
-    def _write_taken(self, taken: tuple[tuple[Transition, ...], TaskSnapshot] | None) -> None:
+    def _write_taken(self, taken: Taken | None) -> None:
         """Write what ``_take_if_free`` took (after the state lock is let go)."""
         if taken is None:
             self._write()
@@ -301,9 +301,9 @@ class TaskRun(Carrier):
 
     def _write_taken_beside(
         self,
-        taken: tuple[tuple[Transition, ...], TaskSnapshot],
+        taken: Taken,
         other: TaskRun,
-        other_taken: tuple[tuple[Transition, ...], TaskSnapshot],
+        other_taken: Taken,
     ) -> None:
         """Write what ``_take_if_free`` took of ``other`` and of this run in one store
         call (one statement on a store with group commit), ``other`` first; each write
