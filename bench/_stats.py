@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+R = TypeVar("R")
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -14,3 +18,17 @@ def percentile(values: list[float], p: float) -> float:
 def latency_row(name: str, seconds: list[float], width: int = 40) -> str:
     ms = [v * 1000 for v in seconds]
     return f"{name:{width}} {statistics.median(ms):8.2f} {percentile(ms, 99):8.2f} {max(ms):8.2f}"
+
+
+def in_rounds(contenders: Mapping[str, Callable[[], R]], rounds: int) -> dict[str, list[R]]:
+    """Each contender's results, one per round; each round runs every contender once, the
+    order turning from round to round. Rounds, not one contender's runs back to back:
+    this VM drifts by tens of per cent over minutes, and a ratio is only fair between
+    runs made side by side."""
+    names = list(contenders)
+    results: dict[str, list[R]] = {name: [] for name in names}
+    for k in range(rounds):
+        turn = k % len(names)
+        for name in names[turn:] + names[:turn]:
+            results[name].append(contenders[name]())
+    return results

@@ -52,10 +52,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from _stats import in_rounds  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller
 from chongming_task.stores.postgres import PostgresTaskStore
 
@@ -329,12 +331,13 @@ def main() -> None:
     )
     names = list(contenders)
     for mode in MODES:
-        # Rounds, not one contender's runs back to back: this VM drifts by tens of per
-        # cent over minutes, and a ratio is only fair between runs made side by side.
-        runs: dict[str, list[Result]] = {name: [] for name in names}
-        for k in range(args.rounds):
-            for name in names[k % len(names) :] + names[: k % len(names)]:
-                runs[name].append(contenders[name](args.dsn, args.tasks, args.workers, mode))
+        runs = in_rounds(
+            {
+                name: partial(fn, args.dsn, args.tasks, args.workers, mode)
+                for name, fn in contenders.items()
+            },
+            args.rounds,
+        )
         for name in names:
             results = runs[name]
             best = min(results, key=lambda r: r.seconds)

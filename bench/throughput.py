@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+from _stats import in_rounds  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller, InMemoryTaskStore, SqliteTaskStore
 
 
@@ -93,13 +94,8 @@ def main() -> None:
             args.tasks, args.workers, sqlite_store, batch=args.batch
         ),
     }
-    # Rounds, not one contender's runs back to back: this VM drifts by tens of per cent
-    # over minutes, and a ratio to the pool is only fair between runs made side by side.
     names = list(contenders)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for k in range(args.repeat):
-        for name in names[k % len(names) :] + names[: k % len(names)]:
-            seconds[name].append(contenders[name]())
+    seconds = in_rounds(contenders, args.repeat)
     rates = {name: args.tasks / min(runs) for name, runs in seconds.items()}
     pool = seconds[names[0]]
     ratios = {
