@@ -7,13 +7,22 @@ Each contender runs ``--tasks`` no-op jobs on ``--workers`` workers against the 
 local server, in the same run, each in a fresh database, in two modes:
 
 * **prefilled**: every job is enqueued first (untimed), then the workers start; the time
-  is from the first job's function starting to the last job's function ending;
+  is from the first job's function starting until every job's completion is in the
+  database;
 * **as you go**: the jobs are submitted one by one while the workers run; the time is
-  from the first submit to the last job's function ending.
+  from the first submit until every job's completion is in the database.
 
-Neither window holds a contender's start-up or shutdown (pgqueuer's drain mode waits for
-its dequeue timeout before it stops; procrastinate's worker shuts down after the queue
-is empty): each job notes its function's start and end, and those bound the time. How:
+"In the database" is seen the same way for every contender: once the last job's function
+has ended, a watcher on its own connection asks the contender's own table how many jobs
+are not yet complete (chongming-task: tasks not ``succeeded``; procrastinate: jobs not
+``succeeded``; pgqueuer: jobs still in its queue table, which it deletes on completion)
+every millisecond, and the time ends at the first answer of none. A contender that
+completes its jobs in buffered batches after the function returns (pgqueuer's status
+log buffer; chongming-task's writer thread) is timed to its commit, never to its
+function's end. The watcher's own queries are taken off the commit counts. Neither
+window holds a contender's start-up or shutdown (pgqueuer's drain mode waits for its
+dequeue timeout before it stops; procrastinate's worker shuts down after the queue is
+empty). How:
 
 * chongming-task: ``Controller.submit`` per job (one transaction each); every task lives
   queued -> starting -> running -> succeeded, each transition committed with its
@@ -91,8 +100,54 @@ class Span:
             self.done.set()
 
     def seconds(self, since: float | None = None) -> float:
+        """From the first start (or ``since``) until every job was seen complete in the
+        database (``Settled``)."""
         assert len(self.ends) == self.tasks, (len(self.ends), self.tasks)
-        return max(self.ends) - (min(self.starts) if since is None else since)
+        assert self.settled is not None, "no watcher saw the jobs complete"
+        return self.settled.wait() - (min(self.starts) if since is None else since)
+
+    settled: Settled | None = None
+
+
+class Settled:
+    """Once every job's function has ended, asks ``remaining`` (a count of the jobs not
+    yet complete in the contender's own table) every millisecond on a connection of its
+    own, until it answers 0; ``wait()`` gives the moment it did. ``polls``: its queries
+    (each a transaction, taken off the contender's commit count)."""
+
+    def __init__(self, conninfo: str, span: Span, remaining: str) -> None:
+        self.polls = 0
+        self._at: float | None = None
+        self._error: BaseException | None = None
+        self._span = span
+        self._conn = psycopg.connect(conninfo, autocommit=True)
+        self._remaining = remaining
+        span.settled = self
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            if not self._span.done.wait(300):
+                return
+            while True:
+                self.polls += 1
+                row = self._conn.execute(self._remaining).fetchone()
+                if row is not None and row[0] == 0:
+                    self._at = time.perf_counter()
+                    return
+                time.sleep(0.001)
+        except BaseException as exc:
+            self._error = exc
+
+    def wait(self) -> float:
+        self._thread.join(120)
+        if self._at is None:
+            raise RuntimeError(f"the jobs were never seen complete: {self._error!r}")
+        return self._at
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def fresh_database(dsn: str, name: str) -> str:
@@ -117,12 +172,19 @@ def counters(dsn: str) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(wal[0])
 
 
-def measured(dsn: str, tasks: int, body: Callable[[], float]) -> Result:
+def measured(
+    dsn: str, conninfo: str, tasks: int, remaining: str, body: Callable[[Span], float]
+) -> Result:
     before = counters(dsn)
-    seconds = body()
+    span = Span(tasks)
+    settled = Settled(conninfo, span, remaining)
+    try:
+        seconds = body(span)
+    finally:
+        settled.close()
     after = counters(dsn)
     commits, rows, wal = (b - a for a, b in zip(before, after, strict=True))
-    return Result(seconds, commits / tasks, rows / tasks, wal / tasks)
+    return Result(seconds, (commits - settled.polls) / tasks, rows / tasks, wal / tasks)
 
 
 def run_chongming(dsn: str, tasks: int, workers: int, mode: str) -> Result:
@@ -131,8 +193,7 @@ def run_chongming(dsn: str, tasks: int, workers: int, mode: str) -> Result:
     made.create_schema()
     made.close()
 
-    def body() -> float:
-        span = Span(tasks)
+    def body(span: Span) -> float:
         store = PostgresTaskStore(conninfo, max_size=workers + 4)
         node = Controller(store, max_workers=workers)
         gate = threading.Event()
@@ -166,7 +227,13 @@ def run_chongming(dsn: str, tasks: int, workers: int, mode: str) -> Result:
             node.close()
             store.close()
 
-    return measured(dsn, tasks, body)
+    return measured(
+        dsn,
+        conninfo,
+        tasks,
+        "SELECT count(*) FROM chongming.tasks WHERE name = 'noop' AND status <> 'succeeded'",
+        body,
+    )
 
 
 def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
@@ -191,8 +258,7 @@ def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
 
     asyncio.run(install())
 
-    def body() -> float:
-        span = Span(tasks)
+    def body(span: Span) -> float:
         app = app_with(span)
         noop = app.tasks["noop"]
 
@@ -204,7 +270,7 @@ def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                     await app.run_worker_async(
                         concurrency=workers, wait=False, install_signal_handlers=False
                     )
-                    return span.seconds()
+                    return await asyncio.to_thread(span.seconds)
                 worker = asyncio.create_task(
                     app.run_worker_async(
                         concurrency=workers, wait=True, install_signal_handlers=False
@@ -215,7 +281,7 @@ def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                     await noop.defer_async()
                 while not span.done.is_set():
                     await asyncio.sleep(0.01)
-                seconds = span.seconds(since)
+                seconds = await asyncio.to_thread(span.seconds, since)
                 worker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await worker
@@ -223,7 +289,13 @@ def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
 
         return asyncio.run(main())
 
-    return measured(dsn, tasks, body)
+    return measured(
+        dsn,
+        conninfo,
+        tasks,
+        "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
+        body,
+    )
 
 
 def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
@@ -240,8 +312,7 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
 
     asyncio.run(install())
 
-    def body() -> float:
-        span = Span(tasks)
+    def body(span: Span) -> float:
 
         async def main() -> float:
             worker_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
@@ -261,14 +332,14 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                     await manager.run(
                         mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
                     )
-                    return span.seconds()
+                    return await asyncio.to_thread(span.seconds)
                 runner = asyncio.create_task(manager.run(dequeue_timeout=timedelta(seconds=1)))
                 since = time.perf_counter()
                 for _ in range(tasks):
                     await client.enqueue("noop", None)
                 while not span.done.is_set():
                     await asyncio.sleep(0.01)
-                seconds = span.seconds(since)
+                seconds = await asyncio.to_thread(span.seconds, since)
                 manager.shutdown.set()
                 await runner
                 return seconds
@@ -278,7 +349,7 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
 
         return asyncio.run(main())
 
-    return measured(dsn, tasks, body)
+    return measured(dsn, conninfo, tasks, "SELECT count(*) FROM pgqueuer", body)
 
 
 def raw_commits(dsn: str, count: int) -> float:
