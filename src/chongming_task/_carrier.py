@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import states
@@ -28,11 +27,12 @@ from .values import (
 )
 
 if TYPE_CHECKING:
+    from ._writer import Writer
     from .definitions import TaskDefinition
     from .run import TaskRun
     from .token import CancellationToken
 
-__all__ = ["Carrier", "DeferredEnd", "RunHost", "Taken"]
+__all__ = ["Carrier", "RunHost", "Taken"]
 
 log = logging.getLogger("chongming_task.carrier")
 
@@ -49,6 +49,9 @@ class RunHost(WriteThroughHost, Protocol):
     rng: random.Random
     writethrough_buffer: int
     value_rules: ValueRules
+    writer: Writer | None
+    """Where the worker's own writes go on a store with group commit (``None``: the
+    worker writes them itself)."""
 
     def ended(self, run: TaskRun) -> None: ...
 
@@ -59,46 +62,6 @@ class RunHost(WriteThroughHost, Protocol):
 
 Taken = tuple[tuple[Transition, ...], TaskSnapshot]
 """What ``_take_if_free`` took: the transitions to write and the snapshot they lead to."""
-
-
-class DeferredEnd:
-    """A successful run's end, made and taken (its write lock held) but not yet written.
-    Its worker writes it beside the start of its next run, in one store call
-    (``write_beside``), or alone (``write``); ``after`` runs once it is written (the
-    worker frees the run's slot there). On a store with group commit the two writes
-    then cost one statement and one commit, and no thread hop."""
-
-    __slots__ = ("after", "run", "taken", "written")
-
-    def __init__(self, run: TaskRun, taken: Taken | None) -> None:
-        self.run = run
-        self.taken = taken
-        self.after: Callable[[], None] | None = None
-        self.written = False
-
-    def write(self) -> None:
-        """Write the end alone (once)."""
-        if self.written:
-            return
-        self.written = True
-        try:
-            self.run._write_taken(self.taken)
-        finally:
-            if self.after is not None:
-                self.after()
-
-    def write_beside(self, run: TaskRun, taken: Taken | None) -> None:
-        """Write the end and what ``run`` took (its start) in one store call."""
-        if self.written or self.taken is None or taken is None:
-            self.write()
-            run._write_taken(taken)
-            return
-        self.written = True
-        try:
-            run._write_taken_beside(taken, self.run, self.taken)
-        finally:
-            if self.after is not None:
-                self.after()
 
 
 class Carrier:
@@ -133,17 +96,14 @@ class Carrier:
 
         def _activity(self) -> dict[str, Any]: ...
 
-    def _execute(
-        self, defer_end: bool = False, ahead: DeferredEnd | None = None
-    ) -> DeferredEnd | None:
-        """One attempt. With ``defer_end``, a success's end is not written here: it is
-        returned, taken, for the caller to write (beside its next run's start). With
-        ``ahead`` (another run's end, deferred), this run's start is written beside it;
-        if this attempt never starts, ``ahead`` is left unwritten for the caller."""
+    def _execute(self) -> None:
+        """One attempt, on the calling (worker) thread. The start is written before the
+        function is called, or (with a ``Writer``) handed to the writer: the function
+        runs while it is written."""
         host = self._host
         with self._lock:
             if self._snapshot.status is not S.QUEUED:
-                return None  # cancelled or stopped while it waited
+                return  # cancelled or stopped while it waited
             attempt = self._snapshot.attempt + 1
             self.token.attempt = attempt
             stopped = self.token.stop_requested
@@ -157,12 +117,9 @@ class Carrier:
                 if self.token.pause_requested:
                     self._apply(S.PAUSING, reason="pause requested before start")
             taken = self._take_if_free()
-        if ahead is None:
-            self._write_taken(taken)
-        else:
-            ahead.write_beside(cast("TaskRun", self), taken)
+        self._write_taken(taken)
         if stopped:
-            return None
+            return
         try:
             result = self.definition.func(self.token, *self._args, **self._kwargs)
         except StopRequested:
@@ -176,8 +133,7 @@ class Carrier:
             self._settle_failure(exc, retry=False)
             raise
         else:
-            return self._settle(result, defer_end)
-        return None
+            self._settle(result)
 
     def _start(self, attempt: int) -> None:
         """``queued -> starting -> running``: two transitions, one snapshot and one store
@@ -224,7 +180,7 @@ class Carrier:
             (starting, running) if unwritten is None else (*unwritten, starting, running)
         )
 
-    def _settle(self, result: Any, defer: bool = False) -> DeferredEnd | None:
+    def _settle(self, result: Any) -> None:
         """Record a return value. The store must be able to hold it: it keeps it as
         ``outcome``, and a value the write-through cannot write once left the store at
         ``running`` while the process said ``succeeded`` (distributed design §14.2). So it
@@ -251,10 +207,7 @@ class Carrier:
                 else:
                     self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
             taken = self._take_if_free()
-        if defer:
-            return DeferredEnd(cast("TaskRun", self), taken)
         self._write_taken(taken)
-        return None
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         delay = self._record_failure(exc, retry)

@@ -39,14 +39,8 @@ class Dispatcher(Protocol):
     def get(self) -> TaskRun | None:
         """Block until a run may start; ``None`` once closed."""
 
-    def take(self) -> TaskRun | None:
-        """The next run that may start, without waiting; ``None`` if none (or closed)."""
-
     def done(self, run: TaskRun) -> None:
         """The carrier finished with ``run`` (whatever its outcome)."""
-
-    def ready(self) -> bool:
-        """Whether a run is waiting to start (a hint: another worker may take it)."""
 
     def release_due(self) -> None:
         """Move retries whose backoff has passed to the ready queue."""
@@ -110,17 +104,6 @@ class FifoDispatcher:
             if item is not _WAKE:
                 return self._run(item)
 
-    def take(self) -> TaskRun | None:
-        if self._delayed:
-            self.release_due()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return None
-            if item is not _WAKE:
-                return self._run(item)
-
     def _run(self, item: object) -> TaskRun | None:
         """The run an item of the queue is; ``None`` for the close mark."""
         if item is _CLOSE:
@@ -130,9 +113,6 @@ class FifoDispatcher:
 
     def done(self, run: TaskRun) -> None:
         pass
-
-    def ready(self) -> bool:
-        return not self._queue.empty()
 
     def release_due(self) -> None:
         for run in self._delayed.pop_due():
@@ -177,21 +157,11 @@ class FairDispatcher:
                     return run
                 self._cond.wait(self._tick if self._delayed else None)
 
-    def take(self) -> TaskRun | None:
-        with self._cond:
-            if self._closed:
-                return None
-            self.release_due()
-            return self._pick()
-
     def done(self, run: TaskRun) -> None:
         with self._cond:
             self._running[run.bucket] -= 1
             if self._queues.get(run.bucket):
                 self._cond.notify()
-
-    def ready(self) -> bool:
-        return bool(self._rotation)
 
     def release_due(self) -> None:
         due = self._delayed.pop_due()

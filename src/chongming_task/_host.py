@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._dispatch import Dispatcher
     from ._registry import RunRegistry
     from ._workers import WorkerPool
+    from ._writer import Writer
     from .pipelines import PipelineRunner
     from .run import TaskRun
 
@@ -37,6 +38,7 @@ class NodeHost:
         "owner",
         "rng",
         "value_rules",
+        "writer",
         "writethrough_buffer",
     )
 
@@ -52,6 +54,7 @@ class NodeHost:
         dispatcher: Dispatcher,
         workers: WorkerPool,
         pipelines: PipelineRunner,
+        writer: Writer | None,
     ) -> None:
         self.owner = owner
         self.clock = clock
@@ -63,6 +66,7 @@ class NodeHost:
         self._dispatcher = dispatcher
         self._workers = workers
         self._pipelines = pipelines
+        self.writer = writer
 
     def ended(self, run: TaskRun) -> None:
         """``run`` is terminal (its end written, or buffered after a failed write)."""

@@ -2,11 +2,9 @@
 
 A worker takes the next run from the dispatcher and executes it. A carrier whose task
 timed out and ignored its stop is abandoned (threads cannot be killed): its slot is
-freed and a fresh worker replaces it, so the pool keeps its size. With ``overlap`` (a
-store with group commit), a worker whose next run is already waiting keeps a successful
-run's end unwritten (``DeferredEnd``) and writes it beside that run's start: one store
-call, one statement and one commit for the two. The ended run is finished (its waiters
-released, its slot freed) only once its end is written.
+freed and a fresh worker replaces it, so the pool keeps its size. On a store with group
+commit the worker's own writes (a run's start and end) go to the node's ``Writer``, and
+the worker takes its next run while they are written.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from ._registry import RunRegistry
 from .run import carrier_crashed, execute
 
 if TYPE_CHECKING:
-    from ._carrier import DeferredEnd
     from ._dispatch import Dispatcher
     from .run import TaskRun
 
@@ -33,11 +30,8 @@ T = TypeVar("T")
 
 
 class WorkerPool:
-    def __init__(
-        self, *, registry: RunRegistry, dispatcher: Dispatcher, size: int, overlap: bool = False
-    ) -> None:
+    def __init__(self, *, registry: RunRegistry, dispatcher: Dispatcher, size: int) -> None:
         self.name = "chongming-workers"
-        self._overlap = overlap
         self._registry = registry
         self._dispatcher = dispatcher
         self._size = size
@@ -90,43 +84,16 @@ class WorkerPool:
 
     def _work(self) -> None:
         registry, dispatcher = self._registry, self._dispatcher
-        defer = self._overlap
-        ahead: DeferredEnd | None = None  # the previous run's end, not yet written
         while True:
-            if ahead is None:
-                run = dispatcher.get()
-                if run is None:
-                    return
-            else:
-                run = dispatcher.take()
-                if run is None:  # taken by another worker meanwhile: the end goes alone
-                    _carried(ahead.run, ahead.write)
-                    ahead = None
-                    continue
+            run = dispatcher.get()
+            if run is None:
+                return
             registry.started(run)
-            try:
-                end = _carried(run, partial(execute, run, defer, ahead))
-            finally:
-                if ahead is not None:
-                    if not ahead.written:  # the run did not start: nothing to go beside
-                        _carried(ahead.run, ahead.write)
-                    ahead = None
+            _carried(run, partial(execute, run))
             if run.abandoned:
                 return  # abandon() released the slot and started a replacement carrier
-            if end is None:
-                registry.finished(run)
-                dispatcher.done(run)
-                continue
-            end.after = partial(self._finished, run)
-            if not dispatcher.ready():  # no next run to write it beside
-                _carried(run, end.write)
-                continue
-            ahead = end
-
-    def _finished(self, run: TaskRun) -> None:
-        """``run``'s end is written: free its slot."""
-        self._registry.finished(run)
-        self._dispatcher.done(run)
+            registry.finished(run)
+            dispatcher.done(run)
 
 
 def _carried(run: TaskRun, step: Callable[[], T]) -> T | None:

@@ -36,6 +36,7 @@ from ._signals import NotedSignals
 from ._submission import Ownership, Submitter, default_owner, new_task_id
 from ._supervision import Reconciler, ReconcileReport, Supervisor
 from ._workers import WorkerPool
+from ._writer import Writer
 from .clock import Clock, SystemClock
 from .definitions import Definitions, TaskDefinition, TaskRef
 from .errors import (
@@ -193,13 +194,11 @@ class Controller:
         )
         # The services, each started at most once by _start(), all stopped by close().
         self._workers = WorkerPool(
-            registry=self._registry,
-            dispatcher=self._dispatcher,
-            size=max_workers,
-            # A run's end written while its worker starts the next: on a store that
-            # commits side-by-side writes together, the two cost about one.
-            overlap=self.capabilities.group_commit,
+            registry=self._registry, dispatcher=self._dispatcher, size=max_workers
         )
+        # On a store that commits side-by-side writes together, the workers' writes are
+        # made behind them, all that is queued in one store call.
+        self._writer = Writer() if self.capabilities.group_commit else None
         self._pipelines = PipelineRunner(owner=self.owner)
         self._supervisor = Supervisor(
             node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval
@@ -222,6 +221,7 @@ class Controller:
             dispatcher=self._dispatcher,
             workers=self._workers,
             pipelines=self._pipelines,
+            writer=self._writer,
         )
         self._submitter = Submitter(
             node,
@@ -293,6 +293,8 @@ class Controller:
             return  # every submit passes here
         self._working = True
         if not self._workers.started:
+            if self._writer is not None:
+                self._start(self._writer)
             self._start(self._workers, self._supervisor)
         if self._polling and not self._poller.started:
             self._start(self._poller, self._beacon)
@@ -577,6 +579,7 @@ class Controller:
         services: list[Service] = [
             self._scheduler,
             self._workers,
+            *([] if self._writer is None else [self._writer]),
             self._supervisor,
             self._poller,
             self._pipelines,

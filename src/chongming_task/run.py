@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import states
 from ._carrier import Carrier, RunHost, Taken
-from ._writethrough import WriteThrough, persist_together
+from ._writethrough import WriteThrough
 from .errors import TaskUnsuccessful, WaitTimeout
 from .model import ControlOutcome as O
 from .model import (
@@ -260,67 +260,86 @@ class TaskRun(Carrier):
 
     def _write(self) -> None:
         """Write the queued transitions with the snapshot they lead to, in order, holding
-        only the write lock. Whoever writes a terminal transition ends the run: ``wait()``
-        returns once its end is in the store (or buffered after a failed write). Never
-        called holding the state lock."""
-        if self._unwritten is None:
-            return  # nothing queued (whoever queued it writes it)
-        with self._write_lock:
-            with self._lock:
-                pending = self._unwritten
-                if pending is None:
-                    return
-                self._unwritten = None
-                snapshot = self._snapshot
-            self._wt.persist(snapshot, pending)
-            if snapshot.status in states.TERMINAL:
+        only the write lock; returns once they are in the store (or buffered after a
+        failed write). If another thread holds the lock, it writes them before it lets go
+        (``_let_go``), and this returns once it has. Never called holding the state
+        lock."""
+        self._write_lock.acquire()
+        taken = self._let_go()
+        if taken is not None:
+            self._write_held(taken)
+
+    def _let_go(self) -> Taken | None:
+        """Holding the write lock: take what is queued, keeping the lock, or let go of the
+        lock if nothing is. Under the state lock, so a transition queued meanwhile either
+        is taken here or finds the lock free (``_take_if_free``): whoever holds the write
+        lock writes everything queued before it lets go, and none is left behind."""
+        with self._lock:
+            pending = self._unwritten
+            if pending is None:
+                self._write_lock.release()
+                return None
+            self._unwritten = None
+            return pending, self._snapshot
+
+    def _write_held(self, taken: Taken) -> None:
+        """Write ``taken`` (the write lock held) and what is queued meanwhile; let go."""
+        while True:
+            pending, snapshot = taken
+            try:
+                self._wt.persist(snapshot, pending)
+            except BaseException:
+                self._write_lock.release()
+                raise
+            more = self._written_held(snapshot)
+            if more is None:
+                return
+            taken = more
+
+    def _written_held(self, snapshot: TaskSnapshot) -> Taken | None:
+        """``snapshot`` was written (or buffered), the write lock held: whoever writes a
+        terminal transition ends the run (``wait()`` returns once its end is in the
+        store). Then ``_let_go``: what was queued meanwhile, to write next."""
+        if snapshot.status in states.TERMINAL:
+            try:
                 self._end()
+            except BaseException:
+                self._write_lock.release()
+                raise
+        return self._let_go()
+
+    def _take_more(self, taken: Taken) -> Taken:
+        """What ``taken`` holds and whatever was queued since: one write of the latest
+        snapshot, every transition in order (the write lock held)."""
+        with self._lock:
+            more = self._unwritten
+            if more is None:
+                return taken
+            self._unwritten = None
+            return taken[0] + more, self._snapshot
 
     def _take_if_free(self) -> Taken | None:
         """The hot path's shortcut. Caller holds the state lock: if the write lock is free,
-        take it (without waiting: never the wrong order) with the queue; else ``None``,
-        and the caller writes with ``_write()`` once it let go of the state lock."""
+        take it (without waiting: never the wrong order) with the queue; else ``None``:
+        the lock's holder writes the queue before it lets go."""
         if self._unwritten is None or not self._write_lock.acquire(False):
             return None
         pending, self._unwritten = self._unwritten, None
         return pending, self._snapshot
 
     def _write_taken(self, taken: Taken | None) -> None:
-        """Write what ``_take_if_free`` took (after the state lock is let go)."""
-        if taken is None:
+        """The worker's write of what ``_take_if_free`` took, after the state lock is let
+        go: to the node's writer if it has one (the worker goes on at once), else here.
+        ``None``: the write lock's holder writes the queue (without a writer, this waits
+        for it, so the worker's write is in the store when it returns)."""
+        if taken is not None:
+            writer = self._host.writer
+            if writer is None:
+                self._write_held(taken)
+            else:
+                writer.put(self, taken)
+        elif self._host.writer is None:
             self._write()
-            return
-        pending, snapshot = taken
-        try:
-            # As in _write (inline: the worker's every write passes here).
-            self._wt.persist(snapshot, pending)
-            if snapshot.status in states.TERMINAL:
-                self._end()
-        finally:
-            self._write_lock.release()
-
-    def _write_taken_beside(
-        self,
-        taken: Taken,
-        other: TaskRun,
-        other_taken: Taken,
-    ) -> None:
-        """Write what ``_take_if_free`` took of ``other`` and of this run in one store
-        call (one statement on a store with group commit), ``other`` first; each write
-        stands alone. Both write locks are held (taken) and released here."""
-        try:
-            try:
-                persist_together(
-                    [(other._wt, other_taken[1], other_taken[0]), (self._wt, taken[1], taken[0])]
-                )
-                if other_taken[1].status in states.TERMINAL:
-                    other._end()
-            finally:
-                other._write_lock.release()
-            if taken[1].status in states.TERMINAL:
-                self._end()
-        finally:
-            self._write_lock.release()
 
     def _tell_token(self, status: S, tell: Callable[[], None]) -> None:
         """After a control call's write: signal the token only if the run is still in the
@@ -347,23 +366,32 @@ class TaskRun(Carrier):
 
     def _created(self, transition: Transition, *, appended: bool) -> None:
         """The store accepted ``create`` (and, if ``appended``, the creation transition)."""
-        with self._write_lock:
-            self._wt.written_version = self._snapshot.status_version
+        self._write_lock.acquire()  # a command may have reached the run already
+        self._wt.written_version = self._snapshot.status_version
         with self._lock:
             self._history.append(transition)
             if not appended:
                 self._queue(transition)
-        self._write()
+        taken = self._let_go()
+        if taken is not None:
+            self._write_held(taken)
 
     def _catch_up(self) -> bool:
         """Retry buffered writes; returns whether the store is up to date."""
         self._write()
-        with self._write_lock:
+        self._write_lock.acquire()
+        try:
             with self._lock:
                 snapshot = self._refreshed(self._snapshot)
-            if not self._wt.behind(snapshot):
-                return True
-            return self._wt.flush(snapshot)
+            if self._wt.behind(snapshot):
+                self._wt.flush(snapshot)
+        except BaseException:
+            self._write_lock.release()
+            raise
+        more = self._let_go()
+        if more is not None:  # transitioned meanwhile
+            self._write_held(more)
+        return not self._wt.behind(self._snapshot)
 
     @property
     def desynced(self) -> bool:

@@ -168,9 +168,9 @@ def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
     lock): one failed write of `running` is caught up by the final one."""
     from chongming_task import StoreError, Transition
 
-    class BlipStore(SqliteTaskStore):
-        blipped = False
+    blipped = threading.Event()
 
+    class BlipStore(SqliteTaskStore):
         def write_transitions(
             self,
             snapshot: TaskSnapshot,
@@ -178,17 +178,23 @@ def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
             expect_version: int,
             transitions: Sequence[Transition],
         ) -> None:
-            if snapshot.status is S.RUNNING and not self.blipped:
-                self.blipped = True
+            if snapshot.status is S.RUNNING and not blipped.is_set():
+                blipped.set()
                 raise StoreError("network blip (injected)")
             super().write_transitions(
                 snapshot, expect_version=expect_version, transitions=transitions
             )
 
+    def after_the_blip(token: CancellationToken) -> str:
+        # The start is written behind the worker (the writer thread): end only once it
+        # failed, so the end is a write of its own, which catches the start up.
+        assert blipped.wait(5)
+        return "done"
+
     store = BlipStore(tmp_path / "blip.db")
     c = make_controller(store)
-    run = c.submit(c.task(lambda token: "done", name="blip"))
-    assert run.result(5) == "done" and store.blipped
+    run = c.submit(c.task(after_the_blip, name="blip"))
+    assert run.result(5) == "done" and blipped.is_set()
     stored = store.get(run.task_id)
     assert stored is not None and stored.status is S.SUCCEEDED and stored.status_version == 4
     assert [t.to_status for t in store.history(run.task_id)] == [
