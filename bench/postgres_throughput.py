@@ -19,10 +19,11 @@ are not yet complete (chongming-task: tasks not ``succeeded``; procrastinate: jo
 every millisecond, and the time ends at the first answer of none. A contender that
 completes its jobs in buffered batches after the function returns (pgqueuer's status
 log buffer; chongming-task's writer thread) is timed to its commit, never to its
-function's end. The watcher's own queries are taken off the commit counts. Neither
-window holds a contender's start-up or shutdown (pgqueuer's drain mode waits for its
-dequeue timeout before it stops; procrastinate's worker shuts down after the queue is
-empty). How:
+function's end; "tail ms" (of the best run) is that wait, from the last function's end
+to the last completion seen. The watcher's own queries are taken off the commit counts.
+Neither window holds a contender's start-up or shutdown (pgqueuer's drain mode waits for
+its dequeue timeout before it stops; procrastinate's worker shuts down after the queue
+is empty). How:
 
 * chongming-task: ``Controller.submit`` per job (one transaction each); every task lives
   queued -> starting -> running -> succeeded, each transition committed with its
@@ -80,6 +81,9 @@ class Result:
     commits: float
     rows: float
     wal_bytes: float
+    tail: float
+    """Seconds from the last job's function ending until every job was complete in the
+    database."""
 
 
 class Span:
@@ -117,6 +121,7 @@ class Settled:
 
     def __init__(self, conninfo: str, span: Span, remaining: str) -> None:
         self.polls = 0
+        self.tail = 0.0
         self._at: float | None = None
         self._error: BaseException | None = None
         self._span = span
@@ -135,6 +140,7 @@ class Settled:
                 row = self._conn.execute(self._remaining).fetchone()
                 if row is not None and row[0] == 0:
                     self._at = time.perf_counter()
+                    self.tail = self._at - max(self._span.ends)
                     return
                 time.sleep(0.001)
         except BaseException as exc:
@@ -184,7 +190,9 @@ def measured(
         settled.close()
     after = counters(dsn)
     commits, rows, wal = (b - a for a, b in zip(before, after, strict=True))
-    return Result(seconds, (commits - settled.polls) / tasks, rows / tasks, wal / tasks)
+    return Result(
+        seconds, (commits - settled.polls) / tasks, rows / tasks, wal / tasks, settled.tail
+    )
 
 
 def run_chongming(dsn: str, tasks: int, workers: int, mode: str) -> Result:
@@ -398,7 +406,7 @@ def main() -> None:
     )
     print(
         f"{'mode':10} {'contender':15} {'best/s':>7} {'each round':>20} {'vs pgq':>16} "
-        f"{'median':>7} {'commits/job':>12} {'rows/job':>9} {'WAL B/job':>10}"
+        f"{'median':>7} {'commits/job':>12} {'rows/job':>9} {'WAL B/job':>10} {'tail ms':>8}"
     )
     names = list(contenders)
     for mode in MODES:
@@ -421,7 +429,7 @@ def main() -> None:
             print(
                 f"{mode:10} {name:15} {args.tasks / best.seconds:7,.0f} {rates:>20} "
                 f"{each:>16} {statistics.median(ratios):6.2f}x {best.commits:12.2f} "
-                f"{best.rows:9.2f} {best.wal_bytes:10,.0f}"
+                f"{best.rows:9.2f} {best.wal_bytes:10,.0f} {best.tail * 1000:8.1f}"
             )
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
