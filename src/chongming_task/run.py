@@ -299,13 +299,18 @@ class TaskRun(Carrier):
     def _written_held(self, snapshot: TaskSnapshot) -> Taken | None:
         """``snapshot`` was written (or buffered), the write lock held: whoever writes a
         terminal transition ends the run (``wait()`` returns once its end is in the
-        store). Then ``_let_go``: what was queued meanwhile, to write next."""
+        store). Then ``_let_go``: what was queued meanwhile, to write next. Without a
+        writer nobody leaves a write to the holder (a worker that finds the lock busy
+        waits for it), so the lock is let go at once."""
         if snapshot.status in states.TERMINAL:
             try:
                 self._end()
             except BaseException:
                 self._write_lock.release()
                 raise
+        if self._host.writer is None:
+            self._write_lock.release()
+            return None
         return self._let_go()
 
     def _take_more(self, taken: Taken) -> Taken:
@@ -372,9 +377,13 @@ class TaskRun(Carrier):
             self._history.append(transition)
             if not appended:
                 self._queue(transition)
-        taken = self._let_go()
-        if taken is not None:
-            self._write_held(taken)
+            pending = self._unwritten
+            if pending is None:  # as _let_go, without taking the state lock again
+                self._write_lock.release()
+                return
+            self._unwritten = None
+            snapshot = self._snapshot
+        self._write_held((pending, snapshot))
 
     def _catch_up(self) -> bool:
         """Retry buffered writes; returns whether the store is up to date."""
