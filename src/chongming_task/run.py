@@ -102,7 +102,9 @@ class TaskRun(Carrier):
         # Two locks: _lock guards the state (the token shares it, so checkpoint() takes
         # it); _write_lock orders the store writes, which happen holding it alone. Order:
         # _write_lock, then _lock; while holding _lock, _write_lock is only ever tried
-        # without waiting (_take_if_free), so the order can never deadlock.
+        # without waiting (_take_if_free) or let go (_let_go), so the order can never
+        # deadlock. The write lock is a plain Lock: the writer thread lets go of a lock
+        # a worker took.
         self._lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._unwritten: tuple[Transition, ...] | None = None  # made, not yet written
