@@ -94,6 +94,7 @@ class Span:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.done = threading.Event()
+        self.settled: Settled | None = None  # the watcher, set by Settled
 
     def start(self) -> None:
         self.starts.append(time.perf_counter())
@@ -109,8 +110,6 @@ class Span:
         assert len(self.ends) == self.tasks, (len(self.ends), self.tasks)
         assert self.settled is not None, "no watcher saw the jobs complete"
         return self.settled.wait() - (min(self.starts) if since is None else since)
-
-    settled: Settled | None = None
 
 
 class Settled:

@@ -339,14 +339,14 @@ class TaskRun(Carrier):
         go: to the node's writer if it has one (the worker goes on at once), else here.
         ``None``: the write lock's holder writes the queue (without a writer, this waits
         for it, so the worker's write is in the store when it returns)."""
-        if taken is not None:
-            writer = self._host.writer
+        writer = self._host.writer
+        if taken is None:
             if writer is None:
-                self._write_held(taken)
-            else:
-                writer.put(self, taken)
-        elif self._host.writer is None:
-            self._write()
+                self._write()
+        elif writer is None:
+            self._write_held(taken)
+        else:
+            writer.put(self, taken)
 
     def _tell_token(self, status: S, tell: Callable[[], None]) -> None:
         """After a control call's write: signal the token only if the run is still in the

@@ -61,9 +61,9 @@ LifeWrite = tuple[TaskSnapshot, int, Sequence[Transition]]
 class DeclaresGroupCommit(Protocol):
     group_commit: bool
     """True: the store commits writes made side by side together (one statement, one
-    commit), so two writes issued at once cost about one. A worker whose next run is
-    waiting then writes a run's end beside that run's start, in one call
-    (``SupportsWriteTogether``)."""
+    commit), so two writes issued at once cost about one. A node on such a store
+    writes its workers' starts and ends behind them, from one writer thread, all that
+    is queued in one call (``SupportsWriteTogether``)."""
 
 
 @runtime_checkable
