@@ -32,6 +32,10 @@ __all__ = ["InMemoryTaskStore"]
 _STRIPES = 64
 
 
+def _closed() -> StoreError:
+    return StoreError("InMemoryTaskStore is closed")
+
+
 class InMemoryTaskStore:
     """A thread-safe ``TaskStore`` living in this process only."""
 
@@ -61,7 +65,7 @@ class InMemoryTaskStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreError("InMemoryTaskStore is closed")
+            raise _closed()
 
     def create(self, snapshot: TaskSnapshot) -> None:
         # One dict operation, atomic on its own: creating takes no lock, so a submitting
@@ -74,7 +78,8 @@ class InMemoryTaskStore:
         """Optional capability (``SupportsCreateMany``): ``create`` each snapshot and
         ``append`` its transition; an existing id raises ``TaskAlreadyExists`` and takes
         back the tasks this call created."""
-        self._check_open()
+        if self._closed:  # inline on the hot paths: one attribute read, no call
+            raise _closed()
         tasks = self._tasks
         for i, (snapshot, _) in enumerate(items):
             if tasks.setdefault(snapshot.task_id, snapshot) is not snapshot:
@@ -82,19 +87,26 @@ class InMemoryTaskStore:
                     tasks.pop(made.task_id, None)
                 raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
         for _, transition in items:
-            self.append(transition)
+            self._trail(transition.task_id).setdefault(transition.version, transition)
 
     def write_transitions(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
     ) -> None:
         """Optional capability (``SupportsWriteTransitions``): ``save``, then ``append``
-        each transition; a conflict raises with nothing written."""
+        each transition; a conflict raises with nothing written. (The runtime's hot path:
+        one check and one trail lookup for the whole write.)"""
         self.save(snapshot, expect_version=expect_version)
-        for transition in transitions:
-            self.append(transition)
+        if transitions:
+            trail = self._trail(snapshot.task_id)
+            for transition in transitions:
+                if transition.task_id == snapshot.task_id:
+                    trail.setdefault(transition.version, transition)
+                else:
+                    self.append(transition)
 
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
-        self._check_open()
+        if self._closed:  # inline on the hot paths: one attribute read, no call
+            raise _closed()
         task_id = snapshot.task_id
         with self._stripe(task_id):  # compare and set
             current = self._tasks.get(task_id)
@@ -115,7 +127,8 @@ class InMemoryTaskStore:
         )
 
     def get(self, task_id: str) -> TaskSnapshot | None:
-        self._check_open()
+        if self._closed:  # inline on the hot paths: one attribute read, no call
+            raise _closed()
         return self._tasks.get(task_id)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
@@ -137,12 +150,16 @@ class InMemoryTaskStore:
         return out
 
     def append(self, transition: Transition) -> None:
-        # Two setdefault calls, each atomic: idempotent without a lock.
         self._check_open()
-        trail = self._history.get(transition.task_id)
+        self._trail(transition.task_id).setdefault(transition.version, transition)
+
+    def _trail(self, task_id: str) -> dict[int, Transition]:
+        """A task's trail, made on first use. Two ``setdefault`` calls (this one and the
+        caller's), each atomic: appends are idempotent without a lock."""
+        trail = self._history.get(task_id)
         if trail is None:
-            trail = self._history.setdefault(transition.task_id, {})
-        trail.setdefault(transition.version, transition)
+            trail = self._history.setdefault(task_id, {})
+        return trail
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         self._check_open()
