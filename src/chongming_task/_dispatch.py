@@ -52,24 +52,22 @@ class _DelayHeap:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._heap: list[tuple[float, int, TaskRun]] = []
+        # Read by the dispatchers on every get (empty: no retry waits), without a call.
+        self.heap: list[tuple[float, int, TaskRun]] = []
         self._seq = itertools.count()
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
 
     def push(self, run: TaskRun, delay: float) -> None:
         with self._lock:
-            heapq.heappush(self._heap, (self._clock.monotonic() + delay, next(self._seq), run))
+            heapq.heappush(self.heap, (self._clock.monotonic() + delay, next(self._seq), run))
 
     def pop_due(self) -> list[TaskRun]:
-        if not self._heap:
+        if not self.heap:
             return []
         now = self._clock.monotonic()
         due: list[TaskRun] = []
         with self._lock:
-            while self._heap and self._heap[0][0] <= now:
-                due.append(heapq.heappop(self._heap)[2])
+            while self.heap and self.heap[0][0] <= now:
+                due.append(heapq.heappop(self.heap)[2])
         return due
 
 
@@ -95,10 +93,10 @@ class FifoDispatcher:
 
     def get(self) -> TaskRun | None:
         while True:
-            if self._delayed:
+            if self._delayed.heap:
                 self.release_due()
             try:
-                item = self._queue.get(timeout=self._tick if self._delayed else None)
+                item = self._queue.get(timeout=self._tick if self._delayed.heap else None)
             except queue.Empty:
                 continue
             if item is not _WAKE:
@@ -155,7 +153,7 @@ class FairDispatcher:
                 run = self._pick()
                 if run is not None:
                     return run
-                self._cond.wait(self._tick if self._delayed else None)
+                self._cond.wait(self._tick if self._delayed.heap else None)
 
     def done(self, run: TaskRun) -> None:
         with self._cond:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ._registry import RunRegistry
 from .run import carrier_crashed, execute
@@ -25,8 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["WorkerPool"]
 
 log = logging.getLogger("chongming_task.workers")
-
-T = TypeVar("T")
 
 
 class WorkerPool:
@@ -89,20 +85,18 @@ class WorkerPool:
             if run is None:
                 return
             registry.started(run)
-            _carried(run, partial(execute, run))
+            try:
+                execute(run)
+            except BaseException as exc:
+                _crashed(run, exc)
             if run.abandoned:
                 return  # abandon() released the slot and started a replacement carrier
             registry.finished(run)
             dispatcher.done(run)
 
 
-def _carried(run: TaskRun, step: Callable[[], T]) -> T | None:
-    """``step()`` of carrying ``run`` (its attempt, or its end's write); if the runtime
-    itself fails there, the task is ended ``failed`` (``None`` returned), never left
-    active with nobody to finish it."""
-    try:
-        return step()
-    except BaseException as exc:
-        log.exception("task %s: carrier crashed", run.task_id)
-        carrier_crashed(run, exc)
-        return None
+def _crashed(run: TaskRun, exc: BaseException) -> None:
+    """The runtime itself failed while carrying ``run``: the task is ended ``failed``,
+    never left active with nobody to finish it."""
+    log.exception("task %s: carrier crashed", run.task_id)
+    carrier_crashed(run, exc)
