@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import states
@@ -143,7 +144,9 @@ class Carrier:
         current = self._snapshot
         host = self._host
         # The one table decided this path once, at import; the caller checked ``queued``.
-        now = utc(host.clock.now(), "clock.now()")
+        now = host.clock.now()
+        if now.tzinfo is not UTC:  # inline: SystemClock's reading is UTC already
+            now = utc(now, "clock.now()")
         task_id, owner = current.task_id, host.owner
         version = current.status_version + 1
         starting = trusted_transition(

@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -264,6 +264,8 @@ class Controller:
     def _now(self) -> datetime:
         """The clock's reading in UTC; a naive reading is a configuration fault."""
         now = self.clock.now()
+        if now.tzinfo is UTC:  # SystemClock's reading: nothing to convert
+            return now
         try:
             return utc(now, "clock.now()")
         except (ValueError, AttributeError):

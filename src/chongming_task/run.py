@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
 
 from . import states
 from ._carrier import Carrier, RunHost, Taken
@@ -84,6 +84,7 @@ class TaskRun(Carrier):
         "definition",
         "node_key",
         "pipeline",
+        "task_id",
         "token",
     )
 
@@ -96,6 +97,7 @@ class TaskRun(Carrier):
         kwargs: dict[str, Any],
     ) -> None:
         self._host = host
+        self.task_id: Final[str] = snapshot.task_id  # an attribute: read on every hot path
         self.definition = definition
         self._args = args
         self._kwargs = kwargs
@@ -136,10 +138,6 @@ class TaskRun(Carrier):
         return f"<TaskRun {s.task_id} {s.name} {s.status.value} v{s.status_version}>"
 
     # -- the handle ------------------------------------------------------------------------------
-
-    @property
-    def task_id(self) -> str:
-        return self._snapshot.task_id
 
     @property
     def name(self) -> str:
@@ -228,7 +226,9 @@ class TaskRun(Carrier):
             current = self._snapshot
             if not states.is_legal(current.status, to):
                 states.check(current.task_id, current.status, to)  # raises, with the ids
-            now = utc(self._host.clock.now(), "clock.now()")
+            now = self._host.clock.now()
+            if now.tzinfo is not UTC:  # inline: SystemClock's reading is UTC already
+                now = utc(now, "clock.now()")
             version = current.status_version + 1
             if to in states.TERMINAL and "ended_at" not in changes:
                 changes["ended_at"] = now
