@@ -349,6 +349,29 @@ def test_a_batch_lands_in_one_statement_and_each_caller_sees_its_commit(tmp_path
     store.close()
 
 
+def test_a_batch_of_every_kind_over_several_statements_lands_whole(tmp_path: Path) -> None:
+    """A batch is written kind by kind, 64 rows a statement: new tasks, compare-and-sets
+    and trail rows cut across statement boundaries (here 110 rows: 30 new, 25 life and 9
+    trail rows, then 46 trail rows) and every write lands with its trail."""
+    store = SqliteTaskStore(tmp_path / "g.db")
+    store.create_many([_created(f"old{i}") for i in range(25)])
+    steps = [_step(f"old{i}", 2) for i in range(25)]
+    calls: list[object] = [
+        lambda s=s, t=t: store.write_transitions(s, expect_version=1, transitions=t)
+        for s, t in steps
+    ]
+    calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(30)]))
+    assert _queued_writes(store, calls) == [None] * 26
+    for snapshot, trail in steps:
+        assert store.get(snapshot.task_id) == snapshot
+        assert [t.version for t in store.history(snapshot.task_id)] == [1, 2]
+        assert store.history(snapshot.task_id)[1] == trail[0]
+    for i in range(30):
+        assert store.get(f"new{i}") == snap(f"new{i}")
+        assert [t.version for t in store.history(f"new{i}")] == [1]
+    store.close()
+
+
 def test_a_conflict_in_a_batch_fails_only_its_own_caller(tmp_path: Path) -> None:
     from chongming_task import TaskAlreadyExists
 
@@ -461,7 +484,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     from chongming_task.states import TERMINAL
     from chongming_task.stores import codec
     from chongming_task.stores._sql import load_named
-    from chongming_task.stores._sqlite_group import WRITE_VIEW_COLUMNS
+    from chongming_task.stores._sqlite_group import LIFE_FILLS, WRITE_VIEW_COLUMNS
 
     store = SqliteTaskStore(tmp_path / "s.db")
     store.close()
@@ -475,6 +498,12 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         assert columns("transitions") == codec.TRANSITION_COLUMNS
         assert columns("commands") == codec.COMMAND_COLUMNS
         assert columns("task_writes") == WRITE_VIEW_COLUMNS
+        # A life row binds only LIFE_FILLS (the rest is NULL in the statement): a column
+        # the trigger reads and the row leaves out would be written NULL, silently.
+        (life,) = raw.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
+        ).fetchone()
+        assert set(re.findall(r"NEW\.(\w+)", life)) == {"kind", *LIFE_FILLS}
     finally:
         raw.close()
     statements = load_named("sqlite.sql")

@@ -4,11 +4,14 @@ one statement (``GroupCommit``), through the ``task_writes`` view of ``sqlite.sq
 Each row of a batch is one row of that view: ``kind`` ("new", "life" or "trail"), the
 task's columns, ``expect`` (a compare-and-set's expected version), then the trail's
 columns after ``task_id``. ``WRITE_VIEW_COLUMNS`` is that order (a test compares it with
-the view the schema makes).
+the view the schema makes). A row binds only the columns its kind fills (a new task's,
+a compare-and-set's ``LIFE_FILLS``, a transition's); the statement says NULL for the
+rest.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from collections import deque
@@ -17,10 +20,9 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
-from ..model import Transition
 from . import codec
 
-__all__ = ["AT", "NEW_PAD", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest", "trail_row"]
+__all__ = ["LIFE_FILLS", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest"]
 
 _TRAIL_VALUES = tuple(c for c in codec.TRANSITION_COLUMNS if c != "task_id")
 WRITE_VIEW_COLUMNS = ("kind", *codec.TASK_COLUMNS, "expect", *_TRAIL_VALUES)
@@ -28,58 +30,97 @@ _CONFLICT_MESSAGE = "chongming-task: status_version moved"  # raised by task_wri
 Scope = Callable[[str], AbstractContextManager[sqlite3.Connection]]
 """A store scope: ``with scope(what) as conn`` (``what`` names the work in errors)."""
 
-AT = {c: i for i, c in enumerate(WRITE_VIEW_COLUMNS)}
-_WIDTH = len(WRITE_VIEW_COLUMNS)
-_ROWS_PER_STATEMENT = 64  # 64 x 27 parameters, well under SQLite's limit (32766)
+_ROWS_PER_STATEMENT = 64  # 64 x 27 parameters at most, well under SQLite's limit (32766)
 
+LIFE_FILLS = (
+    "task_id",
+    "status",
+    "status_version",
+    "attempt",
+    "started_at",
+    "ended_at",
+    "last_heartbeat_at",
+    "progress",
+    "failure",
+    "outcome",
+    "expect",
+)
+"""The values of a ``life`` row, in this order: what ``task_writes_life`` reads."""
 
-NEW_PAD = [None] * (1 + len(_TRAIL_VALUES))  # expect, trail columns
-
-
-_TRAIL_PAD = [None] * (len(codec.TASK_COLUMNS) - 1 + 1)  # task columns after task_id, expect
-
-
-def trail_row(t: Transition) -> list[Any]:
-    task_id, *trail = codec.transition_to_values(t)
-    return ["trail", task_id, *_TRAIL_PAD, *trail]
-
-
-_ONE_ROW = "(" + ", ".join("?" * _WIDTH) + ")"
+# Which columns of the view each kind of row fills, in the view's order. The others are
+# NULL in the statement's text, not bound: Python's sqlite3 passes every bound value that
+# is not exactly an int, float or str through its adapter registry, None included, and
+# each such lookup formats an AttributeError that it then throws away (CPython 3.11); a
+# task's life bound ~110 None of padding, which cost a third of its instructions.
+_FILLS = {"new": codec.TASK_COLUMNS, "life": LIFE_FILLS, "trail": codec.TRANSITION_COLUMNS}
+for _kind, _fills in _FILLS.items():
+    assert [c for c in WRITE_VIEW_COLUMNS if c in _fills] == list(_fills), _kind
+_TEMPLATE = {
+    kind: f"('{kind}', "
+    + ", ".join("?" if c in fills else "NULL" for c in WRITE_VIEW_COLUMNS[1:])
+    + ")"
+    for kind, fills in _FILLS.items()
+}
 _WRITE_HEAD = f"INSERT INTO task_writes ({', '.join(WRITE_VIEW_COLUMNS)}) VALUES "
 
 
-# The statement for each row count, built once: the same string object each time keeps
-# the sqlite3 statement-cache lookup to a cached hash.
-_WRITE_SQL = ["", *(_WRITE_HEAD + ", ".join([_ONE_ROW] * n) for n in range(1, 65))]
+@functools.lru_cache(maxsize=512)  # as many as the connection's statement cache
+def _write_sql(new: int, life: int, trail: int) -> str:
+    """The statement for a part with this many rows of each kind, in that order (the same
+    string object each time: the sqlite3 statement cache looks it up by a cached hash)."""
+    rows = [_TEMPLATE["new"]] * new + [_TEMPLATE["life"]] * life + [_TEMPLATE["trail"]] * trail
+    return _WRITE_HEAD + ", ".join(rows)
 
 
-def _write_rows(conn: sqlite3.Connection, rows: list[list[Any]]) -> None:
-    """Insert ``rows`` into the write view: one statement (per 64 rows)."""
+Row = Sequence[Any]
+
+
+def _write_rows(
+    conn: sqlite3.Connection, new: list[Row], life: list[Row], trail: list[Row]
+) -> None:
+    """Insert the rows into the write view, kind by kind (new tasks, then compare-and-sets,
+    then the trail): one statement per 64 rows. No write depends on another of the same
+    batch (a task's start is queued only once its create has committed, and the trail
+    is its own table), so the order of kinds changes nothing but the statement's text."""
+    rows = [*new, *life, *trail]
     for offset in range(0, len(rows), _ROWS_PER_STATEMENT):
         part = rows[offset : offset + _ROWS_PER_STATEMENT]
-        conn.execute(_WRITE_SQL[len(part)], [v for row in part for v in row])
+        end = offset + len(part)
+        news = max(0, min(len(new), end) - offset)
+        lives = max(0, min(len(new) + len(life), end) - offset) - news
+        sql = _write_sql(news, lives, len(part) - news - lives)
+        conn.execute(sql, [v for row in part for v in row])
 
 
 class WriteRequest:
-    """One caller's write, as rows of the write view: new tasks with their trail
+    """One caller's write, as rows of the write view by kind: new tasks with their trail
     (``create_many``), or one task's compare-and-set with its trail
     (``write_transitions``)."""
 
-    __slots__ = ("creates", "done", "error", "expect", "rows")
+    __slots__ = ("creates", "done", "error", "expect", "life", "new", "trail")
 
     def __init__(
         self,
-        rows: list[list[Any]],
         *,
-        creates: int = 0,
+        new: list[Row] | None = None,
+        life: list[Row] | None = None,
+        trail: list[Row],
         expect: tuple[str, int] | None = None,
     ) -> None:
-        self.rows = rows
-        self.creates = creates
+        self.new = new or []
+        self.life = life or []
+        self.trail = trail
+        self.creates = len(self.new)
         self.expect = expect
         self.error: BaseException | None = None
         self.done = threading.Lock()
         self.done.acquire()  # released once the request is committed or has failed
+
+    @property
+    def task_id(self) -> str:
+        """The (first) task this request writes, for errors."""
+        first = self.new or self.life or self.trail
+        return str(first[0][0]) if first else "?"
 
     def apply_alone(self, conn: sqlite3.Connection) -> None:
         """This request by itself, all or nothing, in a savepoint of the caller's
@@ -95,7 +136,7 @@ class WriteRequest:
 
     def _insert(self, conn: sqlite3.Connection) -> None:
         try:
-            _write_rows(conn, self.rows)
+            _write_rows(conn, self.new, self.life, self.trail)
         except sqlite3.IntegrityError as exc:
             if self.expect is not None and _CONFLICT_MESSAGE in str(exc):
                 task_id, expected = self.expect
@@ -207,12 +248,14 @@ class GroupCommit:
 
     def _commit(self, batch: list[WriteRequest]) -> None:
         """Called holding the store's lock."""
-        rows = [row for request in batch for row in request.rows]
+        new = [row for request in batch for row in request.new]
+        life = [row for request in batch for row in request.life]
+        trail = [row for request in batch for row in request.trail]
         try:
-            if len(rows) <= _ROWS_PER_STATEMENT:
+            if len(new) + len(life) + len(trail) <= _ROWS_PER_STATEMENT:
                 try:  # the common case: one statement, its own transaction
                     with self._statement("group commit") as conn:
-                        _write_rows(conn, rows)
+                        _write_rows(conn, new, life, trail)
                 except StoreError as exc:
                     if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
                         raise
@@ -220,7 +263,7 @@ class GroupCommit:
             else:
                 try:
                     with self._transaction("group commit") as conn:
-                        _write_rows(conn, rows)
+                        _write_rows(conn, new, life, trail)
                 except StoreError as exc:
                     if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
                         raise
@@ -249,5 +292,4 @@ class GroupCommit:
                 except (ConcurrencyConflict, TaskAlreadyExists) as exc:
                     request.error = exc  # its own failure: nothing of it written
                 except UnicodeEncodeError as exc:  # refused at bind: nothing of it written
-                    task_id = request.rows[0][1] if request.rows else "?"
-                    request.error = self._not_text(exc, f"write of task {task_id}")
+                    request.error = self._not_text(exc, f"write of task {request.task_id}")

@@ -42,7 +42,7 @@ from ._sql import (
     query_sql,
     verdicts_of_expired,
 )
-from ._sqlite_group import AT, NEW_PAD, WRITE_VIEW_COLUMNS, GroupCommit, WriteRequest, trail_row
+from ._sqlite_group import GroupCommit, WriteRequest
 from ._sqlite_scopes import ReadScope, WriteScope
 from ._supports import LifeWrite
 from .capabilities import Verdict
@@ -387,9 +387,12 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
         Committed by group commit (``GroupCommit``): it returns once the rows are
         committed, possibly in one transaction with other threads' writes."""
-        rows = [["new", *codec.snapshot_to_values(s), *NEW_PAD] for s, _ in items]
-        rows += [trail_row(t) for _, t in items]
-        self._group_write(WriteRequest(rows, creates=len(items)))
+        self._group_write(
+            WriteRequest(
+                new=[codec.snapshot_to_values(s) for s, _ in items],
+                trail=[codec.transition_to_values(t) for _, t in items],
+            )
+        )
 
     def write_transitions(
         self,
@@ -565,19 +568,22 @@ def _life_request(
     snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
 ) -> WriteRequest:
     """A compare-and-set of the columns a task's life changes, with its trail, as rows
-    of the write view."""
-    life: list[Any] = [None] * len(WRITE_VIEW_COLUMNS)
-    life[0] = "life"
-    life[1] = snapshot.task_id
-    life[AT["status"]] = codec.STATUS_TEXT[snapshot.status]
-    life[AT["status_version"]] = snapshot.status_version
-    life[AT["attempt"]] = snapshot.attempt
-    life[AT["started_at"]] = codec.encode_dt(snapshot.started_at)
-    life[AT["ended_at"]] = codec.encode_dt(snapshot.ended_at)
-    life[AT["last_heartbeat_at"]] = codec.encode_dt(snapshot.last_heartbeat_at)
-    life[AT["progress"]] = codec.encode_progress(snapshot.progress)
-    life[AT["failure"]] = codec.encode_failure(snapshot.failure)
-    life[AT["outcome"]] = codec.encode_json(snapshot.outcome)
-    life[AT["expect"]] = expect_version
-    rows = [life, *map(trail_row, transitions)]
-    return WriteRequest(rows, expect=(snapshot.task_id, expect_version))
+    of the write view (the life row's values in ``LIFE_FILLS`` order)."""
+    life = (
+        snapshot.task_id,
+        codec.STATUS_TEXT[snapshot.status],
+        snapshot.status_version,
+        snapshot.attempt,
+        codec.encode_dt(snapshot.started_at),
+        codec.encode_dt(snapshot.ended_at),
+        codec.encode_dt(snapshot.last_heartbeat_at),
+        codec.encode_progress(snapshot.progress),
+        codec.encode_failure(snapshot.failure),
+        codec.encode_json(snapshot.outcome),
+        expect_version,
+    )
+    return WriteRequest(
+        life=[life],
+        trail=[codec.transition_to_values(t) for t in transitions],
+        expect=(snapshot.task_id, expect_version),
+    )
