@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._text import utf8_fault
 from .errors import InvalidValue
@@ -184,29 +184,42 @@ class TaskSnapshot:
     def is_terminal(self) -> bool:
         return self.status.is_terminal
 
-    def evolve(self, **changes: Any) -> TaskSnapshot:
-        """``dataclasses.replace`` for the hot path (every transition makes one): copies
-        the slots and validates only the fields that change."""
-        if not _SNAPSHOT_FIELD_SET.issuperset(changes):
-            raise TypeError(f"unknown TaskSnapshot field(s): {set(changes) - _SNAPSHOT_FIELD_SET}")
-        new: TaskSnapshot = _copy_snapshot(self, changes)
-        for name in _SNAPSHOT_TIME_SET.intersection(changes):
-            value = changes[name]
-            if value is not None and value.tzinfo is not UTC:
-                object.__setattr__(new, name, utc(value, name))
-        if "tags" in changes and not isinstance(new.tags, frozenset):
-            object.__setattr__(new, "tags", frozenset(new.tags))
-        return new
+    if TYPE_CHECKING:  # made below (_make_evolver): one generated function
+
+        def evolve(self, **changes: Any) -> TaskSnapshot: ...
 
 
-def _make_copier(cls: type, names: tuple[str, ...]) -> Any:
-    """An unrolled ``copy with changes`` for a frozen slots class: one generated function
-    that copies every slot, then sets the few changes over it (cheaper than asking each
-    slot whether it changed). ``changes`` must name fields only (the caller checks)."""
-    lines = ["def copy(self, changes):", "    new = _new(_twin)"]
-    lines += [f"    new.{name} = self.{name}" for name in names]
-    lines += ["    for name, value in changes.items():", "        _setattr(new, name, value)"]
-    return _compile(cls, names, lines, "copy")
+def _make_evolver(cls: type, names: tuple[str, ...], times: tuple[str, ...]) -> Any:
+    """``evolve``, unrolled for ``cls``: one keyword parameter per field (an unknown name
+    is Python's own ``TypeError``), each slot copied unless given; given datetimes are
+    made UTC (naive ones refused) and given tags a frozenset, the only checks a changed
+    field needs. About a third faster than a loop over a dict of changes."""
+    lines = [f"def evolve(self, *, {', '.join(f'{n}=_KEEP' for n in names)}):"]
+    lines.append("    new = _new(_twin)")
+    for name in names:
+        if name in times:
+            lines += [
+                f"    if {name} is _KEEP:",
+                f"        new.{name} = self.{name}",
+                f"    elif {name} is None or {name}.tzinfo is _UTC:",
+                f"        new.{name} = {name}",
+                "    else:",
+                f"        new.{name} = _utc({name}, {name!r})",
+            ]
+        elif name == "tags":
+            lines.append(
+                "    new.tags = self.tags if tags is _KEEP else "
+                "tags if isinstance(tags, frozenset) else frozenset(tags)"
+            )
+        else:
+            lines.append(f"    new.{name} = self.{name} if {name} is _KEEP else {name}")
+    evolve = _compile(cls, names, lines, "evolve", _KEEP=object(), _UTC=UTC, _utc=utc)
+    evolve.__doc__ = (
+        "``dataclasses.replace`` for the hot path (every transition makes one): copies "
+        "the slots and checks only the fields that change."
+    )
+    evolve.__qualname__ = f"{cls.__name__}.evolve"
+    return evolve
 
 
 def _make_builder(cls: type, names: tuple[str, ...]) -> Any:
@@ -217,23 +230,24 @@ def _make_builder(cls: type, names: tuple[str, ...]) -> Any:
     return _compile(cls, names, lines, "build")
 
 
-def _compile(cls: type, names: tuple[str, ...], lines: list[str], function: str) -> Any:
+def _compile(
+    cls: type, names: tuple[str, ...], lines: list[str], function: str, **scope: Any
+) -> Any:
     """Define ``function`` from ``lines``, which fill ``new``: an instance of a mutable
     twin of ``cls`` (the same slots, in the same order), whose plain attribute stores the
     interpreter does in one step each, where a frozen class's slots are set through a
     descriptor call apiece (about twice as slow for a snapshot). Once filled, ``new``
     becomes a ``cls``: the layouts are the same, so Python allows the class switch."""
     twin = type(f"_Mutable{cls.__name__}", (), {"__slots__": names})
-    scope: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
-    scope["_setattr"] = object.__setattr__
+    scope.update(_new=object.__new__, _twin=twin, _cls=cls)
     exec("\n".join([*lines, "    new.__class__ = _cls", "    return new"]), scope)
     return scope[function]
 
 
 _SNAPSHOT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TaskSnapshot))
-_SNAPSHOT_FIELD_SET = frozenset(_SNAPSHOT_FIELDS)
-_SNAPSHOT_TIME_SET = frozenset(_SNAPSHOT_TIMES)
-_copy_snapshot = _make_copier(TaskSnapshot, _SNAPSHOT_FIELDS)
+TaskSnapshot.evolve = _make_evolver(  # type: ignore[method-assign]  # declared above
+    TaskSnapshot, _SNAPSHOT_FIELDS, _SNAPSHOT_TIMES
+)
 trusted_snapshot = _make_builder(TaskSnapshot, _SNAPSHOT_FIELDS)
 """Build a ``TaskSnapshot`` from already-normalised values (store codecs only)."""
 

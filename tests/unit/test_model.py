@@ -1,0 +1,81 @@
+"""The records' generated fast paths (``TaskSnapshot.evolve``, the trusted builders) keep
+the contract of the dataclasses they stand in for: the same values, frozen, checked."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from chongming_task.model import (
+    Progress,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    trusted_snapshot,
+    trusted_transition,
+)
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _snapshot() -> TaskSnapshot:
+    return TaskSnapshot(
+        task_id="t1", name="job", status=TaskStatus.QUEUED, status_version=1, created_at=T0
+    )
+
+
+def test_evolve_is_dataclasses_replace_for_every_field() -> None:
+    base = _snapshot()
+    changes = {
+        "status": TaskStatus.RUNNING,
+        "status_version": 3,
+        "attempt": 1,
+        "started_at": T0 + timedelta(seconds=1),
+        "progress": Progress(current=2, total=4),
+        "outcome": {"a": [1]},
+        "lease_owner": "n",
+    }
+    evolved = base.evolve(**changes)
+    assert type(evolved) is TaskSnapshot
+    assert evolved == dataclasses.replace(base, **changes)
+    assert base.status is TaskStatus.QUEUED  # the original is untouched
+    assert base.evolve() == base and base.evolve() is not base
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        evolved.status_version = 4  # type: ignore[misc]
+
+
+def test_evolve_checks_what_it_changes() -> None:
+    base = _snapshot()
+    at_two = datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    moved = base.evolve(started_at=at_two, ended_at=None, tags=["b", "a"])
+    assert moved.started_at == T0 and moved.started_at.tzinfo is UTC
+    assert moved.tags == frozenset({"a", "b"}) and isinstance(moved.tags, frozenset)
+    with pytest.raises(ValueError, match="started_at must be timezone-aware"):
+        base.evolve(started_at=datetime(2026, 3, 1, 12, 0))
+    with pytest.raises(TypeError, match="bogus"):
+        base.evolve(bogus=1)
+
+
+def test_the_trusted_builders_make_the_same_records() -> None:
+    snapshot = _snapshot()
+    built = trusted_snapshot(
+        **{f.name: getattr(snapshot, f.name) for f in dataclasses.fields(snapshot)}
+    )
+    assert type(built) is TaskSnapshot and built == snapshot
+    transition = Transition(
+        task_id="t1", version=1, from_status=None, to_status=TaskStatus.QUEUED, at=T0
+    )
+    made = trusted_transition(
+        task_id="t1",
+        version=1,
+        from_status=None,
+        to_status=TaskStatus.QUEUED,
+        at=T0,
+        reason=None,
+        actor=None,
+    )
+    assert type(made) is Transition and made == transition and hash(made) == hash(transition)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.version = 2  # type: ignore[misc]
