@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -24,11 +25,14 @@ def in_rounds(contenders: Mapping[str, Callable[[], R]], rounds: int) -> dict[st
     """Each contender's results, one per round; each round runs every contender once, the
     order turning from round to round. Rounds, not one contender's runs back to back:
     this VM drifts by tens of per cent over minutes, and a ratio is only fair between
-    runs made side by side."""
+    runs made side by side. Each run starts from a collected heap: what the one before
+    it left for the cyclic garbage collector (a closed controller's store, say) is not
+    walked again on the next contender's time."""
     names = list(contenders)
     results: dict[str, list[R]] = {name: [] for name in names}
     for k in range(rounds):
         turn = k % len(names)
         for name in names[turn:] + names[:turn]:
+            gc.collect()
             results[name].append(contenders[name]())
     return results
