@@ -39,3 +39,21 @@ def test_a_transition_at_another_offset_is_stored_in_utc() -> None:
 
 def test_every_status_has_its_stored_text() -> None:
     assert {s: codec.STATUS_TEXT[s] for s in TaskStatus} == {s: s.value for s in TaskStatus}
+
+
+def test_stored_time_text_is_isoformat_to_the_microsecond() -> None:
+    """encode_dt formats the fields itself (isoformat is slower): the same text, fixed
+    width, across the whole range, so text order stays time order."""
+    import random
+
+    rng = random.Random(7)
+    first = datetime(1, 1, 1, tzinfo=UTC)
+    span = (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC) - first) // timedelta(
+        microseconds=1
+    )
+    samples = [first, first + timedelta(microseconds=span)]
+    samples += [first + timedelta(microseconds=rng.randrange(span)) for _ in range(2000)]
+    texts = [codec.encode_dt(at) for at in samples]
+    assert texts == [at.isoformat(timespec="microseconds") for at in samples]
+    assert {len(text) for text in texts if text is not None} == {32}
+    assert sorted(texts, key=str) == [codec.encode_dt(at) for at in sorted(samples)]

@@ -120,10 +120,23 @@ def encode_dt(value: datetime | None) -> str | None:
     """UTC, fixed-width ISO 8601 text; ``None`` stays ``None``. Naive input is rejected."""
     if value is None:
         return None
-    # Fixed width ("...T12:00:00.000000+00:00"), so text order is time order.
+    # Fixed width ("...T12:00:00.000000+00:00"), so text order is time order. The same
+    # text as isoformat(timespec="microseconds"), a third cheaper (every write makes
+    # several): isoformat formats the zone's offset on each call.
     if value.tzinfo is not UTC:
         value = utc(value)
-    return value.isoformat(timespec="microseconds")
+    return _ISO % (
+        value.year,
+        value.month,
+        value.day,
+        value.hour,
+        value.minute,
+        value.second,
+        value.microsecond,
+    )
+
+
+_ISO = "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00"
 
 
 def decode_dt(value: str | datetime | None) -> datetime | None:
