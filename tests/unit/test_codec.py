@@ -57,3 +57,28 @@ def test_stored_time_text_is_isoformat_to_the_microsecond() -> None:
     assert texts == [at.isoformat(timespec="microseconds") for at in samples]
     assert {len(text) for text in texts if text is not None} == {32}
     assert sorted(texts, key=str) == [codec.encode_dt(at) for at in sorted(samples)]
+
+
+def test_life_values_are_the_life_columns_of_the_row() -> None:
+    """The SQL stores' compare-and-set writes ``life_values`` by position: the values of
+    ``LIFE_COLUMNS``, the same as the full row's."""
+    from chongming_task.model import Failure, FailureKind, Progress, TaskSnapshot
+
+    at = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    snapshot = TaskSnapshot(
+        task_id="t1",
+        name="job",
+        status=TaskStatus.FAILED,
+        status_version=5,
+        created_at=at,
+        attempt=2,
+        started_at=at,
+        ended_at=at,
+        last_heartbeat_at=at,
+        progress=Progress(current=1, total=2, message="m"),
+        failure=Failure(kind=FailureKind.EXCEPTION, message="boom"),
+        outcome={"k": [1]},
+    )
+    row = codec.snapshot_to_row(snapshot)
+    assert codec.life_values(snapshot) == [row[c] for c in codec.LIFE_COLUMNS]
+    assert set(codec.LIFE_COLUMNS) < set(codec.TASK_COLUMNS)

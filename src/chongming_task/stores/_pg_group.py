@@ -96,19 +96,7 @@ class GroupWrite:
 
 def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
     """The columns a task's life changes (the identity columns are fixed at create)."""
-    return [
-        snapshot.task_id,
-        expect,
-        codec.STATUS_TEXT[snapshot.status],
-        snapshot.status_version,
-        snapshot.attempt,
-        codec.encode_dt(snapshot.started_at),
-        codec.encode_dt(snapshot.ended_at),
-        codec.encode_dt(snapshot.last_heartbeat_at),
-        codec.encode_progress(snapshot.progress),
-        codec.encode_failure(snapshot.failure),
-        codec.encode_json(snapshot.outcome),
-    ]
+    return [snapshot.task_id, expect, *codec.life_values(snapshot)]
 
 
 def group_statements(sql: Mapping[str, str]) -> dict[Shape, bytes]:

@@ -32,19 +32,7 @@ Scope = Callable[[str], AbstractContextManager[sqlite3.Connection]]
 
 _ROWS_PER_STATEMENT = 64  # 64 x 27 parameters at most, well under SQLite's limit (32766)
 
-LIFE_FILLS = (
-    "task_id",
-    "status",
-    "status_version",
-    "attempt",
-    "started_at",
-    "ended_at",
-    "last_heartbeat_at",
-    "progress",
-    "failure",
-    "outcome",
-    "expect",
-)
+LIFE_FILLS = ("task_id", *codec.LIFE_COLUMNS, "expect")
 """The values of a ``life`` row, in this order: what ``task_writes_life`` reads."""
 
 # Which columns of the view each kind of row fills, in the view's order. The others are

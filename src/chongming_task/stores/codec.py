@@ -30,6 +30,7 @@ from ..model import (
 __all__ = [
     "COMMAND_COLUMNS",
     "LEASE_COLUMNS",
+    "LIFE_COLUMNS",
     "SAVE_COLUMNS",
     "STATUS_TEXT",
     "TASK_COLUMNS",
@@ -48,6 +49,7 @@ __all__ = [
     "encode_json",
     "encode_progress",
     "encode_tags",
+    "life_values",
     "row_to_command",
     "row_to_snapshot",
     "row_to_transition",
@@ -86,6 +88,14 @@ TASK_COLUMNS: tuple[str, ...] = (
     "lease_until",
 )
 LEASE_COLUMNS: tuple[str, ...] = ("lease_owner", "lease_until")
+_FIXED_AT_CREATE = frozenset(
+    ("task_id", "name", "tags", "bucket", "bucket_key", "pipeline_run_id", "owner", "created_at")
+)
+LIFE_COLUMNS: tuple[str, ...] = tuple(
+    c for c in TASK_COLUMNS if c not in _FIXED_AT_CREATE and c not in LEASE_COLUMNS
+)
+"""The columns a task's life changes (the identity columns are fixed at create, the lease
+is ``touch``'s): what the SQL stores' compare-and-set writes."""
 STATUS_TEXT: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
 """Each status as stored (a dict lookup: an enum's ``.value`` is a slow property)."""
 SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in TASK_COLUMNS if c not in LEASE_COLUMNS)
@@ -317,6 +327,21 @@ def row_to_command(row: Mapping[str, Any]) -> Command:
 def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
     row = snapshot_to_row(snapshot)
     return [row[c] for c in TASK_COLUMNS]
+
+
+def life_values(snapshot: TaskSnapshot) -> list[Any]:
+    """``snapshot``'s ``LIFE_COLUMNS``, in that order."""
+    return [
+        STATUS_TEXT[snapshot.status],
+        snapshot.status_version,
+        snapshot.attempt,
+        encode_dt(snapshot.started_at),
+        encode_dt(snapshot.ended_at),
+        encode_dt(snapshot.last_heartbeat_at),
+        encode_progress(snapshot.progress),
+        encode_failure(snapshot.failure),
+        encode_json(snapshot.outcome),
+    ]
 
 
 def transition_to_values(transition: Transition) -> list[Any]:

@@ -402,7 +402,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         transitions: Sequence[Transition],
     ) -> None:
         """Optional capability (not part of ``TaskStore``), used by the write-through:
-        compare-and-set the columns a task's life changes (``_LIFE_COLUMNS``; the identity
+        compare-and-set the columns a task's life changes (``codec.LIFE_COLUMNS``; the identity
         columns are fixed at create) and ``append`` the transitions, in one transaction,
         every row encoded before the connection lock is taken. Raises
         ``ConcurrencyConflict`` like ``save``, with nothing written.
@@ -569,19 +569,7 @@ def _life_request(
 ) -> WriteRequest:
     """A compare-and-set of the columns a task's life changes, with its trail, as rows
     of the write view (the life row's values in ``LIFE_FILLS`` order)."""
-    life = (
-        snapshot.task_id,
-        codec.STATUS_TEXT[snapshot.status],
-        snapshot.status_version,
-        snapshot.attempt,
-        codec.encode_dt(snapshot.started_at),
-        codec.encode_dt(snapshot.ended_at),
-        codec.encode_dt(snapshot.last_heartbeat_at),
-        codec.encode_progress(snapshot.progress),
-        codec.encode_failure(snapshot.failure),
-        codec.encode_json(snapshot.outcome),
-        expect_version,
-    )
+    life = [snapshot.task_id, *codec.life_values(snapshot), expect_version]
     return WriteRequest(
         life=[life],
         trail=[codec.transition_to_values(t) for t in transitions],
