@@ -106,7 +106,8 @@ class WriteThrough:
                     snapshot, expect_version=self.written_version, transitions=pending
                 )
             except Exception as exc:
-                return self._settle(snapshot, exc, len(pending), False) or self._keep(pending)
+                caught = self._settle(snapshot, exc, len(pending), not pending)
+                return caught or self._keep(pending)
             self.written_version = snapshot.status_version
             self.last_error = None
             return True
