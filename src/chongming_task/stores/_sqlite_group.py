@@ -67,9 +67,11 @@ def _write_rows(
     conn: sqlite3.Connection, new: list[Row], life: list[Row], trail: list[Row]
 ) -> None:
     """Insert the rows into the write view, kind by kind (new tasks, then compare-and-sets,
-    then the trail): one statement per 64 rows. No write depends on another of the same
-    batch (a task's start is queued only once its create has committed, and the trail
-    is its own table), so the order of kinds changes nothing but the statement's text."""
+    then the trail): one statement per 64 rows. Rows keep their order within a kind, new
+    tasks come before any compare-and-set (the runtime queues a task's start only once its
+    create has committed; a direct caller's create and first write in one batch still
+    both land), and the trail is its own table: the order of kinds changes the
+    statement's text, not what a batch writes."""
     rows = [*new, *life, *trail]
     for offset in range(0, len(rows), _ROWS_PER_STATEMENT):
         part = rows[offset : offset + _ROWS_PER_STATEMENT]
