@@ -87,7 +87,7 @@ class WriteRequest:
     (``create_many``), or one task's compare-and-set with its trail
     (``write_transitions``)."""
 
-    __slots__ = ("creates", "done", "error", "expect", "life", "new", "trail")
+    __slots__ = ("done", "error", "expect", "life", "new", "trail")
 
     def __init__(
         self,
@@ -100,7 +100,6 @@ class WriteRequest:
         self.new = new or []
         self.life = life or []
         self.trail = trail
-        self.creates = len(self.new)
         self.expect = expect
         self.error: BaseException | None = None
         self.done = threading.Lock()
@@ -136,8 +135,8 @@ class WriteRequest:
                 raise ConcurrencyConflict.version_mismatch(
                     task_id, expected, None if found is None else found[0]
                 ) from None
-            if self.creates:
-                raise TaskAlreadyExists(f"a task id among {self.creates} already exists") from None
+            if self.new:
+                raise TaskAlreadyExists(f"a task id among {len(self.new)} already exists") from None
             raise
 
 
