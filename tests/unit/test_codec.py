@@ -51,7 +51,9 @@ def test_stored_time_text_is_isoformat_to_the_microsecond() -> None:
     span = (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC) - first) // timedelta(
         microseconds=1
     )
-    samples = [first, first + timedelta(microseconds=span)]
+    four_digits = datetime(1000, 1, 1, tzinfo=UTC)  # the first year without leading zeros
+    samples = [first, first + timedelta(microseconds=span), four_digits]
+    samples += [four_digits - timedelta(microseconds=1), datetime(2026, 12, 4, 9, 5, 7, 3, UTC)]
     samples += [first + timedelta(microseconds=rng.randrange(span)) for _ in range(2000)]
     texts = [codec.encode_dt(at) for at in samples]
     assert texts == [at.isoformat(timespec="microseconds") for at in samples]

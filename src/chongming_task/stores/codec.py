@@ -131,21 +131,29 @@ def encode_dt(value: datetime | None) -> str | None:
     if value is None:
         return None
     # Fixed width ("...T12:00:00.000000+00:00"), so text order is time order. The same
-    # text as isoformat(timespec="microseconds"), a third cheaper (every write makes
-    # several): isoformat formats the zone's offset on each call.
+    # text as isoformat(timespec="microseconds"), built from the fields: a third of the
+    # cost of isoformat or of a %-format of seven numbers (every write makes several).
     if value.tzinfo is not UTC:
         value = utc(value)
-    return _ISO % (
-        value.year,
-        value.month,
-        value.day,
-        value.hour,
-        value.minute,
-        value.second,
-        value.microsecond,
+    year = value.year
+    if year < 1000:  # a four-digit year needs its zeros
+        return _ISO % (
+            year,
+            value.month,
+            value.day,
+            value.hour,
+            value.minute,
+            value.second,
+            value.microsecond,
+        )
+    two = _TWO_DIGITS
+    return (
+        f"{year}-{two[value.month]}-{two[value.day]}T{two[value.hour]}:"
+        f"{two[value.minute]}:{two[value.second]}.{str(1_000_000 + value.microsecond)[1:]}+00:00"
     )
 
 
+_TWO_DIGITS = tuple(f"{n:02d}" for n in range(60))
 _ISO = "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00"
 
 
