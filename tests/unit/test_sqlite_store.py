@@ -609,3 +609,38 @@ def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(tmp_path: P
         assert store.get("bad") is None and store.history("bad") == []
     finally:
         store.close()
+
+
+def test_a_none_is_bound_as_null_through_the_registered_adapter(tmp_path: Path) -> None:
+    """The store registers an adapter for None (sqlite3 formats an exception it throws
+    away for each None it finds none for): a None column still lands as NULL."""
+    import chongming_task.stores._sqlite_group  # noqa: F401  (registers it)
+
+    assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)](None) is None
+    store = SqliteTaskStore(tmp_path / "s.db")
+    store.create_many([_created("n1")])
+    store.close()
+    raw = sqlite3.connect(tmp_path / "s.db")
+    try:
+        row = raw.execute(
+            "SELECT ended_at IS NULL, outcome IS NULL, typeof(ended_at) FROM tasks"
+        ).fetchone()
+    finally:
+        raw.close()
+    assert row == (1, 1, "null")
+
+
+def test_an_adapter_for_none_registered_before_ours_is_kept(tmp_path: Path) -> None:
+    """What sqlite3 does with a None in a user's process stays what the user made it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sqlite3\n"
+        "mine = lambda value: value\n"
+        "sqlite3.register_adapter(type(None), mine)\n"
+        "import chongming_task.stores.sqlite\n"
+        "assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)] is mine\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
