@@ -33,6 +33,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ._writethrough import persist_together
+from .stores._hints import let_writes_wait
 
 if TYPE_CHECKING:
     from ._carrier import Taken
@@ -90,6 +91,7 @@ class Writer:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        let_writes_wait()  # nobody waits on these writes as a caller of submit does
         queue = self._queue
         while True:
             with self._cond:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from . import codec
+from ._hints import writes_can_wait
 
 __all__ = ["LIFE_FILLS", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest"]
 
@@ -94,7 +96,7 @@ class WriteRequest:
     (``create_many``), or one task's compare-and-set with its trail
     (``write_transitions``)."""
 
-    __slots__ = ("done", "error", "expect", "life", "new", "trail")
+    __slots__ = ("done", "error", "expect", "life", "new", "queued_at", "settled", "trail")
 
     def __init__(
         self,
@@ -109,6 +111,8 @@ class WriteRequest:
         self.trail = trail
         self.expect = expect
         self.error: BaseException | None = None
+        self.settled = False  # committed or failed (set before ``done`` is released)
+        self.queued_at = 0.0  # monotonic, for a write that may wait
         self.done = threading.Lock()
         self.done.acquire()  # released once the request is committed or has failed
 
@@ -170,6 +174,12 @@ class GroupCommit:
     thread was measured too: two thread hand-offs per write cost ~90 us on the reference
     VM.)
 
+    Writes that may wait (``let_writes_wait``: the node's writer thread, behind the
+    workers) are the exception: a thread that has committed its own write leaves them
+    queued unless a caller's write is queued too, so they ride with the next caller's
+    write (a loop of ``submit``: a run's end shares the next create's commit, 1.45
+    commits a task became 1.0); past ``_WAIT`` their own thread commits them.
+
     If the statement fails on a constraint (a compare-and-set found another version, or
     a new id exists), nothing of the batch was written: it is redone request by request
     in one transaction, each in a savepoint, so the failing requests raise on their own
@@ -177,8 +187,11 @@ class GroupCommit:
     written.
     """
 
-    # Safety net only: every release of the store's lock serves the queue, so a queued
-    # write is never left without a thread to commit it.
+    # How long a write that may wait waits for a caller's write to ride with.
+    _WAIT = 0.0005
+    # Safety net only: whoever releases the store's lock serves every caller's write
+    # queued, and every write that may wait once it has waited _WAIT, so a queued write
+    # is never left without a thread to commit it.
     _RETRY = 0.05
 
     def __init__(
@@ -200,35 +213,49 @@ class GroupCommit:
         self._statement = statement
         self._transaction = transaction
         self._not_text = not_text
-        self._queue: deque[WriteRequest] = deque()  # append / popleft: atomic
+        # append / popleft: atomic. Callers' writes, and writes that may wait.
+        self._queue: deque[WriteRequest] = deque()
+        self._waiting: deque[WriteRequest] = deque()
         self._server: int | None = None  # the thread committing a batch, under the lock
 
     @property
     def pending(self) -> bool:
         """Whether writes are queued (a releaser of the lock then calls ``serve()``)."""
-        return bool(self._queue)
+        return bool(self._queue or self._waiting)
 
     def run(self, requests: Sequence[WriteRequest]) -> None:
         """Commit one caller's ``requests`` (each of another task), queued together so
         that one batch usually commits them all; returns once each is committed or has
         failed, its error left on it (``error``), none raised."""
         # Queue first, then try the lock: if the try fails, the holder has not released
-        # yet, and it looks at the queue after releasing (see serve()).
-        self._queue.extend(requests)
-        self.serve()
+        # yet, and it looks at the queue after releasing (see serve()); a write that may
+        # wait, it leaves for up to _WAIT, and its own thread comes back for it then.
+        wait = self._RETRY
+        if writes_can_wait():
+            wait = self._WAIT
+            now = time.monotonic()
+            for request in requests:
+                request.queued_at = now
+            self._waiting.extend(requests)
+        else:
+            self._queue.extend(requests)
+        last = requests[-1]  # batches go in queue order: the others settle before it
+        self.serve(last)
         for request in requests:
-            while not request.done.acquire(timeout=self._RETRY):
-                self.serve()
+            while not request.done.acquire(timeout=wait):
+                self.serve(last)
+                wait = self._RETRY  # past _WAIT: whoever releases the lock commits it
 
-    def serve(self) -> None:
+    def serve(self, mine: WriteRequest | None = None) -> None:
         """Commit queued writes, a batch at a time, while there are some and the store's
-        lock is free. Called by writers and after every release of the lock."""
+        lock is free; once ``mine`` (the caller's own) is settled, only while a caller's
+        write is queued. Called by writers and after every release of the lock."""
         lock = self._lock
-        queue_ = self._queue
+        queue_, waiting = self._queue, self._waiting
         me = threading.get_ident()
         if self._server == me:
             return  # the scopes of our own commit end here: the loop below continues
-        while queue_ and lock.acquire(blocking=False):
+        while (queue_ or (waiting and self._due(mine))) and lock.acquire(blocking=False):
             try:
                 if self._in_transaction():
                     return  # this thread is inside atomic(): never commit others' writes there
@@ -236,11 +263,25 @@ class GroupCommit:
                 batch: list[WriteRequest] = []
                 while queue_ and len(batch) < _MAX_BATCH:
                     batch.append(queue_.popleft())
+                while waiting and len(batch) < _MAX_BATCH:
+                    batch.append(waiting.popleft())
                 if batch:
                     self._commit(batch)
             finally:
                 self._server = None
                 lock.release()
+
+    def _due(self, mine: WriteRequest | None) -> bool:
+        """Whether the writes that may wait go now (some are queued): always, until the
+        caller's own write (``mine``) is settled; after, once the oldest has waited
+        ``_WAIT`` (a caller who commits one write at a time is back sooner)."""
+        if mine is None or not mine.settled:
+            return True
+        try:
+            oldest = self._waiting[0]
+        except IndexError:  # taken meanwhile by another thread
+            return False
+        return oldest.queued_at <= time.monotonic() - self._WAIT
 
     def _commit(self, batch: list[WriteRequest]) -> None:
         """Called holding the store's lock."""
@@ -272,9 +313,11 @@ class GroupCommit:
                     request.error.__cause__ = exc
             if not isinstance(exc, Exception):  # KeyboardInterrupt & co: after the waiters
                 for request in batch:
+                    request.settled = True
                     request.done.release()
                 raise
         for request in batch:
+            request.settled = True
             request.done.release()
 
     def _one_by_one(self, batch: list[WriteRequest]) -> None:
