@@ -12,6 +12,12 @@ the same process and run. ``--repeat`` rounds each run every contender once (the
 turning from round to round): a contender's best rate is reported, and each round's
 ratio to the pool (runs made side by side) with their median, which the in-memory
 target is read against.
+
+A last row prices the SQLite store alone on this machine at this moment: the same rows a
+per-call run writes (each task's create, then its start and end in one compare-and-set
+with three trail rows), replayed through the store's own calls on one thread with no
+runtime, each call its own commit. It is not a contender: it is the ceiling the per-call
+row works under (the runtime adds its threads and bookkeeping, and shares commits).
 """
 
 from __future__ import annotations
@@ -20,12 +26,19 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from _stats import in_rounds  # bench/ is on sys.path when run as a script
-from chongming_task import CancellationToken, Controller, InMemoryTaskStore, SqliteTaskStore
+from chongming_task import (
+    CancellationToken,
+    Controller,
+    InMemoryTaskStore,
+    SqliteTaskStore,
+    TaskSnapshot,
+    Transition,
+)
 
 
 def noop() -> None:
@@ -69,6 +82,55 @@ def run_controller(
         store.close()  # type: ignore[attr-defined]
 
 
+Write = tuple[tuple[TaskSnapshot, Transition], tuple[TaskSnapshot, list[Transition]]]
+
+
+class _Recording(InMemoryTaskStore):
+    """Keeps each task's create and its last write, as the runtime hands them over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creates: list[tuple[TaskSnapshot, Transition]] = []
+        self.lives: dict[str, tuple[TaskSnapshot, list[Transition]]] = {}
+
+    def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
+        super().create_many(items)
+        self.creates += items
+
+    def write_transitions(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        super().write_transitions(snapshot, expect_version=expect_version, transitions=transitions)
+        done = self.lives.get(snapshot.task_id, (snapshot, []))[1]
+        self.lives[snapshot.task_id] = (snapshot, [*done, *transitions])
+
+
+def record_writes(tasks: int, workers: int) -> list[Write]:
+    """Each task's create and life, as a per-call run hands them to its store."""
+    store = _Recording()
+    controller = Controller(store, max_workers=workers)
+    try:
+        job = controller.task(noop_task, name="noop")
+        for run in [controller.submit(job) for _ in range(tasks)]:
+            run.wait(120)
+    finally:
+        controller.close()
+    return [(create, store.lives[create[0].task_id]) for create in store.creates]
+
+
+def run_store_alone(writes: list[Write], path: Path) -> float:
+    """The recorded writes through the SQLite store's calls, one thread, one commit each."""
+    store = SqliteTaskStore(path)
+    try:
+        start = time.perf_counter()
+        for create, (snapshot, trail) in writes:
+            store.create_many([create])
+            store.write_transitions(snapshot, expect_version=1, transitions=trail)
+        return time.perf_counter() - start
+    finally:
+        store.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -94,6 +156,11 @@ def main() -> None:
             args.tasks, args.workers, sqlite_store, batch=args.batch
         ),
     }
+    writes = record_writes(args.tasks, args.workers)
+    floor = "SQLite store calls alone (see above)"
+    contenders[floor] = lambda: run_store_alone(
+        writes, Path(tmp.name) / f"bench-{next(counter)}.db"
+    )
     names = list(contenders)
     seconds = in_rounds(contenders, args.repeat)
     rates = {name: args.tasks / min(runs) for name, runs in seconds.items()}
@@ -120,6 +187,14 @@ def main() -> None:
         verdict = f"  {target}: {'met' if met else 'NOT met'}" if target else ""
         each = " ".join(f"{ratio:.1%}" for ratio in ratios[name])
         print(f"{name:42} {rate:8,.0f} {each:>22} {statistics.median(ratios[name]):7.1%}{verdict}")
+    each = " ".join(
+        f"{alone / called:.0%}"
+        for called, alone in zip(seconds[per_call], seconds[floor], strict=True)
+    )
+    print(
+        f"per-call submit against the store calls alone, each round: {each} "
+        "(the runtime's rate as a share of the SQLite writes' own)"
+    )
     tmp.cleanup()
 
 
