@@ -542,6 +542,32 @@ def test_a_conflict_in_a_batch_fails_only_its_own_caller(tmp_path: Path) -> None
     store.close()
 
 
+def test_a_conflict_in_a_batch_written_into_the_tables_fails_only_its_own_caller(
+    tmp_path: Path,
+) -> None:
+    """A batch of more than 64 rows goes straight into the tables (no view): a stale
+    compare-and-set there undoes the batch too, and the redo fails only its caller."""
+    store = SqliteTaskStore(tmp_path / "g.db")
+    store.create_many([_created(f"old{i}") for i in range(20)])
+    steps = [_step(f"old{i}", 2) for i in range(20)]
+    stale, stale_trail = _step("old0", 7)  # expects 6: stored is 1, then 2
+    calls: list[object] = [
+        lambda s=s, t=t: store.write_transitions(s, expect_version=1, transitions=t)
+        for s, t in steps
+    ]
+    calls.append(lambda: store.write_transitions(stale, expect_version=6, transitions=stale_trail))
+    calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(20)]))
+    results = _queued_writes(store, calls)  # 20 + 20 + 1 + 1 + 40 rows
+    assert results[:20] == [None] * 20 and results[21] is None
+    assert isinstance(results[20], ConcurrencyConflict), results[20]
+    for snapshot, trail in steps:
+        assert store.get(snapshot.task_id) == snapshot
+        assert store.history(snapshot.task_id)[1:] == trail
+    assert [t.version for t in store.history("old0")] == [1, 2]  # the loser left nothing
+    assert len(store.query(TaskQuery(limit=100))) == 40
+    store.close()
+
+
 def test_a_batch_of_more_than_64_rows_is_still_all_or_nothing(tmp_path: Path) -> None:
     from chongming_task import TaskAlreadyExists
 
@@ -726,10 +752,14 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened.close()
 
 
-def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(tmp_path: Path) -> None:
-    """Text is not checked before a request joins a batch: the batch statement fails at
-    bind, nothing of it is written, and the redo request by request fails the one
-    caller alone."""
+@pytest.mark.parametrize("filler", [0, 40], ids=["one statement", "into the tables"])
+def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(
+    tmp_path: Path, filler: int
+) -> None:
+    """Text is not checked before a request joins a batch: the batch fails at bind,
+    nothing of it is written, and the redo request by request fails the one caller
+    alone (a batch of up to 64 rows is one statement; with 40 more tasks, 86 rows,
+    it goes straight into the tables and the bad row comes after some have landed)."""
     from chongming_task.errors import StoreError
 
     store = SqliteTaskStore(tmp_path / "bind.db")
@@ -740,11 +770,14 @@ def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(tmp_path: P
             store,
             [
                 lambda: store.create_many([_created("a")]),
+                lambda: store.create_many([_created(f"f{i}") for i in range(filler)]),
                 lambda: store.create_many([bad]),
                 lambda: store.create_many([_created("b")]),
             ],
         )
-        assert results[0] is None and results[2] is None
+        assert results[0] is None and results[1] is None and results[3] is None
+        results.pop(1)
+        assert len(store.query(TaskQuery(limit=100))) == 2 + filler
         assert isinstance(results[1], StoreError) and "not valid UTF-8" in str(results[1])
         assert store.get("a") is not None and store.get("b") is not None
         assert store.get("bad") is None and store.history("bad") == []

@@ -5,7 +5,8 @@ lock; WAL so readers never block the writer; every write is one ``BEGIN IMMEDIAT
 COMMIT``, so a read that decides a write (claims, prune) is atomic across processes, and
 ``save`` is one ``UPDATE ... WHERE status_version = ?``. The runtime's hot writes
 (``create_many``, ``write_transitions``) go through a group commit (``GroupCommit``): the
-writes that threads queue while the connection is busy land in one statement. Not for
+writes that threads queue while the connection is busy land together (a small batch in
+one statement). Not for
 sharing across machines: network file systems do not give SQLite reliable locks.
 """
 
@@ -430,9 +431,9 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         thread if it already holds the transaction (inside ``atomic()``), each in a
         savepoint; else through the group-commit writer.
 
-        A batch is one statement: a value SQLite cannot bind (text that is not UTF-8)
-        fails it before it runs, and the group commit then redoes the batch request by
-        request, so only the caller who handed that value over gets the error."""
+        A value SQLite cannot bind (text that is not UTF-8) fails the batch before its
+        rows land, and the group commit then redoes the batch request by request, so
+        only the caller who handed that value over gets the error."""
         if self._holder != threading.get_ident():
             self._group.run(requests)
             return
