@@ -123,7 +123,7 @@ def _write_rows(
         return
     if rows <= _ROWS_PER_STATEMENT:
         sql = _write_sql(len(new), len(life), len(trail))
-        conn.execute(sql, [v for rows in (new, life, trail) for row in rows for v in row])
+        conn.execute(sql, [v for kind in (new, life, trail) for row in kind for v in row])
         return
     if new:
         conn.executemany(_INSERT_TASKS, new)
