@@ -63,7 +63,8 @@ def test_stored_time_text_is_isoformat_to_the_microsecond() -> None:
 
 def test_life_values_are_the_life_columns_of_the_row() -> None:
     """The SQL stores' compare-and-set writes ``life_values`` by position: the values of
-    ``LIFE_COLUMNS``, the same as the full row's."""
+    ``LIFE_COLUMNS``, the same as the full row's; a create writes ``snapshot_to_values``:
+    the full row's, in ``TASK_COLUMNS`` order (every field set, none left at a default)."""
     from chongming_task.model import Failure, FailureKind, Progress, TaskSnapshot
 
     at = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -80,7 +81,16 @@ def test_life_values_are_the_life_columns_of_the_row() -> None:
         progress=Progress(current=1, total=2, message="m"),
         failure=Failure(kind=FailureKind.EXCEPTION, message="boom"),
         outcome={"k": [1]},
+        tags=frozenset({"b", "a"}),
+        bucket=3,
+        bucket_key="k",
+        pipeline_run_id="p1",
+        owner="n1",
+        lease_owner="n2",
+        lease_until=at,
     )
     row = codec.snapshot_to_row(snapshot)
     assert codec.life_values(snapshot) == [row[c] for c in codec.LIFE_COLUMNS]
+    assert codec.snapshot_to_values(snapshot) == [row[c] for c in codec.TASK_COLUMNS]
+    assert None not in codec.snapshot_to_values(snapshot)
     assert set(codec.LIFE_COLUMNS) < set(codec.TASK_COLUMNS)

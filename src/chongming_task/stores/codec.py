@@ -333,8 +333,29 @@ def row_to_command(row: Mapping[str, Any]) -> Command:
 
 
 def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
-    row = snapshot_to_row(snapshot)
-    return [row[c] for c in TASK_COLUMNS]
+    """``snapshot_to_row``'s values in ``TASK_COLUMNS`` order (every create makes one:
+    built directly, no row dict in between; a test holds the two equal)."""
+    return [
+        snapshot.task_id,
+        snapshot.name,
+        STATUS_TEXT[snapshot.status],
+        snapshot.status_version,
+        snapshot.attempt,
+        encode_tags(snapshot.tags),
+        snapshot.bucket,
+        snapshot.bucket_key,
+        snapshot.pipeline_run_id,
+        snapshot.owner,
+        encode_dt(snapshot.created_at),
+        encode_dt(snapshot.started_at),
+        encode_dt(snapshot.ended_at),
+        encode_dt(snapshot.last_heartbeat_at),
+        encode_progress(snapshot.progress),
+        encode_failure(snapshot.failure),
+        encode_json(snapshot.outcome),
+        snapshot.lease_owner,
+        encode_dt(snapshot.lease_until),
+    ]
 
 
 def life_values(snapshot: TaskSnapshot) -> list[Any]:
