@@ -651,7 +651,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     from chongming_task.states import TERMINAL
     from chongming_task.stores import codec
     from chongming_task.stores._sql import load_named
-    from chongming_task.stores._sqlite_group import LIFE_FILLS, WRITE_VIEW_COLUMNS
+    from chongming_task.stores._sqlite_group import LIFE_FILLS, NEW_FILLS, WRITE_VIEW_COLUMNS
 
     store = SqliteTaskStore(tmp_path / "s.db")
     store.close()
@@ -671,6 +671,10 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
             "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
         ).fetchone()
         assert set(re.findall(r"NEW\.(\w+)", life)) == {"kind", *LIFE_FILLS}
+        (new,) = raw.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'task_writes_new'"
+        ).fetchone()
+        assert set(re.findall(r"NEW\.(\w+)", new)) == {"kind", *NEW_FILLS}
     finally:
         raw.close()
     statements = load_named("sqlite.sql")
@@ -701,6 +705,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         (3, ("pipelines", "idx_commands_finished", "idx_tasks_owner")),
         (4, ("idx_commands_finished", "idx_tasks_owner")),
         (5, ("idx_tasks_owner",)),
+        (6, ()),
     ],
 )
 def test_an_older_file_gains_the_new_tables_when_opened(
@@ -724,6 +729,10 @@ def test_an_older_file_gains_the_new_tables_when_opened(
     conn.execute(
         life.replace("attempt = NEW.attempt,", "attempt = NEW.attempt, owner = NEW.owner,")
     )
+    # Before schema 7 a new task's row did not carry its first transition.
+    (new,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'task_writes_new'").fetchone()
+    conn.execute("DROP TRIGGER task_writes_new")
+    conn.execute(new[: new.index("INSERT OR IGNORE INTO transitions")] + "END")
     conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
@@ -732,12 +741,14 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 6
+        assert now == SCHEMA_VERSION == 7
         assert reopened.pipeline_records() == []
         (life,) = reopened._conn.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
         ).fetchone()
         assert "owner" not in life  # made again, as this version writes it
+        reopened.create_many([_created("after")])  # its row carries its first transition
+        assert [t.version for t in reopened.history("after")] == [1]
         assert reopened.query(TaskQuery(owner="nobody")) == []
         plan = " ".join(
             str(row[-1])
@@ -818,3 +829,21 @@ def test_an_adapter_for_none_registered_before_ours_is_kept(tmp_path: Path) -> N
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("many", [1, 40], ids=["one statement", "into the tables"])
+def test_a_create_whose_transition_is_another_tasks_appends_it_there(
+    tmp_path: Path, many: int
+) -> None:
+    """A new task's row carries its own first transition; one handed over for another
+    task is appended to that task's trail, as ``append`` would."""
+    store = SqliteTaskStore(tmp_path / "c.db")
+    store.create_many([_created("other")])
+    made = [_created(f"t{i}") for i in range(many)]
+    _, foreign = _created("other")
+    foreign = replace(foreign, version=2, reason="handed over")
+    store.create_many([*made, (snap("odd"), foreign)])
+    assert [t.reason for t in store.history("other")] == [None, "handed over"]
+    assert store.history("odd") == [] and store.get("odd") == snap("odd")
+    assert all(store.history(s.task_id) == [t] for s, t in made)
+    store.close()

@@ -34,7 +34,7 @@ from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from . import codec
 from ._hints import writes_can_wait
 
-__all__ = ["LIFE_FILLS", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest"]
+__all__ = ["LIFE_FILLS", "NEW_FILLS", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest"]
 
 _TRAIL_VALUES = tuple(c for c in codec.TRANSITION_COLUMNS if c != "task_id")
 WRITE_VIEW_COLUMNS = ("kind", *codec.TASK_COLUMNS, "expect", *_TRAIL_VALUES)
@@ -46,6 +46,11 @@ _ROWS_PER_STATEMENT = 64  # 64 x 27 parameters at most, well under SQLite's limi
 
 LIFE_FILLS = ("task_id", *codec.LIFE_COLUMNS, "expect")
 """The values of a ``life`` row, in this order: what ``task_writes_life`` reads."""
+
+NEW_FILLS = (*codec.TASK_COLUMNS, *_TRAIL_VALUES)
+"""The values of a ``new`` row: the task's columns, then its first transition's after
+``task_id`` (``None`` for a task without one): what ``task_writes_new`` reads."""
+_TASK_WIDTH = len(codec.TASK_COLUMNS)
 
 # Which columns of the view each kind of row fills, in the view's order. The others are
 # NULL in the statement's text, not bound: Python's sqlite3 passes every bound value that
@@ -59,7 +64,7 @@ LIFE_FILLS = ("task_id", *codec.LIFE_COLUMNS, "expect")
 # sqlite3's registry is, and only where nobody registered one: what sqlite3 does with a
 # None stays what it did.
 sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
-_FILLS = {"new": codec.TASK_COLUMNS, "life": LIFE_FILLS, "trail": codec.TRANSITION_COLUMNS}
+_FILLS = {"new": NEW_FILLS, "life": LIFE_FILLS, "trail": codec.TRANSITION_COLUMNS}
 for _kind, _fills in _FILLS.items():
     assert [c for c in WRITE_VIEW_COLUMNS if c in _fills] == list(_fills), _kind
 _TEMPLATE = {
@@ -125,17 +130,19 @@ def _write_rows(
         sql = _write_sql(len(new), len(life), len(trail))
         conn.execute(sql, [v for kind in (new, life, trail) for row in kind for v in row])
         return
+    width = _TASK_WIDTH
     if new:
-        conn.executemany(_INSERT_TASKS, new)
+        conn.executemany(_INSERT_TASKS, [row[:width] for row in new])
     if life and conn.executemany(_UPDATE_LIFE, life).rowcount != len(life):
         raise _VersionMoved
-    if trail:
-        conn.executemany(_INSERT_TRAIL, trail)
+    firsts = [(row[0], *row[width:]) for row in new if row[width] is not None]
+    if firsts or trail:
+        conn.executemany(_INSERT_TRAIL, [*firsts, *trail])
 
 
 class WriteRequest:
-    """One caller's write, as rows of the write view by kind: new tasks with their trail
-    (``create_many``), or one task's compare-and-set with its trail
+    """One caller's write, as rows of the write view by kind: new tasks, each row with
+    its first transition (``create_many``), or one task's compare-and-set with its trail
     (``write_transitions``)."""
 
     __slots__ = ("done", "error", "expect", "life", "new", "queued_at", "settled", "trail")

@@ -43,15 +43,16 @@ from ._sql import (
     query_sql,
     verdicts_of_expired,
 )
-from ._sqlite_group import GroupCommit, WriteRequest
+from ._sqlite_group import GroupCommit, Row, WriteRequest
 from ._sqlite_scopes import ReadScope, WriteScope
 from ._supports import LifeWrite
 from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 6  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
-# index; 6: owner index, owner fixed at create
+SCHEMA_VERSION = 7  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+# index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
+# transition (task_writes_new)
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -388,12 +389,18 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
         Committed by group commit (``GroupCommit``): it returns once the rows are
         committed, possibly in one transaction with other threads' writes."""
-        self._group_write(
-            WriteRequest(
-                new=[codec.snapshot_to_values(s) for s, _ in items],
-                trail=[codec.transition_to_values(t) for _, t in items],
-            )
-        )
+        new: list[Row] = []
+        trail: list[Row] = []
+        for snapshot, transition in items:
+            values = codec.snapshot_to_values(snapshot)
+            first = codec.transition_to_values(transition)
+            if first[0] == values[0]:  # its own transition: one row (NEW_FILLS)
+                values += first[1:]
+            else:  # another task's (a caller may hand one over): a row of its own
+                values += _NO_TRANSITION
+                trail.append(first)
+            new.append(values)
+        self._group_write(WriteRequest(new=new, trail=trail))
 
     def write_transitions(
         self,
@@ -563,6 +570,9 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                 return
             self._closed = True
             self._conn.close()
+
+
+_NO_TRANSITION = [None] * (len(codec.TRANSITION_COLUMNS) - 1)
 
 
 def _life_request(

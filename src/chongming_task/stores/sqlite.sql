@@ -157,8 +157,14 @@ CREATE VIEW IF NOT EXISTS task_writes AS SELECT
     NULL AS actor
 WHERE 0
 
+-- A new task's row carries its first transition (schema 7): one row, so one run of the
+-- view's three triggers, where a task and a trail row were two (a create through the
+-- view: 192k instructions, 130k). A row without one (version NULL) inserts the task only.
+-- name: schema_task_writes_new_drop
+DROP TRIGGER IF EXISTS task_writes_new
+
 -- name: schema_task_writes_new
-CREATE TRIGGER IF NOT EXISTS task_writes_new INSTEAD OF INSERT ON task_writes
+CREATE TRIGGER task_writes_new INSTEAD OF INSERT ON task_writes
 WHEN NEW.kind = 'new' BEGIN
     INSERT INTO tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
@@ -170,6 +176,10 @@ WHEN NEW.kind = 'new' BEGIN
         NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
         NEW.outcome, NEW.lease_owner, NEW.lease_until
     );
+    INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
+           NEW.actor
+    WHERE NEW.version IS NOT NULL;
 END
 
 -- Only the columns a task's life changes: the identity columns (name, tags, bucket,
