@@ -287,6 +287,19 @@ def _step(task_id: str, version: int) -> tuple[TaskSnapshot, list[Transition]]:
     ]
 
 
+def _into_the_tables(store: SqliteTaskStore) -> list[str]:
+    """The statements written straight into the tables from now on (a batch over 64 rows;
+    a smaller one is one statement into the write view)."""
+    seen: list[str] = []
+
+    def trace(sql: str) -> None:
+        if sql.startswith(("INSERT INTO tasks ", "UPDATE tasks SET", "INSERT OR IGNORE INTO")):
+            seen.append(sql)
+
+    store._conn.set_trace_callback(trace)
+    return seen
+
+
 def _queued_writes(store: SqliteTaskStore, calls: list[object]) -> list[BaseException | None]:
     """Run each call on its own thread while the test holds the store's lock, so they all
     queue; then release it: one thread commits them as one batch. Returns each call's
@@ -350,23 +363,27 @@ def test_a_batch_lands_in_one_statement_and_each_caller_sees_its_commit(tmp_path
 
 
 def test_a_batch_of_every_kind_over_several_statements_lands_whole(tmp_path: Path) -> None:
-    """A batch is written kind by kind, 64 rows a statement: new tasks, compare-and-sets
-    and trail rows cut across statement boundaries (here 110 rows: 30 new, 25 life and 9
-    trail rows, then 46 trail rows) and every write lands with its trail."""
+    """A batch over 64 rows is written straight into the tables, kind by kind (here 90
+    rows: 40 new tasks and 50 compare-and-sets, each carrying its transition) and every
+    write lands with its trail."""
     store = SqliteTaskStore(tmp_path / "g.db")
-    store.create_many([_created(f"old{i}") for i in range(25)])
-    steps = [_step(f"old{i}", 2) for i in range(25)]
+    store.create_many([_created(f"old{i}") for i in range(50)])
+    steps = [_step(f"old{i}", 2) for i in range(50)]
     calls: list[object] = [
         lambda s=s, t=t: store.write_transitions(s, expect_version=1, transitions=t)
         for s, t in steps
     ]
-    calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(30)]))
-    assert _queued_writes(store, calls) == [None] * 26
+    calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(40)]))
+    direct = _into_the_tables(store)
+    assert _queued_writes(store, calls) == [None] * 51
+    store._conn.set_trace_callback(None)
+    heads = {sql.split(" (")[0].split(" SET")[0] for sql in direct}  # one per row run
+    assert heads == {"INSERT INTO tasks", "UPDATE tasks", "INSERT OR IGNORE INTO transitions"}
     for snapshot, trail in steps:
         assert store.get(snapshot.task_id) == snapshot
         assert [t.version for t in store.history(snapshot.task_id)] == [1, 2]
         assert store.history(snapshot.task_id)[1] == trail[0]
-    for i in range(30):
+    for i in range(40):
         assert store.get(f"new{i}") == snap(f"new{i}")
         assert [t.version for t in store.history(f"new{i}")] == [1]
     store.close()
@@ -548,23 +565,26 @@ def test_a_conflict_in_a_batch_written_into_the_tables_fails_only_its_own_caller
     """A batch of more than 64 rows goes straight into the tables (no view): a stale
     compare-and-set there undoes the batch too, and the redo fails only its caller."""
     store = SqliteTaskStore(tmp_path / "g.db")
-    store.create_many([_created(f"old{i}") for i in range(20)])
-    steps = [_step(f"old{i}", 2) for i in range(20)]
+    store.create_many([_created(f"old{i}") for i in range(40)])
+    steps = [_step(f"old{i}", 2) for i in range(40)]
     stale, stale_trail = _step("old0", 7)  # expects 6: stored is 1, then 2
     calls: list[object] = [
         lambda s=s, t=t: store.write_transitions(s, expect_version=1, transitions=t)
         for s, t in steps
     ]
     calls.append(lambda: store.write_transitions(stale, expect_version=6, transitions=stale_trail))
-    calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(20)]))
-    results = _queued_writes(store, calls)  # 20 + 20 + 1 + 1 + 40 rows
-    assert results[:20] == [None] * 20 and results[21] is None
-    assert isinstance(results[20], ConcurrencyConflict), results[20]
+    calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(40)]))
+    direct = _into_the_tables(store)
+    results = _queued_writes(store, calls)  # 40 + 1 + 40 rows
+    store._conn.set_trace_callback(None)
+    assert direct and direct[0].startswith("INSERT INTO tasks "), direct
+    assert results[:40] == [None] * 40 and results[41] is None
+    assert isinstance(results[40], ConcurrencyConflict), results[40]
     for snapshot, trail in steps:
         assert store.get(snapshot.task_id) == snapshot
         assert store.history(snapshot.task_id)[1:] == trail
     assert [t.version for t in store.history("old0")] == [1, 2]  # the loser left nothing
-    assert len(store.query(TaskQuery(limit=100))) == 40
+    assert len(store.query(TaskQuery(limit=100))) == 80
     store.close()
 
 
@@ -706,6 +726,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         (4, ("idx_commands_finished", "idx_tasks_owner")),
         (5, ("idx_tasks_owner",)),
         (6, ()),
+        (7, ()),
     ],
 )
 def test_an_older_file_gains_the_new_tables_when_opened(
@@ -726,6 +747,8 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
     ).fetchone()
     conn.execute("DROP TRIGGER task_writes_life")
+    # Before schema 8 it did not carry the write's last transition.
+    life = life[: life.index("INSERT OR IGNORE INTO transitions")] + "END"
     conn.execute(
         life.replace("attempt = NEW.attempt,", "attempt = NEW.attempt, owner = NEW.owner,")
     )
@@ -741,14 +764,16 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 7
+        assert now == SCHEMA_VERSION == 8
         assert reopened.pipeline_records() == []
         (life,) = reopened._conn.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
         ).fetchone()
         assert "owner" not in life  # made again, as this version writes it
         reopened.create_many([_created("after")])  # its row carries its first transition
-        assert [t.version for t in reopened.history("after")] == [1]
+        moved, trail = _step("after", 2)
+        reopened.write_transitions(moved, expect_version=1, transitions=trail)  # its last
+        assert [t.version for t in reopened.history("after")] == [1, 2]
         assert reopened.query(TaskQuery(owner="nobody")) == []
         plan = " ".join(
             str(row[-1])
@@ -763,13 +788,13 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened.close()
 
 
-@pytest.mark.parametrize("filler", [0, 40], ids=["one statement", "into the tables"])
+@pytest.mark.parametrize("filler", [0, 70], ids=["one statement", "into the tables"])
 def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(
     tmp_path: Path, filler: int
 ) -> None:
     """Text is not checked before a request joins a batch: the batch fails at bind,
     nothing of it is written, and the redo request by request fails the one caller
-    alone (a batch of up to 64 rows is one statement; with 40 more tasks, 86 rows,
+    alone (a batch of up to 64 rows is one statement; with 70 more tasks, 73 rows,
     it goes straight into the tables and the bad row comes after some have landed)."""
     from chongming_task.errors import StoreError
 
@@ -777,6 +802,7 @@ def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(
     bad_snapshot, bad_created = _created("bad")
     bad = (replace(bad_snapshot, name="not \udcff utf-8"), bad_created)
     try:
+        direct = _into_the_tables(store)
         results = _queued_writes(
             store,
             [
@@ -786,6 +812,8 @@ def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(
                 lambda: store.create_many([_created("b")]),
             ],
         )
+        store._conn.set_trace_callback(None)
+        assert bool(direct) == bool(filler), direct
         assert results[0] is None and results[1] is None and results[3] is None
         results.pop(1)
         assert len(store.query(TaskQuery(limit=100))) == 2 + filler
@@ -831,7 +859,7 @@ def test_an_adapter_for_none_registered_before_ours_is_kept(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("many", [1, 40], ids=["one statement", "into the tables"])
+@pytest.mark.parametrize("many", [1, 70], ids=["one statement", "into the tables"])
 def test_a_create_whose_transition_is_another_tasks_appends_it_there(
     tmp_path: Path, many: int
 ) -> None:
@@ -842,8 +870,57 @@ def test_a_create_whose_transition_is_another_tasks_appends_it_there(
     made = [_created(f"t{i}") for i in range(many)]
     _, foreign = _created("other")
     foreign = replace(foreign, version=2, reason="handed over")
+    direct = _into_the_tables(store)
     store.create_many([*made, (snap("odd"), foreign)])
+    store._conn.set_trace_callback(None)
+    assert bool(direct) == (many > 1), direct
     assert [t.reason for t in store.history("other")] == [None, "handed over"]
     assert store.history("odd") == [] and store.get("odd") == snap("odd")
     assert all(store.history(s.task_id) == [t] for s, t in made)
+    store.close()
+
+
+@pytest.mark.parametrize("filler", [0, 70], ids=["one statement", "into the tables"])
+def test_a_compare_and_set_carries_its_last_transition_and_the_others_follow(
+    tmp_path: Path, filler: int
+) -> None:
+    """A life row carries the write's last transition (schema 8); the earlier ones are
+    trail rows of their own, a write without any leaves the trail alone, and a last one
+    of another task is appended there."""
+    store = SqliteTaskStore(tmp_path / "l.db")
+    store.create_many([_created(name) for name in ("a", "b", "c", "other")])
+    steps = [
+        Transition(
+            task_id="a",
+            version=v,
+            from_status=None,
+            to_status=TaskStatus.RUNNING,
+            at=T0,
+            reason=f"v{v}",
+        )
+        for v in (2, 3, 4)
+    ]
+    moved_a = snap("a", status=TaskStatus.RUNNING, status_version=4, attempt=1)
+    saved_b = snap("b", status=TaskStatus.RUNNING, status_version=2)
+    foreign = replace(steps[0], task_id="other", reason="handed over")
+    moved_c = snap("c", status=TaskStatus.RUNNING, status_version=2)
+    calls: list[object] = [
+        lambda: store.create_many([_created(f"f{i}") for i in range(filler)]),
+        lambda: store.write_transitions(moved_a, expect_version=1, transitions=steps),
+        lambda: store.write_transitions(saved_b, expect_version=1, transitions=()),
+        lambda: store.write_transitions(moved_c, expect_version=1, transitions=[foreign]),
+    ]
+    direct = _into_the_tables(store)
+    assert _queued_writes(store, calls) == [None] * 4
+    store._conn.set_trace_callback(None)
+    assert bool(direct) == bool(filler), direct
+    assert store.get("a") == moved_a and [t.reason for t in store.history("a")] == [
+        None,
+        "v2",
+        "v3",
+        "v4",
+    ]
+    assert store.get("b") == saved_b and [t.version for t in store.history("b")] == [1]
+    assert store.get("c") == moved_c and [t.version for t in store.history("c")] == [1]
+    assert [t.reason for t in store.history("other")] == [None, "handed over"]
     store.close()

@@ -44,8 +44,11 @@ Scope = Callable[[str], AbstractContextManager[sqlite3.Connection]]
 
 _ROWS_PER_STATEMENT = 64  # 64 x 27 parameters at most, well under SQLite's limit (32766)
 
-LIFE_FILLS = ("task_id", *codec.LIFE_COLUMNS, "expect")
-"""The values of a ``life`` row, in this order: what ``task_writes_life`` reads."""
+LIFE_FILLS = ("task_id", *codec.LIFE_COLUMNS, "expect", *_TRAIL_VALUES)
+"""The values of a ``life`` row, in this order: the compare-and-set, then the write's
+last transition after ``task_id`` (``None`` without one): what ``task_writes_life``
+reads."""
+_LIFE_WIDTH = len(codec.LIFE_COLUMNS) + 2  # task_id, the columns, expect
 
 NEW_FILLS = (*codec.TASK_COLUMNS, *_TRAIL_VALUES)
 """The values of a ``new`` row: the task's columns, then its first transition's after
@@ -90,13 +93,12 @@ _INSERT_TASKS = (
     f"INSERT INTO tasks ({', '.join(codec.TASK_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(codec.TASK_COLUMNS))})"
 )
-# A life row's values in LIFE_FILLS order, numbered: task_id is ?1, expect the last.
+# A life row's first values in LIFE_FILLS order, numbered: task_id ?1, then the columns,
+# then expect.
 _UPDATE_LIFE = (
     "UPDATE tasks SET "
-    + ", ".join(
-        f"{c} = ?{i + 1}" for i, c in enumerate(LIFE_FILLS) if c not in ("task_id", "expect")
-    )
-    + f" WHERE task_id = ?1 AND status_version = ?{len(LIFE_FILLS)}"
+    + ", ".join(f"{c} = ?{i + 2}" for i, c in enumerate(codec.LIFE_COLUMNS))
+    + f" WHERE task_id = ?1 AND status_version = ?{_LIFE_WIDTH}"
 )
 _INSERT_TRAIL = (
     f"INSERT OR IGNORE INTO transitions ({', '.join(codec.TRANSITION_COLUMNS)}) "
@@ -130,14 +132,15 @@ def _write_rows(
         sql = _write_sql(len(new), len(life), len(trail))
         conn.execute(sql, [v for kind in (new, life, trail) for row in kind for v in row])
         return
-    width = _TASK_WIDTH
+    width, cas = _TASK_WIDTH, _LIFE_WIDTH
     if new:
         conn.executemany(_INSERT_TASKS, [row[:width] for row in new])
-    if life and conn.executemany(_UPDATE_LIFE, life).rowcount != len(life):
+    if life and conn.executemany(_UPDATE_LIFE, [row[:cas] for row in life]).rowcount != len(life):
         raise _VersionMoved
-    firsts = [(row[0], *row[width:]) for row in new if row[width] is not None]
-    if firsts or trail:
-        conn.executemany(_INSERT_TRAIL, [*firsts, *trail])
+    carried = [(row[0], *row[width:]) for row in new if row[width] is not None]
+    carried += [(row[0], *row[cas:]) for row in life if row[cas] is not None]
+    if carried or trail:
+        conn.executemany(_INSERT_TRAIL, [*carried, *trail])
 
 
 class WriteRequest:

@@ -50,9 +50,10 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 7  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 8  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
-# transition (task_writes_new)
+# transition (task_writes_new); 8: a compare-and-set's row carries its last one
+# (task_writes_life)
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -579,10 +580,13 @@ def _life_request(
     snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
 ) -> WriteRequest:
     """A compare-and-set of the columns a task's life changes, with its trail, as rows
-    of the write view (the life row's values in ``LIFE_FILLS`` order)."""
-    life = [snapshot.task_id, *codec.life_values(snapshot), expect_version]
-    return WriteRequest(
-        life=[life],
-        trail=[codec.transition_to_values(t) for t in transitions],
-        expect=(snapshot.task_id, expect_version),
-    )
+    of the write view: the life row (``LIFE_FILLS``) carries the last transition, the
+    others are trail rows of their own."""
+    task_id = snapshot.task_id
+    life = [task_id, *codec.life_values(snapshot), expect_version]
+    trail: list[Row] = [codec.transition_to_values(t) for t in transitions]
+    if trail and trail[-1][0] == task_id:
+        life += trail.pop()[1:]
+    else:  # none, or another task's (a caller may hand one over): trail rows only
+        life += _NO_TRANSITION
+    return WriteRequest(life=[life], trail=trail, expect=(task_id, expect_version))

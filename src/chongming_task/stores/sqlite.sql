@@ -185,7 +185,9 @@ END
 -- Only the columns a task's life changes: the identity columns (name, tags, bucket,
 -- bucket_key, pipeline_run_id, owner, created_at) are fixed at create, and leaving them
 -- out spares SQLite rewriting four indexes on every write; the lease is touch()'s alone.
--- Schema 6 took owner out: the trigger is made again at every migration.
+-- Schema 6 took owner out: the trigger is made again at every migration. Since schema 8
+-- the row carries the write's last transition (the others are trail rows of their own):
+-- a row without one (version NULL) writes the task only.
 -- name: schema_task_writes_life_drop
 DROP TRIGGER IF EXISTS task_writes_life
 
@@ -199,6 +201,10 @@ WHEN NEW.kind = 'life' BEGIN
         failure = NEW.failure, outcome = NEW.outcome
     WHERE task_id = NEW.task_id AND status_version = NEW.expect;
     SELECT RAISE(ABORT, 'chongming-task: status_version moved') WHERE changes() = 0;
+    INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
+           NEW.actor
+    WHERE NEW.version IS NOT NULL;
 END
 
 -- name: schema_task_writes_trail
