@@ -5,9 +5,9 @@ together (``GroupCommit``): a batch of up to 64 rows as one statement through th
 Each row of a batch is one row of that view: ``kind`` ("new", "life" or "trail"), the
 task's columns, ``expect`` (a compare-and-set's expected version), then the trail's
 columns after ``task_id``. ``WRITE_VIEW_COLUMNS`` is that order (a test compares it with
-the view the schema makes). A row binds only the columns its kind fills (a new task's,
-a compare-and-set's ``LIFE_FILLS``, a transition's); the statement says NULL for the
-rest.
+the view the schema makes). A row binds only the columns its kind fills (a new task's
+``NEW_FILLS``, with its first transition; a compare-and-set's ``LIFE_FILLS``, with the
+write's last; a transition's); the statement says NULL for the rest.
 
 Why two ways. Each statement releases the interpreter's lock, and a thread that submits
 one task at a time must win it back after every one, behind the workers: a small batch
