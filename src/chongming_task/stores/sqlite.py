@@ -6,8 +6,8 @@ COMMIT``, so a read that decides a write (claims, prune) is atomic across proces
 ``save`` is one ``UPDATE ... WHERE status_version = ?``. The runtime's hot writes
 (``create_many``, ``write_transitions``) go through a group commit (``GroupCommit``): the
 writes that threads queue while the connection is busy land together (a small batch in
-one statement). Not for
-sharing across machines: network file systems do not give SQLite reliable locks.
+one statement). Not for sharing across machines: network file systems do not give
+SQLite reliable locks.
 """
 
 from __future__ import annotations

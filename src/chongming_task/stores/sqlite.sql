@@ -138,10 +138,9 @@ CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON pipelines (created_at)
 
 -- The group commit's statement for a batch of up to 64 rows (a larger batch is written
 -- straight into the tables, in a transaction: see _sqlite_group). task_writes is a view
--- nobody reads: inserting a
--- row into it runs one of three triggers, so a whole batch of writes (new tasks, each
--- task's compare-and-set, trail rows) is one INSERT, one statement, atomic on its own (no
--- BEGIN/COMMIT). A compare-and-set that changes no row raises, which undoes the whole
+-- nobody reads: inserting a row into it runs one of three triggers, so a whole batch of
+-- writes (new tasks, each task's compare-and-set, trail rows) is one INSERT, one
+-- statement, atomic on its own (no BEGIN/COMMIT). A compare-and-set that changes no row raises, which undoes the whole
 -- statement. Columns: kind, the task's, expect, then the trail's after task_id.
 
 -- name: schema_task_writes
