@@ -140,8 +140,9 @@ CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON pipelines (created_at)
 -- straight into the tables, in a transaction: see _sqlite_group). task_writes is a view
 -- nobody reads: inserting a row into it runs one of three triggers, so a whole batch of
 -- writes (new tasks, each task's compare-and-set, trail rows) is one INSERT, one
--- statement, atomic on its own (no BEGIN/COMMIT). A compare-and-set that changes no row raises, which undoes the whole
--- statement. Columns: kind, the task's, expect, then the trail's after task_id.
+-- statement, atomic on its own (no BEGIN/COMMIT). A compare-and-set that changes no row
+-- raises, which undoes the whole statement. Columns: kind, the task's, expect, then the
+-- trail's after task_id.
 
 -- name: schema_task_writes
 CREATE VIEW IF NOT EXISTS task_writes AS SELECT
