@@ -42,7 +42,7 @@ _CONFLICT_MESSAGE = "chongming-task: status_version moved"  # raised by task_wri
 Scope = Callable[[str], AbstractContextManager[sqlite3.Connection]]
 """A store scope: ``with scope(what) as conn`` (``what`` names the work in errors)."""
 
-_ROWS_PER_STATEMENT = 64  # 64 x 27 parameters at most, well under SQLite's limit (32766)
+_ROWS_PER_STATEMENT = 64  # 64 x 25 bound values at most, well under SQLite's limit (32766)
 
 LIFE_FILLS = ("task_id", *codec.LIFE_COLUMNS, "expect", *_TRAIL_VALUES)
 """The values of a ``life`` row, in this order: the compare-and-set, then the write's
@@ -125,10 +125,9 @@ def _write_rows(
     A compare-and-set that finds another version raises: an ``IntegrityError`` from the
     view's trigger, ``_VersionMoved`` from the tables; either way the caller undoes it
     all."""
-    rows = len(new) + len(life) + len(trail)
-    if not rows:
+    if not (new or life or trail):
         return
-    if rows <= _ROWS_PER_STATEMENT:
+    if _one_statement(new, life, trail):
         sql = _write_sql(len(new), len(life), len(trail))
         conn.execute(sql, [v for kind in (new, life, trail) for row in kind for v in row])
         return
@@ -141,6 +140,12 @@ def _write_rows(
     carried += [(row[0], *row[cas:]) for row in life if row[cas] is not None]
     if carried or trail:
         conn.executemany(_INSERT_TRAIL, [*carried, *trail])
+
+
+def _one_statement(new: list[Row], life: list[Row], trail: list[Row]) -> bool:
+    """Whether a batch of these rows is written as one statement into the write view
+    (else straight into the tables, in a transaction)."""
+    return len(new) + len(life) + len(trail) <= _ROWS_PER_STATEMENT
 
 
 class WriteRequest:
@@ -347,25 +352,18 @@ class GroupCommit:
         new = [row for request in batch for row in request.new]
         life = [row for request in batch for row in request.life]
         trail = [row for request in batch for row in request.trail]
+        # The common case, one statement, is its own transaction; more take one.
+        scope = self._statement if _one_statement(new, life, trail) else self._transaction
         try:
-            if len(new) + len(life) + len(trail) <= _ROWS_PER_STATEMENT:
-                try:  # the common case: one statement, its own transaction
-                    with self._statement("group commit") as conn:
-                        _write_rows(conn, new, life, trail)
-                except StoreError as exc:
-                    if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
-                        raise
-                    self._one_by_one(batch)  # nothing was written: find who failed
-            else:
-                try:
-                    with self._transaction("group commit") as conn:
-                        _write_rows(conn, new, life, trail)
-                except _VersionMoved:
-                    self._one_by_one(batch)  # nothing was written: find who failed
-                except StoreError as exc:
-                    if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
-                        raise
-                    self._one_by_one(batch)
+            try:
+                with scope("group commit") as conn:
+                    _write_rows(conn, new, life, trail)
+            except _VersionMoved:
+                self._one_by_one(batch)  # nothing was written: find who failed
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, _ONE_CALLERS_FAULT):
+                    raise
+                self._one_by_one(batch)
         except BaseException as exc:  # the transaction failed: none of the batch landed
             for request in batch:
                 if request.error is None:
