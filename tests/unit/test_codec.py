@@ -63,8 +63,8 @@ def test_stored_time_text_is_isoformat_to_the_microsecond() -> None:
 
 def test_life_values_are_the_life_columns_of_the_row() -> None:
     """The SQL stores' compare-and-set writes ``life_values`` by position: the values of
-    ``LIFE_COLUMNS``, the same as the full row's; a create writes ``snapshot_to_values``:
-    the full row's, in ``TASK_COLUMNS`` order (every field set, none left at a default)."""
+    ``LIFE_COLUMNS``, the same as the full row's; a create writes ``snapshot_to_values``,
+    which decode back to the snapshot (every field set, none left at a default)."""
     from chongming_task.model import Failure, FailureKind, Progress, TaskSnapshot
 
     at = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -91,6 +91,6 @@ def test_life_values_are_the_life_columns_of_the_row() -> None:
     )
     row = codec.snapshot_to_row(snapshot)
     assert codec.life_values(snapshot) == [row[c] for c in codec.LIFE_COLUMNS]
-    assert codec.snapshot_to_values(snapshot) == [row[c] for c in codec.TASK_COLUMNS]
-    assert None not in codec.snapshot_to_values(snapshot)
+    values = codec.snapshot_to_values(snapshot)
+    assert codec.values_to_snapshot(values) == snapshot and None not in values
     assert set(codec.LIFE_COLUMNS) < set(codec.TASK_COLUMNS)

@@ -254,27 +254,7 @@ def decode_failure(value: Any) -> Failure | None:
 
 
 def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
-    return {
-        "task_id": snapshot.task_id,
-        "name": snapshot.name,
-        "status": STATUS_TEXT[snapshot.status],
-        "status_version": snapshot.status_version,
-        "attempt": snapshot.attempt,
-        "tags": encode_tags(snapshot.tags),
-        "bucket": snapshot.bucket,
-        "bucket_key": snapshot.bucket_key,
-        "pipeline_run_id": snapshot.pipeline_run_id,
-        "owner": snapshot.owner,
-        "created_at": encode_dt(snapshot.created_at),
-        "started_at": encode_dt(snapshot.started_at),
-        "ended_at": encode_dt(snapshot.ended_at),
-        "last_heartbeat_at": encode_dt(snapshot.last_heartbeat_at),
-        "progress": encode_progress(snapshot.progress),
-        "failure": encode_failure(snapshot.failure),
-        "outcome": encode_json(snapshot.outcome),
-        "lease_owner": snapshot.lease_owner,
-        "lease_until": encode_dt(snapshot.lease_until),
-    }
+    return dict(zip(TASK_COLUMNS, snapshot_to_values(snapshot), strict=True))
 
 
 def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
@@ -333,8 +313,8 @@ def row_to_command(row: Mapping[str, Any]) -> Command:
 
 
 def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
-    """``snapshot_to_row``'s values in ``TASK_COLUMNS`` order (every create makes one:
-    built directly, no row dict in between; a test holds the two equal)."""
+    """A snapshot's columns in ``TASK_COLUMNS`` order (every create makes one: built
+    directly, no row dict in between; ``snapshot_to_row`` is these, keyed)."""
     return [
         snapshot.task_id,
         snapshot.name,
