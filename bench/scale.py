@@ -44,6 +44,7 @@ from chongming_task import Controller, TaskQuery, TaskSnapshot, TaskStatus
 from chongming_task.model import NodeRecord, Transition
 from chongming_task.states import NON_TERMINAL
 from chongming_task.stores import codec
+from chongming_task.stores._sql import load_named
 from chongming_task.stores.protocol import TaskStore
 
 NOW = datetime.now(UTC)
@@ -167,11 +168,8 @@ def sqlite_target(path: Path) -> Target:
             conn.executemany(
                 f"INSERT INTO tasks ({', '.join(codec.TASK_COLUMNS)}) VALUES ({marks})", rows
             )
-            marks = ", ".join("?" * len(codec.TRANSITION_COLUMNS))
-            conn.executemany(
-                f"INSERT INTO transitions ({', '.join(codec.TRANSITION_COLUMNS)}) VALUES ({marks})",
-                trails,
-            )
+            # The trail is keyed by its task's seq (schema 9): the store's own statement.
+            conn.executemany(load_named("sqlite.sql")["append"], trails)
         conn.close()
 
     return Target(

@@ -681,8 +681,9 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         def columns(table: str) -> tuple[str, ...]:
             return tuple(r[1] for r in raw.execute(f"PRAGMA table_info({table})"))
 
-        assert columns("tasks") == codec.TASK_COLUMNS
-        assert columns("transitions") == codec.TRANSITION_COLUMNS
+        # seq (schema 9) is the store's own: the codec's rows never carry it.
+        assert columns("tasks") == ("seq", *codec.TASK_COLUMNS)
+        assert columns("transitions") == ("seq", *codec.TRANSITION_COLUMNS)
         assert columns("commands") == codec.COMMAND_COLUMNS
         assert columns("task_writes") == WRITE_VIEW_COLUMNS
         # A life row binds only LIFE_FILLS (the rest is NULL in the statement): a column
@@ -707,6 +708,40 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     ]
 
 
+def _schema_8_file(path: Path) -> sqlite3.Connection:
+    """A file as a release of schema 8 made it (``data/sqlite_schema_8.sql``): tasks
+    without seq, the trail keyed by (task_id, version). It holds task "kept" with its
+    first transition, a trail row of a task it does not hold ("loose"), and task
+    "later" made after a task that was pruned (so rowids have a gap). Open, for the
+    caller to age further and commit."""
+    from chongming_task.stores import codec
+
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA page_size = 1024")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.executescript((Path(__file__).parent / "data" / "sqlite_schema_8.sql").read_text())
+    marks = ", ".join("?" * len(codec.TASK_COLUMNS))
+    trail_marks = ", ".join("?" * len(codec.TRANSITION_COLUMNS))
+    for task_id in ("kept", "pruned", "later"):
+        snapshot, created = _created(task_id)
+        conn.execute(
+            f"INSERT INTO tasks ({', '.join(codec.TASK_COLUMNS)}) VALUES ({marks})",
+            codec.snapshot_to_values(snapshot),
+        )
+        conn.execute(
+            f"INSERT INTO transitions VALUES ({trail_marks})",
+            codec.transition_to_values(created),
+        )
+    conn.execute("DELETE FROM tasks WHERE task_id = 'pruned'")
+    conn.execute("DELETE FROM transitions WHERE task_id = 'pruned'")
+    loose = replace(_created("loose")[1], reason="appended before its create")
+    conn.execute(
+        f"INSERT INTO transitions VALUES ({trail_marks})", codec.transition_to_values(loose)
+    )
+    conn.execute("PRAGMA user_version = 8")
+    return conn
+
+
 @pytest.mark.parametrize(
     ("version", "dropped"),
     [
@@ -727,35 +762,37 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         (5, ("idx_tasks_owner",)),
         (6, ()),
         (7, ()),
+        (8, ()),
     ],
 )
 def test_an_older_file_gains_the_new_tables_when_opened(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
-    """Files made before node declarations (schema 1) or schedule records (schema 2)
-    existed are upgraded in place, their tasks kept."""
+    """Files made before node declarations (schema 1), schedule records (schema 2), ...
+    or the trail keyed by seq (schema 9) are upgraded in place, their tasks and every
+    trail row kept, each task keeping its place in the order tasks were made."""
     path = tmp_path / f"v{version}.db"
-    store = SqliteTaskStore(path)
-    store.create_many([_created("kept")])
-    store.close()
-    conn = sqlite3.connect(path)
+    conn = _schema_8_file(path)
     for name in dropped:
         kind = "INDEX" if name.startswith("idx_") else "TABLE"
         conn.execute(f"DROP {kind} {name}")
-    # Before schema 6 the life trigger also wrote owner.
-    (life,) = conn.execute(
-        "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
-    ).fetchone()
-    conn.execute("DROP TRIGGER task_writes_life")
-    # Before schema 8 it did not carry the write's last transition.
-    life = life[: life.index("INSERT OR IGNORE INTO transitions")] + "END"
-    conn.execute(
-        life.replace("attempt = NEW.attempt,", "attempt = NEW.attempt, owner = NEW.owner,")
-    )
-    # Before schema 7 a new task's row did not carry its first transition.
-    (new,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'task_writes_new'").fetchone()
-    conn.execute("DROP TRIGGER task_writes_new")
-    conn.execute(new[: new.index("INSERT OR IGNORE INTO transitions")] + "END")
+    if version < 8:  # before schema 8 the life trigger did not carry the last transition
+        (life,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
+        ).fetchone()
+        conn.execute("DROP TRIGGER task_writes_life")
+        life = life[: life.index("INSERT OR IGNORE INTO transitions")] + "END"
+        if version < 6:  # ... and before schema 6 it also wrote owner
+            life = life.replace(
+                "attempt = NEW.attempt,", "attempt = NEW.attempt, owner = NEW.owner,"
+            )
+        conn.execute(life)
+    if version < 7:  # before schema 7 a new task's row did not carry its first transition
+        (new,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'task_writes_new'"
+        ).fetchone()
+        conn.execute("DROP TRIGGER task_writes_new")
+        conn.execute(new[: new.index("INSERT OR IGNORE INTO transitions")] + "END")
     conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
@@ -764,28 +801,99 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 8
+        assert now == SCHEMA_VERSION == 9
         assert reopened.pipeline_records() == []
+        # Each task kept its rowid as its seq; the loose trail row waits under seq 0.
+        assert reopened._conn.execute("SELECT task_id, seq FROM tasks ORDER BY seq").fetchall() == [
+            ("kept", 1),
+            ("later", 3),
+        ]
+        assert reopened._conn.execute(
+            "SELECT seq, task_id, version FROM transitions"
+        ).fetchall() == [(0, "loose", 1), (1, "kept", 1), (3, "later", 1)]
+        assert [t.version for t in reopened.history("kept")] == [1]
+        assert [t.reason for t in reopened.history("loose")] == ["appended before its create"]
         (life,) = reopened._conn.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
         ).fetchone()
-        assert "owner" not in life  # made again, as this version writes it
+        assert "owner" not in life and "seq" in life  # made again, as this version writes it
         reopened.create_many([_created("after")])  # its row carries its first transition
         moved, trail = _step("after", 2)
         reopened.write_transitions(moved, expect_version=1, transitions=trail)  # its last
         assert [t.version for t in reopened.history("after")] == [1, 2]
+        (after,) = reopened._conn.execute(
+            "SELECT seq FROM tasks WHERE task_id = 'after'"
+        ).fetchone()
+        assert after == 4
+        reopened.create_many([_created("loose")])  # adopts the row appended before it
+        assert [t.reason for t in reopened.history("loose")] == ["appended before its create"]
         assert reopened.query(TaskQuery(owner="nobody")) == []
-        plan = " ".join(
-            str(row[-1])
-            for row in reopened._conn.execute(
-                "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE owner = ? "
-                "ORDER BY created_at DESC LIMIT 5",
-                ["n"],
+        for index, query in [
+            ("idx_tasks_owner", "SELECT task_id FROM tasks WHERE owner = ? ORDER BY created_at"),
+            ("idx_tasks_status", "SELECT task_id FROM tasks WHERE status = ?"),
+            ("sqlite_autoindex_tasks", "SELECT seq FROM tasks WHERE task_id = ?"),
+        ]:
+            plan = " ".join(
+                str(row[-1]) for row in reopened._conn.execute("EXPLAIN QUERY PLAN " + query, ["n"])
             )
-        )
-        assert "idx_tasks_owner" in plan, plan
+            assert index in plan, plan
     finally:
         reopened.close()
+
+
+def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
+    """Schema 9: trail rows are keyed by their task's seq first (random task ids put
+    each task's rows anywhere in the tree). A trail row of a task the store does not
+    hold yet waits under seq 0 and joins its task when the task is made, by every way
+    a task is made; a version the task brings itself is not written twice."""
+    store = SqliteTaskStore(tmp_path / "seq.db")
+    try:
+        pk = sorted(
+            (row[5], row[1]) for row in store._conn.execute("PRAGMA table_info(transitions)")
+        )
+        assert [name for order, name in pk if order] == ["seq", "task_id", "version"]
+        early = [
+            replace(_created(task_id)[1], reason="early")
+            for task_id in ("plain", "viewed", "bulk0")
+        ]
+        for transition in early:
+            store.append(transition)
+        store.append(replace(_step("viewed", 2)[1][0], reason="early"))
+        assert [t.reason for t in store.history("viewed")] == ["early", "early"]
+        store.create(_created("plain")[0])
+        store.create_many([_created("viewed")])  # one statement through the write view
+        direct = _into_the_tables(store)
+        store.create_many([_created(f"bulk{i}") for i in range(70)])  # into the tables
+        store._conn.set_trace_callback(None)
+        assert direct
+        for task_id, versions in [("plain", [1]), ("viewed", [1, 2]), ("bulk0", [1])]:
+            history = store.history(task_id)
+            assert [t.version for t in history] == versions
+            assert {t.reason for t in history} == {"early"}
+        rows = store._conn.execute("SELECT seq, task_id FROM transitions").fetchall()
+        assert all(seq > 0 for seq, _ in rows), rows
+        seqs = dict(store._conn.execute("SELECT task_id, seq FROM tasks"))
+        assert sorted(seqs.values()) == list(range(1, 73))
+        assert seqs["plain"] < seqs["viewed"] < seqs["bulk0"] < seqs["bulk69"]
+        assert all(seqs[task_id] == seq for seq, task_id in rows)
+        # Prune takes a task's trail with it; seq is the rowid by name (INTEGER PRIMARY
+        # KEY), so a VACUUM after the gap renumbers nothing.
+        done = snap("bulk3", status=TaskStatus.SUCCEEDED, status_version=2, attempt=1)
+        finish = replace(_step("bulk3", 2)[1][0], to_status=TaskStatus.SUCCEEDED)
+        store.write_transitions(done, expect_version=1, transitions=[finish])
+        assert store.prune(keep_terminal=0) == 1
+        assert store.history("bulk3") == []
+        store._conn.execute("VACUUM")
+        assert dict(store._conn.execute("SELECT task_id, seq FROM tasks"))["bulk69"] == 72
+        assert [t.version for t in store.history("bulk69")] == [1]
+        # A trail row appended after its task was pruned waits under seq 0 again.
+        store.append(_created("bulk3")[1])
+        assert store._conn.execute(
+            "SELECT seq FROM transitions WHERE task_id = 'bulk3'"
+        ).fetchall() == [(0,)]
+        assert [t.version for t in store.history("bulk3")] == [1]
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("filler", [0, 70], ids=["one statement", "into the tables"])

@@ -79,6 +79,9 @@ class Dialect:
     fence: bool = False
     """Filter before ordering in a scan's rows query (a subquery the planner keeps): else
     PostgreSQL walks the ``created_at`` index through every row to find a rare few."""
+    trail_of_task: str = "tr.task_id = tasks.task_id"
+    """Which rows of the trail (``transitions tr``) are the task's, on its key's leading
+    columns (SQLite keys the trail by the task's ``seq`` first)."""
 
 
 def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
@@ -188,7 +191,7 @@ def scan_where(scan: TaskScan, dialect: Dialect) -> Fragment:
         add(
             (
                 f"created_at <= {t} AND COALESCE((SELECT tr.at FROM transitions tr "
-                "WHERE tr.task_id = tasks.task_id AND tr.version = tasks.status_version), "
+                f"WHERE {dialect.trail_of_task} AND tr.version = tasks.status_version), "
                 f"created_at) <= {t}",
                 [cut, cut],
             )

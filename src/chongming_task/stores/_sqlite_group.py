@@ -33,6 +33,7 @@ from typing import Any
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from . import codec
 from ._hints import writes_can_wait
+from ._sql import load_named
 
 __all__ = ["LIFE_FILLS", "NEW_FILLS", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest"]
 
@@ -100,10 +101,8 @@ _UPDATE_LIFE = (
     + ", ".join(f"{c} = ?{i + 2}" for i, c in enumerate(codec.LIFE_COLUMNS))
     + f" WHERE task_id = ?1 AND status_version = ?{_LIFE_WIDTH}"
 )
-_INSERT_TRAIL = (
-    f"INSERT OR IGNORE INTO transitions ({', '.join(codec.TRANSITION_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(codec.TRANSITION_COLUMNS))})"
-)
+_SQL = load_named("sqlite.sql")
+_INSERT_TRAIL = _SQL["append"]  # a transition's values, its seq found by its task_id
 
 
 class _VersionMoved(Exception):
@@ -134,6 +133,8 @@ def _write_rows(
     width, cas = _TASK_WIDTH, _LIFE_WIDTH
     if new:
         conn.executemany(_INSERT_TASKS, [row[:width] for row in new])
+        if conn.execute(_SQL["any_loose_trail"]).fetchone():
+            conn.executemany(_SQL["adopt_trail"], [row[:1] for row in new])
     if life and conn.executemany(_UPDATE_LIFE, [row[:cas] for row in life]).rowcount != len(life):
         raise _VersionMoved
     carried = [(row[0], *row[width:]) for row in new if row[width] is not None]

@@ -50,10 +50,10 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 8  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 9  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
-# (task_writes_life)
+# (task_writes_life); 9: tasks.seq, the trail keyed by it (_key_trail_by_seq)
 PAGE_SIZE = 1024  # for new files; see _open
 
 _SQL = load_named("sqlite.sql")
@@ -75,8 +75,9 @@ _DIALECT = Dialect(
         "instr(',' || substr(tags, 2, length(tags) - 2) || ',', ?) > 0",
         ["," + encoded_tag(tag) + ","],
     ),
-    insertion_order="rowid",
+    insertion_order="seq",
     time="?",
+    trail_of_task="tr.seq = tasks.seq AND tr.task_id = tasks.task_id",
 )
 
 
@@ -246,6 +247,8 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                     f"{self.path} has schema version {version}, newer than this "
                     f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
                 )
+            if _columns(conn, "tasks")[:1] not in ([], ["seq"]):  # before schema 9
+                _key_trail_by_seq(conn)
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -265,6 +268,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         try:
             with self._write("create") as conn:
                 conn.execute(_SQL["insert_task"], values)
+                conn.execute(_SQL["adopt_trail"], (snapshot.task_id,))
         except StoreError as exc:
             if isinstance(exc.__cause__, sqlite3.IntegrityError):
                 raise TaskAlreadyExists(f"task {snapshot.task_id} already exists") from exc
@@ -574,6 +578,38 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
 
 _NO_TRANSITION = [None] * (len(codec.TRANSITION_COLUMNS) - 1)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def _key_trail_by_seq(conn: sqlite3.Connection) -> None:
+    """Schema 9, in the migration's transaction: tasks get ``seq`` (each task keeps its
+    rowid, so the order tasks were made in), and the trail is copied into a table keyed
+    by ``(seq, task_id, version)``; a row whose task is gone gets seq 0. Both tables are
+    made again (SQLite adds no primary key to a table), under the names the schema
+    uses; the view's triggers are dropped first (they name the old columns) and the
+    schema makes them again, with the indexes."""
+    for trigger in ("task_writes_new", "task_writes_life", "task_writes_trail"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    task_columns = ", ".join(codec.TASK_COLUMNS)
+    trail_columns = ", ".join(codec.TRANSITION_COLUMNS)
+    for table in ("tasks", "transitions"):
+        made = _SQL[f"schema_{table}"]
+        conn.execute(made.replace(f"IF NOT EXISTS {table} (", f"{table}_9 (", 1))
+    conn.execute(
+        f"INSERT INTO tasks_9 (seq, {task_columns}) "
+        f"SELECT rowid, {task_columns} FROM tasks ORDER BY rowid"
+    )
+    conn.execute(
+        f"INSERT INTO transitions_9 (seq, {trail_columns}) "
+        f"SELECT COALESCE((SELECT seq FROM tasks_9 t WHERE t.task_id = r.task_id), 0), "
+        f"{', '.join('r.' + c for c in codec.TRANSITION_COLUMNS)} FROM transitions r"
+    )
+    for table in ("transitions", "tasks"):
+        conn.execute(f"DROP TABLE {table}")
+        conn.execute(f"ALTER TABLE {table}_9 RENAME TO {table}")
 
 
 def _life_request(

@@ -4,9 +4,12 @@
 -- statement the store runs with bound parameters. Column lists follow
 -- chongming_task.stores.codec (a test compares them with the tables made here).
 
+-- seq is the task's place in the order tasks were made here: the trail is kept in that
+-- order (below). INTEGER PRIMARY KEY, so it is the rowid and no VACUUM renumbers it.
 -- name: schema_tasks
 CREATE TABLE IF NOT EXISTS tasks (
-    task_id           TEXT PRIMARY KEY,
+    seq               INTEGER PRIMARY KEY,
+    task_id           TEXT NOT NULL UNIQUE,
     name              TEXT NOT NULL,
     status            TEXT NOT NULL,
     status_version    INTEGER NOT NULL,
@@ -45,8 +48,15 @@ CREATE INDEX IF NOT EXISTS idx_tasks_owner ON tasks (owner, created_at)
 CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
     WHERE pipeline_run_id IS NOT NULL
 
+-- The trail, kept in the order of its tasks' seq (schema 9): task ids are random, and
+-- keyed by task_id every trail row landed in a leaf of its own anywhere in the tree, so
+-- a commit wrote one more page, and split pages, for each task in it (a per-call task
+-- dirtied 20 pages; in seq order 14, its rows beside the newest tasks'). seq is 0 for
+-- a transition of a task not in tasks (appended before its create, or after a prune):
+-- the create adopts those. Every statement finds a task's trail by (seq, task_id).
 -- name: schema_transitions
 CREATE TABLE IF NOT EXISTS transitions (
+    seq         INTEGER NOT NULL,
     task_id     TEXT NOT NULL,
     version     INTEGER NOT NULL,
     from_status TEXT,
@@ -54,7 +64,7 @@ CREATE TABLE IF NOT EXISTS transitions (
     at          TEXT NOT NULL,
     reason      TEXT,
     actor       TEXT,
-    PRIMARY KEY (task_id, version)
+    PRIMARY KEY (seq, task_id, version)
 ) WITHOUT ROWID
 
 -- name: schema_commands
@@ -176,9 +186,12 @@ WHEN NEW.kind = 'new' BEGIN
         NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
         NEW.outcome, NEW.lease_owner, NEW.lease_until
     );
-    INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
-    SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
-           NEW.actor
+    UPDATE OR IGNORE transitions SET seq = last_insert_rowid()
+    WHERE seq = 0 AND task_id = NEW.task_id;
+    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
+                                       reason, actor)
+    SELECT last_insert_rowid(), NEW.task_id, NEW.version, NEW.from_status, NEW.to_status,
+           NEW.at, NEW.reason, NEW.actor
     WHERE NEW.version IS NOT NULL;
 END
 
@@ -201,18 +214,24 @@ WHEN NEW.kind = 'life' BEGIN
         failure = NEW.failure, outcome = NEW.outcome
     WHERE task_id = NEW.task_id AND status_version = NEW.expect;
     SELECT RAISE(ABORT, 'chongming-task: status_version moved') WHERE changes() = 0;
-    INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
-    SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
-           NEW.actor
-    WHERE NEW.version IS NOT NULL;
+    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
+                                       reason, actor)
+    SELECT seq, NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at,
+           NEW.reason, NEW.actor
+    FROM tasks WHERE task_id = NEW.task_id AND NEW.version IS NOT NULL;
 END
 
+-- Schema 9 keys the trail by seq: made again at every migration, as the two above.
+-- name: schema_task_writes_trail_drop
+DROP TRIGGER IF EXISTS task_writes_trail
+
 -- name: schema_task_writes_trail
-CREATE TRIGGER IF NOT EXISTS task_writes_trail INSTEAD OF INSERT ON task_writes
+CREATE TRIGGER task_writes_trail INSTEAD OF INSERT ON task_writes
 WHEN NEW.kind = 'trail' BEGIN
-    INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
-    VALUES (NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
-            NEW.actor);
+    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
+                                       reason, actor)
+    VALUES (COALESCE((SELECT seq FROM tasks WHERE task_id = NEW.task_id), 0), NEW.task_id,
+            NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason, NEW.actor);
 END
 
 -- name: insert_task
@@ -250,13 +269,27 @@ UPDATE tasks SET
     lease_until = COALESCE(?, lease_until)
 WHERE task_id = ?
 
+-- A task's trail rows are found by (seq, task_id): its seq, or 0 while it is not in tasks.
 -- name: append
-INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at, reason,
+                                   actor)
+VALUES (COALESCE((SELECT seq FROM tasks WHERE task_id = ?1), 0), ?1, ?2, ?3, ?4, ?5, ?6, ?7)
+
+-- A new task adopts the trail rows appended before it was made (seq 0), as the write
+-- view's task_writes_new does; a version it holds already stays where it is.
+-- name: adopt_trail
+UPDATE OR IGNORE transitions SET seq = (SELECT seq FROM tasks WHERE task_id = ?1)
+WHERE seq = 0 AND task_id = ?1
+
+-- name: any_loose_trail
+SELECT 1 FROM transitions WHERE seq = 0 LIMIT 1
 
 -- name: history
 SELECT task_id, version, from_status, to_status, at, reason, actor
-FROM transitions WHERE task_id = ? AND version > ? ORDER BY version
+FROM transitions
+WHERE seq = COALESCE((SELECT seq FROM tasks WHERE task_id = ?1), 0) AND task_id = ?1
+    AND version > ?2
+ORDER BY version
 
 -- name: mark_lost
 UPDATE tasks SET status = ?, status_version = ?, ended_at = ?, failure = ?
@@ -288,10 +321,12 @@ UPDATE commands SET lease_until = NULL WHERE command_id = ? AND finished_at IS N
 -- name: prunable
 SELECT task_id FROM tasks
 WHERE status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
-ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?
+ORDER BY created_at DESC, seq DESC LIMIT -1 OFFSET ?
 
+-- (before prune_task: it finds the trail by the task's seq)
 -- name: prune_history
-DELETE FROM transitions WHERE task_id = ?
+DELETE FROM transitions
+WHERE seq = COALESCE((SELECT seq FROM tasks WHERE task_id = ?1), 0) AND task_id = ?1
 
 -- name: prune_commands
 DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL
@@ -345,8 +380,8 @@ CREATE TEMP TABLE IF NOT EXISTS lost_verdicts (
 
 -- name: lost_doomed_table
 CREATE TEMP TABLE IF NOT EXISTS lost_doomed (
-    task_id TEXT PRIMARY KEY, from_status TEXT NOT NULL, version INTEGER NOT NULL,
-    owner TEXT NOT NULL
+    task_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, from_status TEXT NOT NULL,
+    version INTEGER NOT NULL, owner TEXT NOT NULL
 )
 
 -- name: lost_clear_verdicts
@@ -359,8 +394,8 @@ DELETE FROM lost_doomed
 INSERT INTO lost_verdicts (owner, failure, reason) VALUES (?, ?, ?)
 
 -- name: lost_doom
-INSERT INTO lost_doomed (task_id, from_status, version, owner)
-SELECT task_id, status, status_version + 1, COALESCE(lease_owner, '') FROM tasks
+INSERT INTO lost_doomed (task_id, seq, from_status, version, owner)
+SELECT task_id, seq, status, status_version + 1, COALESCE(lease_owner, '') FROM tasks
 WHERE {scan} AND task_id NOT IN (SELECT value FROM json_each(?))
 
 -- name: lost_mark
@@ -373,9 +408,9 @@ FROM (
 WHERE tasks.task_id = m.task_id
 
 -- name: lost_trail
-INSERT OR IGNORE INTO transitions (task_id, version, from_status, to_status, at, reason,
-                                   actor)
-SELECT d.task_id, d.version, d.from_status, 'lost', ?, v.reason, ?
+INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
+                                   reason, actor)
+SELECT d.seq, d.task_id, d.version, d.from_status, 'lost', ?, v.reason, ?
 FROM lost_doomed d JOIN lost_verdicts v ON v.owner = d.owner
 
 -- name: lost_marked
