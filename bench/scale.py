@@ -294,6 +294,10 @@ def measure_cli(target: Target, tasks: int) -> dict[str, tuple[float, float, flo
     for command in COMMANDS:
         params = [codec.encode_dt(NOW)] if "?" in RAW[command] else []
         sql = RAW[command]
+        if target.label == "SQLite" and command == "buckets":
+            # Its bucket index holds only tasks with a bucket (the GROUP BY above would
+            # read the table): the store's own statement is the floor.
+            sql = load_named("sqlite.sql")["bucket_totals"]
         raw = min(timed(lambda: target.raw(sql, params)) for _ in range(3))  # noqa: B023
         runs = [run_cli(target, command) for _ in range(3)]
         out[command] = (min(r[0] for r in runs), max(r[1] for r in runs), raw)

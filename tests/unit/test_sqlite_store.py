@@ -841,6 +841,10 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
         assert now == SCHEMA_VERSION == 9
+        fresh = sqlite3.connect(":memory:")  # the copy's own settings were undone
+        for pragma in ("PRAGMA cache_size", "PRAGMA secure_delete"):
+            assert reopened._conn.execute(pragma).fetchone() == fresh.execute(pragma).fetchone()
+        fresh.close()
         assert reopened.pipeline_records() == []
         # Each task kept its rowid as its seq; the loose trail row waits under seq 0.
         assert reopened._conn.execute("SELECT task_id, seq FROM tasks ORDER BY seq").fetchall() == [
