@@ -34,8 +34,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE INDEX IF NOT EXISTS idx_tasks_status ON tasks (status)
 
 -- Tasks with a bucket only (schema 9): most stores hold none, and a create wrote the
--- index's right edge for nothing (1.2 of 15 pages a per-call task). A bucket = / IN
--- still finds it (each implies NOT NULL); bucket_totals counts the rest.
+-- index's right edge for nothing (1.2 of the 17.6 pages a per-call task wrote). A
+-- bucket = / IN still finds it (each implies NOT NULL); bucket_totals counts the rest.
 -- name: schema_idx_tasks_bucket
 CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON tasks (bucket) WHERE bucket IS NOT NULL
 
@@ -52,11 +52,12 @@ CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
     WHERE pipeline_run_id IS NOT NULL
 
 -- The trail, kept in the order of its tasks' seq (schema 9): task ids are random, and
--- keyed by task_id every trail row landed in a leaf of its own anywhere in the tree, so
--- a commit wrote one more page, and split pages, for each task in it (a per-call task
--- dirtied 20 pages; in seq order 14, its rows beside the newest tasks'). seq is 0 for
--- a transition of a task not in tasks (appended before its create, or after a prune):
--- the create adopts those. Every statement finds a task's trail by (seq, task_id).
+-- keyed by task_id a task's trail rows landed in a leaf anywhere in the tree, so each
+-- commit wrote a leaf of its own for each task in it and split full ones (a per-call
+-- task's commit wrote 7.0 trail pages; in seq order 3.4, its rows beside the newest
+-- tasks': bench/sqlite_pages.py). seq is 0 for a transition of a task not in tasks
+-- (appended before its create, or after a prune): the create adopts those. Every
+-- statement finds a task's trail by (seq, task_id).
 -- name: schema_transitions
 CREATE TABLE IF NOT EXISTS transitions (
     seq         INTEGER NOT NULL,
