@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -55,6 +56,8 @@ SCHEMA_VERSION = 9  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: fin
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
 # (task_writes_life); 9: tasks.seq, the trail keyed by it (_key_trail_by_seq)
 PAGE_SIZE = 1024  # for new files; see _open
+
+log = logging.getLogger("chongming_task.store")
 
 _SQL = load_named("sqlite.sql")
 _SCHEMA = [sql for name, sql in _SQL.items() if name.startswith("schema_")]
@@ -248,6 +251,14 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                     f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
                 )
             if _columns(conn, "tasks")[:1] not in ([], ["seq"]):  # before schema 9
+                (tasks,) = conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
+                log.warning(
+                    "%s: upgrading to schema %d, which rebuilds its %d tasks and their trail "
+                    "once (about 40 s a million tasks); other processes wait for the file",
+                    self.path,
+                    SCHEMA_VERSION,
+                    tasks,
+                )
                 _key_trail_by_seq(conn)
             for statement in _SCHEMA:
                 conn.execute(statement)
