@@ -1067,3 +1067,20 @@ def test_a_compare_and_set_carries_its_last_transition_and_the_others_follow(
     assert store.get("c") == moved_c and [t.version for t in store.history("c")] == [1]
     assert [t.reason for t in store.history("other")] == [None, "handed over"]
     store.close()
+
+
+def test_the_migration_sets_back_the_pragmas_it_changed_as_they_were() -> None:
+    """secure_delete reads 2 for FAST, and setting 2 turns it on: the value the copy
+    restores is spelled so that it sets back what it read."""
+    from chongming_task.stores.sqlite import _pragma_value
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        for setting, read in [("FAST", 2), ("0", 0), ("1", 1)]:
+            conn.execute(f"PRAGMA secure_delete = {setting}")
+            conn.execute(f"PRAGMA secure_delete = {_pragma_value(conn, 'secure_delete')}")
+            assert conn.execute("PRAGMA secure_delete").fetchone() == (read,)
+        conn.execute("PRAGMA cache_size = -1234")
+        assert _pragma_value(conn, "cache_size") == "-1234"
+    finally:
+        conn.close()

@@ -604,6 +604,13 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
 
 
+def _pragma_value(conn: sqlite3.Connection, name: str) -> str:
+    """A pragma's value as it is set again (secure_delete reads 2 for FAST, and a 2 set
+    would turn it on)."""
+    (value,) = conn.execute(f"PRAGMA {name}").fetchone()
+    return "FAST" if name == "secure_delete" and value == 2 else str(value)
+
+
 def _key_trail_by_seq(conn: sqlite3.Connection) -> None:
     """Schema 9, in the migration's transaction: tasks get ``seq`` (each task keeps its
     rowid, so the order tasks were made in), and the trail is copied into a table keyed
@@ -617,8 +624,7 @@ def _key_trail_by_seq(conn: sqlite3.Connection) -> None:
     # without zeroing them first (they hold what the new tables hold; Debian's SQLite
     # zeroes every freed page, which wrote the old tables out once more).
     restore = [
-        f"PRAGMA {name} = {conn.execute(f'PRAGMA {name}').fetchone()[0]}"
-        for name in ("cache_size", "secure_delete")
+        f"PRAGMA {name} = {_pragma_value(conn, name)}" for name in ("cache_size", "secure_delete")
     ]
     conn.execute("PRAGMA cache_size = -524288")  # 512 MiB
     conn.execute("PRAGMA secure_delete = FAST")
