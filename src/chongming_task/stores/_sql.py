@@ -3,11 +3,13 @@ one ``TaskQuery`` to ``SELECT`` builder, written once over a small dialect."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from .. import states
@@ -29,9 +31,11 @@ __all__ = [
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$")
 
 
-def load_named(filename: str) -> dict[str, str]:
+@functools.cache  # read once a process: the store and its group commit both use them
+def load_named(filename: str) -> Mapping[str, str]:
     """The ``-- name: NAME`` blocks of ``filename`` (beside this module), in file order;
-    comment lines are dropped, so a block is exactly one statement."""
+    comment lines are dropped, so a block is exactly one statement. Read-only: every
+    caller shares the one mapping."""
     text = resources.files(__package__).joinpath(filename).read_text("utf-8")
     blocks: dict[str, str] = {}
     name: str | None = None
@@ -51,7 +55,7 @@ def load_named(filename: str) -> dict[str, str]:
         elif name is not None and not line.lstrip().startswith("--"):
             body.append(line)
     close()
-    return blocks
+    return MappingProxyType(blocks)
 
 
 Fragment = tuple[str, list[Any]]

@@ -203,9 +203,7 @@ class WriteRequest:
         except _VersionMoved:
             assert self.expect is not None  # only a compare-and-set moves no row
             task_id, expected = self.expect
-            found = conn.execute(
-                "SELECT status_version FROM tasks WHERE task_id = ?", (task_id,)
-            ).fetchone()
+            found = conn.execute(_SQL["stored_version"], (task_id,)).fetchone()
             raise ConcurrencyConflict.version_mismatch(
                 task_id, expected, None if found is None else found[0]
             ) from None
