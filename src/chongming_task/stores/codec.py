@@ -314,25 +314,22 @@ def row_to_command(row: Mapping[str, Any]) -> Command:
 
 def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
     """A snapshot's columns in ``TASK_COLUMNS`` order (every create makes one: built
-    directly, no row dict in between; ``snapshot_to_row`` is these, keyed)."""
+    directly, no row dict in between; ``snapshot_to_row`` is these, keyed). The columns a
+    life changes are ``life_values``'s, so each is encoded in one place."""
+    status, version, attempt, *lived = life_values(snapshot)
     return [
         snapshot.task_id,
         snapshot.name,
-        STATUS_TEXT[snapshot.status],
-        snapshot.status_version,
-        snapshot.attempt,
+        status,
+        version,
+        attempt,
         encode_tags(snapshot.tags),
         snapshot.bucket,
         snapshot.bucket_key,
         snapshot.pipeline_run_id,
         snapshot.owner,
         encode_dt(snapshot.created_at),
-        encode_dt(snapshot.started_at),
-        encode_dt(snapshot.ended_at),
-        encode_dt(snapshot.last_heartbeat_at),
-        encode_progress(snapshot.progress),
-        encode_failure(snapshot.failure),
-        encode_json(snapshot.outcome),
+        *lived,
         snapshot.lease_owner,
         encode_dt(snapshot.lease_until),
     ]
