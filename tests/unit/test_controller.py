@@ -418,6 +418,7 @@ def test_submit_fails_cleanly_when_the_store_refuses_the_task(make_controller: M
 
 
 def test_close_cancels_waiting_and_stops_running_tasks_and_joins_threads() -> None:
+    before = set(threading.enumerate())  # (a store another test left open keeps its own)
     store = InMemoryTaskStore()
     c = Controller(store, max_workers=1, activity_interval=0.02)
     started = threading.Event()
@@ -429,7 +430,7 @@ def test_close_cancels_waiting_and_stops_running_tasks_and_joins_threads() -> No
     assert running.snapshot().status is S.STOPPED
     assert waiting.snapshot().status is S.CANCELLED
     assert store.get(running.task_id).status is S.STOPPED  # type: ignore[union-attr]
-    assert not [t for t in threading.enumerate() if t.name.startswith("chongming-")]
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("chongming-")]
     with pytest.raises(ControllerClosed):
         c.submit(loop)
     c.close()  # idempotent

@@ -265,17 +265,20 @@ class GroupCommit:
         statement: Scope,
         transaction: Scope,
         not_text: Callable[[UnicodeEncodeError, str], StoreError],
+        committed: Callable[[], None],
     ) -> None:
         """``lock`` is the store's connection lock; ``in_transaction`` says whether the
         thread holding it is inside ``atomic()``; ``statement`` runs one statement as its
         own transaction, ``transaction`` opens ``BEGIN IMMEDIATE ... COMMIT`` (both take
         the lock, and translate the driver's errors); ``not_text`` words a value SQLite
-        cannot bind (text that is not UTF-8) as the store's error."""
+        cannot bind (text that is not UTF-8) as the store's error; ``committed`` is
+        called after each batch's statement has committed."""
         self._lock = lock
         self._in_transaction = in_transaction
         self._statement = statement
         self._transaction = transaction
         self._not_text = not_text
+        self._committed = committed
         # append / popleft: atomic. Callers' writes, and writes that may wait.
         self._queue: deque[WriteRequest] = deque()
         self._waiting: deque[WriteRequest] = deque()
@@ -352,11 +355,14 @@ class GroupCommit:
         life = [row for request in batch for row in request.life]
         trail = [row for request in batch for row in request.trail]
         # The common case, one statement, is its own transaction; more take one.
-        scope = self._statement if _one_statement(new, life, trail) else self._transaction
+        one = _one_statement(new, life, trail)
+        scope = self._statement if one else self._transaction
         try:
             try:
                 with scope("group commit") as conn:
                     _write_rows(conn, new, life, trail)
+                if one:  # its own transaction (the other scope tells on its commit)
+                    self._committed()
             except _VersionMoved:
                 self._one_by_one(batch)  # nothing was written: find who failed
             except StoreError as exc:

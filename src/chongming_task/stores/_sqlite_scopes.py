@@ -105,6 +105,7 @@ class WriteScope:
             store._holder = None
             if exc is None:
                 store._conn.execute("COMMIT")
+                store._committed()
             else:
                 store._conn.execute("ROLLBACK")
         except sqlite3.DatabaseError as end_error:

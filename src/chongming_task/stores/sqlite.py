@@ -44,6 +44,7 @@ from ._sql import (
     query_sql,
     verdicts_of_expired,
 )
+from ._sqlite_checkpoint import Checkpointer
 from ._sqlite_group import GroupCommit, Row, WriteRequest
 from ._sqlite_scopes import ReadScope, WriteScope
 from ._supports import LifeWrite
@@ -98,15 +99,27 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         self._lock = threading.RLock()  # re-entrant: methods run inside atomic()
         self._depth = 0  # > 0 while a write scope (or atomic()) holds the transaction
         self._holder: int | None = None  # the thread whose write scope holds it
+        memory = self.path == ":memory:"
+        # A file's WAL is copied back by a thread of its own, never by a committing caller.
+        self._checkpointer = (
+            None
+            if memory
+            else Checkpointer(
+                self.path,
+                hold=lambda: self._locked("checkpoint"),
+                fallback=self._checkpoint_on_commit,
+            )
+        )
+        self._committed = _nothing if self._checkpointer is None else self._checkpointer.committed
         self._group = GroupCommit(
             lock=self._lock,
             in_transaction=lambda: self._depth > 0,
             statement=self._locked,
             transaction=self._write,
             not_text=self._not_text,
+            committed=self._committed,
         )
         self._closed = False
-        memory = self.path == ":memory:"
         if not memory and not create and not Path(self.path).exists():
             raise StoreError(f"no database at {self.path}")
         try:
@@ -140,7 +153,9 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         # rewritten several times in their first second, so checkpoint less often and a
         # hot page is copied back once, not once per transition.
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA wal_autocheckpoint = 8192")
+        # No automatic checkpoints: the Checkpointer's thread makes them (a commit that
+        # took the WAL past the threshold made its caller wait for ~8,000 pages copied).
+        conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT if memory else 0}")
         conn.execute(f"PRAGMA journal_size_limit = {64 * 1024 * 1024}")
         if self._schema_is_current():
             return
@@ -589,7 +604,15 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
             conn.executemany(_SQL["prune_task"], doomed)
         return len(doomed)
 
+    def _checkpoint_on_commit(self) -> None:
+        """The Checkpointer's fallback: commits checkpoint the WAL themselves again."""
+        with self._lock:
+            if not self._closed:
+                self._conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
+
     def close(self) -> None:
+        if self._checkpointer is not None:  # first, and outside the lock its fallback takes
+            self._checkpointer.close()
         with self._lock:
             if self._closed:
                 return
@@ -598,6 +621,15 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
 
 _NO_TRANSITION = [None] * (len(codec.TRANSITION_COLUMNS) - 1)
+
+# Pages in the WAL past which a commit checkpoints, where commits do (without the
+# Checkpointer's thread): task rows are rewritten several times in their first second, so
+# a hot page is copied back once, not once per transition.
+_AUTOCHECKPOINT = 8192
+
+
+def _nothing() -> None:
+    return None
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[str]:

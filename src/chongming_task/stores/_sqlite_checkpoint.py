@@ -1,0 +1,181 @@
+"""``Checkpointer``: copies a SQLite store's WAL back into its database file on a
+thread of its own, so the thread that commits never does.
+
+In WAL mode a commit only appends pages to the WAL; something must copy them back into
+the database file (a checkpoint) before the WAL can start over. By default SQLite makes
+the commit that takes the WAL past ``wal_autocheckpoint`` pages do it, on the caller's
+thread and inside its call: one ``submit`` in every few hundred paid for copying some
+8,000 pages and two ``fsync`` calls: 13-17 ms at the 99.9th percentile of per-call
+``submit``, where the median was 0.23 ms (docs/benchmarks.md, fifteenth session).
+
+Here the store's connection has automatic checkpoints off, and this thread runs a
+``PASSIVE`` checkpoint (it never waits for a lock, nor makes a writer or a reader wait)
+on a connection of its own, at most every ``INTERVAL`` while commits come. The copying
+moves to another core (the statement releases the interpreter's lock); what a commit
+costs is a flag set (``committed``). Idle, the thread sleeps until the next commit.
+
+The WAL starts over only at a commit that finds every frame in it copied back, which a
+checkpoint racing a steady stream of commits never leaves: the WAL would grow without
+end. So once it holds ``RESTART_FRAMES``, the bulk pass is followed by passes that copy what
+was written during the one before, each less, the last holding the store's lock
+(``hold``): no commit of this process lands meanwhile, and the next commit starts the
+WAL over. Callers wait for that short pass (a few pages and the two ``fsync`` calls a
+checkpoint makes) once every few thousand frames, where one of them used to make the
+whole copy.
+
+If the thread cannot open its connection, the store's own connection checkpoints again as
+before (``fallback``), so the WAL never grows without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..errors import StoreError
+
+__all__ = ["Checkpointer"]
+
+log = logging.getLogger("chongming_task.store")
+
+
+class Checkpointer:
+    """One store's background checkpoints (started at the first commit)."""
+
+    INTERVAL = 0.25
+    """Seconds between checkpoints while commits come. Each pass that copies makes two
+    ``fsync`` calls, which stall the file system's other writers for a moment: at 0.05 s
+    the commits' 99th percentile rose."""
+
+    RESTART_FRAMES = 4096
+    """Frames in the WAL past which a pass ends holding the store's lock, so that the WAL
+    starts over (4 MiB at the 1 KiB pages of a new file)."""
+
+    CATCH_UP_FRAMES = 64
+    """Frames few enough for the pass that holds the store's lock to copy."""
+
+    name = "chongming-checkpoint"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        hold: Callable[[], AbstractContextManager[Any]],
+        fallback: Callable[[], None],
+    ) -> None:
+        """``path`` is the database file; ``with hold():`` keeps the store's commits
+        out (and lets them go after); ``fallback`` turns the store's automatic checkpoints
+        back on (called if this thread cannot open its connection)."""
+        self._path = path
+        self._hold = hold
+        self._fallback = fallback
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Plain attributes, read and written under the interpreter's lock: a commit sets
+        # ``_dirty`` and looks at ``_asleep``; the thread publishes ``_asleep`` before it
+        # looks at ``_dirty``, so one of the two always sees the other.
+        self._dirty = False
+        self._asleep = True  # not started counts as asleep: the first commit starts it
+        self.passes = 0
+        """Checkpoints run (for tests and curious operators)."""
+        self.last: tuple[int, int, int] | None = None
+        """The last checkpoint's (busy, frames in the WAL, frames copied back)."""
+
+    def committed(self) -> None:
+        """Called after every commit: the WAL has pages to copy back."""
+        self._dirty = True
+        if self._asleep:
+            self._wake_up()
+
+    def _wake_up(self) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None and not self._closed:
+                    # Daemon: a store nobody closes must not hold the interpreter at exit
+                    # (SQLite needs no checkpoint to stay consistent).
+                    self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    self._thread.start()
+                    return
+        self._wake.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (after the checkpoint it is in, if any)."""
+        with self._start_lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        # Started by a commit: at work. Commits wake the thread only while it sleeps (and
+        # stop calling if it cannot connect: nobody would be there to wake).
+        self._asleep = False
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            log.warning(
+                "%s: no background checkpoints (%s); commits checkpoint the WAL themselves",
+                self._path,
+                exc,
+            )
+            self._fallback()
+            return
+        failed: str | None = None
+        try:
+            while not self._closed:
+                if not self._dirty:
+                    self._asleep = True
+                    if not self._dirty:
+                        self._wake.wait()
+                    self._wake.clear()
+                    self._asleep = False
+                    continue  # closed, or a commit came: look again
+                self._dirty = False
+                try:
+                    found = self._pass(conn)
+                    if found[1] >= self.RESTART_FRAMES:
+                        found = self._restart(conn, found)
+                except sqlite3.Error as exc:
+                    if str(exc) != failed:  # once per kind of failure, not 20 times a second
+                        log.warning("%s: background checkpoint failed: %s", self._path, exc)
+                    failed = str(exc)
+                except StoreError:  # the store closed under the pass: so do we
+                    return
+                else:
+                    failed = None
+                    self.last = found
+                    self.passes += 1
+                self._wake.wait(self.INTERVAL)  # close() cuts it short
+                self._wake.clear()
+        finally:
+            conn.close()
+
+    def _restart(
+        self, conn: sqlite3.Connection, found: tuple[int, int, int]
+    ) -> tuple[int, int, int]:
+        """Copy back the frames written during the pass that found ``found``, the last
+        of them holding the store's lock, so the next commit starts the WAL over. The
+        passes before it catch up without the lock, each with less to copy (what was
+        written during the one before), so the callers wait for a few pages at most."""
+        for _ in range(3):
+            copied = found[2]
+            found = self._pass(conn)
+            if found[2] - copied <= self.CATCH_UP_FRAMES:
+                break
+        with self._hold():  # the frames written meanwhile, and no more
+            return self._pass(conn)
+
+    @staticmethod
+    def _pass(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        """One ``PASSIVE`` checkpoint: (busy, frames in the WAL, frames copied back)."""
+        # fetchall: a statement not stepped to its end keeps its read lock, and a reader
+        # holding one keeps the WAL from starting over.
+        ((busy, frames, copied),) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        return int(busy), int(frames), int(copied)

@@ -1,0 +1,161 @@
+"""The SQLite store's WAL is copied back by a thread of its own (``Checkpointer``), never
+by the caller whose commit takes it past a threshold."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from chongming_task import TaskSnapshot, TaskStatus
+from chongming_task.stores import SqliteTaskStore, _sqlite_checkpoint
+from chongming_task.stores._sqlite_checkpoint import Checkpointer
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def snap(task_id: str) -> TaskSnapshot:
+    return TaskSnapshot(
+        task_id=task_id, name="n", status=TaskStatus.QUEUED, status_version=1, created_at=T0
+    )
+
+
+def wal_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def create_one_by_one(store: SqliteTaskStore, prefix: str, count: int) -> None:
+    for i in range(count):
+        store.create(snap(f"{prefix}-{i:05d}"))  # one commit each, as per-call submit
+
+
+def wait_for(check: object, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def checkpointer(store: SqliteTaskStore) -> Checkpointer:
+    found = store._checkpointer
+    assert found is not None
+    return found
+
+
+def write_for(store: SqliteTaskStore, path: Path, seconds: float) -> tuple[int, int]:
+    """Commit creates one by one, with no pause, for ``seconds``: the largest WAL seen
+    in the first half and in the second."""
+    halves = [0, 0]
+    start = time.monotonic()
+    n = 0
+    while (elapsed := time.monotonic() - start) < seconds:
+        create_one_by_one(store, f"r{n}", 100)
+        n += 1
+        half = 0 if elapsed < seconds / 2 else 1
+        halves[half] = max(halves[half], wal_bytes(path))
+    return halves[0], halves[1]
+
+
+def test_commits_leave_the_wal_to_the_thread_which_keeps_it_from_growing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Checkpointer, "INTERVAL", 0.01)
+    monkeypatch.setattr(Checkpointer, "RESTART_FRAMES", 512)
+    path = tmp_path / "c.db"
+    store = SqliteTaskStore(path)
+    try:
+        (auto,) = store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        assert auto == 0  # no commit checkpoints on its caller's time
+        # A steady stream of commits, never a pause for a checkpoint to catch up in.
+        first, second = write_for(store, path, 0.4)
+        assert checkpointer(store).passes >= 5
+        # The WAL started over again and again: no larger later than sooner.
+        assert second < 1.5 * first, (first, second)
+        thread = checkpointer(store)._thread
+        assert thread is not None and thread.is_alive() and thread.name == Checkpointer.name
+    finally:
+        store.close()
+
+
+def test_without_the_thread_the_wal_keeps_every_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control for the test above: no thread, no checkpoint, the WAL grows."""
+    monkeypatch.setattr(Checkpointer, "_run", lambda self: None)
+    path = tmp_path / "c.db"
+    store = SqliteTaskStore(path)
+    try:
+        first, second = write_for(store, path, 0.4)
+        assert second > 1.5 * first  # the rule the test above holds to fails
+    finally:
+        store.close()
+
+
+def test_the_last_frames_are_copied_once_commits_stop(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SqliteTaskStore(path)
+    try:
+        create_one_by_one(store, "a", 300)
+        c = checkpointer(store)
+        wait_for(lambda: c._asleep, "the thread to run out of work")
+        assert c.last is not None and c.last[1] == c.last[2] > 0
+        with sqlite3.connect(path) as other:  # nothing was left to copy
+            assert other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall() == [c.last]
+        with sqlite3.connect(path) as other:  # and every row is in the file
+            assert other.execute("SELECT COUNT(*) FROM tasks").fetchone() == (300,)
+    finally:
+        store.close()
+
+
+def test_close_ends_the_thread_and_no_commit_starts_it_again(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "c.db")
+    create_one_by_one(store, "a", 5)
+    c = checkpointer(store)
+    wait_for(lambda: c.passes >= 1, "the first checkpoint")
+    thread = c._thread
+    assert thread is not None and thread.is_alive()
+    store.close()
+    assert not thread.is_alive()
+    c.committed()  # as a commit racing close() would
+    assert c._thread is thread
+
+
+def test_a_thread_that_cannot_connect_hands_checkpoints_back_to_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SqliteTaskStore(tmp_path / "c.db")
+    try:
+
+        def refuse(*args: object, **kwargs: object) -> sqlite3.Connection:
+            raise sqlite3.OperationalError("unable to open database file")
+
+        # The store's own connection is open already; only the thread's is refused.
+        monkeypatch.setattr(_sqlite_checkpoint.sqlite3, "connect", refuse)
+        with caplog.at_level(logging.WARNING, logger="chongming_task.store"):
+            store.create(snap("first"))
+            thread = checkpointer(store)._thread
+            assert thread is not None
+            thread.join(5)
+        assert "no background checkpoints (unable to open database file)" in caplog.text
+        (auto,) = store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        assert auto == 8192  # commits checkpoint again, so the WAL stays bounded
+        store.create(snap("second"))  # and writes go on
+        assert store.get("second") is not None
+    finally:
+        store.close()
+
+
+def test_a_store_in_memory_has_no_wal_and_no_thread() -> None:
+    store = SqliteTaskStore(":memory:")
+    try:
+        assert store._checkpointer is None  # nothing to start: commits call a no-op
+        store.create(snap("m"))
+        assert store.get("m") is not None
+    finally:
+        store.close()
