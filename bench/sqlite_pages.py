@@ -6,9 +6,9 @@ Every commit copies each page it dirtied into the WAL (two ``pwrite`` calls a pa
 the pages a task's commit dirties are most of what a durable task costs SQLite. This
 runs ``--warm`` tasks (so the trees have depth), checkpoints, then submits ``--tasks``
 no-op tasks one by one (``Controller.submit``, 4 workers, as ``bench/throughput.py``'s
-per-call row) with automatic checkpoints off, reads the WAL back frame by frame, and
-names each frame's page by the B-tree that holds it now (SQLite's ``dbstat``). A page
-counts once per commit that wrote it.
+per-call row) with checkpoints off (the store's background ones too), reads the WAL
+back frame by frame, and names each frame's page by the B-tree that holds it now
+(SQLite's ``dbstat``). A page counts once per commit that wrote it.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def main() -> None:
             job = controller.task(noop_task, name="noop")
             for run in [controller.submit(job) for _ in range(args.warm)]:
                 run.wait(60)
+            # Every frame stays in the WAL to be read back: no background checkpoint
+            # (the store's Checkpointer would let the WAL start over), none by commits.
+            checkpointer = store._checkpointer
+            assert checkpointer is not None
+            checkpointer.close()
             store._conn.execute("PRAGMA wal_autocheckpoint = 0")
             store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             for run in [controller.submit(job) for _ in range(args.tasks)]:
