@@ -126,6 +126,30 @@ def test_close_ends_the_thread_and_no_commit_starts_it_again(tmp_path: Path) -> 
     assert c._thread is thread
 
 
+def test_close_cuts_a_long_checkpoint_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def endless(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        # Stands for a pass over a WAL of gigabytes: runs until interrupted.
+        endless_count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+        conn.execute(endless_count + "SELECT COUNT(*) FROM c").fetchall()
+        raise AssertionError("not interrupted")
+
+    monkeypatch.setattr(Checkpointer, "_pass", staticmethod(endless))
+    store = SqliteTaskStore(tmp_path / "c.db")
+    store.create(snap("a"))  # starts the thread, which starts its pass
+    c = checkpointer(store)
+    wait_for(lambda: c._connection is not None, "the thread's connection")
+    time.sleep(0.05)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="chongming_task.store"):
+        store.close()
+    assert time.monotonic() - began < 1.0
+    thread = c._thread
+    assert thread is not None and not thread.is_alive()
+    assert "checkpoint" not in caplog.text  # an interrupt asked for is no failure
+
+
 def test_a_thread_that_cannot_connect_hands_checkpoints_back_to_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -29,6 +29,7 @@ before (``fallback``), so the WAL never grows without bound.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -76,6 +77,7 @@ class Checkpointer:
         self._wake = threading.Event()
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._connection: sqlite3.Connection | None = None  # the thread's, while it runs
         self._closed = False
         # Plain attributes, read and written under the interpreter's lock: a commit sets
         # ``_dirty`` and looks at ``_asleep``; the thread publishes ``_asleep`` before it
@@ -105,10 +107,17 @@ class Checkpointer:
         self._wake.set()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread (after the checkpoint it is in, if any)."""
+        """Stop the thread; a checkpoint it is in is cut short (what it copied stays
+        copied, and the WAL keeps the rest)."""
         with self._start_lock:
             self._closed = True
             thread = self._thread
+        connection = self._connection
+        if connection is not None:
+            # A pass over a large WAL must not hold up close(). (The thread may have
+            # closed its connection since: then there is nothing to cut short.)
+            with contextlib.suppress(sqlite3.ProgrammingError):
+                connection.interrupt()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -127,6 +136,7 @@ class Checkpointer:
             )
             self._fallback()
             return
+        self._connection = conn
         failed: str | None = None
         try:
             while not self._closed:
@@ -143,7 +153,9 @@ class Checkpointer:
                     if found[1] >= self.RESTART_FRAMES:
                         found = self._restart(conn, found)
                 except sqlite3.Error as exc:
-                    if str(exc) != failed:  # once per kind of failure, not 20 times a second
+                    if self._closed:  # interrupted by close()
+                        return
+                    if str(exc) != failed:  # once per kind of failure, not at every pass
                         log.warning("%s: background checkpoint failed: %s", self._path, exc)
                     failed = str(exc)
                 except StoreError:  # the store closed under the pass: so do we
@@ -155,6 +167,7 @@ class Checkpointer:
                 self._wake.wait(self.INTERVAL)  # close() cuts it short
                 self._wake.clear()
         finally:
+            self._connection = None
             conn.close()
 
     def _restart(
