@@ -19,9 +19,10 @@ checkpoint racing a steady stream of commits never leaves: the WAL would grow wi
 end. So once it holds ``RESTART_FRAMES``, the bulk pass is followed by passes that copy what
 was written during the one before, each less, the last holding the store's lock
 (``hold``): no commit of this process lands meanwhile, and the next commit starts the
-WAL over. Callers wait for that short pass (a few pages and the two ``fsync`` calls a
-checkpoint makes) once every few thousand frames, where one of them used to make the
-whole copy.
+WAL over; it is a ``RESTART`` checkpoint, which holds SQLite's write lock too, so that
+no other process's commit comes between either. Callers wait for that short pass (a few
+pages and the two ``fsync`` calls a checkpoint makes) once every few thousand frames,
+where one of them used to make the whole copy.
 
 If the thread cannot open its connection, the store's own connection checkpoints again as
 before (``fallback``), so the WAL never grows without bound.
@@ -58,6 +59,9 @@ class Checkpointer:
 
     CATCH_UP_FRAMES = 64
     """Frames few enough for the pass that holds the store's lock to copy."""
+
+    RESTART_WAIT = 0.05
+    """Seconds the last pass waits for SQLite's locks (see ``_restart``)."""
 
     name = "chongming-checkpoint"
 
@@ -127,7 +131,15 @@ class Checkpointer:
         # stop calling if it cannot connect: nobody would be there to wake).
         self._asleep = False
         try:
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                self._path,
+                isolation_level=None,
+                check_same_thread=False,
+                # How long the last pass waits for another process's write or read to
+                # end: it holds this process's commits meanwhile. Past it, the pass
+                # copies what it can, and the WAL starts over another time.
+                timeout=self.RESTART_WAIT,
+            )
         except sqlite3.Error as exc:
             log.warning(
                 "%s: no background checkpoints (%s); commits checkpoint the WAL themselves",
@@ -176,19 +188,24 @@ class Checkpointer:
         """Copy back the frames written during the pass that found ``found``, the last
         of them holding the store's lock, so the next commit starts the WAL over. The
         passes before it catch up without the lock, each with less to copy (what was
-        written during the one before), so the callers wait for a few pages at most."""
+        written during the one before), so the callers wait for a few pages at most.
+
+        The last pass is a ``RESTART`` checkpoint: it also takes SQLite's write lock
+        (waiting up to ``RESTART_WAIT``), so no other process's commit lands in between
+        either, and waits for readers of the old frames to finish. Other processes'
+        writers wait for it as for any commit."""
         for _ in range(3):
             copied = found[2]
             found = self._pass(conn)
             if found[2] - copied <= self.CATCH_UP_FRAMES:
                 break
         with self._hold():  # the frames written meanwhile, and no more
-            return self._pass(conn)
+            return self._pass(conn, "RESTART")
 
     @staticmethod
-    def _pass(conn: sqlite3.Connection) -> tuple[int, int, int]:
-        """One ``PASSIVE`` checkpoint: (busy, frames in the WAL, frames copied back)."""
+    def _pass(conn: sqlite3.Connection, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """One checkpoint: (busy, frames in the WAL, frames copied back)."""
         # fetchall: a statement not stepped to its end keeps its read lock, and a reader
         # holding one keeps the WAL from starting over.
-        ((busy, frames, copied),) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        ((busy, frames, copied),) = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
         return int(busy), int(frames), int(copied)
