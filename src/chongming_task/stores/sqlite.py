@@ -6,8 +6,9 @@ COMMIT``, so a read that decides a write (claims, prune) is atomic across proces
 ``save`` is one ``UPDATE ... WHERE status_version = ?``. The runtime's hot writes
 (``create_many``, ``write_transitions``) go through a group commit (``GroupCommit``): the
 writes that threads queue while the connection is busy land together (a small batch in
-one statement). Not for sharing across machines: network file systems do not give
-SQLite reliable locks.
+one statement), and a thread of the store's own copies the WAL back into the file
+(``Checkpointer``), never a committing caller. Not for sharing across machines: network
+file systems do not give SQLite reliable locks.
 """
 
 from __future__ import annotations
@@ -149,9 +150,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         conn = self._conn
         conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         # Per connection, nothing written: NORMAL in WAL mode survives process crashes
-        # (only an OS crash or power loss may drop the last commits); task rows are
-        # rewritten several times in their first second, so checkpoint less often and a
-        # hot page is copied back once, not once per transition.
+        # (only an OS crash or power loss may drop the last commits).
         conn.execute("PRAGMA synchronous = NORMAL")
         # No automatic checkpoints: the Checkpointer's thread makes them (a commit that
         # took the WAL past the threshold made its caller wait for ~8,000 pages copied).
@@ -606,9 +605,12 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
     def _checkpoint_on_commit(self) -> None:
         """The Checkpointer's fallback: commits checkpoint the WAL themselves again."""
-        with self._lock:
+        try:
+            with self._locked("checkpoint settings") as conn:
+                conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
+        except StoreError as exc:
             if not self._closed:
-                self._conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
+                log.error("%s: the WAL will not be checkpointed until close: %s", self.path, exc)
 
     def close(self) -> None:
         if self._checkpointer is not None:  # first, and outside the lock its fallback takes
