@@ -4,10 +4,12 @@ by the caller whose commit takes it past a threshold."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import sqlite3
 import struct
 import time
+import weakref
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -138,6 +140,23 @@ def test_close_ends_the_thread_and_no_commit_starts_it_again(tmp_path: Path) -> 
     assert not thread.is_alive()
     c.committed()  # as a commit racing close() would
     assert c._thread is thread
+
+
+def test_a_store_dropped_without_close_is_collected_and_its_thread_ends(
+    tmp_path: Path,
+) -> None:
+    store = SqliteTaskStore(tmp_path / "c.db")
+    create_one_by_one(store, "a", 5)
+    c = checkpointer(store)
+    wait_for(lambda: c.passes >= 1, "the first checkpoint")
+    thread = c._thread
+    assert thread is not None and thread.is_alive()
+    dropped = weakref.ref(store)
+    del store
+    gc.collect()
+    assert dropped() is None  # the thread did not keep it alive
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 def test_close_cuts_a_long_checkpoint_short(

@@ -112,7 +112,7 @@ class Checkpointer:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread; a checkpoint it is in is cut short (what it copied stays
-        copied, and the WAL keeps the rest)."""
+        copied, and the WAL keeps the rest). Waits up to ``timeout`` for it to end."""
         with self._start_lock:
             self._closed = True
             thread = self._thread
@@ -123,7 +123,7 @@ class Checkpointer:
             with contextlib.suppress(sqlite3.ProgrammingError):
                 connection.interrupt()
         self._wake.set()
-        if thread is not None and thread is not threading.current_thread():
+        if timeout and thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     def _run(self) -> None:

@@ -18,6 +18,7 @@ import json
 import logging
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -102,15 +103,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         self._holder: int | None = None  # the thread whose write scope holds it
         memory = self.path == ":memory:"
         # A file's WAL is copied back by a thread of its own, never by a committing caller.
-        self._checkpointer = (
-            None
-            if memory
-            else Checkpointer(
-                self.path,
-                hold=lambda: self._locked("checkpoint"),
-                fallback=self._checkpoint_on_commit,
-            )
-        )
+        self._checkpointer = None if memory else _checkpointer_of(self)
         self._committed = _nothing if self._checkpointer is None else self._checkpointer.committed
         self._group = GroupCommit(
             lock=self._lock,
@@ -632,6 +625,29 @@ _AUTOCHECKPOINT = 8192
 
 def _nothing() -> None:
     return None
+
+
+def _checkpointer_of(store: SqliteTaskStore) -> Checkpointer:
+    """``store``'s Checkpointer. Its thread holds the store only weakly: a store its
+    owner drops without ``close()`` is still collected, and its thread then ends (as the
+    connection of a dropped store always closed)."""
+    ref = weakref.ref(store)
+
+    def hold() -> ReadScope:
+        found = ref()
+        if found is None:
+            raise StoreError(f"SqliteTaskStore({store_path}) is gone")
+        return found._locked("checkpoint")
+
+    def fallback() -> None:
+        found = ref()
+        if found is not None:
+            found._checkpoint_on_commit()
+
+    store_path = store.path
+    checkpointer = Checkpointer(store_path, hold=hold, fallback=fallback)
+    weakref.finalize(store, checkpointer.close, 0)  # no waiting inside a collection
+    return checkpointer
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
