@@ -5,7 +5,7 @@ In WAL mode a commit only appends pages to the WAL; something must copy them bac
 the database file (a checkpoint) before the WAL can start over. By default SQLite makes
 the commit that takes the WAL past ``wal_autocheckpoint`` pages do it, on the caller's
 thread and inside its call: one ``submit`` in every few hundred paid for copying some
-8,000 pages and two ``fsync`` calls: 13-17 ms at the 99.9th percentile of per-call
+8,000 pages and two ``fsync`` calls: 12-17 ms at the 99.9th percentile of per-call
 ``submit``, where the median was 0.23 ms (docs/benchmarks.md, fifteenth session).
 
 Here the store's connection has automatic checkpoints off, and this thread runs a
