@@ -10,6 +10,7 @@ import sqlite3
 import struct
 import time
 import weakref
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,9 +39,9 @@ def create_one_by_one(store: SqliteTaskStore, prefix: str, count: int) -> None:
         store.create(snap(f"{prefix}-{i:05d}"))  # one commit each, as per-call submit
 
 
-def wait_for(check: object, what: str, timeout: float = 10.0) -> None:
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
