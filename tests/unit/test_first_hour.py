@@ -12,6 +12,9 @@ import sys
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from chongming_task import (
     CancellationToken,
@@ -431,6 +434,53 @@ def test_a_wait_that_runs_out_says_the_request_stays_queued(tmp_path: Path) -> N
     assert len(result.stderr.strip().splitlines()) == 1
     assert "request accepted (command " in result.stderr
     assert "stays queued" in result.stderr and "still running after 0.3s" in result.stderr
+
+
+def _control_pressing_ctrl_c(
+    db: Path, task_id: str, presses: int, monkeypatch: pytest.MonkeyPatch
+) -> int:
+    """``stop --wait`` in this process, Ctrl-C pressed ``presses`` times just as the
+    request's write has ended (before the command returns)."""
+    from chongming_task.cli import main
+    from chongming_task.controller import Controller
+
+    stop = Controller.stop
+
+    def stop_then_ctrl_c(self: Controller, *args: Any, **kwargs: Any) -> Any:
+        receipt = stop(self, *args, **kwargs)
+        for _ in range(presses):
+            signal.raise_signal(signal.SIGINT)
+        return receipt
+
+    monkeypatch.setattr(Controller, "stop", stop_then_ctrl_c)
+    pipe = signal.getsignal(signal.SIGPIPE)  # main() resets it for the CLI
+    try:
+        return main(["--db", str(db), "stop", task_id, "--wait", "60"])
+    finally:
+        signal.signal(signal.SIGPIPE, pipe)
+
+
+def test_ctrl_c_while_the_request_is_written_is_heard_once_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "held.db"
+    running = _held_elsewhere(db, TaskStatus.RUNNING)
+    assert _control_pressing_ctrl_c(db, running, 1, monkeypatch) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: stop" in err and "request accepted (command " in err
+    assert "stays queued" in err
+    assert _commands(db) == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+def test_a_second_ctrl_c_while_the_request_is_written_interrupts_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "held.db"
+    running = _held_elsewhere(db, TaskStatus.RUNNING)
+    assert _control_pressing_ctrl_c(db, running, 2, monkeypatch) == 130
+    assert capsys.readouterr().err == "chongming-task: error: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_ctrl_c_during_a_wait_says_the_request_stays_queued(tmp_path: Path) -> None:

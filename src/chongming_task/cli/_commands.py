@@ -4,8 +4,11 @@ render the answer as a table or JSON."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
-from typing import Any
+import threading
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
 
 from .. import fleet
 from ..errors import StoreError, WaitTimeout
@@ -18,6 +21,9 @@ from . import render
 from ._context import Context, find_tasks, get_task
 from ._parser import PROG, UsageError
 from ._watch import cmd_watch
+
+if TYPE_CHECKING:
+    from ..controller import Controller
 
 __all__ = ["COMMANDS"]
 
@@ -119,6 +125,46 @@ _WAIT_UNTIL = {
 }
 
 
+class _CtrlCHeld:
+    """Ctrl-C while a control request is being written is held until the write has
+    ended (``release``), so whoever pressed it hears whether the request was accepted
+    and stays queued, not a bare "interrupted" that leaves them guessing. A second
+    Ctrl-C interrupts at once. Only on the main thread (where signals are handled)."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _CtrlCHeld:
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread() and previous is not None:
+            self._previous = signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def release(self) -> None:
+        """Ctrl-C interrupts again; raises ``KeyboardInterrupt`` if it was pressed."""
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
 def cmd_control(ctx: Context) -> int:
     if ctx.args.wait is not None and ctx.args.wait < 0:
         raise UsageError("--wait must be >= 0 seconds")
@@ -126,34 +172,45 @@ def cmd_control(ctx: Context) -> int:
     task_id = get_task(ctx, ctx.args.task_id).task_id
     controller = ctx.controller()
     try:
-        receipt = getattr(controller, action.value)(task_id, reason=ctx.args.reason)
-        data: dict[str, Any] = {
-            "task_id": task_id,
-            "action": action.value,
-            "outcome": receipt.outcome,
-            "command_id": receipt.command_id,
-            "status": None if receipt.status is None else receipt.status.value,
-        }
-        head = f"{action.value} {task_id}: {render.control_outcome(receipt)}"
-        if not receipt.accepted:
-            ctx.emit(data, head)
-            return 0
-        if ctx.args.wait is None:
-            ctx.emit(data, f"{head}\ncheck with: {ctx.command_line('show', task_id)}")
-            return 0
-        queued = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
-        try:
-            final = controller.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
-        except WaitTimeout as exc:
-            raise WaitTimeout(f"{queued} and stays queued; {exc}") from None
-        except KeyboardInterrupt:
-            print(f"{PROG}: interrupted: {queued} and stays queued", file=sys.stderr)
-            return 130
-        data["status"] = final.status.value
-        ctx.emit(data, f"{queued}; now {final.status.value}")
-        return 0
+        with _CtrlCHeld() as ctrl_c:
+            return _control(ctx, controller, action, task_id, ctrl_c)
     finally:
         controller.close()
+
+
+def _control(
+    ctx: Context, controller: Controller, action: CommandAction, task_id: str, ctrl_c: _CtrlCHeld
+) -> int:
+    """``cmd_control`` once the task is found, Ctrl-C held until the request is written."""
+    receipt = getattr(controller, action.value)(task_id, reason=ctx.args.reason)
+    data: dict[str, Any] = {
+        "task_id": task_id,
+        "action": action.value,
+        "outcome": receipt.outcome,
+        "command_id": receipt.command_id,
+        "status": None if receipt.status is None else receipt.status.value,
+    }
+    head = f"{action.value} {task_id}: {render.control_outcome(receipt)}"
+    if not receipt.accepted:
+        ctx.emit(data, head)
+        ctrl_c.release()
+        return 0
+    if ctx.args.wait is None:
+        ctx.emit(data, f"{head}\ncheck with: {ctx.command_line('show', task_id)}")
+        ctrl_c.release()
+        return 0
+    queued = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
+    try:
+        ctrl_c.release()  # a Ctrl-C held meanwhile is heard here
+        final = controller.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{queued} and stays queued; {exc}") from None
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted: {queued} and stays queued", file=sys.stderr)
+        return 130
+    data["status"] = final.status.value
+    ctx.emit(data, f"{queued}; now {final.status.value}")
+    return 0
 
 
 def cmd_reconcile(ctx: Context) -> int:
