@@ -132,7 +132,7 @@ def test_the_last_frames_are_copied_once_commits_stop(tmp_path: Path) -> None:
 
 def test_close_ends_the_thread_and_no_commit_starts_it_again(tmp_path: Path) -> None:
     store = SqliteTaskStore(tmp_path / "c.db")
-    create_one_by_one(store, "a", 5)
+    create_one_by_one(store, "a", Checkpointer.START_AFTER)
     c = checkpointer(store)
     wait_for(lambda: c.passes >= 1, "the first checkpoint")
     thread = c._thread
@@ -147,7 +147,7 @@ def test_a_store_dropped_without_close_is_collected_and_its_thread_ends(
     tmp_path: Path,
 ) -> None:
     store = SqliteTaskStore(tmp_path / "c.db")
-    create_one_by_one(store, "a", 5)
+    create_one_by_one(store, "a", Checkpointer.START_AFTER)
     c = checkpointer(store)
     wait_for(lambda: c.passes >= 1, "the first checkpoint")
     thread = c._thread
@@ -171,7 +171,7 @@ def test_close_cuts_a_long_checkpoint_short(
 
     monkeypatch.setattr(Checkpointer, "_pass", staticmethod(endless))
     store = SqliteTaskStore(tmp_path / "c.db")
-    store.create(snap("a"))  # starts the thread, which starts its pass
+    create_one_by_one(store, "a", Checkpointer.START_AFTER)  # the thread starts its pass
     c = checkpointer(store)
     wait_for(lambda: c._connection is not None, "the thread's connection")
     time.sleep(0.05)
@@ -196,7 +196,7 @@ def test_a_thread_that_cannot_connect_hands_checkpoints_back_to_commits(
         # The store's own connection is open already; only the thread's is refused.
         monkeypatch.setattr(_sqlite_checkpoint.sqlite3, "connect", refuse)
         with caplog.at_level(logging.WARNING, logger="chongming_task.store"):
-            store.create(snap("first"))
+            create_one_by_one(store, "first", Checkpointer.START_AFTER)
             thread = checkpointer(store)._thread
             assert thread is not None
             thread.join(5)
@@ -205,6 +205,18 @@ def test_a_thread_that_cannot_connect_hands_checkpoints_back_to_commits(
         assert auto == 8192  # commits checkpoint again, so the WAL stays bounded
         store.create(snap("second"))  # and writes go on
         assert store.get("second") is not None
+    finally:
+        store.close()
+
+
+def test_a_process_that_writes_a_few_times_makes_no_thread(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "c.db")
+    try:
+        create_one_by_one(store, "a", Checkpointer.START_AFTER - 1)
+        assert checkpointer(store)._thread is None
+        create_one_by_one(store, "b", 1)
+        thread = checkpointer(store)._thread
+        assert thread is not None and thread.is_alive()
     finally:
         store.close()
 

@@ -12,7 +12,8 @@ Here the store's connection has automatic checkpoints off, and this thread runs 
 ``PASSIVE`` checkpoint (it never waits for a lock, nor makes a writer or a reader wait)
 on a connection of its own, at most every ``INTERVAL`` while commits come. The copying
 moves to another core (the statement releases the interpreter's lock); what a commit
-costs is a flag set (``committed``). Idle, the thread sleeps until the next commit.
+costs is a flag set (``committed``). Idle, the thread sleeps until the next commit. It
+starts at the 16th commit, so a process that writes once makes no thread.
 
 The WAL starts over only at a commit that finds every frame in it copied back, which a
 checkpoint racing a steady stream of commits never leaves: the WAL would grow without
@@ -46,7 +47,7 @@ log = logging.getLogger("chongming_task.store")
 
 
 class Checkpointer:
-    """One store's background checkpoints (started at the first commit)."""
+    """One store's background checkpoints (started after ``START_AFTER`` commits)."""
 
     INTERVAL = 0.25
     """Seconds between checkpoints while commits come. Each pass that copies makes two
@@ -62,6 +63,10 @@ class Checkpointer:
 
     RESTART_WAIT = 0.05
     """Seconds the last pass waits for SQLite's locks (see ``_restart``)."""
+
+    START_AFTER = 16
+    """Commits before the thread starts: a short-lived process (a CLI command that writes
+    once) makes no thread for a few pages, which closing the file copies back anyway."""
 
     name = "chongming-checkpoint"
 
@@ -87,7 +92,8 @@ class Checkpointer:
         # ``_dirty`` and looks at ``_asleep``; the thread publishes ``_asleep`` before it
         # looks at ``_dirty``, so one of the two always sees the other.
         self._dirty = False
-        self._asleep = True  # not started counts as asleep: the first commit starts it
+        self._asleep = True  # not started counts as asleep: commits count towards a start
+        self._early = 0  # commits before the start
         self.passes = 0
         """Checkpoints run (for tests and curious operators)."""
         self.last: tuple[int, int, int] | None = None
@@ -101,6 +107,9 @@ class Checkpointer:
 
     def _wake_up(self) -> None:
         if self._thread is None:
+            self._early += 1
+            if self._early < self.START_AFTER:
+                return
             with self._start_lock:
                 if self._thread is None and not self._closed:
                     # Daemon: a store nobody closes must not hold the interpreter at exit
@@ -115,6 +124,7 @@ class Checkpointer:
         copied, and the WAL keeps the rest). Waits up to ``timeout`` for it to end."""
         with self._start_lock:
             self._closed = True
+            self._asleep = False  # commits stop calling: nothing is to start or wake
             thread = self._thread
         connection = self._connection
         if connection is not None:
