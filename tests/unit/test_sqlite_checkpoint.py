@@ -109,7 +109,7 @@ def test_without_the_thread_the_wal_keeps_every_commit(
     try:
         restarts, largest = write_for(store, path, 0.4)
         assert restarts == 0
-        assert largest > 8 * 1024 * 1024  # every frame of 0.4 s of commits
+        assert largest > 2 * 1024 * 1024  # every frame of 0.4 s of commits (~20 MB here)
     finally:
         store.close()
 
