@@ -7,10 +7,11 @@ import contextlib
 import signal
 import sys
 import threading
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet
+from .._signals import NotedSignals
 from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
 from ..policies import format_buckets
@@ -125,44 +126,26 @@ _WAIT_UNTIL = {
 }
 
 
-class _CtrlCHeld:
+class _CtrlCHeld(NotedSignals):
     """Ctrl-C while a control request is being written is held until the write has
     ended (``release``), so whoever pressed it hears whether the request was accepted
     and stays queued, not a bare "interrupted" that leaves them guessing. A second
     Ctrl-C interrupts at once. Only on the main thread (where signals are handled)."""
 
     def __init__(self) -> None:
-        self.pressed = False
-        self._previous: Any = None
+        on_main = threading.current_thread() is threading.main_thread()
+        super().__init__(install=on_main, signals=(signal.SIGINT,))
 
-    def __enter__(self) -> _CtrlCHeld:
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is threading.main_thread() and previous is not None:
-            self._previous = signal.signal(signal.SIGINT, self._hold)
-        return self
-
-    def _hold(self, signum: int, frame: FrameType | None) -> None:
-        if self.pressed:
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        if self.caught:
             raise KeyboardInterrupt
-        self.pressed = True
+        super()._note(signum, frame)
 
     def release(self) -> None:
         """Ctrl-C interrupts again; raises ``KeyboardInterrupt`` if it was pressed."""
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-        if self.pressed:
+        self.restore()
+        if self.caught:
             raise KeyboardInterrupt
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
 
 
 def cmd_control(ctx: Context) -> int:
