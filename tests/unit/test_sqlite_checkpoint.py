@@ -8,6 +8,7 @@ import gc
 import logging
 import sqlite3
 import struct
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -51,6 +52,16 @@ def checkpointer(store: SqliteTaskStore) -> Checkpointer:
     found = store._checkpointer
     assert found is not None
     return found
+
+
+def started(store: SqliteTaskStore) -> tuple[Checkpointer, threading.Thread]:
+    """Enough commits to start the thread, and its first checkpoint made."""
+    create_one_by_one(store, "a", Checkpointer.START_AFTER)
+    c = checkpointer(store)
+    wait_for(lambda: c.passes >= 1, "the first checkpoint")
+    thread = c._thread
+    assert thread is not None and thread.is_alive()
+    return c, thread
 
 
 def wal_restarts(path: Path) -> int:
@@ -132,11 +143,7 @@ def test_the_last_frames_are_copied_once_commits_stop(tmp_path: Path) -> None:
 
 def test_close_ends_the_thread_and_no_commit_starts_it_again(tmp_path: Path) -> None:
     store = SqliteTaskStore(tmp_path / "c.db")
-    create_one_by_one(store, "a", Checkpointer.START_AFTER)
-    c = checkpointer(store)
-    wait_for(lambda: c.passes >= 1, "the first checkpoint")
-    thread = c._thread
-    assert thread is not None and thread.is_alive()
+    c, thread = started(store)
     store.close()
     assert not thread.is_alive()
     c.committed()  # as a commit racing close() would
@@ -147,11 +154,7 @@ def test_a_store_dropped_without_close_is_collected_and_its_thread_ends(
     tmp_path: Path,
 ) -> None:
     store = SqliteTaskStore(tmp_path / "c.db")
-    create_one_by_one(store, "a", Checkpointer.START_AFTER)
-    c = checkpointer(store)
-    wait_for(lambda: c.passes >= 1, "the first checkpoint")
-    thread = c._thread
-    assert thread is not None and thread.is_alive()
+    _, thread = started(store)
     dropped = weakref.ref(store)
     del store
     gc.collect()
