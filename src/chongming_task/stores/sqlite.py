@@ -632,6 +632,7 @@ def _checkpointer_of(store: SqliteTaskStore) -> Checkpointer:
     owner drops without ``close()`` is still collected, and its thread then ends (as the
     connection of a dropped store always closed)."""
     ref = weakref.ref(store)
+    store_path = store.path
 
     def hold() -> ReadScope:
         found = ref()
@@ -644,7 +645,6 @@ def _checkpointer_of(store: SqliteTaskStore) -> Checkpointer:
         if found is not None:
             found._checkpoint_on_commit()
 
-    store_path = store.path
     checkpointer = Checkpointer(store_path, hold=hold, fallback=fallback)
     weakref.finalize(store, checkpointer.close, 0)  # no waiting inside a collection
     return checkpointer
