@@ -839,27 +839,31 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened = SqliteTaskStore(path, create=False)
     # The rebuild takes a while on a large file: it says so, once, with the count.
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: upgrading to schema 9, which rebuilds its 2 tasks and their trail once "
+        f"{path}: upgrading to schema 10, which rebuilds its 2 tasks and their trail once "
         "(about 40 s a million tasks); other processes wait for the file"
     ]
     try:
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 9
+        assert now == SCHEMA_VERSION == 10
         fresh = sqlite3.connect(":memory:")  # the copy's own settings were undone
         for pragma in ("PRAGMA cache_size", "PRAGMA secure_delete"):
             assert reopened._conn.execute(pragma).fetchone() == fresh.execute(pragma).fetchone()
         fresh.close()
         assert reopened.pipeline_records() == []
-        # Each task kept its rowid as its seq; the loose trail row waits under seq 0.
+        # Each task kept its rowid as its seq; the loose trail row waits in a table of
+        # its own (schema 10).
         assert reopened._conn.execute("SELECT task_id, seq FROM tasks ORDER BY seq").fetchall() == [
             ("kept", 1),
             ("later", 3),
         ]
         assert reopened._conn.execute(
             "SELECT seq, task_id, version FROM transitions"
-        ).fetchall() == [(0, "loose", 1), (1, "kept", 1), (3, "later", 1)]
+        ).fetchall() == [(1, "kept", 1), (3, "later", 1)]
+        assert reopened._conn.execute(
+            "SELECT task_id, version FROM loose_transitions"
+        ).fetchall() == [("loose", 1)]
         assert [t.version for t in reopened.history("kept")] == [1]
         assert [t.reason for t in reopened.history("loose")] == ["appended before its create"]
         (life,) = reopened._conn.execute(
@@ -876,6 +880,7 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert after == 4
         reopened.create_many([_created("loose")])  # adopts the row appended before it
         assert [t.reason for t in reopened.history("loose")] == ["appended before its create"]
+        assert reopened._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
         assert reopened.query(TaskQuery(owner="nobody")) == []
         for index, query in [
             ("idx_tasks_owner", "SELECT task_id FROM tasks WHERE owner = ? ORDER BY created_at"),
@@ -890,11 +895,69 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened.close()
 
 
+def test_the_loose_trail_is_found_without_reading_every_task(tmp_path: Path) -> None:
+    """The loose trail is nearly always empty, and tasks may be a million rows: each
+    statement that reads it is driven by it, a lookup in tasks per loose row (planned
+    the other way round, adopting after a bulk create read every task)."""
+    from chongming_task.stores._sql import load_named
+
+    statements = load_named("sqlite.sql")
+    store = SqliteTaskStore(tmp_path / "plans.db")
+    try:
+        store.create_many([_created(f"t{i}") for i in range(100)])
+        store._conn.execute("ANALYZE")
+        values = ["t1", 0, None, "queued", "2026-01-01", None, None]  # a trail row's
+        arity = {"adopt_loose": 0, "adopt_loose_done": 0, "append_loose": 7, "history": 2}
+        for name, taken in arity.items():
+            explained = store._conn.execute(
+                f"EXPLAIN QUERY PLAN {statements[name]}", values[:taken]
+            )
+            plan = [str(row[-1]) for row in explained]
+            assert not any(step.startswith("SCAN t") for step in plan), (name, plan)
+    finally:
+        store.close()
+
+
+def test_a_schema_9_file_moves_its_loose_trail_without_a_rebuild(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Schema 9 kept the trail of tasks not held in transitions, under seq 0; opening
+    such a file moves those rows to loose_transitions, in place, with no rebuild."""
+    from chongming_task.stores import codec
+
+    path = tmp_path / "v9.db"
+    SqliteTaskStore(path).create_many([_created("kept")])
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE loose_transitions")
+    loose = replace(_created("loose")[1], reason="appended before its create")
+    raw.execute(
+        "INSERT INTO transitions VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
+        codec.transition_to_values(loose),
+    )
+    raw.execute("PRAGMA user_version = 9")
+    raw.commit()
+    raw.close()
+    with caplog.at_level("WARNING", logger="chongming_task.store"):
+        store = SqliteTaskStore(path, create=False)
+    try:
+        assert caplog.records == []  # nothing rebuilt
+        assert store._conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert store._conn.execute("SELECT seq, task_id FROM transitions").fetchall() == [
+            (1, "kept")
+        ]
+        assert [t.reason for t in store.history("loose")] == ["appended before its create"]
+        store.create_many([_created("loose")])
+        assert [t.reason for t in store.history("loose")] == ["appended before its create"]
+    finally:
+        store.close()
+
+
 def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
     """Schema 9: trail rows are keyed by their task's seq first (random task ids put
     each task's rows anywhere in the tree). A trail row of a task the store does not
-    hold yet waits under seq 0 and joins its task when the task is made, by every way
-    a task is made; a version the task brings itself is not written twice."""
+    hold yet waits in loose_transitions (schema 10) and joins its task when the task is
+    made, by every way a task is made; a version the task brings itself is not written
+    twice."""
     store = SqliteTaskStore(tmp_path / "seq.db")
     try:
         pk = sorted(
@@ -921,6 +984,7 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
             assert {t.reason for t in history} == {"early"}
         rows = store._conn.execute("SELECT seq, task_id FROM transitions").fetchall()
         assert all(seq > 0 for seq, _ in rows), rows
+        assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
         seqs = dict(store._conn.execute("SELECT task_id, seq FROM tasks"))
         assert sorted(seqs.values()) == list(range(1, 73))
         assert seqs["plain"] < seqs["viewed"] < seqs["bulk0"] < seqs["bulk69"]
@@ -935,12 +999,50 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
         store._conn.execute("VACUUM")
         assert dict(store._conn.execute("SELECT task_id, seq FROM tasks"))["bulk69"] == 72
         assert [t.version for t in store.history("bulk69")] == [1]
-        # A trail row appended after its task was pruned waits under seq 0 again.
+        # A trail row appended after its task was pruned is loose again.
         store.append(_created("bulk3")[1])
-        assert store._conn.execute(
-            "SELECT seq FROM transitions WHERE task_id = 'bulk3'"
-        ).fetchall() == [(0,)]
+        assert (
+            store._conn.execute("SELECT seq FROM transitions WHERE task_id = 'bulk3'").fetchall()
+            == []
+        )
+        assert store._conn.execute("SELECT task_id, version FROM loose_transitions").fetchall() == [
+            ("bulk3", 1)
+        ]
         assert [t.version for t in store.history("bulk3")] == [1]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("filler", [0, 70], ids=["one statement", "into the tables"])
+def test_a_trail_row_of_a_task_not_held_is_loose_by_every_write(
+    tmp_path: Path, filler: int
+) -> None:
+    """A write may carry another task's transition (a caller hands one over): through
+    the write view and straight into the tables alike, a row of a task the store does
+    not hold is loose, one of a task it holds goes under that task's seq, and a
+    version already there is written neither again nor loose."""
+    store = SqliteTaskStore(tmp_path / "loose.db")
+    try:
+        store.create_many([_created("held"), *[_created(f"f{i}") for i in range(filler)]])
+        moved, trail = _step("held", 2)
+        elsewhere = [
+            replace(_created("unborn")[1], reason="handed over"),
+            replace(_created("held")[1], reason="again"),  # v1 is there already
+        ]
+        store.write_transitions_together(
+            [
+                (moved, 1, [*elsewhere, *trail]),
+                *[(_step(f"f{i}", 2)[0], 1, _step(f"f{i}", 2)[1]) for i in range(filler)],
+            ]
+        )
+        assert [(t.version, t.reason) for t in store.history("held")] == [(1, None), (2, "to v2")]
+        assert store._conn.execute(
+            "SELECT task_id, version, reason FROM loose_transitions"
+        ).fetchall() == [("unborn", 1, "handed over")]
+        assert [t.reason for t in store.history("unborn")] == ["handed over"]
+        store.create_many([_created("unborn")])  # adopts it: its own v1 is not written
+        assert [t.reason for t in store.history("unborn")] == ["handed over"]
+        assert store._conn.execute("SELECT COUNT(*) FROM loose_transitions").fetchone() == (0,)
     finally:
         store.close()
 

@@ -35,7 +35,15 @@ from . import codec
 from ._hints import writes_can_wait
 from ._sql import load_named
 
-__all__ = ["LIFE_FILLS", "NEW_FILLS", "WRITE_VIEW_COLUMNS", "GroupCommit", "WriteRequest"]
+__all__ = [
+    "LIFE_FILLS",
+    "NEW_FILLS",
+    "WRITE_VIEW_COLUMNS",
+    "GroupCommit",
+    "WriteRequest",
+    "adopt_loose",
+    "append_rows",
+]
 
 _TRAIL_VALUES = tuple(c for c in codec.TRANSITION_COLUMNS if c != "task_id")
 WRITE_VIEW_COLUMNS = ("kind", *codec.TASK_COLUMNS, "expect", *_TRAIL_VALUES)
@@ -102,7 +110,20 @@ _UPDATE_LIFE = (
     + f" WHERE task_id = ?1 AND status_version = ?{_LIFE_WIDTH}"
 )
 _SQL = load_named("sqlite.sql")
-_INSERT_TRAIL = _SQL["append"]  # a transition's values, its seq found by its task_id
+
+
+def append_rows(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
+    """Trail rows (a transition's values each): under their task's seq, or loose while
+    the store does not hold their task (``loose_transitions``)."""
+    if conn.executemany(_SQL["append"], rows).rowcount != len(rows):
+        conn.executemany(_SQL["append_loose"], rows)  # only the rows of tasks not held
+
+
+def adopt_loose(conn: sqlite3.Connection) -> None:
+    """After tasks were inserted outside the write view: their loose trail rows join
+    them (nearly always there are none)."""
+    conn.execute(_SQL["adopt_loose"])
+    conn.execute(_SQL["adopt_loose_done"])
 
 
 class _VersionMoved(Exception):
@@ -133,14 +154,13 @@ def _write_rows(
     width, cas = _TASK_WIDTH, _LIFE_WIDTH
     if new:
         conn.executemany(_INSERT_TASKS, [row[:width] for row in new])
-        if conn.execute(_SQL["any_loose_trail"]).fetchone():
-            conn.executemany(_SQL["adopt_trail"], [row[:1] for row in new])
+        adopt_loose(conn)
     if life and conn.executemany(_UPDATE_LIFE, [row[:cas] for row in life]).rowcount != len(life):
         raise _VersionMoved
     carried = [(row[0], *row[width:]) for row in new if row[width] is not None]
     carried += [(row[0], *row[cas:]) for row in life if row[cas] is not None]
     if carried or trail:
-        conn.executemany(_INSERT_TRAIL, [*carried, *trail])
+        append_rows(conn, [*carried, *trail])
 
 
 def _one_statement(new: list[Row], life: list[Row], trail: list[Row]) -> bool:

@@ -47,17 +47,18 @@ from ._sql import (
     verdicts_of_expired,
 )
 from ._sqlite_checkpoint import Checkpointer
-from ._sqlite_group import GroupCommit, Row, WriteRequest
+from ._sqlite_group import GroupCommit, Row, WriteRequest, adopt_loose, append_rows
 from ._sqlite_scopes import ReadScope, WriteScope
 from ._supports import LifeWrite
 from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 9  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 10  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
-# (task_writes_life); 9: tasks.seq, the trail keyed by it (_key_trail_by_seq)
+# (task_writes_life); 9: tasks.seq, the trail keyed by it (_key_trail_by_seq); 10: the
+# trail of tasks not held in loose_transitions
 PAGE_SIZE = 1024  # for new files; see _open
 
 log = logging.getLogger("chongming_task.store")
@@ -178,10 +179,10 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         (found,) = self._conn.execute(
             "SELECT COUNT(*) FROM sqlite_master "
             "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
-            "'idx_commands_finished', 'idx_tasks_owner')"
+            "'idx_commands_finished', 'idx_tasks_owner', 'loose_transitions')"
         ).fetchone()
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return found == 6 and (self.path == ":memory:" or mode == "wal")
+        return found == 7 and (self.path == ":memory:" or mode == "wal")
 
     def _has_tables(self) -> bool:
         (found,) = self._conn.execute(
@@ -286,7 +287,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         try:
             with self._write("create") as conn:
                 conn.execute(_SQL["insert_task"], values)
-                conn.execute(_SQL["adopt_trail"], (snapshot.task_id,))
+                adopt_loose(conn)
         except StoreError as exc:
             if isinstance(exc.__cause__, sqlite3.IntegrityError):
                 raise TaskAlreadyExists(f"task {snapshot.task_id} already exists") from exc
@@ -345,7 +346,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
     def append(self, transition: Transition) -> None:
         values = codec.transition_to_values(transition)  # encoded before the lock is taken
         with self._write("append") as conn:
-            conn.execute(_SQL["append"], values)
+            append_rows(conn, [values])
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._locked("history") as conn:
@@ -664,7 +665,8 @@ def _pragma_value(conn: sqlite3.Connection, name: str) -> str:
 def _key_trail_by_seq(conn: sqlite3.Connection) -> None:
     """Schema 9, in the migration's transaction: tasks get ``seq`` (each task keeps its
     rowid, so the order tasks were made in), and the trail is copied into a table keyed
-    by ``(seq, task_id, version)``; a row whose task is gone gets seq 0. Both tables are
+    by ``(seq, task_id, version)``; a row whose task is gone gets seq 0 (schema 10's
+    statements then move it to ``loose_transitions``). Both tables are
     made again (SQLite adds no primary key to a table), under the names the schema
     uses; the view's triggers are dropped first (they name the old columns) and the
     schema makes them again, with the indexes."""

@@ -55,9 +55,9 @@ CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
 -- keyed by task_id a task's trail rows landed in a leaf anywhere in the tree, so each
 -- commit wrote a leaf of its own for each task in it and split full ones (a per-call
 -- task's commit wrote 7.0 trail pages; in seq order 3.4, its rows beside the newest
--- tasks': bench/sqlite_pages.py). seq is 0 for a transition of a task not in tasks
--- (appended before its create, or after a prune): the create adopts those. Every
--- statement finds a task's trail by (seq, task_id).
+-- tasks': bench/sqlite_pages.py). A transition of a task not in tasks (appended before
+-- its create, or after a prune) is a loose_transitions row (below) until its task is
+-- made. Every statement finds a task's trail by (seq, task_id).
 -- name: schema_transitions
 CREATE TABLE IF NOT EXISTS transitions (
     seq         INTEGER NOT NULL,
@@ -70,6 +70,35 @@ CREATE TABLE IF NOT EXISTS transitions (
     actor       TEXT,
     PRIMARY KEY (seq, task_id, version)
 ) WITHOUT ROWID
+
+-- The trail of tasks this store does not hold (schema 10): appended before their create,
+-- or after a prune. A create adopts its task's rows: moves them to transitions, under
+-- its seq (task_writes_new; adopt_loose). Until schema 10 they waited in transitions
+-- under seq 0, and the adoption was an UPDATE of that table's key, which SQLite runs in
+-- two passes through a temporary table, rows found or not: 50k of the 419k instructions
+-- a per-call task's commit took. From a table of its own, nearly always empty, it is
+-- a lookup that finds nothing.
+-- name: schema_loose_transitions
+CREATE TABLE IF NOT EXISTS loose_transitions (
+    task_id     TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    from_status TEXT,
+    to_status   TEXT NOT NULL,
+    at          TEXT NOT NULL,
+    reason      TEXT,
+    actor       TEXT,
+    PRIMARY KEY (task_id, version)
+) WITHOUT ROWID
+
+-- An older file's seq 0 rows move there (nothing to move the next time).
+-- name: schema_loose_transitions_moved
+INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at,
+                                         reason, actor)
+SELECT task_id, version, from_status, to_status, at, reason, actor
+FROM transitions WHERE seq = 0
+
+-- name: schema_loose_transitions_moved_out
+DELETE FROM transitions WHERE seq = 0
 
 -- name: schema_commands
 CREATE TABLE IF NOT EXISTS commands (
@@ -174,6 +203,7 @@ WHERE 0
 -- A new task's row carries its first transition (schema 7): one row, so one run of the
 -- view's three triggers, where a task and a trail row were two (a create through the
 -- view: 192k instructions, 130k). A row without one (version NULL) inserts the task only.
+-- It adopts the task's loose trail first (a version found there stays as it was).
 -- name: schema_task_writes_new_drop
 DROP TRIGGER IF EXISTS task_writes_new
 
@@ -190,8 +220,11 @@ WHEN NEW.kind = 'new' BEGIN
         NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
         NEW.outcome, NEW.lease_owner, NEW.lease_until
     );
-    UPDATE OR IGNORE transitions SET seq = last_insert_rowid()
-    WHERE seq = 0 AND task_id = NEW.task_id;
+    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
+                                       reason, actor)
+    SELECT last_insert_rowid(), task_id, version, from_status, to_status, at, reason, actor
+    FROM loose_transitions WHERE task_id = NEW.task_id;
+    DELETE FROM loose_transitions WHERE task_id = NEW.task_id;
     INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
                                        reason, actor)
     SELECT last_insert_rowid(), NEW.task_id, NEW.version, NEW.from_status, NEW.to_status,
@@ -234,8 +267,14 @@ CREATE TRIGGER task_writes_trail INSTEAD OF INSERT ON task_writes
 WHEN NEW.kind = 'trail' BEGIN
     INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
                                        reason, actor)
-    VALUES (COALESCE((SELECT seq FROM tasks WHERE task_id = NEW.task_id), 0), NEW.task_id,
-            NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason, NEW.actor);
+    SELECT seq, NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at,
+           NEW.reason, NEW.actor
+    FROM tasks WHERE task_id = NEW.task_id;
+    INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at,
+                                             reason, actor)
+    SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
+           NEW.actor
+    WHERE changes() = 0 AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = NEW.task_id);
 END
 
 -- name: insert_task
@@ -281,26 +320,41 @@ UPDATE tasks SET
     lease_until = COALESCE(?, lease_until)
 WHERE task_id = ?
 
--- A task's trail rows are found by (seq, task_id): its seq, or 0 while it is not in tasks.
+-- A task's trail rows are found by (seq, task_id); a task not in tasks has its rows in
+-- loose_transitions. append writes a row of a task the store holds (no row changed: the
+-- task is not held, or the version is there already); append_loose a row of one it does
+-- not hold.
 -- name: append
 INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at, reason,
                                    actor)
-VALUES (COALESCE((SELECT seq FROM tasks WHERE task_id = ?1), 0), ?1, ?2, ?3, ?4, ?5, ?6, ?7)
+SELECT seq, ?1, ?2, ?3, ?4, ?5, ?6, ?7 FROM tasks WHERE task_id = ?1
 
--- A new task adopts the trail rows appended before it was made (seq 0), as the write
--- view's task_writes_new does; a version it holds already stays where it is.
--- name: adopt_trail
-UPDATE OR IGNORE transitions SET seq = (SELECT seq FROM tasks WHERE task_id = ?1)
-WHERE seq = 0 AND task_id = ?1
+-- name: append_loose
+INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at, reason,
+                                         actor)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = ?1)
 
--- name: any_loose_trail
-SELECT 1 FROM transitions WHERE seq = 0 LIMIT 1
+-- Every loose row whose task is now held moves to transitions (after a create outside
+-- the write view; nearly always there is none). Driven by the loose rows, a lookup in
+-- tasks each (CROSS JOIN keeps that order): the other way round reads every task.
+-- name: adopt_loose
+INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at, reason,
+                                   actor)
+SELECT t.seq, l.task_id, l.version, l.from_status, l.to_status, l.at, l.reason, l.actor
+FROM loose_transitions l CROSS JOIN tasks t WHERE t.task_id = l.task_id
+
+-- name: adopt_loose_done
+DELETE FROM loose_transitions
+WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = loose_transitions.task_id)
 
 -- name: history
 SELECT task_id, version, from_status, to_status, at, reason, actor
 FROM transitions
-WHERE seq = COALESCE((SELECT seq FROM tasks WHERE task_id = ?1), 0) AND task_id = ?1
-    AND version > ?2
+WHERE seq = (SELECT seq FROM tasks WHERE task_id = ?1) AND task_id = ?1 AND version > ?2
+UNION ALL
+SELECT task_id, version, from_status, to_status, at, reason, actor
+FROM loose_transitions
+WHERE task_id = ?1 AND version > ?2
 ORDER BY version
 
 -- name: mark_lost
@@ -338,7 +392,7 @@ ORDER BY created_at DESC, seq DESC LIMIT -1 OFFSET ?
 -- (before prune_task: it finds the trail by the task's seq)
 -- name: prune_history
 DELETE FROM transitions
-WHERE seq = COALESCE((SELECT seq FROM tasks WHERE task_id = ?1), 0) AND task_id = ?1
+WHERE seq = (SELECT seq FROM tasks WHERE task_id = ?1) AND task_id = ?1
 
 -- name: prune_commands
 DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL
