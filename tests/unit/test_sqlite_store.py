@@ -1037,11 +1037,9 @@ def test_a_trail_row_of_a_task_not_held_is_loose_by_every_write(
             replace(_created("unborn")[1], reason="handed over"),
             replace(_created("held")[1], reason="again"),  # v1 is there already
         ]
+        fillers = [_step(f"f{i}", 2) for i in range(filler)]
         store.write_transitions_together(
-            [
-                (moved, 1, [*elsewhere, *trail]),
-                *[(_step(f"f{i}", 2)[0], 1, _step(f"f{i}", 2)[1]) for i in range(filler)],
-            ]
+            [(moved, 1, [*elsewhere, *trail]), *[(s, 1, t) for s, t in fillers]]
         )
         assert [(t.version, t.reason) for t in store.history("held")] == [(1, None), (2, "to v2")]
         assert store._conn.execute(
