@@ -17,7 +17,15 @@ from . import states
 from ._writethrough import WriteThroughHost
 from .clock import Clock
 from .errors import InvalidValue, StopRequested
-from .model import Failure, FailureKind, TaskSnapshot, Transition, trusted_transition, utc
+from .model import (
+    Failure,
+    FailureKind,
+    TaskSnapshot,
+    Transition,
+    snapshot_changer,
+    trusted_transition,
+    utc,
+)
 from .model import TaskStatus as S
 from .values import (
     ValueRules,
@@ -36,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["Carrier", "RunHost", "Taken"]
 
 log = logging.getLogger("chongming_task.carrier")
+
+# What a start changes (the usual case, no activity reported yet): made once, at import.
+_started = snapshot_changer(("status", "status_version", "attempt", "started_at", "ended_at"))
 
 # queued -> starting -> running, the path every attempt takes, asked of the table once.
 states.check("(any task)", S.QUEUED, S.STARTING)
@@ -167,15 +178,17 @@ class Carrier:
             reason=None,
             actor=owner,
         )
-        changes = self._activity() if self.token.checkpointed else {}
-        snapshot = current.evolve(
-            status=S.RUNNING,
-            status_version=version + 1,
-            attempt=attempt,
-            started_at=now,
-            ended_at=None,
-            **changes,
-        )
+        if self.token.checkpointed:  # a retry, after the task reported activity
+            snapshot = current.evolve(
+                status=S.RUNNING,
+                status_version=version + 1,
+                attempt=attempt,
+                started_at=now,
+                ended_at=None,
+                **self._activity(),
+            )
+        else:
+            snapshot = _started(current, S.RUNNING, version + 1, attempt, now, None)
         self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
         self._history += (starting, running)
         unwritten = self._unwritten

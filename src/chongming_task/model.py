@@ -9,10 +9,11 @@ every process. Legality of status changes lives in ``states``, not here.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._text import utf8_fault
 from .errors import InvalidValue
@@ -34,6 +35,7 @@ __all__ = [
     "TaskSnapshot",
     "TaskStatus",
     "Transition",
+    "snapshot_changer",
     "trusted_snapshot",
     "trusted_transition",
     "utc",
@@ -189,6 +191,21 @@ class TaskSnapshot:
         def evolve(self, **changes: Any) -> TaskSnapshot: ...
 
 
+def _given(name: str, times: tuple[str, ...], indent: str = "    ") -> list[str]:
+    """Lines storing the changed field ``name`` into ``new``, checked as a change is: a
+    datetime made UTC (a naive one refused), tags made a frozenset."""
+    if name in times:
+        return [
+            f"{indent}if {name} is None or {name}.tzinfo is _UTC:",
+            f"{indent}    new.{name} = {name}",
+            f"{indent}else:",
+            f"{indent}    new.{name} = _utc({name}, {name!r})",
+        ]
+    if name == "tags":
+        return [f"{indent}new.tags = tags if isinstance(tags, frozenset) else frozenset(tags)"]
+    return [f"{indent}new.{name} = {name}"]
+
+
 def _make_evolver(cls: type, names: tuple[str, ...], times: tuple[str, ...]) -> Any:
     """``evolve``, unrolled for ``cls``: one keyword parameter per field (an unknown name
     is Python's own ``TypeError``), each slot copied unless given; given datetimes are
@@ -197,22 +214,8 @@ def _make_evolver(cls: type, names: tuple[str, ...], times: tuple[str, ...]) -> 
     lines = [f"def evolve(self, *, {', '.join(f'{n}=_KEEP' for n in names)}):"]
     lines.append("    new = _new(_twin)")
     for name in names:
-        if name in times:
-            lines += [
-                f"    if {name} is _KEEP:",
-                f"        new.{name} = self.{name}",
-                f"    elif {name} is None or {name}.tzinfo is _UTC:",
-                f"        new.{name} = {name}",
-                "    else:",
-                f"        new.{name} = _utc({name}, {name!r})",
-            ]
-        elif name == "tags":
-            lines.append(
-                "    new.tags = self.tags if tags is _KEEP else "
-                "tags if isinstance(tags, frozenset) else frozenset(tags)"
-            )
-        else:
-            lines.append(f"    new.{name} = self.{name} if {name} is _KEEP else {name}")
+        lines += [f"    if {name} is _KEEP:", f"        new.{name} = self.{name}", "    else:"]
+        lines += _given(name, times, indent="        ")
     evolve = _compile(cls, names, lines, "evolve", _KEEP=object(), _UTC=UTC, _utc=utc)
     evolve.__doc__ = (
         "``dataclasses.replace`` for the hot path (every transition makes one): copies "
@@ -220,6 +223,27 @@ def _make_evolver(cls: type, names: tuple[str, ...], times: tuple[str, ...]) -> 
     )
     evolve.__qualname__ = f"{cls.__name__}.evolve"
     return evolve
+
+
+@functools.cache
+def snapshot_changer(changed: tuple[str, ...]) -> Callable[..., TaskSnapshot]:
+    """``TaskSnapshot.evolve`` made for one set of changed fields, their new values
+    given positionally in ``changed``'s order: ``snapshot_changer(("status",))(s, x)``
+    is ``s.evolve(status=x)``, with the same checks. The runtime's transitions change
+    the same few fields each time; made for them, the copy tests no field and parses no
+    keyword (half the work of ``evolve``). An unknown name is a ``ValueError``."""
+    unknown = set(changed) - set(_SNAPSHOT_FIELDS)
+    if unknown or len(set(changed)) != len(changed):
+        raise ValueError(f"not a set of TaskSnapshot fields: {changed!r}")
+    lines = [f"def change(self, {', '.join(changed)}):", "    new = _new(_twin)"]
+    for name in _SNAPSHOT_FIELDS:
+        if name in changed:
+            lines += _given(name, _SNAPSHOT_TIMES)
+        else:
+            lines.append(f"    new.{name} = self.{name}")
+    change = _compile(TaskSnapshot, _SNAPSHOT_FIELDS, lines, "change", _UTC=UTC, _utc=utc)
+    change.__qualname__ = f"snapshot_changer({changed!r})"
+    return cast("Callable[..., TaskSnapshot]", change)
 
 
 def _make_builder(cls: type, names: tuple[str, ...]) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from _thread import RLock as _RLock
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -28,6 +29,7 @@ from .model import (
     Progress,
     TaskSnapshot,
     Transition,
+    snapshot_changer,
     trusted_transition,
     utc,
 )
@@ -107,7 +109,7 @@ class TaskRun(Carrier):
         # without waiting (_take_if_free) or let go (_let_go), so the order can never
         # deadlock. The write lock is a plain Lock: the writer thread lets go of a lock
         # a worker took.
-        self._lock = threading.RLock()
+        self._lock = _RLock()  # threading.RLock() is a Python function around it
         self._write_lock = threading.Lock()
         self._unwritten: tuple[Transition, ...] | None = None  # made, not yet written
         self._finished = False
@@ -236,7 +238,7 @@ class TaskRun(Carrier):
                 changes.update(self._activity())
             changes["status"] = to
             changes["status_version"] = version
-            snapshot = current.evolve(**changes)
+            snapshot = snapshot_changer(tuple(changes))(current, *changes.values())
             transition = trusted_transition(
                 task_id=current.task_id,
                 version=version,

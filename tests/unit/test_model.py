@@ -13,6 +13,7 @@ from chongming_task.model import (
     TaskSnapshot,
     TaskStatus,
     Transition,
+    snapshot_changer,
     trusted_snapshot,
     trusted_transition,
 )
@@ -56,6 +57,40 @@ def test_evolve_checks_what_it_changes() -> None:
         base.evolve(started_at=datetime(2026, 3, 1, 12, 0))
     with pytest.raises(TypeError, match="bogus"):
         base.evolve(bogus=1)
+
+
+def test_a_snapshot_changer_is_evolve_for_its_fields() -> None:
+    base = _snapshot()
+    changes = {
+        "status": TaskStatus.RUNNING,
+        "status_version": 3,
+        "started_at": T0 + timedelta(seconds=1),
+        "outcome": {"a": [1]},
+        "tags": ["b", "a"],
+    }
+    change = snapshot_changer(tuple(changes))
+    changed = change(base, *changes.values())
+    assert type(changed) is TaskSnapshot
+    assert changed == base.evolve(**changes)
+    assert isinstance(changed.tags, frozenset) and base.status is TaskStatus.QUEUED
+    assert snapshot_changer(tuple(changes)) is change  # made once per set of fields
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        changed.status_version = 4  # type: ignore[misc]
+
+
+def test_a_snapshot_changer_checks_what_it_changes() -> None:
+    base = _snapshot()
+    at_two = datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    change = snapshot_changer(("started_at", "ended_at"))
+    moved = change(base, at_two, None)
+    assert moved.started_at == T0 and moved.started_at.tzinfo is UTC
+    assert moved.ended_at is None and moved.created_at is base.created_at
+    with pytest.raises(ValueError, match="started_at must be timezone-aware"):
+        change(base, datetime(2026, 3, 1, 12, 0), None)
+    with pytest.raises(ValueError, match="bogus"):
+        snapshot_changer(("status", "bogus"))
+    with pytest.raises(ValueError, match="status"):
+        snapshot_changer(("status", "status"))
 
 
 def test_the_trusted_builders_make_the_same_records() -> None:

@@ -86,8 +86,9 @@ class InMemoryTaskStore:
                 for made, _ in items[:i]:
                     tasks.pop(made.task_id, None)
                 raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
-        for _, transition in items:
-            self._trail(transition.task_id).setdefault(transition.version, transition)
+        history = self._history
+        for _, transition in items:  # a new task's trail is new: one setdefault makes it
+            history.setdefault(transition.task_id, {}).setdefault(transition.version, transition)
 
     def write_transitions(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
@@ -116,7 +117,9 @@ class InMemoryTaskStore:
                     lease_owner=current.lease_owner, lease_until=current.lease_until
                 )
         if transitions:
-            trail = self._trail(task_id)
+            trail = self._history.get(task_id)  # _trail(), inline
+            if trail is None:
+                trail = self._history.setdefault(task_id, {})
             for transition in transitions:
                 if transition.task_id == task_id:
                     trail.setdefault(transition.version, transition)
