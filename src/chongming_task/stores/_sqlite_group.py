@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from itertools import chain
 from typing import Any
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
@@ -149,7 +150,7 @@ def _write_rows(
         return
     if _one_statement(new, life, trail):
         sql = _write_sql(len(new), len(life), len(trail))
-        conn.execute(sql, [v for kind in (new, life, trail) for row in kind for v in row])
+        conn.execute(sql, [*chain(*new, *life, *trail)])  # flat, in C: ~80 values a task
         return
     width, cas = _TASK_WIDTH, _LIFE_WIDTH
     if new:
