@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+import re
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TypeVar
 
 R = TypeVar("R")
@@ -36,3 +40,20 @@ def in_rounds(contenders: Mapping[str, Callable[[], R]], rounds: int) -> dict[st
             gc.collect()
             results[name].append(contenders[name]())
     return results
+
+
+def callgrind_instructions(script: str, args: list[str], out: Path) -> int:
+    """Run ``script`` with ``args`` in this interpreter under ``valgrind --tool=callgrind``
+    (its output file ``out``) and return the instructions it counted, every thread."""
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        script,
+        *args,
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    found = re.search(r"^totals: (\d+)", out.read_text(), re.MULTILINE)
+    assert found, f"no totals in {out}"
+    return int(found[1])

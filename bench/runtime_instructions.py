@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _stats import callgrind_instructions  # bench/ is on sys.path when run as a script
 
 _CONTENDERS = ("ThreadPoolExecutor (reference)", "Controller + InMemoryTaskStore")
 _WORKERS = 4
@@ -62,21 +62,8 @@ def _run(contender: str, tasks: int) -> None:
 
 
 def _instructions(contender: str, tasks: int, out: Path) -> int:
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        __file__,
-        "--contender",
-        contender,
-        "--tasks",
-        str(tasks),
-    ]
-    subprocess.run(command, check=True, capture_output=True)
-    found = re.search(r"^totals: (\d+)", out.read_text(), re.MULTILINE)
-    assert found, f"no totals in {out}"
-    return int(found[1])
+    args = ["--contender", contender, "--tasks", str(tasks)]
+    return callgrind_instructions(__file__, args, out)
 
 
 def main() -> None:
