@@ -77,9 +77,11 @@ def test_watch_shows_every_transition_with_names_and_endings(tmp_path: Path) -> 
 LIVE_ARGS = ("--interval", "0.2", "--count", "12")
 
 
-def _read_pty(fd: int, until: float) -> bytes:
+def _read_pty(fd: int, until: float, *, seen: bytes | None = None) -> bytes:
+    """What the terminal shows until the program leaves, ``until`` passes, or (if given)
+    ``seen`` has been shown."""
     got = b""
-    while time.monotonic() < until:
+    while time.monotonic() < until and (seen is None or seen not in got):
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             try:
@@ -109,9 +111,11 @@ def test_watch_on_a_terminal_redraws_a_live_table(tmp_path: Path) -> None:
         )
         os.close(follower)
         try:
-            time.sleep(0.8)
+            # The first table drawn (a fixed sleep lost the race on a slow day: watch
+            # started after the pause and only ever saw it paused).
+            screen = _read_pty(leader, time.monotonic() + 30, seen=b"TASK ID")
             node.pause(run.task_id)
-            screen = _read_pty(leader, time.monotonic() + 15)
+            screen += _read_pty(leader, time.monotonic() + 15)
             proc.wait(timeout=20)
         finally:
             proc.kill()
