@@ -45,7 +45,7 @@ __all__ = ["Carrier", "RunHost", "Taken"]
 
 log = logging.getLogger("chongming_task.carrier")
 
-# What a start changes (the usual case, no activity reported yet): made once, at import.
+# What a start changes, the changer made once, at import.
 _started = snapshot_changer(("status", "status_version", "attempt", "started_at", "ended_at"))
 
 # queued -> starting -> running, the path every attempt takes, asked of the table once.
@@ -105,8 +105,6 @@ class Carrier:
         def _take_if_free(self) -> Taken | None: ...
 
         def _write_taken(self, taken: Taken | None) -> None: ...
-
-        def _activity(self) -> dict[str, Any]: ...
 
     def _execute(self) -> None:
         """One attempt, on the calling (worker) thread. The start is written before the
@@ -178,17 +176,9 @@ class Carrier:
             reason=None,
             actor=owner,
         )
-        if self.token.checkpointed:  # a retry, after the task reported activity
-            snapshot = current.evolve(
-                status=S.RUNNING,
-                status_version=version + 1,
-                attempt=attempt,
-                started_at=now,
-                ended_at=None,
-                **self._activity(),
-            )
-        else:
-            snapshot = _started(current, S.RUNNING, version + 1, attempt, now, None)
+        # No activity to merge: a retry's snapshot has its last attempt's already (the
+        # transition back to queued merged it, and nothing reports while it waits).
+        snapshot = _started(current, S.RUNNING, version + 1, attempt, now, None)
         self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
         self._history += (starting, running)
         unwritten = self._unwritten

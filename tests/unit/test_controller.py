@@ -243,6 +243,38 @@ def test_retries_with_backoff_then_success(store: TaskStore, make_controller: Ma
     assert "ConnectionError: boom 1" in retries[0].reason
 
 
+def test_a_retry_starts_with_the_activity_its_last_attempt_reported(
+    store: TaskStore, make_controller: Make
+) -> None:
+    c = make_controller(store)
+    second = threading.Event()
+    release = threading.Event()
+
+    @c.task(name="reports_then_fails", retries=1, backoff=FAST)
+    def reports_then_fails(token: CancellationToken) -> str:
+        if token.attempt == 1:
+            token.checkpoint(Progress(current=3, total=10, message="three"))
+            raise ConnectionError("boom")
+        second.set()
+        release.wait(5)
+        return "ok"
+
+    run = c.submit(reports_then_fails)
+    assert second.wait(5)
+    try:
+        # The second attempt's start, as written (a writer thread may still be writing
+        # it as the function runs): running, and the progress kept.
+        wait_until(lambda: c.get(run.task_id).status is S.RUNNING, what="start written")  # type: ignore[union-attr]
+        started = c.get(run.task_id)
+        assert started is not None and started.status is S.RUNNING and started.attempt == 2
+        assert started.progress == Progress(current=3, total=10, message="three")
+        assert started.last_heartbeat_at is not None and started.started_at is not None
+        assert started.last_heartbeat_at <= started.started_at
+    finally:
+        release.set()
+    assert run.result(5) == "ok"
+
+
 def test_retries_exhausted_fail_with_the_last_exception(make_controller: Make) -> None:
     c = make_controller()
 
