@@ -22,10 +22,9 @@ from ._services import NodeContext
 from .errors import ChongmingTaskError, ConfigurationError, ControllerClosed
 from .model import (
     PipelineRecord,
-    TaskSnapshot,
     TaskStatus,
     Transition,
-    trusted_snapshot,
+    submitted_snapshot,
     trusted_transition,
 )
 from .pipelines import Pipeline, PipelineRun
@@ -236,29 +235,20 @@ class Submitter:
         definition, bucket = self.check(task, bucket_key)
         now = self._now()
         # Every value here is already normalised (UTC times, frozenset tags): the trusted
-        # builders skip re-validation on this hot path.
-        snapshot: TaskSnapshot = trusted_snapshot(
-            task_id=new_task_id(),
-            name=definition.name,
-            status=status,
-            status_version=1,
-            created_at=now,
-            attempt=0,
-            tags=frozenset(definition.tags).union(tags) if tags else frozenset(definition.tags),
-            bucket=bucket,
-            bucket_key=bucket_key,
-            pipeline_run_id=pipeline_run_id,
-            owner=host.owner,
-            started_at=None,
-            ended_at=None,
-            last_heartbeat_at=None,
-            progress=None,
-            failure=None,
-            outcome=None,
-            lease_owner=host.owner,
-            # Lease time is the store's clock where it has one (the offset is measured
-            # by the supervisor, not per submit).
-            lease_until=now + self._leases.offset + self._lease_delta,
+        # builder skips re-validation on this hot path.
+        snapshot = submitted_snapshot(
+            new_task_id(),
+            definition.name,
+            status,
+            now,
+            frozenset(definition.tags).union(tags) if tags else frozenset(definition.tags),
+            bucket,
+            bucket_key,
+            pipeline_run_id,
+            host.owner,
+            # Lease time is the store's clock where it has one (the offset is measured by
+            # the supervisor, not per submit).
+            now + self._leases.offset + self._lease_delta,
         )
         run = TaskRun(host, definition, snapshot, args, kwargs)
         lease_renewed(run, self._clock.monotonic() + self._lease_ttl / 3)

@@ -36,6 +36,7 @@ __all__ = [
     "TaskStatus",
     "Transition",
     "snapshot_changer",
+    "submitted_snapshot",
     "trusted_snapshot",
     "trusted_transition",
     "utc",
@@ -274,6 +275,39 @@ TaskSnapshot.evolve = _make_evolver(  # type: ignore[method-assign]  # declared 
 )
 trusted_snapshot = _make_builder(TaskSnapshot, _SNAPSHOT_FIELDS)
 """Build a ``TaskSnapshot`` from already-normalised values (store codecs only)."""
+
+# What a submit decides; every other field of a new task is the same for all of them.
+_SUBMITTED = (
+    "task_id",
+    "name",
+    "status",
+    "created_at",
+    "tags",
+    "bucket",
+    "bucket_key",
+    "pipeline_run_id",
+    "owner",
+    "lease_until",
+)
+_SUBMITTED_FIXED = {"status_version": "1", "attempt": "0", "lease_owner": "owner"}
+
+
+def _make_submitted() -> Any:
+    """``submitted_snapshot``: positional, the fixed fields written in. A call with
+    nineteen keywords cost more in matching them to parameters than in building the
+    snapshot (1.19 against 0.43 us, every submit)."""
+    lines = [f"def submitted({', '.join(_SUBMITTED)}):", "    new = _new(_twin)"]
+    for name in _SNAPSHOT_FIELDS:
+        value = name if name in _SUBMITTED else _SUBMITTED_FIXED.get(name, "None")
+        lines.append(f"    new.{name} = {value}")
+    return _compile(TaskSnapshot, _SNAPSHOT_FIELDS, lines, "submitted")
+
+
+submitted_snapshot: Callable[..., TaskSnapshot] = _make_submitted()
+"""A new task's ``TaskSnapshot`` from already-normalised values (UTC times, frozenset
+tags), given positionally: ``task_id, name, status, created_at, tags, bucket,
+bucket_key, pipeline_run_id, owner, lease_until``. Version 1, attempt 0, leased by its
+owner, nothing started, reported or ended (the submit path)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

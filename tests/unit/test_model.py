@@ -14,6 +14,7 @@ from chongming_task.model import (
     TaskStatus,
     Transition,
     snapshot_changer,
+    submitted_snapshot,
     trusted_snapshot,
     trusted_transition,
 )
@@ -114,3 +115,35 @@ def test_the_trusted_builders_make_the_same_records() -> None:
     assert type(made) is Transition and made == transition and hash(made) == hash(transition)
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.version = 2  # type: ignore[misc]
+
+
+def test_a_submitted_snapshot_is_a_new_task_leased_by_its_owner() -> None:
+    lease = T0 + timedelta(seconds=30)
+    tags = frozenset({"a", "b"})
+    made = submitted_snapshot(
+        "t1", "job", TaskStatus.PENDING, T0, tags, 3, "key", "p1", "node-a", lease
+    )
+    expected = TaskSnapshot(
+        task_id="t1",
+        name="job",
+        status=TaskStatus.PENDING,
+        status_version=1,
+        attempt=0,
+        created_at=T0,
+        tags=tags,
+        bucket=3,
+        bucket_key="key",
+        pipeline_run_id="p1",
+        owner="node-a",
+        lease_owner="node-a",
+        lease_until=lease,
+    )
+    assert type(made) is TaskSnapshot and made == expected
+    # Every field not given is the dataclass's default: nothing started, reported, ended.
+    given = {"task_id", "name", "status", "status_version", "attempt", "created_at", "tags"}
+    given |= {"bucket", "bucket_key", "pipeline_run_id", "owner", "lease_owner", "lease_until"}
+    for field in dataclasses.fields(TaskSnapshot):
+        if field.name not in given:
+            assert getattr(made, field.name) is None, field.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.status_version = 2  # type: ignore[misc]
