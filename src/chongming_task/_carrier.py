@@ -45,12 +45,15 @@ __all__ = ["Carrier", "RunHost", "Taken"]
 
 log = logging.getLogger("chongming_task.carrier")
 
-# What a start changes, the changer made once, at import.
+# What a start and a success change, each changer made once, at import.
 _started = snapshot_changer(("status", "status_version", "attempt", "started_at", "ended_at"))
+_succeeded = snapshot_changer(("status", "status_version", "ended_at", "outcome", "failure"))
 
-# queued -> starting -> running, the path every attempt takes, asked of the table once.
+# queued -> starting -> running -> succeeded, the path most attempts take, asked of the
+# table once.
 states.check("(any task)", S.QUEUED, S.STARTING)
 states.check("(any task)", S.STARTING, S.RUNNING)
+states.check("(any task)", S.RUNNING, S.SUCCEEDED)
 
 
 class RunHost(WriteThroughHost, Protocol):
@@ -211,9 +214,37 @@ class Carrier:
                     )
                     self._apply(S.FAILED, failure=failure, reason="result_invalid (not retried)")
                 else:
-                    self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
+                    self._succeed(outcome)
             taken = self._take_if_free()
         self._write_taken(taken)
+
+    def _succeed(self, outcome: Any) -> None:
+        """``running -> succeeded``: what ``_apply`` does for it, by the changer made at
+        import (a third of the cost: no keywords, no dict of changes, no lookup). Caller
+        holds the lock. A run that is not ``running`` (pausing, stopping) or that
+        reported activity (merged by ``_apply``) takes ``_apply``."""
+        current = self._snapshot
+        if current.status is not S.RUNNING or self.token.checkpointed:
+            self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
+            return
+        host = self._host
+        now = host.clock.now()
+        if now.tzinfo is not UTC:  # inline: SystemClock's reading is UTC already
+            now = utc(now, "clock.now()")
+        version = current.status_version + 1
+        self._snapshot = _succeeded(current, S.SUCCEEDED, version, now, outcome, None)  # type: ignore[misc]  # a slot of TaskRun
+        ended = trusted_transition(
+            task_id=current.task_id,
+            version=version,
+            from_status=S.RUNNING,
+            to_status=S.SUCCEEDED,
+            at=now,
+            reason=None,
+            actor=host.owner,
+        )
+        self._history.append(ended)
+        unwritten = self._unwritten
+        self._unwritten = (ended,) if unwritten is None else (*unwritten, ended)  # type: ignore[misc]  # a slot of TaskRun
 
     def _settle_failure(self, exc: BaseException, *, retry: bool = True) -> None:
         delay = self._record_failure(exc, retry)

@@ -275,6 +275,44 @@ def test_a_retry_starts_with_the_activity_its_last_attempt_reported(
     assert run.result(5) == "ok"
 
 
+def test_a_success_is_written_with_its_outcome_and_what_the_task_reported(
+    store: TaskStore, make_controller: Make
+) -> None:
+    c = make_controller(store)
+
+    @c.task(name="reports_then_returns")
+    def reports_then_returns(token: CancellationToken) -> dict[str, int]:
+        token.checkpoint(Progress(current=3, total=10, message="three"))
+        return {"n": 1}
+
+    @c.task(name="fails_once", retries=1, backoff=FAST)
+    def fails_once(token: CancellationToken) -> str:
+        if token.attempt == 1:
+            raise ConnectionError("boom")
+        return "ok"
+
+    reported = c.submit(reports_then_returns)
+    retried = c.submit(fails_once)
+    for run in (reported, retried):
+        final = run.wait(5)
+        stored = c.get(run.task_id)
+        assert stored is not None
+        for seen in (final, stored):
+            assert seen.status is S.SUCCEEDED and seen.ended_at is not None
+            assert seen.status_version == final.status_version
+            assert seen.failure is None  # a retry's success clears the last attempt's
+        trail = c.history(run.task_id)
+        assert (trail[-1].from_status, trail[-1].to_status) == (S.RUNNING, S.SUCCEEDED)
+        assert trail[-1].at == final.ended_at and trail[-1].version == final.status_version
+    done = reported.wait(5)
+    assert done.outcome == {"n": 1} and c.get(reported.task_id).outcome == {"n": 1}  # type: ignore[union-attr]
+    for seen in (done, c.get(reported.task_id)):
+        assert seen is not None
+        assert seen.progress == Progress(current=3, total=10, message="three")
+        assert seen.last_heartbeat_at is not None
+    assert retried.wait(5).attempt == 2 and retried.result(5) == "ok"
+
+
 def test_retries_exhausted_fail_with_the_last_exception(make_controller: Make) -> None:
     c = make_controller()
 
