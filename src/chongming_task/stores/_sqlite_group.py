@@ -133,7 +133,11 @@ class _VersionMoved(Exception):
 
 
 def _write_rows(
-    conn: sqlite3.Connection, new: list[Row], life: list[Row], trail: list[Row]
+    conn: sqlite3.Connection,
+    new: list[Row],
+    life: list[Row],
+    trail: list[Row],
+    one: bool | None = None,
 ) -> None:
     """Write the rows kind by kind (new tasks, then compare-and-sets, then the trail):
     up to 64 rows as one statement into the write view (its own transaction, or part of
@@ -145,10 +149,10 @@ def _write_rows(
 
     A compare-and-set that finds another version raises: an ``IntegrityError`` from the
     view's trigger, ``_VersionMoved`` from the tables; either way the caller undoes it
-    all."""
+    all. ``one``: ``_one_statement(new, life, trail)``, if the caller asked already."""
     if not (new or life or trail):
         return
-    if _one_statement(new, life, trail):
+    if one if one is not None else _one_statement(new, life, trail):
         sql = _write_sql(len(new), len(life), len(trail))
         conn.execute(sql, [*chain(*new, *life, *trail)])  # flat, in C: ~80 values a task
         return
@@ -381,7 +385,7 @@ class GroupCommit:
         try:
             try:
                 with scope("group commit") as conn:
-                    _write_rows(conn, new, life, trail)
+                    _write_rows(conn, new, life, trail, one)
                 if one:  # its own transaction (the other scope tells on its commit)
                     self._committed()
             except _VersionMoved:
