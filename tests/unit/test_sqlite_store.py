@@ -332,7 +332,7 @@ def _into_the_tables(store: SqliteTaskStore) -> list[str]:
     seen: list[str] = []
 
     def trace(sql: str) -> None:
-        if sql.startswith(("INSERT INTO tasks ", "UPDATE tasks SET", "INSERT OR IGNORE INTO")):
+        if sql.startswith(("INSERT INTO tasks ", "UPDATE tasks SET", "INSERT INTO transitions")):
             seen.append(sql)
 
     store._conn.set_trace_callback(trace)
@@ -417,7 +417,7 @@ def test_a_batch_of_every_kind_over_several_statements_lands_whole(tmp_path: Pat
     assert _queued_writes(store, calls) == [None] * 51
     store._conn.set_trace_callback(None)
     heads = {sql.split(" (")[0].split(" SET")[0] for sql in direct}  # one per row run
-    assert heads == {"INSERT INTO tasks", "UPDATE tasks", "INSERT OR IGNORE INTO transitions"}
+    assert heads == {"INSERT INTO tasks", "UPDATE tasks", "INSERT INTO transitions"}
     for snapshot, trail in steps:
         assert store.get(snapshot.task_id) == snapshot
         assert [t.version for t in store.history(snapshot.task_id)] == [1, 2]
@@ -722,7 +722,8 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
 
         # seq (schema 9) is the store's own: the codec's rows never carry it.
         assert columns("tasks") == ("seq", *codec.TASK_COLUMNS)
-        assert columns("transitions") == ("seq", *codec.TRANSITION_COLUMNS)
+        # key (schema 11) is the store's own too: seq * 16777216 + version.
+        assert columns("transitions") == ("key", *codec.TRANSITION_COLUMNS)
         assert columns("commands") == codec.COMMAND_COLUMNS
         assert columns("task_writes") == WRITE_VIEW_COLUMNS
         # A life row binds only LIFE_FILLS (the rest is NULL in the statement): a column
@@ -839,14 +840,14 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened = SqliteTaskStore(path, create=False)
     # The rebuild takes a while on a large file: it says so, once, with the count.
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: upgrading to schema 10, which rebuilds its 2 tasks and their trail once "
+        f"{path}: upgrading to schema 11, which rebuilds the trail of its 2 tasks once "
         "(about 40 s a million tasks); other processes wait for the file"
     ]
     try:
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 10
+        assert now == SCHEMA_VERSION == 11
         fresh = sqlite3.connect(":memory:")  # the copy's own settings were undone
         for pragma in ("PRAGMA cache_size", "PRAGMA secure_delete"):
             assert reopened._conn.execute(pragma).fetchone() == fresh.execute(pragma).fetchone()
@@ -859,7 +860,7 @@ def test_an_older_file_gains_the_new_tables_when_opened(
             ("later", 3),
         ]
         assert reopened._conn.execute(
-            "SELECT seq, task_id, version FROM transitions"
+            "SELECT key / 16777216, task_id, version FROM transitions"
         ).fetchall() == [(1, "kept", 1), (3, "later", 1)]
         assert reopened._conn.execute(
             "SELECT task_id, version FROM loose_transitions"
@@ -926,38 +927,85 @@ def test_the_loose_trail_is_found_without_reading_every_task(tmp_path: Path) -> 
         store.close()
 
 
-def test_a_schema_9_file_moves_its_loose_trail_without_a_rebuild(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def _seq_keyed_trail(raw: sqlite3.Connection) -> None:
+    """Make a file's trail the table of schemas 9 and 10: keyed (seq, task_id, version),
+    WITHOUT ROWID (the view's triggers go: the migration makes them again)."""
+    for trigger in ("task_writes_new", "task_writes_life", "task_writes_trail"):
+        raw.execute(f"DROP TRIGGER {trigger}")
+    raw.execute(
+        "CREATE TABLE old_trail (seq INTEGER NOT NULL, task_id TEXT NOT NULL, "
+        "version INTEGER NOT NULL, from_status TEXT, to_status TEXT NOT NULL, at TEXT NOT "
+        "NULL, reason TEXT, actor TEXT, PRIMARY KEY (seq, task_id, version)) WITHOUT ROWID"
+    )
+    raw.execute(
+        "INSERT INTO old_trail SELECT key / 16777216, task_id, version, from_status, "
+        "to_status, at, reason, actor FROM transitions"
+    )
+    raw.execute("DROP TABLE transitions")
+    raw.execute("ALTER TABLE old_trail RENAME TO transitions")
+
+
+@pytest.mark.parametrize("version", [9, 10])
+def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
+    tmp_path: Path, version: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Schema 9 kept the trail of tasks not held in transitions, under seq 0; opening
-    such a file moves those rows to loose_transitions, in place, with no rebuild."""
+    """Schemas 9 and 10 keyed the trail by (seq, task_id, version); schema 9 also kept
+    the trail of tasks not held there, under seq 0. Opening such a file rebuilds the
+    trail once into the rowid table of schema 11, every row kept: a held task's under
+    its key, a row of a task not held in loose_transitions."""
     from chongming_task.stores import codec
 
-    path = tmp_path / "v9.db"
-    SqliteTaskStore(path).create_many([_created("kept")])
+    path = tmp_path / f"v{version}.db"
+    made = SqliteTaskStore(path)
+    made.create_many([_created("kept"), _created("other")])
+    moved, trail = _step("kept", 2)
+    made.write_transitions(moved, expect_version=1, transitions=trail)
+    made.close()
     raw = sqlite3.connect(path)
-    raw.execute("DROP TABLE loose_transitions")
+    _seq_keyed_trail(raw)
     loose = replace(_created("loose")[1], reason="appended before its create")
-    raw.execute(
-        "INSERT INTO transitions VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
-        codec.transition_to_values(loose),
-    )
-    raw.execute("PRAGMA user_version = 9")
+    if version == 9:
+        raw.execute("DROP TABLE loose_transitions")
+        raw.execute(
+            "INSERT INTO transitions VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
+            codec.transition_to_values(loose),
+        )
+    else:
+        raw.execute(
+            "INSERT INTO loose_transitions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            codec.transition_to_values(loose),
+        )
+    raw.execute(f"PRAGMA user_version = {version}")
     raw.commit()
     raw.close()
     with caplog.at_level("WARNING", logger="chongming_task.store"):
         store = SqliteTaskStore(path, create=False)
     try:
-        assert caplog.records == []  # nothing rebuilt
-        assert store._conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-        assert store._conn.execute("SELECT seq, task_id FROM transitions").fetchall() == [
-            (1, "kept")
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{path}: upgrading to schema 11, which rebuilds the trail of its 2 tasks once "
+            "(about 40 s a million tasks); other processes wait for the file"
         ]
+        assert store._conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert store._conn.execute(
+            "SELECT key, task_id, version FROM transitions ORDER BY key"
+        ).fetchall() == [
+            (16777216 + 1, "kept", 1),
+            (16777216 + 2, "kept", 2),
+            (2 * 16777216 + 1, "other", 1),
+        ]
+        assert [t.version for t in store.history("kept")] == [1, 2]
         assert [t.reason for t in store.history("loose")] == ["appended before its create"]
         store.create_many([_created("loose")])
         assert [t.reason for t in store.history("loose")] == ["appended before its create"]
+        assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
+        moved, trail = _step("other", 2)
+        store.write_transitions(moved, expect_version=1, transitions=trail)
+        assert [t.version for t in store.history("other")] == [1, 2]
     finally:
         store.close()
+    store = SqliteTaskStore(path, create=False)  # rebuilt once: the next open does nothing
+    store.close()
+    assert len(caplog.records) == 1
 
 
 def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
@@ -971,7 +1019,7 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
         pk = sorted(
             (row[5], row[1]) for row in store._conn.execute("PRAGMA table_info(transitions)")
         )
-        assert [name for order, name in pk if order] == ["seq", "task_id", "version"]
+        assert [name for order, name in pk if order] == ["key"]  # seq * 16777216 + version
         early = [
             replace(_created(task_id)[1], reason="early")
             for task_id in ("plain", "viewed", "bulk0")
@@ -990,7 +1038,7 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
             history = store.history(task_id)
             assert [t.version for t in history] == versions
             assert {t.reason for t in history} == {"early"}
-        rows = store._conn.execute("SELECT seq, task_id FROM transitions").fetchall()
+        rows = store._conn.execute("SELECT key / 16777216, task_id FROM transitions").fetchall()
         assert all(seq > 0 for seq, _ in rows), rows
         assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
         seqs = dict(store._conn.execute("SELECT task_id, seq FROM tasks"))
@@ -1010,13 +1058,64 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
         # A trail row appended after its task was pruned is loose again.
         store.append(_created("bulk3")[1])
         assert (
-            store._conn.execute("SELECT seq FROM transitions WHERE task_id = 'bulk3'").fetchall()
+            store._conn.execute("SELECT key FROM transitions WHERE task_id = 'bulk3'").fetchall()
             == []
         )
         assert store._conn.execute("SELECT task_id, version FROM loose_transitions").fetchall() == [
             ("bulk3", 1)
         ]
         assert [t.version for t in store.history("bulk3")] == [1]
+    finally:
+        store.close()
+
+
+def test_a_version_past_the_trail_key_fails_its_own_write_alone(tmp_path: Path) -> None:
+    """The trail keys a row by seq * 16777216 + version: a version past 16777215 is
+    refused with a clear error (never skipped, never written into the next task's
+    range), and only its own caller's write fails; the rest of its batch lands."""
+    store = SqliteTaskStore(tmp_path / "cap.db")
+    try:
+        store.create_many([_created("a"), _created("b")])
+        a, a_trail = _step("a", 2)
+        b, b_trail = _step("b", 2)
+        far = [replace(t, version=16777216) for t in b_trail]
+        results = _queued_writes(
+            store,
+            [
+                lambda: store.write_transitions(a, expect_version=1, transitions=a_trail),
+                lambda: store.write_transitions(b, expect_version=1, transitions=far),
+            ],
+        )
+        assert results[0] is None
+        assert isinstance(results[1], StoreError) and "16777215" in str(results[1])
+        assert store.get("a") == a
+        assert store.get("b").status_version == 1  # nothing of the refused write landed
+        assert [t.version for t in store.history("b")] == [1]
+        with pytest.raises(StoreError):
+            store.append(far[0])
+        assert [t.version for t in store.history("b")] == [1]
+    finally:
+        store.close()
+
+
+def test_a_create_after_adopting_a_later_version_keys_its_own_under_its_seq(
+    tmp_path: Path,
+) -> None:
+    """Through the write view a create adopts its task's loose rows, then writes its own
+    first transition; an adopted row moves last_insert_rowid() off the task's seq, so the
+    trigger looks the seq up: the first transition lands under the task's key, beside
+    the adopted one, and the next task's trail is untouched."""
+    store = SqliteTaskStore(tmp_path / "adopt.db")
+    try:
+        store.create_many([_created("before")])
+        store.append(replace(_step("gap", 2)[1][0], reason="early"))
+        store.create_many([_created("gap")])  # one statement through the write view
+        store.create_many([_created("after")])
+        keys = store._conn.execute(
+            "SELECT key / 16777216, key % 16777216, task_id FROM transitions ORDER BY key"
+        ).fetchall()
+        assert keys == [(1, 1, "before"), (2, 1, "gap"), (2, 2, "gap"), (3, 1, "after")]
+        assert [(t.version, t.reason) for t in store.history("gap")] == [(1, None), (2, "early")]
     finally:
         store.close()
 

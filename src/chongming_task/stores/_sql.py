@@ -84,8 +84,9 @@ class Dialect:
     """Filter before ordering in a scan's rows query (a subquery the planner keeps): else
     PostgreSQL walks the ``created_at`` index through every row to find a rare few."""
     trail_of_task: str = "tr.task_id = tasks.task_id"
-    """Which rows of the trail (``transitions tr``) are the task's, on its key's leading
-    columns (SQLite keys the trail by the task's ``seq`` first)."""
+    """Which rows of the trail (``transitions tr``) are the task's, by its key (SQLite
+    keys the trail by ``seq * 16777216 + version``: the task's row of its current
+    version, the one a scan reads)."""
 
 
 def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:

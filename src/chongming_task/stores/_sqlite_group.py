@@ -234,7 +234,12 @@ class WriteRequest:
             raise ConcurrencyConflict.version_mismatch(
                 task_id, expected, None if found is None else found[0]
             ) from None
-        except sqlite3.IntegrityError:
+        except sqlite3.IntegrityError as exc:
+            if "CHECK constraint failed" in str(exc):  # the trail's version (schema 11)
+                raise StoreError(
+                    f"write of task {self.task_id} refused: a transition's version is past "
+                    f"what the trail keys (0 to 16777215): {exc}"
+                ) from exc
             if self.new:
                 raise TaskAlreadyExists(f"a task id among {len(self.new)} already exists") from None
             raise
@@ -419,7 +424,7 @@ class GroupCommit:
             for request in batch:
                 try:
                     request.apply_alone(conn)
-                except (ConcurrencyConflict, TaskAlreadyExists) as exc:
+                except (ConcurrencyConflict, TaskAlreadyExists, StoreError) as exc:
                     request.error = exc  # its own failure: nothing of it written
                 except UnicodeEncodeError as exc:  # refused at bind: nothing of it written
                     request.error = self._not_text(exc, f"write of task {request.task_id}")

@@ -54,11 +54,12 @@ from .capabilities import Verdict
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
-SCHEMA_VERSION = 10  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 11  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
-# (task_writes_life); 9: tasks.seq, the trail keyed by it (_key_trail_by_seq); 10: the
-# trail of tasks not held in loose_transitions
+# (task_writes_life); 9: tasks.seq, the trail keyed by it (_rebuild_trail); 10: the
+# trail of tasks not held in loose_transitions; 11: the trail keyed by rowid, seq * 2^24 +
+# version (_rebuild_trail)
 PAGE_SIZE = 1024  # for new files; see _open
 
 log = logging.getLogger("chongming_task.store")
@@ -84,7 +85,9 @@ _DIALECT = Dialect(
     ),
     insertion_order="seq",
     time="?",
-    trail_of_task="tr.seq = tasks.seq AND tr.task_id = tasks.task_id",
+    trail_of_task=(
+        "tr.key = tasks.seq * 16777216 + tasks.status_version AND tr.task_id = tasks.task_id"
+    ),
 )
 
 
@@ -258,16 +261,17 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                     f"{self.path} has schema version {version}, newer than this "
                     f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
                 )
-            if _columns(conn, "tasks")[:1] not in ([], ["seq"]):  # before schema 9
+            trail = _columns(conn, "transitions")
+            if trail and trail[0] != "key":  # a file made before schema 11
                 (tasks,) = conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
                 log.warning(
-                    "%s: upgrading to schema %d, which rebuilds its %d tasks and their trail "
+                    "%s: upgrading to schema %d, which rebuilds the trail of its %d tasks "
                     "once (about 40 s a million tasks); other processes wait for the file",
                     self.path,
                     SCHEMA_VERSION,
                     tasks,
                 )
-                _key_trail_by_seq(conn)
+                _rebuild_trail(conn)
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -662,14 +666,15 @@ def _pragma_value(conn: sqlite3.Connection, name: str) -> str:
     return "FAST" if name == "secure_delete" and value == 2 else str(value)
 
 
-def _key_trail_by_seq(conn: sqlite3.Connection) -> None:
-    """Schema 9, in the migration's transaction: tasks get ``seq`` (each task keeps its
-    rowid, so the order tasks were made in), and the trail is copied into a table keyed
-    by ``(seq, task_id, version)``; a row whose task is gone gets seq 0 (schema 10's
-    statements then move it to ``loose_transitions``). Both tables are
-    made again (SQLite adds no primary key to a table), under the names the schema
-    uses; the view's triggers are dropped first (they name the old columns) and the
-    schema makes them again, with the indexes."""
+def _rebuild_trail(conn: sqlite3.Connection) -> None:
+    """Schemas 9 and 11, in the migration's transaction, for a file made before schema
+    11. Before schema 9 tasks get ``seq`` (each task keeps its rowid, so the order tasks
+    were made in): the table is made again, as SQLite adds no primary key to a table.
+    The trail is copied into the rowid table schema 11 keys by ``seq * 16777216 +
+    version``, each row under the seq its task has now (found by ``task_id``), in key
+    order; a row whose task is not held goes to ``loose_transitions`` (before schema 10
+    such rows waited in the trail under seq 0). The view's triggers are dropped first
+    (they name the old columns); the schema makes them again, with the indexes."""
     for trigger in ("task_writes_new", "task_writes_life", "task_writes_trail"):
         conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     # For the copy alone: a page cache that holds the tables, and the old pages freed
@@ -680,26 +685,34 @@ def _key_trail_by_seq(conn: sqlite3.Connection) -> None:
     ]
     conn.execute("PRAGMA cache_size = -524288")  # 512 MiB
     conn.execute("PRAGMA secure_delete = FAST")
-    task_columns = ", ".join(codec.TASK_COLUMNS)
+    made = {table: _SQL[f"schema_{table}"] for table in ("tasks", "transitions")}
+    if _columns(conn, "tasks")[:1] != ["seq"]:  # before schema 9
+        task_columns = ", ".join(codec.TASK_COLUMNS)
+        conn.execute(made["tasks"].replace("IF NOT EXISTS tasks (", "tasks_9 (", 1))
+        conn.execute(
+            f"INSERT INTO tasks_9 (seq, {task_columns}) "
+            f"SELECT rowid, {task_columns} FROM tasks ORDER BY rowid"
+        )
+        conn.execute("DROP TABLE tasks")
+        conn.execute("ALTER TABLE tasks_9 RENAME TO tasks")
+    conn.execute(_SQL["schema_loose_transitions"])
     trail_columns = ", ".join(codec.TRANSITION_COLUMNS)
-    for table in ("tasks", "transitions"):
-        made = _SQL[f"schema_{table}"]
-        conn.execute(made.replace(f"IF NOT EXISTS {table} (", f"{table}_9 (", 1))
-    conn.execute(
-        f"INSERT INTO tasks_9 (seq, {task_columns}) "
-        f"SELECT rowid, {task_columns} FROM tasks ORDER BY rowid"
-    )
-    # In key order, so each row lands at the right edge (in the old order, random ids,
-    # every row split pages anywhere in the new tree).
     trail_values = ", ".join(f"r.{c}" for c in codec.TRANSITION_COLUMNS)
+    conn.execute(made["transitions"].replace("IF NOT EXISTS transitions (", "trail_11 (", 1))
+    # In key order, so each row lands at the right edge (in any other order, rows split
+    # pages anywhere in the new tree).
     conn.execute(
-        f"INSERT INTO transitions_9 (seq, {trail_columns}) "
-        f"SELECT COALESCE(t.seq, 0) AS seq, {trail_values} FROM transitions r "
-        "LEFT JOIN tasks_9 t ON t.task_id = r.task_id ORDER BY seq, r.task_id, r.version"
+        f"INSERT INTO trail_11 (key, {trail_columns}) "
+        f"SELECT t.seq * 16777216 + r.version, {trail_values} "
+        "FROM transitions r JOIN tasks t ON t.task_id = r.task_id "
+        "WHERE 1 ORDER BY 1 ON CONFLICT DO NOTHING"
     )
-    for table in ("transitions", "tasks"):
-        conn.execute(f"DROP TABLE {table}")
-        conn.execute(f"ALTER TABLE {table}_9 RENAME TO {table}")
+    conn.execute(
+        f"INSERT OR IGNORE INTO loose_transitions ({trail_columns}) SELECT {trail_values} "
+        "FROM transitions r WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = r.task_id)"
+    )
+    conn.execute("DROP TABLE transitions")
+    conn.execute("ALTER TABLE trail_11 RENAME TO transitions")
     for pragma in restore:
         conn.execute(pragma)
 

@@ -57,19 +57,26 @@ CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
 -- task's commit wrote 7.0 trail pages; in seq order 3.4, its rows beside the newest
 -- tasks': bench/sqlite_pages.py). A transition of a task not in tasks (appended before
 -- its create, or after a prune) is a loose_transitions row (below) until its task is
--- made. Every statement finds a task's trail by (seq, task_id).
+-- made.
+--
+-- Since schema 11 a row's rowid is its key: seq * 16777216 + version (2^24 versions a
+-- task, which CHECK holds to), so a task's trail is a rowid range and a commit's rows
+-- are appends at the right edge of a rowid table, which SQLite balances the quick way:
+-- keyed (seq, task_id, version) in a WITHOUT ROWID table, a per-call task wrote 3.2
+-- trail pages, keyed by rowid 2.3 (bench/sqlite_pages.py). task_id stays in the row, and
+-- every statement checks it beside the key. Writes are ON CONFLICT DO NOTHING, not OR
+-- IGNORE: OR IGNORE would skip a row the CHECK refuses, without a word.
 -- name: schema_transitions
 CREATE TABLE IF NOT EXISTS transitions (
-    seq         INTEGER NOT NULL,
+    key         INTEGER PRIMARY KEY,
     task_id     TEXT NOT NULL,
-    version     INTEGER NOT NULL,
+    version     INTEGER NOT NULL CHECK (version BETWEEN 0 AND 16777215),
     from_status TEXT,
     to_status   TEXT NOT NULL,
     at          TEXT NOT NULL,
     reason      TEXT,
-    actor       TEXT,
-    PRIMARY KEY (seq, task_id, version)
-) WITHOUT ROWID
+    actor       TEXT
+)
 
 -- The trail of tasks this store does not hold (schema 10): appended before their create,
 -- or after a prune. A create adopts its task's rows: moves them to transitions, under
@@ -89,16 +96,6 @@ CREATE TABLE IF NOT EXISTS loose_transitions (
     actor       TEXT,
     PRIMARY KEY (task_id, version)
 ) WITHOUT ROWID
-
--- An older file's seq 0 rows move there (nothing to move the next time).
--- name: schema_loose_transitions_moved
-INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at,
-                                         reason, actor)
-SELECT task_id, version, from_status, to_status, at, reason, actor
-FROM transitions WHERE seq = 0
-
--- name: schema_loose_transitions_moved_out
-DELETE FROM transitions WHERE seq = 0
 
 -- name: schema_commands
 CREATE TABLE IF NOT EXISTS commands (
@@ -220,16 +217,24 @@ WHEN NEW.kind = 'new' BEGIN
         NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
         NEW.outcome, NEW.lease_owner, NEW.lease_until
     );
-    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
-                                       reason, actor)
-    SELECT last_insert_rowid(), task_id, version, from_status, to_status, at, reason, actor
-    FROM loose_transitions WHERE task_id = NEW.task_id;
+    INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason,
+                             actor)
+    SELECT (SELECT seq FROM tasks WHERE task_id = NEW.task_id) * 16777216 + version,
+           task_id, version, from_status, to_status, at, reason, actor
+    FROM loose_transitions WHERE task_id = NEW.task_id
+    ON CONFLICT DO NOTHING;
+    -- last_insert_rowid() is the task's seq, unless a row was adopted (changes() says):
+    -- it is then that row's key, and the seq is looked up.
+    INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason,
+                             actor)
+    SELECT CASE WHEN changes() = 0 THEN last_insert_rowid()
+                ELSE (SELECT seq FROM tasks WHERE task_id = NEW.task_id) END * 16777216
+               + NEW.version,
+           NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
+           NEW.actor
+    WHERE NEW.version IS NOT NULL
+    ON CONFLICT DO NOTHING;
     DELETE FROM loose_transitions WHERE task_id = NEW.task_id;
-    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
-                                       reason, actor)
-    SELECT last_insert_rowid(), NEW.task_id, NEW.version, NEW.from_status, NEW.to_status,
-           NEW.at, NEW.reason, NEW.actor
-    WHERE NEW.version IS NOT NULL;
 END
 
 -- Only the columns a task's life changes: the identity columns (name, tags, bucket,
@@ -251,11 +256,12 @@ WHEN NEW.kind = 'life' BEGIN
         failure = NEW.failure, outcome = NEW.outcome
     WHERE task_id = NEW.task_id AND status_version = NEW.expect;
     SELECT RAISE(ABORT, 'chongming-task: status_version moved') WHERE changes() = 0;
-    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
-                                       reason, actor)
-    SELECT seq, NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at,
-           NEW.reason, NEW.actor
-    FROM tasks WHERE task_id = NEW.task_id AND NEW.version IS NOT NULL;
+    INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason,
+                             actor)
+    SELECT seq * 16777216 + NEW.version, NEW.task_id, NEW.version, NEW.from_status,
+           NEW.to_status, NEW.at, NEW.reason, NEW.actor
+    FROM tasks WHERE task_id = NEW.task_id AND NEW.version IS NOT NULL
+    ON CONFLICT DO NOTHING;
 END
 
 -- Schema 9 keys the trail by seq: made again at every migration, as the two above.
@@ -265,11 +271,12 @@ DROP TRIGGER IF EXISTS task_writes_trail
 -- name: schema_task_writes_trail
 CREATE TRIGGER task_writes_trail INSTEAD OF INSERT ON task_writes
 WHEN NEW.kind = 'trail' BEGIN
-    INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
-                                       reason, actor)
-    SELECT seq, NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at,
-           NEW.reason, NEW.actor
-    FROM tasks WHERE task_id = NEW.task_id;
+    INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason,
+                             actor)
+    SELECT seq * 16777216 + NEW.version, NEW.task_id, NEW.version, NEW.from_status,
+           NEW.to_status, NEW.at, NEW.reason, NEW.actor
+    FROM tasks WHERE task_id = NEW.task_id
+    ON CONFLICT DO NOTHING;
     INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at,
                                              reason, actor)
     SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
@@ -325,9 +332,9 @@ WHERE task_id = ?
 -- task is not held, or the version is there already); append_loose a row of one it does
 -- not hold.
 -- name: append
-INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at, reason,
-                                   actor)
-SELECT seq, ?1, ?2, ?3, ?4, ?5, ?6, ?7 FROM tasks WHERE task_id = ?1
+INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason, actor)
+SELECT seq * 16777216 + ?2, ?1, ?2, ?3, ?4, ?5, ?6, ?7 FROM tasks WHERE task_id = ?1
+ON CONFLICT DO NOTHING
 
 -- name: append_loose
 INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at, reason,
@@ -338,10 +345,11 @@ SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE ta
 -- the write view; nearly always there is none). Driven by the loose rows, a lookup in
 -- tasks each (CROSS JOIN keeps that order): the other way round reads every task.
 -- name: adopt_loose
-INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at, reason,
-                                   actor)
-SELECT t.seq, l.task_id, l.version, l.from_status, l.to_status, l.at, l.reason, l.actor
+INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason, actor)
+SELECT t.seq * 16777216 + l.version, l.task_id, l.version, l.from_status, l.to_status, l.at,
+       l.reason, l.actor
 FROM loose_transitions l CROSS JOIN tasks t WHERE t.task_id = l.task_id
+ON CONFLICT DO NOTHING
 
 -- name: adopt_loose_done
 DELETE FROM loose_transitions
@@ -350,7 +358,9 @@ WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = loose_transitions.task_id)
 -- name: history
 SELECT task_id, version, from_status, to_status, at, reason, actor
 FROM transitions
-WHERE seq = (SELECT seq FROM tasks WHERE task_id = ?1) AND task_id = ?1 AND version > ?2
+WHERE key BETWEEN (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216
+              AND (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216 + 16777215
+    AND task_id = ?1 AND version > ?2
 UNION ALL
 SELECT task_id, version, from_status, to_status, at, reason, actor
 FROM loose_transitions
@@ -392,7 +402,9 @@ ORDER BY created_at DESC, seq DESC LIMIT -1 OFFSET ?
 -- (before prune_task: it finds the trail by the task's seq)
 -- name: prune_history
 DELETE FROM transitions
-WHERE seq = (SELECT seq FROM tasks WHERE task_id = ?1) AND task_id = ?1
+WHERE key BETWEEN (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216
+              AND (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216 + 16777215
+    AND task_id = ?1
 
 -- name: prune_commands
 DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL
@@ -474,10 +486,12 @@ FROM (
 WHERE tasks.task_id = m.task_id
 
 -- name: lost_trail
-INSERT OR IGNORE INTO transitions (seq, task_id, version, from_status, to_status, at,
-                                   reason, actor)
-SELECT d.seq, d.task_id, d.version, d.from_status, 'lost', ?, v.reason, ?
+INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason, actor)
+SELECT d.seq * 16777216 + d.version, d.task_id, d.version, d.from_status, 'lost', ?,
+       v.reason, ?
 FROM lost_doomed d JOIN lost_verdicts v ON v.owner = d.owner
+WHERE 1
+ON CONFLICT DO NOTHING
 
 -- name: lost_marked
 SELECT task_id FROM lost_doomed
