@@ -349,6 +349,44 @@ def test_arguments_that_are_not_utf8_are_a_one_line_usage_error(
     assert "Traceback" not in stderr and result.stdout == b""
 
 
+def test_commands_other_than_migrate_leave_an_older_file_as_it_is(tmp_path: Path) -> None:
+    """A newer CLI against a file of an older schema (a fleet not upgraded yet): ``ps``,
+    ``show``, ``stop`` and the rest refuse with one line that says what to do, and leave
+    the file untouched, since nodes of the older release could not use it upgraded (and
+    some upgrades rebuild the trail while every process waits); ``migrate`` upgrades it."""
+    from chongming_task.stores.sqlite import SCHEMA_VERSION
+
+    db = tmp_path / "old.db"
+    store = SqliteTaskStore(db)
+    store.create(
+        TaskSnapshot(
+            task_id="t1",
+            name="n",
+            status=TaskStatus.QUEUED,
+            status_version=1,
+            created_at=datetime.now(UTC),
+        )
+    )
+    store.close()
+    raw = sqlite3.connect(db)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    raw.commit()
+    raw.close()
+    before = db.read_bytes()
+    for args in (("ps", "--all"), ("show", "t1"), ("stop", "t1"), ("stats",)):
+        result = cli(db, *args, check=False)
+        assert result.returncode == 1, (args, result.stderr)
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert f"has schema {SCHEMA_VERSION - 1}, older" in result.stderr, result.stderr
+        assert "migrate" in result.stderr and "Traceback" not in result.stderr
+        assert db.read_bytes() == before, args
+    cli(db, "migrate")
+    raw = sqlite3.connect(db)
+    assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    raw.close()
+    assert "t1" in cli(db, "ps", "--all").stdout
+
+
 _HOLD_WRITE_LOCK = """
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)

@@ -334,9 +334,14 @@ def cmd_web(ctx: Context) -> int:
         raise UsageError(
             f'the dashboard needs the [web] extra: pip install "chongming-task[web]" ({exc.name})'
         ) from None
-    aside = open_store(ctx.db, schema=a.pg_schema) if not is_postgres_dsn(ctx.db) else None
+    store = ctx.store()  # first: its errors are the ones to show
+    aside = (
+        None
+        if is_postgres_dsn(ctx.db)
+        else open_store(ctx.db, schema=a.pg_schema, create=False, upgrade=False)
+    )
     dashboard = Dashboard(
-        ctx.store(),
+        store,
         where=ctx.where(),
         num_buckets=ctx.policy.num_buckets,
         read_only=a.read_only,

@@ -78,7 +78,11 @@ class Context:
 
     def store(self, *, create: bool = False) -> TaskStore:
         if self._store is None:
-            self._store = open_store(self.db, create=create, schema=self.args.pg_schema)
+            # Only the commands that create (migrate, run) upgrade an older file: a node of
+            # the older release may still be using it.
+            self._store = open_store(
+                self.db, create=create, schema=self.args.pg_schema, upgrade=create
+            )
         return self._store
 
     def controller(self, *, owned: bool = False) -> Controller:

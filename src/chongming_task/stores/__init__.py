@@ -22,12 +22,17 @@ def is_postgres_dsn(target: str | Path) -> bool:
 
 
 def open_store(
-    target: str | Path = DEFAULT_DATABASE, *, create: bool = True, schema: str | None = None
+    target: str | Path = DEFAULT_DATABASE,
+    *,
+    create: bool = True,
+    schema: str | None = None,
+    upgrade: bool = True,
 ) -> TaskStore:
     """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
-    (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file."""
+    (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
+    ``upgrade=False`` refuses a SQLite file of an older schema (``SqliteTaskStore``)."""
     if is_postgres_dsn(target):
         from .postgres import DEFAULT_SCHEMA, PostgresTaskStore
 
         return PostgresTaskStore(str(target), schema=schema or DEFAULT_SCHEMA)
-    return SqliteTaskStore(target, create=create)
+    return SqliteTaskStore(target, create=create, upgrade=upgrade)

@@ -99,8 +99,18 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
     """
 
     def __init__(
-        self, path: str | Path = "chongming-task.db", *, create: bool = True, timeout: float = 30.0
+        self,
+        path: str | Path = "chongming-task.db",
+        *,
+        create: bool = True,
+        timeout: float = 30.0,
+        upgrade: bool = True,
     ) -> None:
+        """``create=False`` refuses a file that does not exist or holds no tasks table;
+        ``upgrade=False`` refuses a file of an older schema instead of upgrading it (the
+        CLI's commands other than ``migrate`` and ``run``: an upgraded file is one the
+        running nodes of an older release can no longer use, and some upgrades rebuild
+        the trail while every other process waits)."""
         self.path = str(path)
         self._lock = threading.RLock()  # re-entrant: methods run inside atomic()
         self._depth = 0  # > 0 while a write scope (or atomic()) holds the transaction
@@ -133,13 +143,13 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         try:
             with self._guard("open"):
-                self._open(memory=memory, create=create, timeout=timeout)
+                self._open(memory=memory, create=create, timeout=timeout, upgrade=upgrade)
         except StoreError:
             self._conn.close()
             self._closed = True
             raise
 
-    def _open(self, *, memory: bool, create: bool, timeout: float) -> None:
+    def _open(self, *, memory: bool, create: bool, timeout: float, upgrade: bool) -> None:
         """Configure the connection; create or upgrade the schema only when it is not
         current. Opening a current file writes nothing and takes no lock, so a reader
         (``ps``, ``show``) opens and reads under WAL while another process holds the write
@@ -160,6 +170,14 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                 f"{self.path} is not a chongming-task database (it has no tasks table"
                 f"{'; the file is empty' if Path(self.path).stat().st_size == 0 else ''}): "
                 "check --db, or create it with `chongming-task --db PATH migrate`"
+            )
+        if not upgrade and not memory and self._has_tables():
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            raise StoreError(
+                f"{self.path} has schema {version}, older than this chongming-task's "
+                f"({SCHEMA_VERSION}); it is not upgraded here, as nodes of the older release "
+                "could not use it after: upgrade the nodes, or stop them and run "
+                f"`chongming-task --db {self.path} migrate`"
             )
         # A new file gets small pages: every commit copies each page it dirtied into the
         # WAL, and a task's write dirties a few pages (its row, the status index, its
