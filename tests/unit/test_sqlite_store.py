@@ -970,7 +970,13 @@ def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
             "INSERT INTO transitions VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
             codec.transition_to_values(loose),
         )
-    else:
+    else:  # schema 10's loose table, without the CHECK on versions
+        raw.execute("DROP TABLE loose_transitions")
+        raw.execute(
+            "CREATE TABLE loose_transitions (task_id TEXT NOT NULL, version INTEGER NOT NULL, "
+            "from_status TEXT, to_status TEXT NOT NULL, at TEXT NOT NULL, reason TEXT, "
+            "actor TEXT, PRIMARY KEY (task_id, version)) WITHOUT ROWID"
+        )
         raw.execute(
             "INSERT INTO loose_transitions VALUES (?, ?, ?, ?, ?, ?, ?)",
             codec.transition_to_values(loose),
@@ -995,6 +1001,11 @@ def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
         ]
         assert [t.version for t in store.history("kept")] == [1, 2]
         assert [t.reason for t in store.history("loose")] == ["appended before its create"]
+        for table in ("transitions", "loose_transitions"):  # both hold versions to the key
+            (made,) = store._conn.execute(
+                "SELECT sql FROM sqlite_master WHERE name = ?", (table,)
+            ).fetchone()
+            assert "CHECK (version BETWEEN 0 AND 16777215)" in made, made
         store.create_many([_created("loose")])
         assert [t.reason for t in store.history("loose")] == ["appended before its create"]
         assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
@@ -1072,7 +1083,8 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
 def test_a_version_past_the_trail_key_fails_its_own_write_alone(tmp_path: Path) -> None:
     """The trail keys a row by seq * 16777216 + version: a version past 16777215 is
     refused with a clear error (never skipped, never written into the next task's
-    range), and only its own caller's write fails; the rest of its batch lands."""
+    range, never kept loose), and only its own caller's write fails; the rest of its
+    batch lands."""
     store = SqliteTaskStore(tmp_path / "cap.db")
     try:
         store.create_many([_created("a"), _created("b")])
@@ -1094,6 +1106,10 @@ def test_a_version_past_the_trail_key_fails_its_own_write_alone(tmp_path: Path) 
         with pytest.raises(StoreError):
             store.append(far[0])
         assert [t.version for t in store.history("b")] == [1]
+        # Nor does the loose trail take one (it could never join its task).
+        with pytest.raises(StoreError):
+            store.append(replace(_created("ghost")[1], version=16777216))
+        assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
     finally:
         store.close()
 

@@ -713,9 +713,15 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
         )
         conn.execute("DROP TABLE tasks")
         conn.execute("ALTER TABLE tasks_9 RENAME TO tasks")
-    conn.execute(_SQL["schema_loose_transitions"])
     trail_columns = ", ".join(codec.TRANSITION_COLUMNS)
     trail_values = ", ".join(f"r.{c}" for c in codec.TRANSITION_COLUMNS)
+    # The loose trail gains the trail's CHECK on versions (schema 11): made again too.
+    loose = _SQL["schema_loose_transitions"]
+    conn.execute(loose.replace("IF NOT EXISTS loose_transitions (", "loose_11 (", 1))
+    if _columns(conn, "loose_transitions"):  # schema 10
+        conn.execute(f"INSERT INTO loose_11 SELECT {trail_columns} FROM loose_transitions")
+        conn.execute("DROP TABLE loose_transitions")
+    conn.execute("ALTER TABLE loose_11 RENAME TO loose_transitions")
     conn.execute(made["transitions"].replace("IF NOT EXISTS transitions (", "trail_11 (", 1))
     # In key order, so each row lands at the right edge (in any other order, rows split
     # pages anywhere in the new tree).
@@ -726,8 +732,9 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
         "WHERE 1 ORDER BY 1 ON CONFLICT DO NOTHING"
     )
     conn.execute(
-        f"INSERT OR IGNORE INTO loose_transitions ({trail_columns}) SELECT {trail_values} "
-        "FROM transitions r WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = r.task_id)"
+        f"INSERT INTO loose_transitions ({trail_columns}) SELECT {trail_values} "
+        "FROM transitions r WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = r.task_id) "
+        "ON CONFLICT DO NOTHING"
     )
     conn.execute("DROP TABLE transitions")
     conn.execute("ALTER TABLE trail_11 RENAME TO transitions")

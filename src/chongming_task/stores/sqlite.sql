@@ -85,10 +85,12 @@ CREATE TABLE IF NOT EXISTS transitions (
 -- two passes through a temporary table, rows found or not: 50k of the 419k instructions
 -- a per-call task's commit took. From a table of its own, nearly always empty, it is
 -- a lookup that finds nothing.
+-- Its versions are held to the trail's range too (schema 11), so a row it takes can
+-- always join its task.
 -- name: schema_loose_transitions
 CREATE TABLE IF NOT EXISTS loose_transitions (
     task_id     TEXT NOT NULL,
-    version     INTEGER NOT NULL,
+    version     INTEGER NOT NULL CHECK (version BETWEEN 0 AND 16777215),
     from_status TEXT,
     to_status   TEXT NOT NULL,
     at          TEXT NOT NULL,
@@ -277,11 +279,12 @@ WHEN NEW.kind = 'trail' BEGIN
            NEW.to_status, NEW.at, NEW.reason, NEW.actor
     FROM tasks WHERE task_id = NEW.task_id
     ON CONFLICT DO NOTHING;
-    INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at,
-                                             reason, actor)
+    INSERT INTO loose_transitions (task_id, version, from_status, to_status, at, reason,
+                                   actor)
     SELECT NEW.task_id, NEW.version, NEW.from_status, NEW.to_status, NEW.at, NEW.reason,
            NEW.actor
-    WHERE changes() = 0 AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = NEW.task_id);
+    WHERE changes() = 0 AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = NEW.task_id)
+    ON CONFLICT DO NOTHING;
 END
 
 -- name: insert_task
@@ -337,9 +340,9 @@ SELECT seq * 16777216 + ?2, ?1, ?2, ?3, ?4, ?5, ?6, ?7 FROM tasks WHERE task_id 
 ON CONFLICT DO NOTHING
 
 -- name: append_loose
-INSERT OR IGNORE INTO loose_transitions (task_id, version, from_status, to_status, at, reason,
-                                         actor)
+INSERT INTO loose_transitions (task_id, version, from_status, to_status, at, reason, actor)
 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = ?1)
+ON CONFLICT DO NOTHING
 
 -- Every loose row whose task is now held moves to transitions (after a create outside
 -- the write view; nearly always there is none). Driven by the loose rows, a lookup in
