@@ -691,8 +691,9 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
     The trail is copied into the rowid table schema 11 keys by ``seq * 16777216 +
     version``, each row under the seq its task has now (found by ``task_id``), in key
     order; a row whose task is not held goes to ``loose_transitions`` (before schema 10
-    such rows waited in the trail under seq 0). The view's triggers are dropped first
-    (they name the old columns); the schema makes them again, with the indexes."""
+    such rows waited in the trail under seq 0), which is made again with the trail's
+    CHECK on versions. The view's triggers are dropped first (they name the old
+    columns); the schema makes them again, with the indexes."""
     for trigger in ("task_writes_new", "task_writes_life", "task_writes_trail"):
         conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     # For the copy alone: a page cache that holds the tables, and the old pages freed
