@@ -78,8 +78,8 @@ class Context:
 
     def store(self, *, create: bool = False) -> TaskStore:
         if self._store is None:
-            # Only the commands that create (migrate, run) upgrade an older file: a node of
-            # the older release may still be using it.
+            # Only the commands that create (migrate, and the nodes run and demo) upgrade
+            # an older file: a node of the older release may still be using it.
             self._store = open_store(
                 self.db, create=create, schema=self.args.pg_schema, upgrade=create
             )
