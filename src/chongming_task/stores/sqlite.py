@@ -704,10 +704,9 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
     ]
     conn.execute("PRAGMA cache_size = -524288")  # 512 MiB
     conn.execute("PRAGMA secure_delete = FAST")
-    made = {table: _SQL[f"schema_{table}"] for table in ("tasks", "transitions")}
     if _columns(conn, "tasks")[:1] != ["seq"]:  # before schema 9
         task_columns = ", ".join(codec.TASK_COLUMNS)
-        conn.execute(made["tasks"].replace("IF NOT EXISTS tasks (", "tasks_9 (", 1))
+        _make_as(conn, "tasks", "tasks_9")
         conn.execute(
             f"INSERT INTO tasks_9 (seq, {task_columns}) "
             f"SELECT rowid, {task_columns} FROM tasks ORDER BY rowid"
@@ -717,13 +716,12 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
     trail_columns = ", ".join(codec.TRANSITION_COLUMNS)
     trail_values = ", ".join(f"r.{c}" for c in codec.TRANSITION_COLUMNS)
     # The loose trail gains the trail's CHECK on versions (schema 11): made again too.
-    loose = _SQL["schema_loose_transitions"]
-    conn.execute(loose.replace("IF NOT EXISTS loose_transitions (", "loose_11 (", 1))
+    _make_as(conn, "loose_transitions", "loose_11")
     if _columns(conn, "loose_transitions"):  # schema 10
         conn.execute(f"INSERT INTO loose_11 SELECT {trail_columns} FROM loose_transitions")
         conn.execute("DROP TABLE loose_transitions")
     conn.execute("ALTER TABLE loose_11 RENAME TO loose_transitions")
-    conn.execute(made["transitions"].replace("IF NOT EXISTS transitions (", "trail_11 (", 1))
+    _make_as(conn, "transitions", "trail_11")
     # In key order, so each row lands at the right edge (in any other order, rows split
     # pages anywhere in the new tree).
     conn.execute(
@@ -741,6 +739,12 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE trail_11 RENAME TO transitions")
     for pragma in restore:
         conn.execute(pragma)
+
+
+def _make_as(conn: sqlite3.Connection, table: str, name: str) -> None:
+    """Make ``table`` as the schema makes it (its ``schema_`` block), named ``name``."""
+    made = _SQL[f"schema_{table}"]
+    conn.execute(made.replace(f"IF NOT EXISTS {table} (", f"{name} (", 1))
 
 
 def _life_request(

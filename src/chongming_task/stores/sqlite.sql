@@ -359,11 +359,10 @@ DELETE FROM loose_transitions
 WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = loose_transitions.task_id)
 
 -- name: history
-SELECT task_id, version, from_status, to_status, at, reason, actor
-FROM transitions
-WHERE key BETWEEN (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216
-              AND (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216 + 16777215
-    AND task_id = ?1 AND version > ?2
+SELECT tr.task_id, tr.version, tr.from_status, tr.to_status, tr.at, tr.reason, tr.actor
+FROM tasks t JOIN transitions tr
+    ON tr.key BETWEEN t.seq * 16777216 AND t.seq * 16777216 + 16777215
+WHERE t.task_id = ?1 AND tr.task_id = ?1 AND tr.version > ?2
 UNION ALL
 SELECT task_id, version, from_status, to_status, at, reason, actor
 FROM loose_transitions
