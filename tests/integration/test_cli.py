@@ -349,14 +349,8 @@ def test_arguments_that_are_not_utf8_are_a_one_line_usage_error(
     assert "Traceback" not in stderr and result.stdout == b""
 
 
-def test_commands_other_than_migrate_leave_an_older_file_as_it_is(tmp_path: Path) -> None:
-    """A newer CLI against a file of an older schema (a fleet not upgraded yet): ``ps``,
-    ``show``, ``stop`` and the rest refuse with one line that says what to do, and leave
-    the file untouched, since nodes of the older release could not use it upgraded (and
-    some upgrades rebuild the trail while every process waits); ``migrate`` upgrades it."""
-    from chongming_task.stores.sqlite import SCHEMA_VERSION
-
-    db = tmp_path / "old.db"
+def _store_with_one_task(db: Path) -> None:
+    """A SQLite file at ``db`` holding one queued task, ``t1``."""
     store = SqliteTaskStore(db)
     store.create(
         TaskSnapshot(
@@ -368,6 +362,17 @@ def test_commands_other_than_migrate_leave_an_older_file_as_it_is(tmp_path: Path
         )
     )
     store.close()
+
+
+def test_commands_other_than_migrate_leave_an_older_file_as_it_is(tmp_path: Path) -> None:
+    """A newer CLI against a file of an older schema (a fleet not upgraded yet): ``ps``,
+    ``show``, ``stop`` and the rest refuse with one line that says what to do, and leave
+    the file untouched, since nodes of the older release could not use it upgraded (and
+    some upgrades rebuild the trail while every process waits); ``migrate`` upgrades it."""
+    from chongming_task.stores.sqlite import SCHEMA_VERSION
+
+    db = tmp_path / "old.db"
+    _store_with_one_task(db)
     raw = sqlite3.connect(db)
     raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
     raw.commit()
@@ -402,14 +407,7 @@ def test_read_commands_read_while_another_process_holds_the_write_lock(tmp_path:
     any writer and failed after the 30 s busy timeout, and rewrote the header of a file
     it only read. Under WAL a reader never waits for a writer."""
     db = tmp_path / "busy.db"
-    store = SqliteTaskStore(db)
-    now = datetime.now(UTC)
-    store.create(
-        TaskSnapshot(
-            task_id="t1", name="n", status=TaskStatus.QUEUED, status_version=1, created_at=now
-        )
-    )
-    store.close()
+    _store_with_one_task(db)
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD_WRITE_LOCK, str(db)], stdout=subprocess.PIPE, text=True
     )
