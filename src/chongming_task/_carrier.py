@@ -36,7 +36,7 @@ from .values import (
 )
 
 if TYPE_CHECKING:
-    from ._writer import Writer
+    from ._writer import BehindWriter, Writer
     from .definitions import TaskDefinition
     from .run import TaskRun
     from .token import CancellationToken
@@ -64,7 +64,7 @@ class RunHost(WriteThroughHost, Protocol):
     rng: random.Random
     writethrough_buffer: int
     value_rules: ValueRules
-    writer: Writer | None
+    writer: Writer | BehindWriter | None
     """Where the worker's own writes go on a store with group commit (``None``: the
     worker writes them itself)."""
 
@@ -112,8 +112,12 @@ class Carrier:
     def _execute(self) -> None:
         """One attempt, on the calling (worker) thread. The start is written before the
         function is called, or (with a ``Writer``) handed to the writer: the function
-        runs while it is written."""
+        runs while it is written; or (with a ``BehindWriter``) left queued: a quick
+        task's end joins it, one write, and the writer writes it if the function runs
+        on (``BehindWriter.watch``)."""
         host = self._host
+        writer = host.writer
+        joins = writer is not None and writer.joins_start
         with self._lock:
             if self._snapshot.status is not S.QUEUED:
                 return  # cancelled or stopped while it waited
@@ -129,8 +133,12 @@ class Carrier:
                     self._deadline = host.clock.monotonic() + self.definition.timeout  # type: ignore[misc]  # a slot of TaskRun
                 if self.token.pause_requested:
                     self._apply(S.PAUSING, reason="pause requested before start")
-            taken = self._take_if_free()
-        self._write_taken(taken)
+            joins = joins and not stopped
+            taken = None if joins else self._take_if_free()
+        if joins and writer is not None:
+            writer.watch(cast("TaskRun", self))
+        else:
+            self._write_taken(taken)
         if stopped:
             return
         try:

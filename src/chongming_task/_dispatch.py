@@ -39,6 +39,9 @@ class Dispatcher(Protocol):
     def get(self) -> TaskRun | None:
         """Block until a run may start; ``None`` once closed."""
 
+    def backlog(self) -> bool:
+        """Whether runs are ready and waiting for a worker (a moment's reading)."""
+
     def done(self, run: TaskRun) -> None:
         """The carrier finished with ``run`` (whatever its outcome)."""
 
@@ -102,6 +105,9 @@ class FifoDispatcher:
             if item is not _WAKE:
                 return self._run(item)
 
+    def backlog(self) -> bool:
+        return not self._queue.empty()
+
     def _run(self, item: object) -> TaskRun | None:
         """The run an item of the queue is; ``None`` for the close mark."""
         if item is _CLOSE:
@@ -154,6 +160,9 @@ class FairDispatcher:
                 if run is not None:
                     return run
                 self._cond.wait(self._tick if self._delayed.heap else None)
+
+    def backlog(self) -> bool:
+        return bool(self._rotation)  # a bucket at its limit counts: its runs wait too
 
     def done(self, run: TaskRun) -> None:
         with self._cond:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ._dispatch import Dispatcher
     from ._registry import RunRegistry
     from ._workers import WorkerPool
-    from ._writer import Writer
+    from ._writer import BehindWriter, Writer
     from .pipelines import PipelineRunner
     from .run import TaskRun
 
@@ -54,7 +54,7 @@ class NodeHost:
         dispatcher: Dispatcher,
         workers: WorkerPool,
         pipelines: PipelineRunner,
-        writer: Writer | None,
+        writer: Writer | BehindWriter | None,
     ) -> None:
         self.owner = owner
         self.clock = clock

@@ -3,14 +3,16 @@
 A worker takes the next run from the dispatcher and executes it. A carrier whose task
 timed out and ignored its stop is abandoned (threads cannot be killed): its slot is
 freed and a fresh worker replaces it, so the pool keeps its size. On a store with group
-commit the worker's own writes (a run's start and end) go to the node's ``Writer``, and
-the worker takes its next run while they are written.
+commit the worker's own writes (a run's start and end) go to the node's writer, and
+the worker takes its next run while they are written; with a ``BehindWriter`` a worker
+that wakes for a run first ends the runs whose writes have landed (``woken``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._registry import RunRegistry
@@ -26,10 +28,20 @@ log = logging.getLogger("chongming_task.workers")
 
 
 class WorkerPool:
-    def __init__(self, *, registry: RunRegistry, dispatcher: Dispatcher, size: int) -> None:
+    def __init__(
+        self,
+        *,
+        registry: RunRegistry,
+        dispatcher: Dispatcher,
+        size: int,
+        woken: Callable[[], None] | None = None,
+    ) -> None:
+        """``woken`` is called by a worker each time it takes a run (a
+        ``BehindWriter``'s ``complete``: it ends the runs whose writes are committed)."""
         self.name = "chongming-workers"
         self._registry = registry
         self._dispatcher = dispatcher
+        self._woken = woken
         self._size = size
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -79,11 +91,13 @@ class WorkerPool:
                 thread.join(timeout)
 
     def _work(self) -> None:
-        registry, dispatcher = self._registry, self._dispatcher
+        registry, dispatcher, woken = self._registry, self._dispatcher, self._woken
         while True:
             run = dispatcher.get()
             if run is None:
                 return
+            if woken is not None:
+                woken()
             registry.started(run)
             try:
                 execute(run)

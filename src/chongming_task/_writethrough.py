@@ -75,6 +75,13 @@ class WriteThrough:
         self.dropped = 0
         self.last_error: BaseException | None = None  # of the latest failed write
 
+    def shares(self, snapshot: TaskSnapshot) -> bool:
+        """Whether the write of ``snapshot`` may share a store call with other tasks'
+        (``persist_together``): nothing buffered, not desynced, a version to write."""
+        return not (
+            self.desynced or self._buffer or snapshot.status_version == self.written_version
+        )
+
     @property
     def pending(self) -> int:
         """Transitions not yet in the store."""
@@ -199,14 +206,10 @@ def persist_together(
     with nothing buffered share one store call (``compare_and_write_together``: one
     statement on a store with group commit), the others persist alone. Each write stands
     alone: one's conflict or failure costs the others nothing."""
-    together = []
-    alone = []
+    together: list[tuple[WriteThrough, TaskSnapshot, tuple[Transition, ...]]] = []
+    alone: list[tuple[WriteThrough, TaskSnapshot, tuple[Transition, ...]]] = []
     for write in writes:
-        wt, snapshot, _ = write
-        if wt.desynced or wt._buffer or snapshot.status_version == wt.written_version:
-            alone.append(write)
-        else:
-            together.append(write)
+        (together if write[0].shares(write[1]) else alone).append(write)
     if len(together) == 1:
         alone += together
     elif together:

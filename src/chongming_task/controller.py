@@ -36,7 +36,7 @@ from ._signals import NotedSignals
 from ._submission import Ownership, Submitter, default_owner, new_task_id
 from ._supervision import Reconciler, ReconcileReport, Supervisor
 from ._workers import WorkerPool
-from ._writer import Writer
+from ._writer import BehindWriter, Writer
 from .clock import Clock, SystemClock
 from .definitions import Definitions, TaskDefinition, TaskRef
 from .errors import (
@@ -193,12 +193,24 @@ class Controller:
             leases=LeaseClock(self.capabilities, self._now),
         )
         # The services, each started at most once by _start(), all stopped by close().
-        self._workers = WorkerPool(
-            registry=self._registry, dispatcher=self._dispatcher, size=max_workers
-        )
         # On a store that commits side-by-side writes together, the workers' writes are
-        # made behind them, all that is queued in one store call.
-        self._writer = Writer() if self.capabilities.group_commit else None
+        # made behind them: queued by the workers themselves where the store can queue
+        # a write without waiting for it (SQLite), else by a writer thread, all that is
+        # queued in one store call.
+        write_behind = self.capabilities.write_behind
+        self._writer: Writer | BehindWriter | None = (
+            BehindWriter(write_behind, backlog=self._dispatcher.backlog)
+            if write_behind is not None
+            else Writer()
+            if self.capabilities.group_commit
+            else None
+        )
+        self._workers = WorkerPool(
+            registry=self._registry,
+            dispatcher=self._dispatcher,
+            size=max_workers,
+            woken=self._writer.complete if isinstance(self._writer, BehindWriter) else None,
+        )
         self._pipelines = PipelineRunner(owner=self.owner)
         self._supervisor = Supervisor(
             node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval

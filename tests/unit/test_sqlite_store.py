@@ -569,6 +569,85 @@ def test_the_nodes_writer_is_the_thread_whose_writes_may_wait(tmp_path: Path) ->
     assert waiting.rows["life"] >= 20 and callers.rows["life"] == 0
 
 
+def _stored_version(path: Path, task_id: str) -> int:
+    """The version another connection reads (what is committed)."""
+    other = sqlite3.connect(path)
+    try:
+        (version,) = other.execute(
+            "SELECT status_version FROM tasks WHERE task_id = ?", (task_id,)
+        ).fetchone()
+        return int(version)
+    finally:
+        other.close()
+
+
+def test_writes_queued_behind_ride_the_next_commit(tmp_path: Path) -> None:
+    """``write_transitions_behind`` returns at once with nothing committed; the next
+    caller's commit carries the writes (one statement), and each write's outcome is on
+    the handle: a conflict fails only its own."""
+    path = tmp_path / "b.db"
+    store = SqliteTaskStore(path)
+    store.create_many([_created("a"), _created("b")])
+    a, a_trail = _step("a", 2)
+    stale, stale_trail = _step("b", 5)
+    statements: list[str] = []
+    pending = store.write_transitions_behind([(a, 1, a_trail), (stale, 4, stale_trail)])
+    assert not pending.settled
+    assert _stored_version(path, "a") == 1  # nothing committed yet
+    store._conn.set_trace_callback(statements.append)
+    store.create_many([_created("c")])  # a caller's commit: takes them along
+    store._conn.set_trace_callback(None)
+    assert pending.settled
+    first, second = pending.errors()
+    assert first is None and isinstance(second, ConcurrencyConflict)
+    assert store.get("a") == a and [t.version for t in store.history("a")] == [1, 2]
+    stored_b = store.get("b")
+    assert stored_b is not None and stored_b.status_version == 1  # the loser wrote nothing
+    assert [t.version for t in store.history("b")] == [1]
+    assert store.get("c") is not None
+    views = {sql for sql in statements if sql.startswith("INSERT INTO task_writes")}
+    assert any("('new'" in sql and "('life'" in sql for sql in views), views  # one statement
+    pending.wait()  # settled: returns at once, as often as asked
+    pending.wait()
+    store.close()
+
+
+def test_writes_queued_behind_are_committed_by_serve_or_wait(tmp_path: Path) -> None:
+    path = tmp_path / "b.db"
+    store = SqliteTaskStore(path)
+    store.create_many([_created("a"), _created("b")])
+    a, a_trail = _step("a", 2)
+    b, b_trail = _step("b", 2)
+    served = store.write_transitions_behind([(a, 1, a_trail)])
+    served.serve()  # the store is free: committed now, on this thread
+    assert served.settled and served.errors() == [None] and _stored_version(path, "a") == 2
+    store._group._WAIT = 30.0  # a write that may wait is never due on its own
+    waited = store.write_transitions_behind([(b, 1, b_trail)])
+    store._lock.acquire()  # busy: wait() waits for whoever holds the store
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (waited.wait(), done.set()))
+    thread.start()
+    assert not done.wait(0.1) and not waited.settled
+    store._lock.release()  # released without serving: wait()'s own retry commits it
+    thread.join(10)
+    assert done.is_set() and waited.errors() == [None] and _stored_version(path, "b") == 2
+    store.close()
+
+
+def test_writes_queued_behind_inside_atomic_are_written_there(tmp_path: Path) -> None:
+    path = tmp_path / "b.db"
+    store = SqliteTaskStore(path)
+    store.create_many([_created("a")])
+    a, a_trail = _step("a", 2)
+    with pytest.raises(RuntimeError), store.atomic():
+        pending = store.write_transitions_behind([(a, 1, a_trail)])
+        assert pending.settled and pending.errors() == [None]
+        assert store.get("a") == a  # this thread sees its transaction
+        raise RuntimeError("undo")
+    assert _stored_version(path, "a") == 1 and [t.version for t in store.history("a")] == [1]
+    store.close()
+
+
 def test_a_conflict_in_a_batch_fails_only_its_own_caller(tmp_path: Path) -> None:
     from chongming_task import TaskAlreadyExists
 

@@ -28,6 +28,7 @@ from chongming_task import (
     Transition,
     WaitTimeout,
 )
+from chongming_task._writer import BehindWriter, Writer
 from tests.conftest import wait_until
 
 Make = Callable[..., Controller]
@@ -37,7 +38,11 @@ LIFE = [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
 
 class Held(SqliteTaskStore):
     """Holds every task write (of the task named ``hold``, if given) until ``release``
-    is set; records each together call's task ids."""
+    is set; records each together call's task ids. It hides the store's
+    ``write_transitions_behind``, so its node writes through the threaded ``Writer``
+    (the one a Postgres node has); ``test_behind_writer.py`` covers the other."""
+
+    write_transitions_behind = None  # type: ignore[assignment]  # not declared here
 
     def __init__(self, path: Path, hold: str | None = None) -> None:
         super().__init__(path)
@@ -135,9 +140,13 @@ def test_a_control_call_returns_once_its_transition_is_stored(
     assert stored_life(store, run.task_id) == [*LIFE[:3], S.STOPPING, S.STOPPED]
 
 
-def test_close_leaves_no_end_unwritten(tmp_path: Path) -> None:
-    store = SqliteTaskStore(tmp_path / "t.db")
+@pytest.mark.parametrize("store_class", [SqliteTaskStore, Held], ids=["behind", "threaded"])
+def test_close_leaves_no_end_unwritten(tmp_path: Path, store_class: type[SqliteTaskStore]) -> None:
+    store = store_class(tmp_path / "t.db")
+    if isinstance(store, Held):
+        store.release.set()
     c = Controller(store, max_workers=4)
+    assert isinstance(c._writer, BehindWriter if store_class is SqliteTaskStore else Writer)
     noop = c.task(lambda token: None, name="noop")
     runs = [c.submit(noop) for _ in range(200)]
     c.close(timeout=30)

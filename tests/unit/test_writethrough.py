@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from chongming_task import (
     CancellationToken,
@@ -161,6 +162,26 @@ def test_an_external_writer_desyncs_the_task_instead_of_being_overwritten(
     assert all(t.to_status is not S.SUCCEEDED for t in store.history(run.task_id))
 
 
+class _Failed:
+    """Queued writes that failed, one error: what a store's ``write_transitions_behind``
+    hands back for a write that could not be made."""
+
+    queued_at = 0.0
+    settled = True
+
+    def __init__(self, error: BaseException) -> None:
+        self._error = error
+
+    def errors(self) -> list[BaseException | None]:
+        return [self._error]
+
+    def serve(self) -> None:
+        pass
+
+    def wait(self) -> None:
+        pass
+
+
 def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
     make_controller: Make, tmp_path: Path
 ) -> None:
@@ -185,9 +206,16 @@ def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
                 snapshot, expect_version=expect_version, transitions=transitions
             )
 
+        def write_transitions_behind(self, writes: Sequence[Any]) -> Any:
+            if any(s.status is S.RUNNING for s, _, _ in writes) and not blipped.is_set():
+                blipped.set()
+                return _Failed(StoreError("network blip (injected)"))
+            return super().write_transitions_behind(writes)
+
     def after_the_blip(token: CancellationToken) -> str:
-        # The start is written behind the worker (the writer thread): end only once it
-        # failed, so the end is a write of its own, which catches the start up.
+        # The start is written while the function runs (the node's writer hands it
+        # over): end only once it failed, so the end is a write of its own, which
+        # catches the start up.
         assert blipped.wait(5)
         return "done"
 

@@ -40,6 +40,7 @@ __all__ = [
     "LIFE_FILLS",
     "NEW_FILLS",
     "WRITE_VIEW_COLUMNS",
+    "Behind",
     "GroupCommit",
     "WriteRequest",
     "adopt_loose",
@@ -252,6 +253,34 @@ _MAX_BATCH = 256
 _ONE_CALLERS_FAULT = (sqlite3.IntegrityError, UnicodeEncodeError)
 
 
+class Behind:
+    """Requests queued by ``GroupCommit.behind``, not waited for: what the store's
+    ``write_transitions_behind`` returns (``PendingWrites``)."""
+
+    __slots__ = ("_group", "_requests", "queued_at")
+
+    def __init__(self, group: GroupCommit, requests: Sequence[WriteRequest], at: float) -> None:
+        self._group = group
+        self._requests = requests
+        self.queued_at = at
+
+    @property
+    def settled(self) -> bool:
+        # Batches go in queue order, and a batch settles its requests in order: the
+        # last settled, they all are.
+        return not self._requests or self._requests[-1].settled
+
+    def errors(self) -> list[BaseException | None]:
+        return [request.error for request in self._requests]
+
+    def serve(self) -> None:
+        if self._requests:
+            self._group.serve(self._requests[-1])
+
+    def wait(self) -> None:
+        self._group.settle(self._requests, GroupCommit._RETRY)
+
+
 class GroupCommit:
     """Group commit for the write-through and submit paths, by flat combining: a thread
     that finds the connection free commits its own write and every write queued by other
@@ -328,21 +357,37 @@ class GroupCommit:
         # Queue first, then try the lock: if the try fails, the holder has not released
         # yet, and it looks at the queue after releasing (see serve()); a write that may
         # wait, it leaves for up to _WAIT, and its own thread comes back for it then.
-        wait = self._RETRY
         if writes_can_wait():
-            wait = self._WAIT
-            now = time.monotonic()
-            for request in requests:
-                request.queued_at = now
-            self._waiting.extend(requests)
+            self.behind(requests)
+            self.settle(requests, self._WAIT)
         else:
             self._queue.extend(requests)
+            self.settle(requests, self._RETRY)
+
+    def behind(self, requests: Sequence[WriteRequest]) -> Behind:
+        """Queue ``requests`` as writes that may wait, and return at once: they ride the
+        next batch committed, or ``serve()`` / ``settle()`` commits them."""
+        now = time.monotonic()
+        for request in requests:
+            request.queued_at = now
+        self._waiting.extend(requests)
+        return Behind(self, requests, now)
+
+    def settle(self, requests: Sequence[WriteRequest], wait: float) -> None:
+        """Return once each of ``requests`` (queued) is committed or has failed:
+        commit them if the lock is free, else wait for whoever holds it (looking again
+        after ``wait``, then every ``_RETRY``)."""
+        if not requests:
+            return
         last = requests[-1]  # batches go in queue order: the others settle before it
         self.serve(last)
         for request in requests:
+            if request.settled:
+                continue  # its done lock stays released: settling again never blocks
             while not request.done.acquire(timeout=wait):
                 self.serve(last)
                 wait = self._RETRY  # past _WAIT: whoever releases the lock commits it
+            request.done.release()
 
     def serve(self, mine: WriteRequest | None = None) -> None:
         """Commit queued writes, a batch at a time, while there are some and the store's

@@ -32,6 +32,7 @@ __all__ = [
     "DeclaresValueRules",
     "PartialCreate",
     "PartialWrite",
+    "PendingWrites",
     "SupportsAtomic",
     "SupportsCommandLog",
     "SupportsCommandWakeups",
@@ -46,6 +47,7 @@ __all__ = [
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsTransitionWakeups",
+    "SupportsWriteBehind",
     "SupportsWriteTogether",
     "SupportsWriteTransitions",
     "Verdict",
@@ -104,6 +106,44 @@ class SupportsWriteTogether(Protocol):
         statement. Each write stands alone: its own compare-and-set, all of it or none
         of it; one write's conflict or bad value never fails another. Returns each
         write's error (``None``: committed), in order; raises nothing for one write."""
+        ...
+
+
+class PendingWrites(Protocol):
+    """Writes a store has queued (``write_transitions_behind``) and not yet committed."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether every write is committed or has failed (``errors`` is then final)."""
+        ...
+
+    @property
+    def queued_at(self) -> float:
+        """When the writes were queued (``time.monotonic()``)."""
+        ...
+
+    def errors(self) -> list[BaseException | None]:
+        """Each write's error (``None``: committed), in order; once ``settled``."""
+        ...
+
+    def serve(self) -> None:
+        """Commit them now if the store is free (never waits); else they ride the commit
+        of whoever has it."""
+        ...
+
+    def wait(self) -> None:
+        """Commit them (or wait for whoever is committing them) and return once settled."""
+        ...
+
+
+@runtime_checkable
+class SupportsWriteBehind(Protocol):
+    def write_transitions_behind(self, writes: Sequence[LifeWrite]) -> PendingWrites:
+        """``write_transitions_together``, queued and not waited for: returns at once,
+        having committed nothing (unless the caller is inside ``atomic()``: then written
+        there). The writes ride the next commit made on this store (another caller's),
+        or ``serve()`` / ``wait()`` on what is returned commits them. Each write stands
+        alone, as with ``write_transitions_together``."""
         ...
 
 

@@ -39,6 +39,7 @@ from ._supports import (
     LifeWrite,
     PartialCreate,
     PartialWrite,
+    PendingWrites,
     SupportsAtomic,
     SupportsCommandLog,
     SupportsCommandWakeups,
@@ -53,6 +54,7 @@ from ._supports import (
     SupportsStorageClock,
     SupportsTaskScan,
     SupportsTransitionWakeups,
+    SupportsWriteBehind,
     SupportsWriteTogether,
     SupportsWriteTransitions,
     Verdict,
@@ -66,6 +68,7 @@ __all__ = [
     "DeclaresValueRules",
     "PartialCreate",
     "PartialWrite",
+    "PendingWrites",
     "SupportsAtomic",
     "SupportsCommandLog",
     "SupportsCommandWakeups",
@@ -80,6 +83,7 @@ __all__ = [
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsTransitionWakeups",
+    "SupportsWriteBehind",
     "SupportsWriteTogether",
     "SupportsWriteTransitions",
     "Verdict",
@@ -112,6 +116,7 @@ class Capabilities:
         "group_commit",
         "store",
         "value_rules",
+        "write_behind",
     )
 
     def __init__(self, store: TaskStore) -> None:
@@ -134,6 +139,11 @@ class Capabilities:
         self._write_together = (
             store.write_transitions_together if isinstance(store, SupportsWriteTogether) else None
         )
+        self.write_behind: Callable[[Sequence[LifeWrite]], PendingWrites] | None = (
+            store.write_transitions_behind if isinstance(store, SupportsWriteBehind) else None
+        )
+        """The store's ``write_transitions_behind`` (``None`` without one): a node's
+        workers queue their writes with it and go on (``BehindWriter``)."""
         self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
         self._renew_leases = store.renew_leases if isinstance(store, SupportsRenewLeases) else None
         self._mark_expired = (

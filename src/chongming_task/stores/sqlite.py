@@ -18,6 +18,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
@@ -47,7 +48,7 @@ from ._sql import (
     verdicts_of_expired,
 )
 from ._sqlite_checkpoint import Checkpointer
-from ._sqlite_group import GroupCommit, Row, WriteRequest, adopt_loose, append_rows
+from ._sqlite_group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
 from ._sqlite_scopes import ReadScope, WriteScope
 from ._supports import LifeWrite
 from .capabilities import Verdict
@@ -481,6 +482,19 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         requests = [_life_request(*write) for write in writes]
         self._group_write_all(requests)
         return [request.error for request in requests]
+
+    def write_transitions_behind(self, writes: Sequence[LifeWrite]) -> Behind:
+        """Optional capability (``SupportsWriteBehind``): ``write_transitions_together``,
+        queued to the group commit and not waited for. The writes ride the next batch
+        anyone commits (a ``submit``'s create, say), or ``serve()`` / ``wait()`` on what
+        is returned commits them; inside ``atomic()`` they are written at once."""
+        requests = [_life_request(*write) for write in writes]
+        if self._holder != threading.get_ident():
+            return self._group.behind(requests)
+        self._group_write_all(requests)  # this thread holds the transaction: here, now
+        for request in requests:
+            request.settled = True
+        return Behind(self._group, requests, time.monotonic())
 
     def _group_write(self, request: WriteRequest) -> None:
         """Commit ``request`` (``_group_write_all``); raise its error."""
