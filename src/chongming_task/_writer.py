@@ -172,23 +172,26 @@ class BehindWriter:
     under its write lock).
 
     What loosens: a reader of the store sees a running task ``queued`` until its start
-    is written, up to ``HAND_OVER`` and a tick and a commit (about 2 ms). Were the node
+    is written, up to ``HAND_OVER`` and a tick and a commit (about 6 ms). Were the node
     to die meanwhile, the task is active under a dead lease and ``reconcile()`` marks it
     ``lost``, "outcome unknown", which is the truth.
 
     Why: the threaded ``Writer`` woke its thread for every run's start, and again when
     the commit carrying it landed; on a loop of ``submit`` each wake came while the
-    submitting thread waited for the interpreter's lock. Here one worker wakes a run.
-    Per-call ``submit`` on SQLite: 12 alternating pairs, 10 won, median 31 us a task
-    less (docs/benchmarks.md, twentieth session).
+    submitting thread waited for the interpreter's lock. Here one worker wakes a run:
+    per-call ``submit`` on SQLite went from 4,605-5,896 to 6,038-6,818 tasks/s
+    (``bench/throughput.py``, alternating runs; docs/benchmarks.md, twentieth session).
     """
 
     name = "chongming-writer"
     joins_start = True
     """A worker leaves a run's start queued, to join its end (``watch``)."""
 
-    TICK = 0.001
-    HAND_OVER = 0.0005
+    TICK = 0.005
+    """How often the thread looks while anything is pending: each look holds the
+    interpreter's lock a moment (at 1 ms, per-call ``submit`` was ~8 % slower)."""
+    HAND_OVER = 0.001
+    """How long a start or a write may be left for its worker or a caller's commit."""
 
     def __init__(
         self,
@@ -251,6 +254,7 @@ class BehindWriter:
         if self._thread is None:  # not started: written here and now
             run._write_held(taken)
             return
+        self._starts.pop(run, None)  # its start (if it was left queued) is taken: in here
         pending, snapshot = run._take_more(taken)
         wt = run._wt
         entry: Behind | None = None
