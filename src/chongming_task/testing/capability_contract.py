@@ -38,6 +38,7 @@ from ..stores.capabilities import (
     SupportsStorageClock,
     SupportsTaskScan,
     SupportsTransitionWakeups,
+    SupportsWriteBehind,
     SupportsWriteTogether,
     SupportsWriteTransitions,
 )
@@ -156,6 +157,39 @@ class CapabilityContract(ContractBase):
                     errors = store.write_transitions_together([(s4, 1, t4), (s2, 1, t2)])
                 assert errors[0] is None and isinstance(errors[1], ConcurrencyConflict)
                 assert store.get("w4") == s4 and store.history("w4") == t4
+
+    def test_capability_write_behind_lands_each_write_on_its_own(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsWriteBehind, "write_transitions_behind()")
+            assert isinstance(store, SupportsWriteBehind)
+            for task_id in ("b1", "b2"):
+                store.create(self.snapshot(task_id))
+                store.append(self.transition(task_id, 1, TaskStatus.QUEUED))
+            trails = {
+                task_id: [
+                    self.transition(task_id, 2, TaskStatus.RUNNING, from_status=TaskStatus.QUEUED)
+                ]
+                for task_id in ("b1", "b2")
+            }
+            s1, s2 = (
+                self.snapshot(t, status=TaskStatus.RUNNING, status_version=2, started_at=at(1))
+                for t in ("b1", "b2")
+            )
+            # b2 expects a version it does not have: its write fails alone, b1's lands.
+            pending = store.write_transitions_behind([(s1, 1, trails["b1"]), (s2, 5, trails["b2"])])
+            pending.wait()  # committed (or failed) once it returns, and again at once
+            pending.wait()
+            assert pending.settled
+            first, second = pending.errors()
+            assert first is None and isinstance(second, ConcurrencyConflict)
+            assert store.get("b1") == s1 and store.history("b1")[-1] == trails["b1"][0]
+            stored = store.get("b2")
+            assert stored is not None and stored.status_version == 1
+            assert len(store.history("b2")) == 1  # nothing of it written
+            served = store.write_transitions_behind([(s2, 1, trails["b2"])])
+            served.serve()  # the store is free: committed now (else it rides another's)
+            served.wait()
+            assert served.errors() == [None] and store.get("b2") == s2
 
     def test_capability_renew_leases_sets_only_the_lease_of_the_listed_tasks(self) -> None:
         with self._store() as store:
