@@ -50,19 +50,16 @@ __all__ = ["BehindWriter", "Writer"]
 log = logging.getLogger("chongming_task.writer")
 
 
-class Writer:
-    """One thread that writes the runs handed to it, all that is queued at once."""
+class _WriterThread:
+    """What both writers share: their thread's start, stop and join."""
 
     name = "chongming-writer"
-    joins_start = False
-    """A worker hands a run's start over at once (``TaskRun._execute``)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[tuple[TaskRun, Taken]] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._gone = False  # the thread has drained the queue and ended
+        self._gone = False  # the thread has drained what it had: put() writes itself
 
     @property
     def started(self) -> bool:
@@ -77,6 +74,30 @@ class Writer:
             self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        """End once everything handed over is written."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def join(self, timeout: float | None) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class Writer(_WriterThread):
+    """One thread that writes the runs handed to it, all that is queued at once."""
+
+    joins_start = False
+    """A worker hands a run's start over at once (``TaskRun._execute``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: deque[tuple[TaskRun, Taken]] = deque()
+
     def put(self, run: TaskRun, taken: Taken) -> None:
         """Write ``taken`` (``run``'s write lock held: the writer lets go of it). Once
         the writer has ended (or before it started), written here and now."""
@@ -88,12 +109,6 @@ class Writer:
                 return
         run._write_held(taken)
 
-    def stop(self) -> None:
-        """End once everything queued is written."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-
     def watch(self, run: TaskRun) -> None:
         """``run``'s start is queued, its write lock free: handed over now (a worker
         does that itself, ``joins_start`` being false)."""
@@ -101,10 +116,6 @@ class Writer:
             taken = run._take_if_free()
         if taken is not None:
             self.put(run, taken)
-
-    def join(self, timeout: float | None) -> None:
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
     def _loop(self) -> None:
         let_writes_wait()  # nobody waits on these writes as a caller of submit does
@@ -148,7 +159,7 @@ Behind = tuple["PendingWrites", "TaskRun", tuple["Transition", ...], "TaskSnapsh
 """A write queued behind: the store's handle, the run, its transitions, its snapshot."""
 
 
-class BehindWriter:
+class BehindWriter(_WriterThread):
     """On a store that queues writes without waiting (``SupportsWriteBehind``: SQLite),
     a worker writes its run's start and end itself and never waits, and no thread is
     woken for them.
@@ -183,7 +194,6 @@ class BehindWriter:
     (``bench/throughput.py``, alternating runs; docs/benchmarks.md, twentieth session).
     """
 
-    name = "chongming-writer"
     joins_start = True
     """A worker leaves a run's start queued, to join its end (``watch``)."""
 
@@ -202,37 +212,13 @@ class BehindWriter:
         """``write_behind`` is the store's ``write_transitions_behind``; ``backlog``
         says whether runs wait in the dispatcher (a worker then leaves its write to ride
         with the next ones)."""
+        super().__init__()
         self._write_behind = write_behind
         self._backlog = backlog
-        self._cond = threading.Condition(threading.Lock())
-        self._pending: deque[Behind] = deque()  # in queue order; taken by complete()
+        self._pending: deque[Behind] = deque()  # queued writes; leave once settled
         self._starts: dict[TaskRun, float] = {}  # runs whose start is left queued, since
         self._completing = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
         self._idle = False  # the thread sleeps until something is pending
-        self._gone = False  # the thread has drained what was pending: put() writes itself
-
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
-    def start(self) -> None:
-        with self._cond:
-            if self._thread is not None or self._stopping:
-                return
-            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End once everything pending is written and its runs ended."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-
-    def join(self, timeout: float | None) -> None:
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
     def watch(self, run: TaskRun) -> None:
         """``run``'s start is queued and its write lock free: written by whoever takes
@@ -343,9 +329,9 @@ class BehindWriter:
     def _look(self, due: float) -> None:
         """One pass: write the starts left queued since before ``due``, commit the
         writes queued since before it, end the runs whose writes are committed."""
-        for run, since in list(self._starts.items()):
-            if since <= due:
-                del self._starts[run]
+        starts = self._starts
+        for run, since in list(starts.items()):
+            if since <= due and starts.pop(run, None) is not None:  # not taken meanwhile
                 self._hand_over(run)
         for handle, *_ in list(self._pending):
             if not handle.settled and handle.queued_at <= due:
