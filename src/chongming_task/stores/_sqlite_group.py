@@ -298,11 +298,13 @@ class GroupCommit:
     thread was measured too: two thread hand-offs per write cost ~90 us on the reference
     VM.)
 
-    Writes that may wait (``let_writes_wait``: the node's writer thread, behind the
-    workers) are the exception: a thread that has committed its own write leaves them
-    queued unless a caller's write is queued too, so they ride with the next caller's
-    write (a loop of ``submit``: a run's end shares the next create's commit, 1.45
-    commits a task became 1.0); past ``_WAIT`` their own thread commits them.
+    Writes that may wait (``behind()``: the workers' writes, queued and not waited for;
+    or any write of a thread marked ``let_writes_wait``) are the exception: a thread
+    that has committed its own write leaves them queued unless a caller's write is
+    queued too, so they ride with the next caller's write (a loop of ``submit``: a run's
+    end shares the next create's commit, 1.45 commits a task became 1.0); past
+    ``_WAIT`` the thread that waits on them commits them (``settle()``), and writes
+    queued behind are committed by whoever serves them (the node's ``BehindWriter``).
 
     If the statement fails on a constraint (a compare-and-set found another version, or
     a new id exists), nothing of the batch was written: it is redone request by request
