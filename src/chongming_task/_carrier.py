@@ -135,8 +135,8 @@ class Carrier:
                     self._apply(S.PAUSING, reason="pause requested before start")
             joins = joins and not stopped
             taken = None if joins else self._take_if_free()
-        if joins and writer is not None:
-            writer.watch(cast("TaskRun", self))
+        if joins:
+            cast("BehindWriter", writer).watch(cast("TaskRun", self))
         else:
             self._write_taken(taken)
         if stopped:

@@ -109,14 +109,6 @@ class Writer(_WriterThread):
                 return
         run._write_held(taken)
 
-    def watch(self, run: TaskRun) -> None:
-        """``run``'s start is queued, its write lock free: handed over now (a worker
-        does that itself, ``joins_start`` being false)."""
-        with run._lock:
-            taken = run._take_if_free()
-        if taken is not None:
-            self.put(run, taken)
-
     def _loop(self) -> None:
         let_writes_wait()  # nobody waits on these writes as a caller of submit does
         queue = self._queue

@@ -1,11 +1,11 @@
 """On a store that queues writes without waiting for them (``SupportsWriteBehind``:
 SQLite), a node's workers write their runs' starts and ends themselves and never wait
-(``BehindWriter``). What must hold, as with the threaded writer (``test_writer.py``):
-``wait()`` returns only once the end is in the store; a control call returns only once
-its transition is; every transition reaches the trail in order; one write's conflict
-or failure costs the others nothing. And what is new: a quick task's start and end are
-one write; a task that runs on has its start written while it runs; the writes ride
-other callers' commits."""
+(``BehindWriter``). What must hold, as with the threaded writer (``test_writer.py``,
+whose tests of held writes and control calls run on both): ``wait()`` returns only once
+the end is in the store; a control call returns only once its transition is; every
+transition reaches the trail in order; one write's conflict or failure costs the others
+nothing. And what is new: a quick task's start and end are one write; a task that runs
+on has its start written while it runs; the writes ride other callers' commits."""
 
 from __future__ import annotations
 
@@ -21,11 +21,9 @@ import pytest
 from chongming_task import (
     CancellationToken,
     Controller,
-    ControlOutcome,
     SqliteTaskStore,
     StoreError,
     TaskStatus,
-    WaitTimeout,
 )
 from chongming_task._writer import BehindWriter
 from chongming_task.stores._supports import LifeWrite, PendingWrites
@@ -152,69 +150,6 @@ def test_a_task_that_runs_on_has_its_start_written_meanwhile(
     assert run.wait(10).outcome == "done"
     assert stored_life(reader, run.task_id) == LIFE
     reader.close()
-
-
-def test_workers_run_on_while_their_writes_are_held(tmp_path: Path, make_controller: Make) -> None:
-    """Every write held: the workers still run every task's function, and no waiter is
-    released (no end is in the store). Released: every task lands, whole trail."""
-    store = Held(tmp_path / "t.db")
-    c = make_controller(store, max_workers=4)
-    ran: list[int] = []
-
-    @c.task(name="double")
-    def double(token: CancellationToken, n: int) -> int:
-        ran.append(n)
-        return 2 * n
-
-    runs = [c.submit(double, n) for n in range(40)]
-    wait_until(lambda: len(ran) == 40, what="every function to run, writes held")
-    assert store.holding.is_set()
-    with pytest.raises(WaitTimeout):
-        runs[-1].wait(0.1)  # its end is not in the store
-    assert not any(run.done() for run in runs)
-    assert all(stored.status is S.QUEUED for stored in store.query())
-    store.release.set()
-    for n, run in enumerate(runs):
-        final = run.wait(10)
-        assert final.status is S.SUCCEEDED and final.outcome == 2 * n
-        stored = store.get(run.task_id)
-        assert stored is not None and stored.status is S.SUCCEEDED and stored.outcome == 2 * n
-        assert stored_life(store, run.task_id) == LIFE
-    assert not c.desynced_tasks and all(run.written for run in runs)
-
-
-def test_a_control_call_returns_once_its_transition_is_stored(
-    tmp_path: Path, make_controller: Make
-) -> None:
-    """The run's start, handed over while its function runs, is held: ``stop()`` waits
-    for it (whoever holds a run's write lock writes what is queued before letting go),
-    and once it returns the store has the stop."""
-    store = Held(tmp_path / "t.db")
-    c = make_controller(store, max_workers=1)
-    running = threading.Event()
-
-    @c.task(name="loop")
-    def loop(token: CancellationToken) -> None:
-        running.set()
-        while True:
-            token.checkpoint()
-            token.sleep(0.01)
-
-    run = c.submit(loop)
-    assert running.wait(5) and store.holding.wait(5)
-    outcome: list[ControlOutcome] = []
-    stopper = threading.Thread(target=lambda: outcome.append(run.stop(reason="enough")))
-    stopper.start()
-    stopper.join(0.3)
-    assert stopper.is_alive() and not outcome  # its write waits behind the held start
-    store.release.set()
-    stopper.join(5)
-    assert outcome == [ControlOutcome.STOPPING]
-    stored = store.get(run.task_id)
-    assert stored is not None and stored.status in (S.STOPPING, S.STOPPED)
-    assert stored_life(store, run.task_id)[:4] == [S.QUEUED, S.STARTING, S.RUNNING, S.STOPPING]
-    assert run.wait(5).status is S.STOPPED
-    assert stored_life(store, run.task_id) == [*LIFE[:3], S.STOPPING, S.STOPPED]
 
 
 def test_a_conflict_costs_the_other_writes_nothing(
