@@ -55,6 +55,12 @@ states.check("(any task)", S.QUEUED, S.STARTING)
 states.check("(any task)", S.STARTING, S.RUNNING)
 states.check("(any task)", S.RUNNING, S.SUCCEEDED)
 
+# The members that path names, as module globals. On Python 3.11 ``EnumType`` defines
+# ``__getattr__``, so every ``S.RUNNING`` goes through the slow attribute hook: ~1,100
+# instructions each, ten a task life (7 % of the in-memory life, counted by
+# bench/runtime_instructions.py); a global is one specialised load.
+_QUEUED, _STARTING, _RUNNING, _SUCCEEDED = S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED
+
 
 class RunHost(WriteThroughHost, Protocol):
     """What a run needs from its controller."""
@@ -119,7 +125,7 @@ class Carrier:
         writer = host.writer
         joins = writer is not None and writer.joins_start
         with self._lock:
-            if self._snapshot.status is not S.QUEUED:
+            if self._snapshot.status is not _QUEUED:
                 return  # cancelled or stopped while it waited
             attempt = self._snapshot.attempt + 1
             self.token.attempt = attempt
@@ -172,8 +178,8 @@ class Carrier:
         starting = trusted_transition(
             task_id=task_id,
             version=version,
-            from_status=S.QUEUED,
-            to_status=S.STARTING,
+            from_status=_QUEUED,
+            to_status=_STARTING,
             at=now,
             reason=f"attempt {attempt}",
             actor=owner,
@@ -181,15 +187,15 @@ class Carrier:
         running = trusted_transition(
             task_id=task_id,
             version=version + 1,
-            from_status=S.STARTING,
-            to_status=S.RUNNING,
+            from_status=_STARTING,
+            to_status=_RUNNING,
             at=now,
             reason=None,
             actor=owner,
         )
         # No activity to merge: a retry's snapshot has its last attempt's already (the
         # transition back to queued merged it, and nothing reports while it waits).
-        snapshot = _started(current, S.RUNNING, version + 1, attempt, now, None)
+        snapshot = _started(current, _RUNNING, version + 1, attempt, now, None)
         self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
         self._history += (starting, running)
         unwritten = self._unwritten
@@ -232,7 +238,7 @@ class Carrier:
         lock). Caller holds the lock. A run that is not ``running`` (pausing, stopping)
         or that reported activity (merged by ``_apply``) takes ``_apply``."""
         current = self._snapshot
-        if current.status is not S.RUNNING or self.token.checkpointed:
+        if current.status is not _RUNNING or self.token.checkpointed:
             self._apply(S.SUCCEEDED, outcome=outcome, failure=None)
             return
         host = self._host
@@ -240,12 +246,12 @@ class Carrier:
         if now.tzinfo is not UTC:  # inline: SystemClock's reading is UTC already
             now = utc(now, "clock.now()")
         version = current.status_version + 1
-        self._snapshot = _succeeded(current, S.SUCCEEDED, version, now, outcome, None)  # type: ignore[misc]  # a slot of TaskRun
+        self._snapshot = _succeeded(current, _SUCCEEDED, version, now, outcome, None)  # type: ignore[misc]  # a slot of TaskRun
         ended = trusted_transition(
             task_id=current.task_id,
             version=version,
-            from_status=S.RUNNING,
-            to_status=S.SUCCEEDED,
+            from_status=_RUNNING,
+            to_status=_SUCCEEDED,
             at=now,
             reason=None,
             actor=host.owner,

@@ -66,6 +66,8 @@ __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 
 log = logging.getLogger("chongming_task.controller")
 
+_OPEN = NodeState.OPEN
+
 _running: set[Controller] = set()
 """Controllers with a service started and not yet closed (their threads hold them)."""
 
@@ -289,7 +291,7 @@ class Controller:
     # -- lifecycle: the one place services start -------------------------------------------------
 
     def _accepting(self) -> bool:
-        return self._state is NodeState.OPEN
+        return self._state is _OPEN  # every submit: a global, not an Enum attribute (_carrier)
 
     def _start(self, *services: Service) -> None:
         """Start each service at most once, and never once ``close()`` has begun. A
