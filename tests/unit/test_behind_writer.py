@@ -23,6 +23,8 @@ from chongming_task import (
     Controller,
     SqliteTaskStore,
     StoreError,
+    TaskDefinition,
+    TaskRun,
     TaskStatus,
 )
 from chongming_task._writer import BehindWriter
@@ -100,6 +102,48 @@ def stored_life(store: SqliteTaskStore, task_id: str) -> list[S]:
     return [t.to_status for t in store.history(task_id)]
 
 
+def conflict_tasks(
+    c: Controller, outsider: SqliteTaskStore, gated: threading.Event
+) -> tuple[TaskDefinition, TaskDefinition, TaskDefinition]:
+    """The conflict tests' tasks (both writers'): ``gate`` sets ``gated`` (its write is
+    the one a ``Held`` store holds), ``moved`` is moved in the store by ``outsider``
+    while it runs, ``next`` returns 7."""
+
+    @c.task(name="gate")
+    def hold(token: CancellationToken) -> None:
+        gated.set()
+
+    @c.task(name="moved")
+    def moved(token: CancellationToken) -> None:
+        stored = outsider.get(token.task_id)
+        assert stored is not None
+        outsider.save(
+            replace(stored, status_version=stored.status_version + 1),
+            expect_version=stored.status_version,
+        )
+
+    @c.task(name="next")
+    def step(token: CancellationToken) -> int:
+        return 7
+
+    return hold, moved, step
+
+
+def assert_only_the_moved_task_desynced(
+    c: Controller, store: SqliteTaskStore, moved: TaskRun, beside: TaskRun
+) -> None:
+    """``moved``'s write conflicted: desynced, and the store keeps the outsider's
+    version; ``beside``, written with it, landed whole."""
+    assert c.desynced_tasks == frozenset({moved.task_id})
+    stored_a = store.get(moved.task_id)
+    assert stored_a is not None and stored_a.status is S.QUEUED  # never overwritten
+    assert stored_a.status_version == 2  # the outsider's
+    assert stored_life(store, moved.task_id) == [S.QUEUED]
+    stored_b = store.get(beside.task_id)
+    assert stored_b is not None and stored_b.status is S.SUCCEEDED
+    assert stored_life(store, beside.task_id) == LIFE
+
+
 def test_a_quick_tasks_start_and_end_are_one_write(
     tmp_path: Path, make_controller: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -162,23 +206,7 @@ def test_a_conflict_costs_the_other_writes_nothing(
     c = make_controller(store, max_workers=3)
     outsider = SqliteTaskStore(tmp_path / "t.db")
     gated = threading.Event()
-
-    @c.task(name="gate")
-    def hold(token: CancellationToken) -> None:
-        gated.set()
-
-    @c.task(name="moved")
-    def moved(token: CancellationToken) -> None:
-        stored = outsider.get(token.task_id)
-        assert stored is not None
-        outsider.save(
-            replace(stored, status_version=stored.status_version + 1),
-            expect_version=stored.status_version,
-        )
-
-    @c.task(name="next")
-    def step(token: CancellationToken) -> int:
-        return 7
+    hold, moved, step = conflict_tasks(c, outsider, gated)
 
     first = c.submit(hold)
     assert gated.wait(5) and store.holding.wait(5)
@@ -188,14 +216,7 @@ def test_a_conflict_costs_the_other_writes_nothing(
     assert a.wait(10).status is S.SUCCEEDED  # what the process saw
     store.release.set()
     assert first.wait(10).status is S.SUCCEEDED
-    assert c.desynced_tasks == frozenset({a.task_id})
-    stored_a = store.get(a.task_id)
-    assert stored_a is not None and stored_a.status is S.QUEUED  # never overwritten
-    assert stored_a.status_version == 2  # the outsider's
-    assert stored_life(store, a.task_id) == [S.QUEUED]
-    stored_b = store.get(b.task_id)
-    assert stored_b is not None and stored_b.status is S.SUCCEEDED
-    assert stored_life(store, b.task_id) == LIFE
+    assert_only_the_moved_task_desynced(c, store, a, b)
     assert stored_life(store, first.task_id) == LIFE
     outsider.close()
 

@@ -9,8 +9,7 @@ A store without group commit keeps writing on the worker."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,16 @@ from chongming_task import (
 )
 from chongming_task._writer import BehindWriter, Writer
 from tests.conftest import wait_until
+from tests.unit.test_behind_writer import (
+    LIFE,
+    Make,
+    assert_only_the_moved_task_desynced,
+    conflict_tasks,
+    stored_life,
+)
 from tests.unit.test_behind_writer import Held as HeldBehind
 
-Make = Callable[..., Controller]
 S = TaskStatus
-LIFE = [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
 
 
 class Held(SqliteTaskStore):
@@ -69,10 +73,6 @@ class Held(SqliteTaskStore):
         self.calls.append([snapshot.task_id for snapshot, _, _ in writes])
         self._held([snapshot for snapshot, _, _ in writes])
         return super().write_transitions_together(writes)
-
-
-def stored_life(store: SqliteTaskStore, task_id: str) -> list[S]:
-    return [t.to_status for t in store.history(task_id)]
 
 
 # Both writers, with the double that holds each one's writes: the threaded writer's
@@ -202,23 +202,7 @@ def test_a_conflict_in_a_shared_write_costs_the_others_nothing(
     c = make_controller(store, max_workers=3)
     outsider = SqliteTaskStore(tmp_path / "t.db")
     gated = threading.Event()
-
-    @c.task(name="gate")
-    def hold(token: CancellationToken) -> None:
-        gated.set()
-
-    @c.task(name="moved")
-    def moved(token: CancellationToken) -> None:
-        stored = outsider.get(token.task_id)
-        assert stored is not None
-        outsider.save(
-            replace(stored, status_version=stored.status_version + 1),
-            expect_version=stored.status_version,
-        )
-
-    @c.task(name="next")
-    def step(token: CancellationToken) -> int:
-        return 7
+    hold, moved, step = conflict_tasks(c, outsider, gated)
 
     first = c.submit(hold)
     assert gated.wait(5) and store.holding.wait(5)  # the writer holds the gate's write
@@ -230,14 +214,7 @@ def test_a_conflict_in_a_shared_write_costs_the_others_nothing(
     assert b.wait(10).outcome == 7
     assert a.wait(10).status is S.SUCCEEDED  # what the process saw
     assert any({a.task_id, b.task_id} <= set(call) for call in store.calls)  # one call
-    assert c.desynced_tasks == frozenset({a.task_id})
-    stored_a = store.get(a.task_id)
-    assert stored_a is not None and stored_a.status is S.QUEUED  # never overwritten
-    assert stored_a.status_version == 2  # the outsider's
-    assert stored_life(store, a.task_id) == [S.QUEUED]
-    stored_b = store.get(b.task_id)
-    assert stored_b is not None and stored_b.status is S.SUCCEEDED
-    assert stored_life(store, b.task_id) == LIFE
+    assert_only_the_moved_task_desynced(c, store, a, b)
     outsider.close()
 
 
