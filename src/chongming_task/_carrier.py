@@ -18,9 +18,11 @@ from ._writethrough import WriteThroughHost
 from .clock import Clock
 from .errors import InvalidValue, StopRequested
 from .model import (
+    TRAIL_WIDTH,
     Failure,
     FailureKind,
     TaskSnapshot,
+    Trail,
     Transition,
     snapshot_changer,
     trusted_transition,
@@ -60,6 +62,13 @@ states.check("(any task)", S.RUNNING, S.SUCCEEDED)
 # instructions each, ten a task life (7 % of the in-memory life, counted by
 # bench/runtime_instructions.py); a global is one specialised load.
 _QUEUED, _STARTING, _RUNNING, _SUCCEEDED = S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED
+# The same as text, for a run's history (a ``Trail``).
+_QUEUED_TEXT, _STARTING_TEXT, _RUNNING_TEXT, _SUCCEEDED_TEXT = (
+    _QUEUED.value,
+    _STARTING.value,
+    _RUNNING.value,
+    _SUCCEEDED.value,
+)
 
 
 class RunHost(WriteThroughHost, Protocol):
@@ -94,7 +103,7 @@ class Carrier:
         _host: RunHost
         _lock: threading.RLock
         _snapshot: TaskSnapshot
-        _history: list[Transition]
+        _history: Trail
         _args: tuple[Any, ...]
         _kwargs: dict[str, Any]
         _deadline: float | None
@@ -175,13 +184,14 @@ class Carrier:
             now = utc(now, "clock.now()")
         task_id, owner = current.task_id, host.owner
         version = current.status_version + 1
+        reason = f"attempt {attempt}"
         starting = trusted_transition(
             task_id=task_id,
             version=version,
             from_status=_QUEUED,
             to_status=_STARTING,
             at=now,
-            reason=f"attempt {attempt}",
+            reason=reason,
             actor=owner,
         )
         running = trusted_transition(
@@ -197,7 +207,12 @@ class Carrier:
         # transition back to queued merged it, and nothing reports while it waits).
         snapshot = _started(current, _RUNNING, version + 1, attempt, now, None)
         self._snapshot = snapshot  # type: ignore[misc]  # a slot of TaskRun
-        self._history += (starting, running)
+        # fmt: off
+        self._history += (  # type: ignore[misc]  # a slot of TaskRun
+            version, _QUEUED_TEXT, _STARTING_TEXT, now, reason, owner,
+            version + 1, _STARTING_TEXT, _RUNNING_TEXT, now, None, owner,
+        )
+        # fmt: on
         unwritten = self._unwritten
         self._unwritten = (  # type: ignore[misc]  # a slot of TaskRun
             (starting, running) if unwritten is None else (*unwritten, starting, running)
@@ -245,7 +260,7 @@ class Carrier:
         now = host.clock.now()
         if now.tzinfo is not UTC:  # inline: SystemClock's reading is UTC already
             now = utc(now, "clock.now()")
-        version = current.status_version + 1
+        version, owner = current.status_version + 1, host.owner
         self._snapshot = _succeeded(current, _SUCCEEDED, version, now, outcome, None)  # type: ignore[misc]  # a slot of TaskRun
         ended = trusted_transition(
             task_id=current.task_id,
@@ -254,9 +269,9 @@ class Carrier:
             to_status=_SUCCEEDED,
             at=now,
             reason=None,
-            actor=host.owner,
+            actor=owner,
         )
-        self._history.append(ended)
+        self._history += (version, _RUNNING_TEXT, _SUCCEEDED_TEXT, now, None, owner)  # type: ignore[misc]  # a slot of TaskRun
         unwritten = self._unwritten
         self._unwritten = (ended,) if unwritten is None else (*unwritten, ended)  # type: ignore[misc]  # a slot of TaskRun
 
@@ -299,12 +314,8 @@ class Carrier:
         if self._snapshot.status in states.STOPPABLE:
             self._apply(S.STOPPING, reason="stop raised in the task")
         # What it was doing when asked: the status the move into stopping left.
-        last = self._history[-1] if self._history else None
-        was = (
-            last.from_status
-            if last is not None and last.to_status is S.STOPPING and last.from_status
-            else S.RUNNING
-        )
+        last = self._history[-TRAIL_WIDTH:]  # version, from, to, ...: the last transition
+        was = S(last[1]) if last and last[2] == S.STOPPING.value and last[1] else S.RUNNING
         if kind == "timeout":
             timeout = self.definition.timeout
             self._apply(

@@ -28,8 +28,11 @@ from .model import (
     JSONValue,
     Progress,
     TaskSnapshot,
+    Trail,
     Transition,
     snapshot_changer,
+    trail_items,
+    trail_transitions,
     trusted_transition,
     utc,
 )
@@ -115,7 +118,9 @@ class TaskRun(Carrier):
         self._finished = False
         self._done: threading.Event | None = None  # made by the first waiter: runs are many
         self._snapshot = snapshot
-        self._history: list[Transition] = []
+        # A Trail, not Transitions: a held run's history is then nothing the garbage
+        # collector walks.
+        self._history: Trail = ()
         self.token = CancellationToken(
             snapshot.task_id,
             host.clock,
@@ -161,7 +166,8 @@ class TaskRun(Carrier):
     def history(self) -> list[Transition]:
         """Every transition this process made, in order (the store's trail may be behind)."""
         with self._lock:
-            return list(self._history)
+            history = self._history
+        return trail_transitions(self.task_id, history)
 
     def done(self) -> bool:
         return self._finished
@@ -249,7 +255,7 @@ class TaskRun(Carrier):
                 actor=actor or self._host.owner,
             )
             self._snapshot = snapshot
-            self._history.append(transition)
+            self._history += trail_items(transition)
             # Queued for the next ``_write()`` (inline: every transition passes here).
             self._unwritten = (
                 (transition,) if self._unwritten is None else (*self._unwritten, transition)
@@ -378,7 +384,7 @@ class TaskRun(Carrier):
         self._write_lock.acquire()  # a command may have reached the run already
         self._wt.written_version = self._snapshot.status_version
         with self._lock:
-            self._history.append(transition)
+            self._history += trail_items(transition)
             if not appended:
                 self._queue(transition)
             pending = self._unwritten

@@ -150,3 +150,36 @@ def test_concurrent_appends_keep_every_transition_once(store: TaskStore) -> None
 
     _race(THREADS, append)
     assert [t.version for t in store.history("t")] == list(range(1, 101))
+
+
+def _queued(task_id: str, version: int, actor: str) -> Transition:
+    return Transition(
+        task_id=task_id,
+        version=version,
+        from_status=None if version == 1 else TaskStatus.QUEUED,
+        to_status=TaskStatus.QUEUED,
+        at=T0,
+        actor=actor,
+    )
+
+
+def test_a_create_racing_appends_of_its_own_trail_loses_none(store: TaskStore) -> None:
+    """The in-memory store makes a new task's trail without a lock (one ``setdefault``)
+    and merges every other write under the task's stripe: appends landing before, during
+    and after the create all stay, each version once, the first writer's. Every thread
+    walks the tasks in the same order, so the create meets the appends."""
+    tasks = [f"t{n}" for n in range(60)]
+
+    def body(i: int) -> None:
+        for task_id in tasks:
+            if i == 0:
+                store.create_many([(_snapshot(task_id), _queued(task_id, 1, "creator"))])  # type: ignore[attr-defined]
+            for version in range(2, 5):
+                store.append(_queued(task_id, version, f"thread-{i}"))
+
+    _race(THREADS, body)
+    for task_id in tasks:
+        history = store.history(task_id)
+        assert [t.version for t in history] == list(range(1, 5)), task_id
+        assert history[0].actor == "creator"
+        assert all(t.actor is not None and t.actor.startswith("thread-") for t in history[1:])

@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..model import (
+    TRAIL_TEXT,
+    TRAIL_WIDTH,
     Command,
     NodeRecord,
     PipelineRecord,
@@ -21,7 +23,10 @@ from ..model import (
     TaskQuery,
     TaskSnapshot,
     TaskStatus,
+    Trail,
     Transition,
+    trail_merged,
+    trail_transitions,
     utc,
 )
 from ..states import TERMINAL
@@ -47,7 +52,11 @@ class InMemoryTaskStore:
         # (throughput fell by half with 4 workers: docs/benchmarks.md).
         self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
         self._tasks: dict[str, TaskSnapshot] = {}
-        self._history: dict[str, dict[int, Transition]] = {}
+        # Each task's trail as a ``Trail``: the store holds every task it was given, and a
+        # trail is then nothing the garbage collector walks. Written under the task's
+        # stripe (``_add``), but where a new task's first transition makes it
+        # (``create_many``: a ``setdefault``, atomic on its own).
+        self._history: dict[str, Trail] = {}
         self._commands: dict[str, Command] = {}
         self._nodes: dict[str, NodeRecord] = {}
         self._schedules: dict[tuple[str, str], ScheduleRecord] = {}
@@ -86,9 +95,11 @@ class InMemoryTaskStore:
                 for made, _ in items[:i]:
                     tasks.pop(made.task_id, None)
                 raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
-        history = self._history
-        for _, transition in items:  # a new task's trail is new: one setdefault makes it
-            history.setdefault(transition.task_id, {}).setdefault(transition.version, transition)
+        history, text = self._history, TRAIL_TEXT
+        for _, t in items:  # a new task's trail is new: one setdefault makes it
+            first = (t.version, text[t.from_status], text[t.to_status], t.at, t.reason, t.actor)
+            if history.setdefault(t.task_id, first) is not first:
+                self.append(t)  # appended before its create: merged, under its stripe
 
     def write_transitions(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
@@ -100,7 +111,7 @@ class InMemoryTaskStore:
             raise _closed()
         task_id = snapshot.task_id
         tasks = self._tasks
-        with self._stripes[hash(task_id) % _STRIPES]:  # compare and set
+        with self._stripes[hash(task_id) % _STRIPES]:  # compare and set, then the trail
             current = tasks.get(task_id)
             if current is None or current.status_version != expect_version:
                 raise ConcurrencyConflict.version_mismatch(
@@ -116,15 +127,34 @@ class InMemoryTaskStore:
                 tasks[task_id] = snapshot.evolve(
                     lease_owner=current.lease_owner, lease_until=current.lease_until
                 )
-        if transitions:
-            trail = self._history.get(task_id)  # _trail(), inline
-            if trail is None:
-                trail = self._history.setdefault(task_id, {})
-            for transition in transitions:
-                if transition.task_id == task_id:
-                    trail.setdefault(transition.version, transition)
-                else:
-                    self.append(transition)
+            if transitions:
+                # _add(), inline for the common case: the task's own transitions, each
+                # past the last its trail holds.
+                history, text = self._history, TRAIL_TEXT
+                trail = history.get(task_id)
+                if trail is not None:
+                    last = trail[len(trail) - TRAIL_WIDTH]
+                    for t in transitions:
+                        if t.task_id != task_id or t.version <= last:
+                            break
+                        trail += (
+                            t.version,
+                            text[t.from_status],
+                            text[t.to_status],
+                            t.at,
+                            t.reason,
+                            t.actor,
+                        )
+                        last = t.version
+                    else:
+                        history[task_id] = trail
+                        return
+                own = [t for t in transitions if t.task_id == task_id]
+                if own:
+                    self._add(task_id, own)
+        for transition in transitions:
+            if transition.task_id != task_id:
+                self.append(transition)
 
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
         self.write_transitions(snapshot, expect_version=expect_version, transitions=())
@@ -154,20 +184,26 @@ class InMemoryTaskStore:
 
     def append(self, transition: Transition) -> None:
         self._check_open()
-        self._trail(transition.task_id).setdefault(transition.version, transition)
+        task_id = transition.task_id
+        with self._stripes[hash(task_id) % _STRIPES]:
+            self._add(task_id, (transition,))
 
-    def _trail(self, task_id: str) -> dict[int, Transition]:
-        """A task's trail, made on first use. Two ``setdefault`` calls (this one and the
-        caller's), each atomic: appends are idempotent without a lock."""
-        trail = self._history.get(task_id)
+    def _add(self, task_id: str, transitions: Sequence[Transition]) -> None:
+        """Add ``transitions`` (of ``task_id``) to its trail; the versions it holds stay
+        as they are. Caller holds the task's stripe; a create adds its task's first
+        transition without it, but only where there is no trail (``setdefault``)."""
+        history = self._history
+        trail = history.get(task_id)
         if trail is None:
-            trail = self._history.setdefault(task_id, {})
-        return trail
+            made = trail_merged((), transitions)
+            trail = history.setdefault(task_id, made)
+            if trail is made:
+                return
+        history[task_id] = trail_merged(trail, transitions)
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         self._check_open()
-        rows = dict(self._history.get(task_id, {}))  # a copy in one step
-        return [rows[v] for v in sorted(rows) if v > since_version]
+        return trail_transitions(task_id, self._history.get(task_id, ()), since_version)
 
     def touch(
         self,
