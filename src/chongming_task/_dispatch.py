@@ -2,8 +2,8 @@
 
 Two shapes, one interface:
 
-* ``FifoDispatcher`` (no per-bucket limit): a C-level ``SimpleQueue``; first come, first
-  served, so no bucket can starve another.
+* ``FifoDispatcher`` (no per-bucket limit): first come, first served, so no bucket can
+  starve another; each run wakes one parked worker.
 * ``FairDispatcher`` (``max_parallel_per_bucket`` set): one FIFO per bucket, served
   round-robin, at most N running per bucket, so one tenant's backlog in one bucket does not
   starve another bucket.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import queue
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
@@ -74,56 +73,95 @@ class _DelayHeap:
         return due
 
 
-_WAKE = object()
-_CLOSE = object()
-
-
 class FifoDispatcher:
+    """First come, first served. ``put`` wakes one parked worker, the one that parked
+    last, and nobody else.
+
+    Why not ``queue.SimpleQueue``: its waiters all block on one lock, and a ``get`` that
+    takes an item releases that lock again if a waiter had it, which wakes the next
+    waiter to find the queue empty and block again. With four idle workers each run
+    cost its workers 3.2 context switches where one is needed, and every wasted wake
+    also wanted the interpreter's lock from the thread that submits (per-call
+    ``submit`` on SQLite: docs/benchmarks.md, twenty-second session). Here each parked
+    worker waits on a lock of its own, and the last to park is woken first: its stack
+    and caches are warm, and the others stay asleep."""
+
     def __init__(self, clock: Clock, *, tick: float = 0.05) -> None:
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._runs: deque[TaskRun] = deque()
+        self._parked: list[threading.Lock] = []  # each held; put() releases the last
+        self._mutex = threading.Lock()  # the two above, and _closed
+        self._closed = False
+        self._own = threading.local()  # each worker's parking lock
         self._delayed = _DelayHeap(clock)
         self._tick = tick
 
     def put(self, run: TaskRun) -> None:
-        self._queue.put(run)
+        with self._mutex:
+            self._runs.append(run)
+            parked = self._parked.pop() if self._parked else None
+        if parked is not None:
+            parked.release()
 
     def schedule(self, run: TaskRun, delay: float) -> None:
         if delay <= 0:
-            self._queue.put(run)
+            self.put(run)
             return
         self._delayed.push(run, delay)
-        self._queue.put(_WAKE)  # a blocked worker starts watching the delay heap
+        self._wake_one()  # a parked worker starts watching the delay heap
 
     def get(self) -> TaskRun | None:
+        park: threading.Lock | None = getattr(self._own, "park", None)
+        if park is None:
+            park = self._own.park = threading.Lock()
+            park.acquire()  # held while its worker is not parked
         while True:
             if self._delayed.heap:
                 self.release_due()
+            with self._mutex:
+                if self._runs:
+                    return self._runs.popleft()
+                if self._closed:
+                    return None
+                self._parked.append(park)
+            if not self._delayed.heap:
+                park.acquire()  # until put() (or close()) releases it
+            elif not park.acquire(timeout=self._tick):
+                self._unpark(park)
+
+    def _unpark(self, park: threading.Lock) -> None:
+        """A parked worker that looked again after a tick, not woken: off the list, or,
+        if a ``put`` took it off meanwhile, hold the lock that ``put`` releases."""
+        with self._mutex:
             try:
-                item = self._queue.get(timeout=self._tick if self._delayed.heap else None)
-            except queue.Empty:
-                continue
-            if item is not _WAKE:
-                return self._run(item)
+                self._parked.remove(park)
+                return
+            except ValueError:
+                pass
+        park.acquire()  # released by the put that took it off the list (or close())
+
+    def _wake_one(self) -> None:
+        with self._mutex:
+            parked = self._parked.pop() if self._parked else None
+        if parked is not None:
+            parked.release()
 
     def backlog(self) -> bool:
-        return not self._queue.empty()
-
-    def _run(self, item: object) -> TaskRun | None:
-        """The run an item of the queue is; ``None`` for the close mark."""
-        if item is _CLOSE:
-            self._queue.put(_CLOSE)  # pass it on to the next worker
-            return None
-        return item  # type: ignore[return-value]
+        return bool(self._runs)
 
     def done(self, run: TaskRun) -> None:
         pass
 
     def release_due(self) -> None:
         for run in self._delayed.pop_due():
-            self._queue.put(run)
+            self.put(run)
 
     def close(self) -> None:
-        self._queue.put(_CLOSE)
+        """Every worker gets what is queued, then ``None``."""
+        with self._mutex:
+            self._closed = True
+            parked, self._parked = self._parked, []
+        for park in parked:
+            park.release()
 
 
 class FairDispatcher:

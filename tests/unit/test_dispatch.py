@@ -1,0 +1,110 @@
+"""The ready queue between ``submit`` and the workers (``FifoDispatcher``), with real
+threads: every run reaches exactly one worker, one parked worker is woken a run (the one
+that parked last), retries wait out their delay, and ``close`` ends every worker."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, cast
+
+from chongming_task._dispatch import FifoDispatcher
+from chongming_task.clock import SystemClock
+from tests.conftest import wait_until
+
+if TYPE_CHECKING:
+    from chongming_task.run import TaskRun
+
+
+def _switches(thread: threading.Thread) -> int:
+    """How many times ``thread`` has blocked (Linux: each wake and sleep again is one)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def _run(n: int) -> TaskRun:
+    return cast("TaskRun", f"run-{n}")  # the dispatcher only hands runs over
+
+
+class _Workers:
+    """Threads that take runs until ``get`` says ``None``, each recording what it got."""
+
+    def __init__(self, dispatcher: FifoDispatcher, count: int) -> None:
+        self.dispatcher = dispatcher
+        self.got: dict[int, list[object]] = {i: [] for i in range(count)}
+        self.threads = [
+            threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(count)
+        ]
+
+    def _work(self, i: int) -> None:
+        while (run := self.dispatcher.get()) is not None:
+            self.got[i].append(run)
+
+    def start_one_by_one(self) -> None:
+        """Start the threads in order, each parked before the next starts."""
+        for n, thread in enumerate(self.threads, 1):
+            thread.start()
+            wait_until(lambda n=n: len(self.dispatcher._parked) == n, timeout=5)
+
+    def all(self) -> list[object]:
+        return [run for runs in self.got.values() for run in runs]
+
+
+def test_every_run_reaches_exactly_one_worker_and_close_ends_them_all() -> None:
+    dispatcher = FifoDispatcher(SystemClock())
+    workers = _Workers(dispatcher, 4)
+    workers.start_one_by_one()
+    runs = [_run(n) for n in range(2000)]
+    for run in runs:
+        dispatcher.put(run)
+    wait_until(lambda: len(workers.all()) == len(runs), timeout=10)
+    dispatcher.close()
+    for thread in workers.threads:
+        thread.join(5)
+        assert not thread.is_alive()
+    assert sorted(map(str, workers.all())) == sorted(map(str, runs))
+    assert dispatcher.get() is None  # closed and empty: a late caller is told at once
+
+
+def test_a_run_wakes_the_worker_that_parked_last_and_nobody_else() -> None:
+    dispatcher = FifoDispatcher(SystemClock())
+    workers = _Workers(dispatcher, 4)
+    workers.start_one_by_one()  # worker 3 parked last
+    others = workers.threads[:3]
+    before = [_switches(t) for t in others] if sys.platform == "linux" else []
+    dispatcher.put(_run(1))
+    wait_until(lambda: workers.got[3] == ["run-1"], timeout=5)
+    # It parks again, last once more; the three others were never woken.
+    wait_until(lambda: len(dispatcher._parked) == 4, timeout=5)
+    assert workers.got[0] == workers.got[1] == workers.got[2] == []
+    if before:
+        assert [_switches(t) for t in others] == before
+    dispatcher.put(_run(2))
+    wait_until(lambda: workers.got[3] == ["run-1", "run-2"], timeout=5)
+    dispatcher.close()
+    for thread in workers.threads:
+        thread.join(5)
+
+
+def test_a_retry_waits_out_its_delay_with_every_worker_parked() -> None:
+    dispatcher = FifoDispatcher(SystemClock(), tick=0.01)
+    workers = _Workers(dispatcher, 2)
+    workers.start_one_by_one()
+    scheduled = time.monotonic()
+    dispatcher.schedule(_run(1), 0.1)
+    assert not dispatcher.backlog()
+    wait_until(lambda: workers.all() == ["run-1"], timeout=5)
+    assert time.monotonic() - scheduled >= 0.1
+    # Parked with a tick while the retry waited, each worker took itself off the list
+    # when no put woke it; none was left holding a stale place.
+    wait_until(lambda: len(dispatcher._parked) == 2, timeout=5)
+    dispatcher.put(_run(2))
+    wait_until(lambda: sorted(map(str, workers.all())) == ["run-1", "run-2"], timeout=5)
+    dispatcher.close()
+    for thread in workers.threads:
+        thread.join(5)
+        assert not thread.is_alive()
