@@ -108,3 +108,63 @@ def test_a_retry_waits_out_its_delay_with_every_worker_parked() -> None:
     for thread in workers.threads:
         thread.join(5)
         assert not thread.is_alive()
+
+
+def test_racing_producers_and_workers_lose_no_run_with_switches_every_microsecond() -> None:
+    """No lock of its own: a worker looks at the runs again after it parks, so a put
+    that found nobody parked is still taken. Retries waiting put workers on the tick
+    path (park with a timeout, unpark) at the same time."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        dispatcher = FifoDispatcher(SystemClock(), tick=0.001)
+        workers = _Workers(dispatcher, 4)
+        for thread in workers.threads:
+            thread.start()
+        per_producer = 1500
+
+        def produce(p: int) -> None:
+            for n in range(per_producer):
+                run = _run(p * per_producer + n)
+                if n % 100 == 0:
+                    dispatcher.schedule(run, 0.002)
+                else:
+                    dispatcher.put(run)
+
+        producers = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
+        for producer in producers:
+            producer.start()
+        for producer in producers:
+            producer.join(30)
+        wait_until(lambda: len(workers.all()) == 3 * per_producer, timeout=30)
+        dispatcher.close()
+        for thread in workers.threads:
+            thread.join(5)
+            assert not thread.is_alive()
+    finally:
+        sys.setswitchinterval(before)
+    assert sorted(map(str, workers.all())) == sorted(str(_run(n)) for n in range(3 * per_producer))
+
+
+def test_a_run_put_while_the_worker_parks_is_taken() -> None:
+    """One run at a time, each put as the worker comes back for the next: a wake lost
+    between a worker's look at the runs and its parking would leave a run untaken. (The
+    interpreter rarely switches threads inside that window; ``get`` looks again after
+    parking so that no interleaving can lose a run, and this test cannot force one.)"""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        dispatcher = FifoDispatcher(SystemClock())
+        workers = _Workers(dispatcher, 1)
+        workers.threads[0].start()
+        got = workers.got[0]
+        for n in range(3000):
+            dispatcher.put(_run(n))
+            deadline = time.monotonic() + 5
+            while len(got) <= n:  # no sleep: the next put comes as the worker parks
+                assert time.monotonic() < deadline, f"run {n} was never taken"
+        dispatcher.close()
+        workers.threads[0].join(5)
+    finally:
+        sys.setswitchinterval(before)
+    assert got == [_run(n) for n in range(3000)]
