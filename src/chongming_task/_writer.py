@@ -133,7 +133,7 @@ class Writer(_WriterThread):
         # end, its start): one write of the latest snapshot, every transition in order.
         writes = [(run, run._take_more(taken)) for run, taken in batch]
         try:
-            persist_together([(run._wt, snapshot, pending) for run, (pending, snapshot) in writes])
+            persist_together([(run, snapshot, pending) for run, (pending, snapshot) in writes])
         except Exception:  # a store failure never gets here (each write keeps its own)
             log.exception("the writer failed to write %d run(s)", len(writes))
         for run, (_, snapshot) in writes:
@@ -234,17 +234,16 @@ class BehindWriter(_WriterThread):
             return
         self._starts.pop(run, None)  # its start (if it was left queued) is taken: in here
         pending, snapshot = run._take_more(taken)
-        wt = run._wt
         entry: Behind | None = None
-        if wt.shares(snapshot):
+        if run._wt_shares(snapshot):
             try:
-                handle = self._write_behind([(snapshot, wt.written_version, pending)])
+                handle = self._write_behind([(snapshot, run._wt_written, pending)])
             except Exception:  # refused as a whole (a value it cannot bind, say): alone
                 log.exception("task %s: its write was not queued; written alone", run.task_id)
             else:
                 entry = (handle, run, pending, snapshot)
         if entry is None:  # desynced, buffered, or nothing new: written alone, here
-            wt.persist(snapshot, pending)
+            run._wt_persist(snapshot, pending)
             self._written(run, snapshot)
             return
         with self._cond:
@@ -286,9 +285,8 @@ class BehindWriter(_WriterThread):
     def _settle(self, entry: Behind) -> None:
         handle, run, pending, snapshot = entry
         (error,) = handle.errors()
-        wt = run._wt
-        if not wt._settle(snapshot, error, len(pending), False):
-            wt._keep(pending)
+        if not run._wt_settle(snapshot, error, len(pending), False):
+            run._wt_keep(pending)
         self._written(run, snapshot)
 
     def _written(self, run: TaskRun, snapshot: TaskSnapshot) -> None:

@@ -63,7 +63,7 @@ __all__ = [
 log = logging.getLogger("chongming_task.run")
 
 
-class TaskRun(Carrier):
+class TaskRun(Carrier, WriteThrough):
     """A submitted task: ``task_id``, ``wait()``, ``result()``, ``snapshot()``, control."""
 
     # Slots: a node holds many runs, and every instance dict is one more object for the
@@ -84,7 +84,11 @@ class TaskRun(Carrier):
         "_snapshot",
         "_unwritten",
         "_write_lock",
-        "_wt",
+        "_wt_buffer",
+        "_wt_desynced",
+        "_wt_dropped",
+        "_wt_error",
+        "_wt_written",
         "abandoned",
         "definition",
         "node_key",
@@ -128,9 +132,12 @@ class TaskRun(Carrier):
             lock=self._lock,
             rules=host.value_rules,
         )
-        self._wt = WriteThrough(
-            host, snapshot.task_id, written_version=0, buffer_limit=host.writethrough_buffer
-        )
+        # The write-through's state (WriteThrough): nothing written yet, nothing failed.
+        self._wt_written = 0
+        self._wt_buffer = None
+        self._wt_desynced = False
+        self._wt_dropped = 0
+        self._wt_error = None
         self.abandoned = False
         self.pipeline: PipelineRun | None = None  # set for pipeline nodes
         self.node_key: str | None = None
@@ -297,7 +304,7 @@ class TaskRun(Carrier):
         while True:
             pending, snapshot = taken
             try:
-                self._wt.persist(snapshot, pending)
+                self._wt_persist(snapshot, pending)
             except BaseException:
                 self._write_lock.release()
                 raise
@@ -382,7 +389,7 @@ class TaskRun(Carrier):
     def _created(self, transition: Transition, *, appended: bool) -> None:
         """The store accepted ``create`` (and, if ``appended``, the creation transition)."""
         self._write_lock.acquire()  # a command may have reached the run already
-        self._wt.written_version = self._snapshot.status_version
+        self._wt_written = self._snapshot.status_version
         with self._lock:
             self._history += trail_items(transition)
             if not appended:
@@ -402,25 +409,25 @@ class TaskRun(Carrier):
         try:
             with self._lock:
                 snapshot = self._refreshed(self._snapshot)
-            if self._wt.behind(snapshot):
-                self._wt.flush(snapshot)
+            if self._wt_behind(snapshot):
+                self._wt_flush(snapshot)
         except BaseException:
             self._write_lock.release()
             raise
         more = self._let_go()
         if more is not None:  # transitioned meanwhile
             self._write_held(more)
-        return not self._wt.behind(self._snapshot)
+        return not self._wt_behind(self._snapshot)
 
     @property
     def desynced(self) -> bool:
-        return self._wt.desynced
+        return self._wt_desynced
 
     @property
     def written(self) -> bool:
         """Whether the store has every transition this process made (or never will:
         desynced)."""
-        return not self._wt.behind(self._snapshot)
+        return not self._wt_behind(self._snapshot)
 
     @property
     def snapshot_unrefreshed(self) -> TaskSnapshot:
@@ -439,7 +446,7 @@ class TaskRun(Carrier):
     @property
     def write_error(self) -> BaseException | None:
         """Why the latest write-through of this task failed (``None``: none has)."""
-        return self._wt.last_error
+        return self._wt_error
 
     # -- control (any thread) ----------------------------------------------------------------
 
