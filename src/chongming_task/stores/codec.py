@@ -353,16 +353,17 @@ def life_values(snapshot: TaskSnapshot) -> list[Any]:
     ]
 
 
-def transition_to_values(transition: Transition) -> list[Any]:
+def transition_to_values(transition: Transition, *, at: str | None = None) -> list[Any]:
     """A transition's columns in ``TRANSITION_COLUMNS`` order (every write appends some:
-    built directly, no row dict in between)."""
+    built directly, no row dict in between). ``at``: ``transition.at`` already encoded,
+    where the caller has it."""
     from_status = transition.from_status
     return [
         transition.task_id,
         transition.version,
         None if from_status is None else STATUS_TEXT[from_status],
         STATUS_TEXT[transition.to_status],
-        encode_dt(transition.at),
+        encode_dt(transition.at) if at is None else at,
         transition.reason,
         transition.actor,
     ]

@@ -449,7 +449,11 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         trail: list[Row] = []
         for snapshot, transition in items:
             values = codec.snapshot_to_values(snapshot)
-            first = codec.transition_to_values(transition)
+            first = codec.transition_to_values(
+                transition,
+                # A submit's creation transition is at the task's created_at: encoded once.
+                at=values[_CREATED_AT] if transition.at is snapshot.created_at else None,
+            )
             if first[0] == values[0]:  # its own transition: one row (NEW_FILLS)
                 values += first[1:]
             else:  # another task's (a caller may hand one over): a row of its own
@@ -653,6 +657,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
 
 _NO_TRANSITION = [None] * (len(codec.TRANSITION_COLUMNS) - 1)
+_CREATED_AT = codec.TASK_COLUMNS.index("created_at")
 
 # Pages in the WAL past which a commit checkpoints, where commits do (without the
 # Checkpointer's thread): task rows are rewritten several times in their first second, so
