@@ -81,11 +81,6 @@ class WriteThrough:
             self._wt_desynced or self._wt_buffer or snapshot.status_version == self._wt_written
         )
 
-    @property
-    def _wt_pending(self) -> int:
-        """Transitions not yet in the store."""
-        return len(self._wt_buffer) if self._wt_buffer else 0
-
     def _wt_buffered(self) -> deque[Transition]:
         if self._wt_buffer is None:
             self._wt_buffer = deque(maxlen=self._host.writethrough_buffer)
