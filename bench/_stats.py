@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gc
+import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -57,3 +60,55 @@ def callgrind_instructions(script: str, args: list[str], out: Path) -> int:
     found = re.search(r"^totals: (\d+)", out.read_text(), re.MULTILINE)
     assert found, f"no totals in {out}"
     return int(found[1])
+
+
+def wake_cost(wakes: int = 2000) -> tuple[float, float] | None:
+    """What waking a parked thread costs the thread that wakes it, in microseconds
+    (medians): the parked thread on the other CPU, then on the waker's own; ``None``
+    where threads cannot be pinned (not Linux, or one CPU).
+
+    The waker is busy when it wakes (as a submitting thread is), so the other CPU is
+    idle: on a VM the kernel must interrupt it, and that interrupt is the waker's cost.
+    The submitting thread of a per-call ``submit`` loop wakes another thread about
+    twice a task (the run's worker; the interpreter's lock handed to it), so this line
+    says what the VM charges for that at this moment. The caller's affinity is
+    restored after."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    try:
+        os.sched_setaffinity(0, {allowed[0]})
+        other, own = (_wake_parked(cpu, wakes) for cpu in (allowed[1], allowed[0]))
+    finally:
+        os.sched_setaffinity(0, set(allowed))
+    return other, own
+
+
+def _wake_parked(cpu: int, wakes: int) -> float:
+    """Median microseconds a busy thread takes to release a lock a thread pinned to
+    ``cpu`` waits on."""
+    parked, back = threading.Lock(), threading.Lock()
+    parked.acquire()
+    back.acquire()
+
+    def waiter() -> None:
+        os.sched_setaffinity(0, {cpu})
+        for _ in range(wakes):
+            parked.acquire()
+            back.release()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    took = []
+    for _ in range(wakes):
+        busy_until = time.perf_counter() + 50e-6  # busy while the waiter parks
+        while time.perf_counter() < busy_until:
+            pass
+        start = time.perf_counter_ns()
+        parked.release()
+        took.append(time.perf_counter_ns() - start)
+        back.acquire()  # the waiter is awake and about to park again
+    thread.join()
+    return statistics.median(took) / 1000

@@ -18,6 +18,13 @@ per-call run writes (each task's create, then its start and end in one compare-a
 with three trail rows), replayed through the store's own calls on one thread with no
 runtime, each call its own commit. It is not a contender: it is the ceiling the per-call
 row works under (the runtime adds its threads and bookkeeping, and shares commits).
+
+The last line prices a thread wake on this machine at this moment: what releasing a lock
+costs the releasing thread when the parked thread is on the other CPU, and on its own.
+On this VM the first is ~8x the second (an idle virtual CPU is woken by an interrupt
+the waker pays for), and a per-call loop's submitting thread wakes a worker and hands
+it the interpreter's lock each task: with every thread pinned to one CPU the per-call
+row ran 12-24 % faster (docs/benchmarks.md, twenty-third session).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from _stats import in_rounds  # bench/ is on sys.path when run as a script
+from _stats import in_rounds, wake_cost  # bench/ is on sys.path when run as a script
 from chongming_task import (
     CancellationToken,
     Controller,
@@ -195,6 +202,13 @@ def main() -> None:
         f"per-call submit against the store calls alone, each round: {each} "
         "(the runtime's rate as a share of the SQLite writes' own)"
     )
+    wake = wake_cost()
+    if wake is not None:
+        print(
+            f"waking a parked thread costs the waker {wake[0]:.1f} us when it is parked on "
+            f"the other CPU, {wake[1]:.1f} us on the waker's own (a per-call submit loop's "
+            "thread makes about two wakes a task)"
+        )
     tmp.cleanup()
 
 
