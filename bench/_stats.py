@@ -109,6 +109,7 @@ def _wake_parked(cpu: int, wakes: int) -> float:
         start = time.perf_counter_ns()
         parked.release()
         took.append(time.perf_counter_ns() - start)
-        back.acquire()  # the waiter is awake and about to park again
+        if not back.acquire(timeout=10):  # the waiter is awake and about to park again
+            raise RuntimeError("bench: the parked thread never woke")
     thread.join()
     return statistics.median(took) / 1000
