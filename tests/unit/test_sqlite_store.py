@@ -1386,3 +1386,43 @@ def test_the_migration_sets_back_the_pragmas_it_changed_as_they_were() -> None:
         assert _pragma_value(conn, "cache_size") == "-1234"
     finally:
         conn.close()
+
+
+def _hold_a_new_file_in_a_write(path: Path) -> sqlite3.Connection:
+    """Another process making a new file: its write transaction, still open, in the
+    rollback journal (as the switch to WAL holds it)."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("CREATE TABLE other_node_was_here (x)")
+    return holder
+
+
+def test_an_open_waits_for_another_process_making_the_file(tmp_path: Path) -> None:
+    # SQLite answers the WAL switch "database is locked" at once here, without its busy
+    # handler: nodes started together on a new file failed to open it.
+    path = tmp_path / "new.db"
+    holder = _hold_a_new_file_in_a_write(path)
+    committer = threading.Timer(0.3, holder.execute, ("COMMIT",))
+    committer.start()
+    try:
+        store = SqliteTaskStore(path, timeout=10)
+    finally:
+        committer.join()
+        holder.close()
+    try:
+        store.create(snap("after-the-wait"))
+        assert store.get("after-the-wait") is not None
+    finally:
+        store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_an_open_held_off_past_its_timeout_says_the_file_is_locked(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    holder = _hold_a_new_file_in_a_write(path)
+    try:
+        with pytest.raises(StoreError, match="database is locked"):
+            SqliteTaskStore(path, timeout=0.2)
+    finally:
+        holder.close()

@@ -185,8 +185,33 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         # trail) to change a few hundred bytes. No effect on an existing file.
         conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
         if not memory:
-            conn.execute("PRAGMA journal_mode = WAL")
+            self._use_wal(timeout)
         self._migrate()
+
+    def _use_wal(self, timeout: float) -> None:
+        """Switch the file to WAL, trying again for up to ``timeout`` while another
+        process holds it. Nodes started together on a new file each switch it, and
+        while one's switch (or any write in the rollback journal) holds the write lock,
+        SQLite answers the others "database is locked" at once, without the busy
+        handler: a switch holds a read lock, and waiting on a writer with it could
+        deadlock. So an open failed where ``timeout`` promised a wait."""
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            try:
+                (mode,) = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        if mode != "wal":
+            raise StoreError(
+                f"SQLite kept {self.path} in journal mode {mode!r}: this store needs WAL "
+                "(readers beside a writer); WAL needs the processes to share memory, which "
+                "a network file system cannot give"
+            )
 
     def _schema_is_current(self) -> bool:
         """Whether the schema is this version's, to the last object (a read, no lock)."""
