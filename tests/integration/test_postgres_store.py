@@ -260,6 +260,80 @@ def test_tag_queries_use_exact_jsonb_containment(pg_dsn: str, schemas: list[str]
     store.close()
 
 
+def test_create_schema_waits_for_another_nodes_creation_of_it(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    # Another node's create_schema, caught inside its transaction: its lock taken, its
+    # DDL run, not committed. This one waits for it, then finds everything made. With
+    # IF NOT EXISTS alone it failed once the other committed: a duplicate key in
+    # pg_namespace, the system catalog's list of schemas.
+    from importlib import resources
+
+    import psycopg
+
+    from chongming_task.stores import postgres
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    schema = new_schema()
+    schemas.append(schema)
+    ddl = resources.files(postgres.__package__).joinpath("postgres_schema.sql").read_text()
+    other = psycopg.connect(pg_dsn)
+    other.execute("SELECT pg_advisory_xact_lock(%s, %s)", postgres._schema_lock_key(schema))
+    other.execute(ddl.replace("{schema}", schema).encode())
+    committer = threading.Timer(0.3, other.commit)
+    committer.start()
+    store = PostgresTaskStore(pg_dsn, schema=schema)
+    try:
+        store.create_schema()
+        committer.join()
+        store.create(snapshot("after-the-wait"))
+        assert store.get("after-the-wait") is not None
+    finally:
+        committer.join()
+        other.close()
+        store.close()
+
+
+NODE = """
+import sys
+from chongming_task.stores.postgres import PostgresTaskStore
+store = PostgresTaskStore(sys.argv[1], schema=sys.argv[2])
+print("ready", flush=True)
+sys.stdin.readline()
+store.create_schema()
+store.close()
+"""
+
+
+def test_nodes_creating_one_schema_together_all_succeed(pg_dsn: str, schemas: list[str]) -> None:
+    # Four processes each call create_schema() at start, on a schema none made yet. Seen
+    # before the lock: three of four failed on the system catalog's duplicate key.
+    import subprocess
+    import sys
+
+    schema = new_schema()
+    schemas.append(schema)
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-c", NODE, pg_dsn, schema],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for node in nodes:  # connected and waiting: the creations race, not the start-ups
+        assert node.stdout is not None and node.stdout.readline() == "ready\n"
+    for node in nodes:
+        assert node.stdin is not None
+        node.stdin.write("go\n")
+        node.stdin.flush()
+    for node in nodes:
+        _, err = node.communicate(timeout=60)
+        assert node.returncode == 0, err
+
+
 def test_a_missing_schema_is_a_clear_error(pg_dsn: str) -> None:
     from chongming_task.stores.postgres import PostgresTaskStore
 

@@ -29,6 +29,7 @@ import re
 import select
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
@@ -78,6 +79,14 @@ __all__ = ["DEFAULT_SCHEMA", "INSTALL_HINT", "PostgresTaskStore"]
 INSTALL_HINT = 'pip install "chongming-task[postgres]"'
 DEFAULT_SCHEMA = "chongming"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks
+
+
+def _schema_lock_key(schema: str) -> tuple[int, int]:
+    """The advisory lock ``create_schema`` holds for ``schema``: two int4 keys."""
+    crc = zlib.crc32(schema.encode())
+    return _SCHEMA_LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc
+
 
 _SQL = load_named("postgres.sql")
 _JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
@@ -371,9 +380,15 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             cur.execute(_SQL["notify"], [self._transitions_channel])
 
     def create_schema(self) -> None:
-        """Create the schema, tables and indexes if absent (needs DDL rights; idempotent)."""
+        """Create the schema, tables and indexes if absent (needs DDL rights; idempotent).
+
+        Nodes that each call this at start may run it together: each waits for the
+        others' DDL first, on a lock of this schema's (``IF NOT EXISTS`` alone does not
+        hold against a creation not yet committed: the later one failed on a duplicate
+        key of the system catalog)."""
         ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
         with self._cursor("create_schema", transaction=True) as cur:
+            cur.execute(_SQL["ddl_lock"], _schema_lock_key(self.schema))
             cur.execute(ddl.replace("{schema}", self.schema).encode())
 
     @staticmethod

@@ -259,6 +259,11 @@ ORDER BY finished_at LIMIT %s
 -- name: notify
 SELECT pg_notify(%s, '')
 
+-- Held by create_schema until its transaction ends: the DDL of one schema runs one
+-- caller at a time (keys from postgres._schema_lock_key).
+-- name: ddl_lock
+SELECT pg_advisory_xact_lock(%s, %s)
+
 -- Group commit (chongming_task.stores._pg_group): the writes of many callers, one
 -- statement, WITH new AS (...), life AS (...), trail AS (...) then group_outcome. The
 -- parts a batch does not need are the group_no_* stubs: a part costs its statement's
