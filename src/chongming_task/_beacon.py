@@ -82,11 +82,23 @@ class NodeBeacon(LoopService):
     def _declare(self) -> None:
         """Write the declaration, then say what clashes with it (a warning per clash)."""
         record = self.record(self._now())
-        live = [
-            n for n in self._caps.nodes() if n.node != record.node and n.is_live(record.seen_at)
-        ]
+        declared = self._caps.nodes()
+        live = [n for n in declared if n.node != record.node and n.is_live(record.seen_at)]
+        twins = [n for n in declared if _twin(n, record)]
         self._caps.declare_node(record)
         self._declared = True
+        for twin in twins:
+            ago = (record.seen_at - twin.seen_at).total_seconds()
+            log.warning(
+                "node %s: this name is declared by another live process too (host %s, "
+                "pid %s, seen %.0f s ago). Nodes that share a name show as one in `nodes` "
+                "and `doctor`, and a clean stop of either marks both stopped: give each "
+                "node its own owner name (the default, host:pid, is unique)",
+                record.node,
+                twin.host,
+                twin.pid,
+                max(ago, 0.0),
+            )
         # The fleet's own judgement (doctor raises the same alarms), for this node: a
         # bucket count other than its own, or a bucket it shares with a live node.
         for alarm in bucket_alarms([record, *live], record.num_buckets):
@@ -102,3 +114,21 @@ class NodeBeacon(LoopService):
             self._caps.retire_node(self._owner, now=self._now())
         except StoreError as exc:
             log.warning("node %s: could not mark itself stopped (%s)", self._owner, exc)
+
+
+def _twin(declared: NodeRecord, mine: NodeRecord) -> bool:
+    """Whether ``declared`` is another process's live declaration of ``mine``'s name. A
+    process of this host that has exited is this node's predecessor (a restart after a
+    crash), not a twin; on another host nobody can tell, and the warning says "seen"."""
+    if declared.node != mine.node or not declared.is_live(mine.seen_at):
+        return False
+    if (declared.host, declared.pid) == (mine.host, mine.pid):
+        return False
+    if declared.host == mine.host and os.name == "posix":  # (Windows: kill would end it)
+        try:
+            os.kill(declared.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # alive, another user's
+            return True
+    return True

@@ -150,3 +150,39 @@ def test_a_killed_node_shows_lease_expired_then_orphans_while_a_silent_task_is_f
     (gap,) = alarms(report, "uncovered-bucket")
     assert gap["buckets"] == list(range(64))
     assert "ALARM orphan: 2 task(s)" in result.stdout
+
+
+def _declared_pid(where: Where, name: str) -> int | None:
+    found = [n for n in where.json("nodes") if n["node"] == name and n["state"] == "live"]
+    return found[0]["pid"] if found else None
+
+
+def _stop(node: Node) -> str:
+    """Stop ``node`` cleanly; what it logged."""
+    assert node.proc.stdin is not None and node.proc.stderr is not None
+    node.proc.stdin.close()
+    node.proc.wait(30)
+    return node.proc.stderr.read()
+
+
+TWIN_WARNING = "this name is declared by another live process too"
+
+
+def test_a_node_warns_when_a_live_process_already_declared_its_name(
+    where: Where, started: list[Node]
+) -> None:
+    # Two replicas deployed with one configured name show as one node: the second to
+    # start says so. A crashed predecessor of this host (its pid gone) is no twin.
+    same = ("--owner", "worker", "--owned", "0-63", "--lease-ttl", "30")
+    crashed = where.node(*same)
+    wait_until(lambda: _declared_pid(where, "worker") == crashed.proc.pid, timeout=20)
+    crashed.kill()
+    first = where.node(*same)
+    started.append(first)
+    wait_until(lambda: _declared_pid(where, "worker") == first.proc.pid, timeout=20)
+    second = where.node(*same)
+    started.append(second)
+    wait_until(lambda: _declared_pid(where, "worker") == second.proc.pid, timeout=20)
+    said = _stop(second)
+    assert TWIN_WARNING in said and f"pid {first.proc.pid}," in said, said
+    assert TWIN_WARNING not in _stop(first)  # its predecessor had crashed: no twin
