@@ -202,7 +202,8 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                 (mode,) = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
                 break
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                busy = exc.sqlite_errorcode == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
