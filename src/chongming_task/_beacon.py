@@ -124,7 +124,8 @@ def _twin(declared: NodeRecord, mine: NodeRecord) -> bool:
         return False
     if (declared.host, declared.pid) == (mine.host, mine.pid):
         return False
-    if declared.host == mine.host and os.name == "posix":  # (Windows: kill would end it)
+    # (On Windows kill would end the process; a pid of 0 or less names a group.)
+    if declared.host == mine.host and declared.pid > 0 and os.name == "posix":
         try:
             os.kill(declared.pid, 0)
         except ProcessLookupError:
