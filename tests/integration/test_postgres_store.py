@@ -284,8 +284,7 @@ def test_create_schema_waits_for_another_nodes_creation_of_it(
     committer.start()
     store = PostgresTaskStore(pg_dsn, schema=schema)
     try:
-        store.create_schema()
-        committer.join()
+        store.create_schema()  # returns once the other's DDL committed
         store.create(snapshot("after-the-wait"))
         assert store.get("after-the-wait") is not None
     finally:

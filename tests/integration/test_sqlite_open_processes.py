@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 from chongming_task.stores import SqliteTaskStore
@@ -75,5 +76,5 @@ def test_nodes_opening_a_new_file_together_all_open_it(tmp_path: Path) -> None:
             assert sorted(t.task_id for t in store.query()) == [f"node-{n}" for n in range(NODES)]
         finally:
             store.close()
-        with sqlite3.connect(path) as conn:
+        with closing(sqlite3.connect(path)) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1414,7 +1415,7 @@ def test_an_open_waits_for_another_process_making_the_file(tmp_path: Path) -> No
         assert store.get("after-the-wait") is not None
     finally:
         store.close()
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
