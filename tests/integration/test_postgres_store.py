@@ -31,6 +31,7 @@ from tests.integration.postgres_support import (
     require_dsn,
     schemas,
 )
+from tests.integration.together import BARRIER, run_together
 
 __all__ = ["pg_dsn", "schemas"]  # fixtures used by name
 
@@ -267,8 +268,6 @@ def test_create_schema_waits_for_another_nodes_creation_of_it(
     # DDL run, not committed. This one waits for it, then finds everything made. With
     # IF NOT EXISTS alone it failed once the other committed: a duplicate key in
     # pg_namespace, the system catalog's list of schemas.
-    from importlib import resources
-
     import psycopg
 
     from chongming_task.stores import postgres
@@ -276,10 +275,9 @@ def test_create_schema_waits_for_another_nodes_creation_of_it(
 
     schema = new_schema()
     schemas.append(schema)
-    ddl = resources.files(postgres.__package__).joinpath("postgres_schema.sql").read_text()
     other = psycopg.connect(pg_dsn)
     other.execute("SELECT pg_advisory_xact_lock(%s, %s)", postgres._schema_lock_key(schema))
-    other.execute(ddl.replace("{schema}", schema).encode())
+    other.execute(postgres._schema_ddl(schema))
     committer = threading.Timer(0.3, other.commit)
     committer.start()
     store = PostgresTaskStore(pg_dsn, schema=schema)
@@ -293,44 +291,28 @@ def test_create_schema_waits_for_another_nodes_creation_of_it(
         store.close()
 
 
-NODE = """
+NODE = (
+    """
 import sys
 from chongming_task.stores.postgres import PostgresTaskStore
 store = PostgresTaskStore(sys.argv[1], schema=sys.argv[2])
-print("ready", flush=True)
-sys.stdin.readline()
+"""
+    + BARRIER
+    + """
 store.create_schema()
 store.close()
 """
+)
 
 
 def test_nodes_creating_one_schema_together_all_succeed(pg_dsn: str, schemas: list[str]) -> None:
-    # Four processes each call create_schema() at start, on a schema none made yet. Seen
-    # before the lock: three of four failed on the system catalog's duplicate key.
-    import subprocess
-    import sys
-
+    # Four processes each call create_schema() at start, connected first, on a schema
+    # none made yet. Seen before the lock: three of four failed on the system catalog's
+    # duplicate key.
     schema = new_schema()
     schemas.append(schema)
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-c", NODE, pg_dsn, schema],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    for node in nodes:  # connected and waiting: the creations race, not the start-ups
-        assert node.stdout is not None and node.stdout.readline() == "ready\n"
-    for node in nodes:
-        assert node.stdin is not None
-        node.stdin.write("go\n")
-        node.stdin.flush()
-    for node in nodes:
-        _, err = node.communicate(timeout=60)
-        assert node.returncode == 0, err
+    for node in run_together(NODE, [[pg_dsn, schema]] * 4):
+        assert node.returncode == 0, node.stderr
 
 
 def test_a_missing_schema_is_a_clear_error(pg_dsn: str) -> None:

@@ -88,6 +88,12 @@ def _schema_lock_key(schema: str) -> tuple[int, int]:
     return _SCHEMA_LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc
 
 
+def _schema_ddl(schema: str) -> bytes:
+    """postgres_schema.sql for ``schema`` (a validated identifier), as one query."""
+    ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
+    return ddl.replace("{schema}", schema).encode()
+
+
 _SQL = load_named("postgres.sql")
 _JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
 # The task columns as the codec reads them: JSONB as text.
@@ -386,10 +392,9 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         others' DDL first, on a lock of this schema's (``IF NOT EXISTS`` alone does not
         hold against a creation not yet committed: the later one failed on a duplicate
         key of the system catalog)."""
-        ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
         with self._cursor("create_schema", transaction=True) as cur:
             cur.execute(_SQL["ddl_lock"], _schema_lock_key(self.schema))
-            cur.execute(ddl.replace("{schema}", self.schema).encode())
+            cur.execute(_schema_ddl(self.schema))
 
     @staticmethod
     def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
