@@ -828,6 +828,43 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     ]
 
 
+def test_a_life_write_stores_each_transition_at_its_own_time() -> None:
+    """A worker's start and end transitions share the snapshot's started_at and ended_at
+    objects, and the life write encodes each of those times once: a transition at any
+    other time still gets its own."""
+    from datetime import timedelta
+
+    from chongming_task.stores import codec
+    from chongming_task.stores._sqlite_group import LIFE_FILLS
+    from chongming_task.stores.sqlite import _life_request
+
+    started = datetime(2026, 3, 1, 12, 0, 0, 1, tzinfo=UTC)
+    ended = started + timedelta(seconds=2)
+    between = started + timedelta(seconds=1)  # equal to neither, nor the same object
+    snapshot = TaskSnapshot(
+        task_id="t1",
+        name="job",
+        status=TaskStatus.SUCCEEDED,
+        status_version=5,
+        created_at=started,
+        started_at=started,
+        ended_at=ended,
+    )
+    statuses = [TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.SUCCEEDED]
+    ats = [started, between, ended]
+    transitions = [
+        Transition(task_id="t1", version=v, from_status=None, to_status=to, at=at)
+        for v, to, at in zip((3, 4, 5), statuses, ats, strict=True)
+    ]
+    request = _life_request(snapshot, 2, transitions)
+    (life,) = request.life
+    at_column = LIFE_FILLS.index("at")
+    stored = [row[4] for row in request.trail] + [life[at_column]]
+    assert stored == [codec.encode_dt(at) for at in ats]
+    assert life[LIFE_FILLS.index("started_at")] == codec.encode_dt(started)
+    assert life[LIFE_FILLS.index("ended_at")] == codec.encode_dt(ended)
+
+
 def _schema_8_file(path: Path) -> sqlite3.Connection:
     """A file as a release of schema 8 made it (``data/sqlite_schema_8.sql``): tasks
     without seq, the trail keyed by (task_id, version). It holds task "kept" with its

@@ -684,6 +684,8 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
 _NO_TRANSITION = [None] * (len(codec.TRANSITION_COLUMNS) - 1)
 _CREATED_AT = codec.TASK_COLUMNS.index("created_at")
+_LIFE_STARTED = codec.LIFE_COLUMNS.index("started_at")  # in life_values(snapshot)
+_LIFE_ENDED = codec.LIFE_COLUMNS.index("ended_at")
 
 # Pages in the WAL past which a commit checkpoints, where commits do (without the
 # Checkpointer's thread): task rows are rewritten several times in their first second, so
@@ -799,8 +801,19 @@ def _life_request(
     of the write view: the life row (``LIFE_FILLS``) carries the last transition, the
     others are trail rows of their own."""
     task_id = snapshot.task_id
-    life = [task_id, *codec.life_values(snapshot), expect_version]
-    trail: list[Row] = [codec.transition_to_values(t) for t in transitions]
+    lived = codec.life_values(snapshot)
+    life = [task_id, *lived, expect_version]
+    # A worker's start and end are at the run's started_at and ended_at (the same
+    # objects): each time encoded once, not once a transition (five encodings were two).
+    started, ended = snapshot.started_at, snapshot.ended_at
+    started_text, ended_text = lived[_LIFE_STARTED], lived[_LIFE_ENDED]
+    trail: list[Row] = [
+        codec.transition_to_values(
+            t,
+            at=ended_text if t.at is ended else started_text if t.at is started else None,
+        )
+        for t in transitions
+    ]
     if trail and trail[-1][0] == task_id:
         life += trail.pop()[1:]
     else:  # none, or another task's (a caller may hand one over): trail rows only
