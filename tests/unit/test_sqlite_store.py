@@ -841,14 +841,8 @@ def test_a_life_write_stores_each_transition_at_its_own_time() -> None:
     started = datetime(2026, 3, 1, 12, 0, 0, 1, tzinfo=UTC)
     ended = started + timedelta(seconds=2)
     between = started + timedelta(seconds=1)  # equal to neither, nor the same object
-    snapshot = TaskSnapshot(
-        task_id="t1",
-        name="job",
-        status=TaskStatus.SUCCEEDED,
-        status_version=5,
-        created_at=started,
-        started_at=started,
-        ended_at=ended,
+    snapshot = snap(
+        "t1", status=TaskStatus.SUCCEEDED, status_version=5, started_at=started, ended_at=ended
     )
     statuses = [TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.SUCCEEDED]
     ats = [started, between, ended]
