@@ -803,8 +803,9 @@ def _life_request(
     task_id = snapshot.task_id
     lived = codec.life_values(snapshot)
     life = [task_id, *lived, expect_version]
-    # A worker's start and end are at the run's started_at and ended_at (the same
-    # objects): each time encoded once, not once a transition (five encodings were two).
+    # A worker's start and end transitions are at the run's started_at and ended_at (the
+    # same objects): each time is encoded once, not once a transition (two encodings a
+    # quick task's life write, where there were five).
     started, ended = snapshot.started_at, snapshot.ended_at
     started_text, ended_text = lived[_LIFE_STARTED], lived[_LIFE_ENDED]
     trail: list[Row] = [
