@@ -852,8 +852,8 @@ def test_a_life_write_stores_each_transition_at_its_own_time() -> None:
     ]
     request = _life_request(snapshot, 2, transitions)
     (life,) = request.life
-    at_column = LIFE_FILLS.index("at")
-    stored = [row[4] for row in request.trail] + [life[at_column]]
+    trail_at, life_at = codec.TRANSITION_COLUMNS.index("at"), LIFE_FILLS.index("at")
+    stored = [row[trail_at] for row in request.trail] + [life[life_at]]
     assert stored == [codec.encode_dt(at) for at in ats]
     assert life[LIFE_FILLS.index("started_at")] == codec.encode_dt(started)
     assert life[LIFE_FILLS.index("ended_at")] == codec.encode_dt(ended)
