@@ -6,6 +6,8 @@ tests/conftest.py starts where initdb and pg_ctl exist) these skip visibly; in C
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -322,6 +324,71 @@ def test_a_missing_schema_is_a_clear_error(pg_dsn: str) -> None:
     with pytest.raises(StoreError, match="migrate"):
         store.get("anything")
     store.close()
+
+
+def stored_version(dsn: str, schema: str) -> list[tuple[int]]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f"SELECT version FROM {schema}.schema_version").fetchall()
+
+
+def test_a_schema_records_its_version_and_a_newer_one_is_refused(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    import psycopg
+
+    from chongming_task.stores.postgres import SCHEMA_VERSION, PostgresTaskStore
+
+    store = make(pg_dsn, schemas)
+    schema = store.schema
+    store.create(snapshot("kept"))
+    store.close()
+    assert stored_version(pg_dsn, schema) == [(SCHEMA_VERSION,)]
+    # A newer release migrated it (a column this one does not know, say): this release
+    # must not read or write it. Refused when the store opens, in one line.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.schema_version SET version = %s", [SCHEMA_VERSION + 1])
+    with pytest.raises(StoreError) as refused:
+        PostgresTaskStore(pg_dsn, schema=schema)
+    message = str(refused.value)
+    assert f"version {SCHEMA_VERSION + 1}, made by a newer release" in message
+    assert f"reads version {SCHEMA_VERSION}: upgrade chongming-task" in message
+    assert "\n" not in message
+    # The CLI says the same in one line, exit 1, and the data is untouched.
+    cli = [sys.executable, "-m", "chongming_task", "--db", pg_dsn, "--pg-schema", schema]
+    shown = subprocess.run([*cli, "ps"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 1, shown.stderr
+    assert shown.stderr.count("\n") == 1 and "made by a newer release" in shown.stderr
+    assert "Traceback" not in shown.stderr
+    migrated = subprocess.run([*cli, "migrate"], capture_output=True, text=True, timeout=60)
+    assert migrated.returncode == 1 and "made by a newer release" in migrated.stderr
+    assert stored_version(pg_dsn, schema) == [(SCHEMA_VERSION + 1,)]  # never lowered
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f"SELECT task_id FROM {schema}.tasks").fetchall() == [("kept",)]
+
+
+def test_a_schema_made_before_its_version_was_recorded_opens_and_gets_one(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    import psycopg
+
+    from chongming_task.stores.postgres import SCHEMA_VERSION, PostgresTaskStore
+
+    store = make(pg_dsn, schemas)
+    schema = store.schema
+    store.create(snapshot("older"))
+    store.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {schema}.schema_version")  # as the earlier releases made it
+    store = PostgresTaskStore(pg_dsn, schema=schema)
+    try:
+        assert store.get("older") is not None
+        store.create_schema()  # migrate: the version is recorded, nothing else changes
+        assert store.get("older") is not None
+    finally:
+        store.close()
+    assert stored_version(pg_dsn, schema) == [(SCHEMA_VERSION,)]
 
 
 def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: list[str]) -> None:

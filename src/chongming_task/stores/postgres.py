@@ -12,7 +12,8 @@ picks with ``FOR UPDATE SKIP LOCKED`` and leases in the same statement; tags are
 
 Schema creation is separate from use: ``create_schema()`` (or ``chongming-task --db DSN
 migrate``) needs DDL rights once; the store itself only reads and writes, so a role
-without DDL rights can run nodes and the read-only CLI.
+without DDL rights can run nodes and the read-only CLI. The schema records its version
+(``SCHEMA_VERSION``); a store refuses, when it opens, a schema a newer release made.
 
 Lease decisions use the server's clock (distributed design §15.1): ``storage_now()``
 is ``statement_timestamp()``, and the runtime's ``LeaseClock`` passes that time in as
@@ -74,10 +75,13 @@ except ImportError:  # the [postgres] extra is not installed
 if TYPE_CHECKING:
     from psycopg import Connection, Cursor
 
-__all__ = ["DEFAULT_SCHEMA", "INSTALL_HINT", "PostgresTaskStore"]
+__all__ = ["DEFAULT_SCHEMA", "INSTALL_HINT", "SCHEMA_VERSION", "PostgresTaskStore"]
 
 INSTALL_HINT = 'pip install "chongming-task[postgres]"'
 DEFAULT_SCHEMA = "chongming"
+SCHEMA_VERSION = 1
+"""The version of the tables this release makes and reads (``schema_version``). A schema
+made before that table existed holds the tables of version 1."""
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks
 
@@ -91,7 +95,7 @@ def _schema_lock_key(schema: str) -> tuple[int, int]:
 def _schema_ddl(schema: str) -> bytes:
     """postgres_schema.sql for ``schema`` (a validated identifier), as one query."""
     ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
-    return ddl.replace("{schema}", schema).encode()
+    return ddl.replace("{schema}", schema).replace("{version}", str(SCHEMA_VERSION)).encode()
 
 
 _SQL = load_named("postgres.sql")
@@ -209,7 +213,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         # the pool retrying it for connect_timeout seconds.
         unreachable = ""
         try:
-            psycopg.connect(self._dsn, **self._connect_kwargs).close()
+            first = psycopg.connect(self._dsn, **self._connect_kwargs)
         except psycopg.OperationalError as exc:
             # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
             if "FATAL:" in str(exc) and not TRANSIENT.search(str(exc)):
@@ -217,6 +221,9 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
                     f"PostgreSQL at {self.where} refused the connection: {server_reason(exc)}"
                 ) from None
             unreachable = f": {server_reason(exc)}"
+        else:
+            with first:
+                self._check_version(first)
         self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -225,6 +232,22 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             raise StoreError(
                 f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s{unreachable}"
             ) from None
+
+    def _check_version(self, conn: Connection[Any]) -> None:
+        """Refuse a schema a newer release made: this one could misread its tables or
+        write rows they no longer mean. Checked once, when the store opens (a server
+        away then is not waited for: the pool's first connection says so)."""
+        with translated("open", self.where, self.schema, self._went_down):
+            try:
+                row = conn.execute(_SQL["schema_version"]).fetchone()
+            except pg_errors.UndefinedTable:
+                return  # not made yet (migrate makes it), or made before the table: 1
+        if row is not None and row[0] > SCHEMA_VERSION:
+            raise StoreError(
+                f"chongming-task schema {self.schema!r} at {self.where} is version {row[0]}, "
+                f"made by a newer release; this one reads version {SCHEMA_VERSION}: "
+                "upgrade chongming-task"
+            )
 
     def _new_pool(self) -> ConnectionPool:
         return ConnectionPool(

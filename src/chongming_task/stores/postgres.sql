@@ -24,6 +24,9 @@ UPDATE tasks SET
     outcome = %s::jsonb
 WHERE task_id = %s AND status_version = %s
 
+-- name: schema_version
+SELECT version FROM schema_version
+
 -- name: stored_version
 SELECT status_version FROM tasks WHERE task_id = %s
 

@@ -1,7 +1,7 @@
 -- chongming-task PostgreSQL schema. Run once per schema by a role with DDL rights
 -- (PostgresTaskStore.create_schema() or `chongming-task --db DSN migrate`); the store
 -- itself only reads and writes, so a role without DDL rights can run it.
--- {schema} is replaced by a validated identifier.
+-- {schema} is replaced by a validated identifier, {version} by SCHEMA_VERSION.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 
@@ -110,3 +110,13 @@ CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON {schema}.pipelines (creat
 CREATE INDEX IF NOT EXISTS idx_commands_finished ON {schema}.commands (finished_at)
     WHERE finished_at IS NOT NULL;
 
+-- The version of these tables (one row). A store refuses a schema whose version is
+-- newer than its release's (it could misread the tables, or write rows they no longer
+-- mean); a schema made before this table existed is version 1. Never lowered here.
+CREATE TABLE IF NOT EXISTS {schema}.schema_version (
+    one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    version INTEGER NOT NULL
+);
+INSERT INTO {schema}.schema_version (version) VALUES ({version})
+    ON CONFLICT (one) DO UPDATE SET version = EXCLUDED.version
+    WHERE {schema}.schema_version.version < EXCLUDED.version;
