@@ -333,6 +333,19 @@ def stored_version(dsn: str, schema: str) -> list[tuple[int]]:
         return conn.execute(f"SELECT version FROM {schema}.schema_version").fetchall()
 
 
+def schema_then(dsn: str, schemas: list[str], task_id: str, change: str) -> str:
+    """A new schema holding one task, then ``change`` (SQL; ``{schema}`` its name) run
+    by another client, as another release would."""
+    import psycopg
+
+    store = make(dsn, schemas)
+    store.create(snapshot(task_id))
+    store.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(change.format(schema=store.schema).encode())
+    return str(store.schema)
+
+
 def test_a_schema_records_its_version_and_a_newer_one_is_refused(
     pg_dsn: str, schemas: list[str]
 ) -> None:
@@ -340,19 +353,16 @@ def test_a_schema_records_its_version_and_a_newer_one_is_refused(
 
     from chongming_task.stores.postgres import SCHEMA_VERSION, PostgresTaskStore
 
-    store = make(pg_dsn, schemas)
-    schema = store.schema
-    store.create(snapshot("kept"))
-    store.close()
-    assert stored_version(pg_dsn, schema) == [(SCHEMA_VERSION,)]
     # A newer release migrated it (a column this one does not know, say): this release
     # must not read or write it. Refused when the store opens, in one line.
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"UPDATE {schema}.schema_version SET version = %s", [SCHEMA_VERSION + 1])
+    newer = SCHEMA_VERSION + 1
+    schema = schema_then(
+        pg_dsn, schemas, "kept", f"UPDATE {{schema}}.schema_version SET version = {newer}"
+    )
     with pytest.raises(StoreError) as refused:
         PostgresTaskStore(pg_dsn, schema=schema)
     message = str(refused.value)
-    assert f"version {SCHEMA_VERSION + 1}, made by a newer release" in message
+    assert f"version {newer}, made by a newer release" in message
     assert f"reads version {SCHEMA_VERSION}: upgrade chongming-task" in message
     assert "\n" not in message
     # The CLI says the same in one line, exit 1, and the data is untouched.
@@ -363,7 +373,7 @@ def test_a_schema_records_its_version_and_a_newer_one_is_refused(
     assert "Traceback" not in shown.stderr
     migrated = subprocess.run([*cli, "migrate"], capture_output=True, text=True, timeout=60)
     assert migrated.returncode == 1 and "made by a newer release" in migrated.stderr
-    assert stored_version(pg_dsn, schema) == [(SCHEMA_VERSION + 1,)]  # never lowered
+    assert stored_version(pg_dsn, schema) == [(newer,)]  # never lowered
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(f"SELECT task_id FROM {schema}.tasks").fetchall() == [("kept",)]
 
@@ -371,16 +381,10 @@ def test_a_schema_records_its_version_and_a_newer_one_is_refused(
 def test_a_schema_made_before_its_version_was_recorded_opens_and_gets_one(
     pg_dsn: str, schemas: list[str]
 ) -> None:
-    import psycopg
-
     from chongming_task.stores.postgres import SCHEMA_VERSION, PostgresTaskStore
 
-    store = make(pg_dsn, schemas)
-    schema = store.schema
-    store.create(snapshot("older"))
-    store.close()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE {schema}.schema_version")  # as the earlier releases made it
+    # As the releases before the table made it.
+    schema = schema_then(pg_dsn, schemas, "older", "DROP TABLE {schema}.schema_version")
     store = PostgresTaskStore(pg_dsn, schema=schema)
     try:
         assert store.get("older") is not None
