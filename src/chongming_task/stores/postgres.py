@@ -213,7 +213,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         # the pool retrying it for connect_timeout seconds.
         unreachable = ""
         try:
-            first = psycopg.connect(self._dsn, **self._connect_kwargs)
+            psycopg.connect(self._dsn, **self._connect_kwargs).close()
         except psycopg.OperationalError as exc:
             # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
             if "FATAL:" in str(exc) and not TRANSIENT.search(str(exc)):
@@ -221,9 +221,6 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
                     f"PostgreSQL at {self.where} refused the connection: {server_reason(exc)}"
                 ) from None
             unreachable = f": {server_reason(exc)}"
-        else:
-            with first:
-                self._check_version(first)
         self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -232,12 +229,20 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             raise StoreError(
                 f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s{unreachable}"
             ) from None
+        try:
+            self._check_version()
+        except BaseException:
+            self._pool.close()
+            raise
 
-    def _check_version(self, conn: Connection[Any]) -> None:
+    def _check_version(self) -> None:
         """Refuse a schema a newer release made: this one could misread its tables or
-        write rows they no longer mean. Checked once, when the store opens (a server
-        away then is not waited for: the pool's first connection says so)."""
-        with translated("open", self.where, self.schema, self._went_down):
+        write rows they no longer mean. Checked once, when the store opens (on the
+        pool's connection, so a server that was away a moment is checked too)."""
+        with (
+            translated("open", self.where, self.schema, self._went_down),
+            self._pool.connection() as conn,
+        ):
             try:
                 row = conn.execute(_SQL["schema_version"]).fetchone()
             except pg_errors.UndefinedTable:
