@@ -9,6 +9,8 @@ import contextlib
 import threading
 import time
 
+import pytest
+
 from chongming_task import (
     CancellationToken,
     Controller,
@@ -182,3 +184,28 @@ def test_a_node_keeps_its_truth_through_an_outage_longer_than_the_lease(
         node.close()
         store.close()
         other_store.close()
+
+
+def test_a_store_opened_while_the_server_returns_still_refuses_a_newer_schema(
+    throwaway_cluster: ThrowawayCluster,
+) -> None:
+    # The server is away when the store opens and back within its connect_timeout: the
+    # store's first, direct connection fails, its pool then connects. The schema's
+    # version is still read, and a newer release's schema still refused.
+    import psycopg
+
+    from chongming_task.stores.postgres import SCHEMA_VERSION
+
+    _store(throwaway_cluster).close()
+    with psycopg.connect(throwaway_cluster.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE chongming.schema_version SET version = {SCHEMA_VERSION + 1}")
+    throwaway_cluster.stop()
+    returns = threading.Timer(1.0, throwaway_cluster.start)
+    returns.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(StoreError, match="made by a newer release"):
+            PostgresTaskStore(throwaway_cluster.dsn, connect_timeout=20)
+        assert time.monotonic() - began >= 0.9  # it did wait for the server's return
+    finally:
+        returns.join()
