@@ -239,8 +239,9 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         """Refuse a schema a newer release made: this one could misread its tables or
         write rows they no longer mean. Checked once, when the store opens (on the
         pool's connection, so a server that was away a moment is checked too)."""
+        # An outage here fails the open: nothing to fail fast for, no prober to start.
         with (
-            translated("open", self.where, self.schema, self._went_down),
+            translated("open", self.where, self.schema, lambda: None),
             self._pool.connection() as conn,
         ):
             try:
