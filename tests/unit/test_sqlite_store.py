@@ -1458,3 +1458,18 @@ def test_an_open_held_off_past_its_timeout_says_the_file_is_locked(tmp_path: Pat
             SqliteTaskStore(path, timeout=0.2)
     finally:
         holder.close()
+
+
+def test_a_file_a_newer_release_made_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    SqliteTaskStore(path).close()
+    with closing(sqlite3.connect(path)) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreError) as refused:
+        SqliteTaskStore(path)
+    assert str(refused.value) == (
+        f"{path} has schema version {SCHEMA_VERSION + 1}, made by a newer release; "
+        f"this chongming-task reads version {SCHEMA_VERSION}: upgrade chongming-task"
+    )
+    with closing(sqlite3.connect(path)) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION + 1,)

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from .. import states
+from ..errors import StoreError
 from ..model import Failure, TaskQuery, TaskScan, TaskSnapshot, TaskStatus
 from . import codec
 
@@ -22,6 +23,7 @@ __all__ = [
     "TaskScanSQL",
     "count_sql",
     "load_named",
+    "newer_schema",
     "query_sql",
     "scan_sql",
     "scan_where",
@@ -29,6 +31,16 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$")
+
+
+def newer_schema(holder: str, found: int, understood: int) -> StoreError:
+    """The refusal of a schema a newer release made (``found`` past ``understood``): this
+    release could misread its tables or write rows they no longer mean. One wording for
+    every store; ``holder`` names the file or the schema."""
+    return StoreError(
+        f"{holder} has schema version {found}, made by a newer release; this chongming-task "
+        f"reads version {understood}: upgrade chongming-task"
+    )
 
 
 @functools.cache  # read once a process: the store and its group commit both use them

@@ -55,6 +55,7 @@ from ._sql import (
     TaskScanSQL,
     encoded_tag,
     load_named,
+    newer_schema,
     query_sql,
     verdicts_of_expired,
 )
@@ -249,11 +250,8 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             except pg_errors.UndefinedTable:
                 return  # not made yet (migrate makes it), or made before the table: 1
         if row is not None and row[0] > SCHEMA_VERSION:
-            raise StoreError(
-                f"chongming-task schema {self.schema!r} at {self.where} is version {row[0]}, "
-                f"made by a newer release; this one reads version {SCHEMA_VERSION}: "
-                "upgrade chongming-task"
-            )
+            holder = f"chongming-task schema {self.schema!r} at {self.where}"
+            raise newer_schema(holder, row[0], SCHEMA_VERSION)
 
     def _new_pool(self) -> ConnectionPool:
         return ConnectionPool(

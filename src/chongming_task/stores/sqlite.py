@@ -44,6 +44,7 @@ from ._sql import (
     TaskScanSQL,
     encoded_tag,
     load_named,
+    newer_schema,
     query_sql,
     verdicts_of_expired,
 )
@@ -218,10 +219,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         """Whether the schema is this version's, to the last object (a read, no lock)."""
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} has schema version {version}, newer than this "
-                f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
-            )
+            raise newer_schema(str(self.path), version, SCHEMA_VERSION)
         if version < SCHEMA_VERSION:
             return False
         (found,) = self._conn.execute(
@@ -302,10 +300,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         try:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
             if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} has schema version {version}, newer than this "
-                    f"chongming-task understands ({SCHEMA_VERSION}); upgrade chongming-task"
-                )
+                raise newer_schema(str(self.path), version, SCHEMA_VERSION)
             trail = _columns(conn, "transitions")
             if trail and trail[0] != "key":  # a file made before schema 11
                 (tasks,) = conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
