@@ -630,19 +630,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                     )
             conn.executemany(
                 _SQL["append"],
-                (
-                    (
-                        t.task_id,
-                        t.version,
-                        t.from_status.value if t.from_status else None,
-                        t.to_status.value,
-                        dt(t.at),
-                        t.reason,
-                        t.actor,
-                    )
-                    for m, t in marks
-                    if m.task_id in won
-                ),
+                (codec.transition_to_values(t, at=dt(t.at)) for m, t in marks if m.task_id in won),
             )
         return won
 
