@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 from collections.abc import Callable
@@ -21,13 +22,15 @@ from chongming_task import (
     RetryPolicy,
     StoreError,
     TaskNotFound,
+    TaskRun,
     TaskStatus,
     TaskStore,
     TaskUnsuccessful,
     UnknownTask,
     WaitTimeout,
 )
-from chongming_task.testing import FaultyStore
+from chongming_task._carrier import Carrier
+from chongming_task.testing import FakeClock, FaultyStore
 from tests.conftest import wait_until
 
 S = TaskStatus
@@ -336,6 +339,36 @@ def test_a_success_is_written_with_its_outcome_and_what_the_task_reported(
         assert seen.progress == Progress(current=3, total=10, message="three")
         assert seen.last_heartbeat_at is not None
     assert retried.wait(5).attempt == 2 and retried.result(5) == "ok"
+
+
+def test_the_success_fast_path_makes_what_the_general_transition_makes(
+    store: TaskStore, make_controller: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Carrier._succeed`` spells ``running -> succeeded`` out by hand for speed: a twin of
+    ``TaskRun._apply``. Run the same task both ways on one frozen clock; the snapshot and
+    the trail, in memory and stored, must not tell them apart."""
+    c = make_controller(store, clock=FakeClock())
+    job = c.task(lambda token: {"n": 1}, name="returns")
+
+    def finished(run: TaskRun) -> tuple[object, ...]:
+        final = run.wait(5)
+        stored = c.get(run.task_id)
+        assert final.status is S.SUCCEEDED and stored == final
+
+        def anonymous(record: Any) -> Any:
+            return dataclasses.replace(record, task_id="-")
+
+        trails = (c.history(run.task_id), run.history())
+        return anonymous(final), *([anonymous(t) for t in trail] for trail in trails)
+
+    fast = finished(c.submit(job))
+    monkeypatch.setattr(
+        Carrier,
+        "_succeed",
+        lambda self, outcome: self._apply(S.SUCCEEDED, outcome=outcome, failure=None),
+    )
+    general = finished(c.submit(job))
+    assert fast == general
 
 
 def test_retries_exhausted_fail_with_the_last_exception(make_controller: Make) -> None:
