@@ -1473,3 +1473,24 @@ def test_a_file_a_newer_release_made_is_refused_and_left_as_it_is(tmp_path: Path
     )
     with closing(sqlite3.connect(path)) as raw:
         assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION + 1,)
+
+
+def test_prune_deletes_the_trail_rows_of_what_it_prunes_and_no_others(tmp_path: Path) -> None:
+    """The trail of a pruned task cannot be read through the store (``history`` finds a
+    trail through its task's row, which is gone), so the contract cannot see rows left
+    behind: count them in the file."""
+    path = tmp_path / "p.db"
+    store = SqliteTaskStore(path)
+    for i, status in enumerate([TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.RUNNING]):
+        store.create(snap(f"t{i}", status=status, created_at=T0.replace(second=i)))
+        for version in (2, 3):
+            store.append(
+                Transition(
+                    task_id=f"t{i}", version=version, from_status=None, to_status=status, at=T0
+                )
+            )
+    assert store.prune(keep_terminal=1) == 1  # t0, the oldest finished
+    store.close()
+    with closing(sqlite3.connect(path)) as raw:
+        kept = raw.execute("SELECT task_id, count(*) FROM transitions GROUP BY task_id").fetchall()
+    assert sorted(kept) == [("t1", 2), ("t2", 2)]

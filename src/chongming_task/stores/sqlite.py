@@ -640,8 +640,9 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         if keep_terminal < 0:
             raise ValueError(f"keep_terminal must be >= 0, got {keep_terminal}")
         with self._write("prune") as conn:
-            doomed = [(r[0],) for r in conn.execute(_SQL["prunable"], (keep_terminal,))]
-            conn.executemany(_SQL["prune_history"], doomed)
+            keyed = conn.execute(_SQL["prunable"], (keep_terminal,)).fetchall()
+            doomed = [(task_id,) for task_id, _ in keyed]
+            conn.executemany(_SQL["prune_history"], keyed)
             conn.executemany(_SQL["prune_commands"], doomed)
             conn.executemany(_SQL["prune_task"], doomed)
         return len(doomed)

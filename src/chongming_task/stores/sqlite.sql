@@ -397,16 +397,14 @@ UPDATE commands SET lease_until = NULL WHERE command_id = ? AND finished_at IS N
 
 -- The terminal statuses (chongming_task.states.TERMINAL; a test keeps them equal).
 -- name: prunable
-SELECT task_id FROM tasks
+SELECT task_id, seq FROM tasks
 WHERE status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
 ORDER BY created_at DESC, seq DESC LIMIT -1 OFFSET ?
 
--- (before prune_task: it finds the trail by the task's seq)
+-- ?1 a task's id, ?2 its seq (from prunable): its trail is the keys of that seq
 -- name: prune_history
 DELETE FROM transitions
-WHERE key BETWEEN (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216
-              AND (SELECT seq FROM tasks WHERE task_id = ?1) * 16777216 + 16777215
-    AND task_id = ?1
+WHERE key BETWEEN ?2 * 16777216 AND ?2 * 16777216 + 16777215 AND task_id = ?1
 
 -- name: prune_commands
 DELETE FROM commands WHERE task_id = ? AND finished_at IS NOT NULL
