@@ -346,13 +346,13 @@ allocated, and allocations are what start a collection."""
 
 TRAIL_WIDTH = 6
 
-_STATUS_OF_TEXT: dict[str, TaskStatus] = {status.value: status for status in TaskStatus}
-TRAIL_TEXT: dict[TaskStatus | None, str | None] = {
-    None: None,
-    **{status: status.value for status in TaskStatus},
-}
-"""A status as a ``Trail`` holds it (a lookup: an Enum's ``.value`` is a descriptor
-call)."""
+STATUS_TEXT: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+"""Each status as a ``Trail`` holds it and a store writes it (a lookup: an Enum's
+``.value`` is a descriptor call)."""
+_STATUS_OF_TEXT: dict[str, TaskStatus] = {text: status for status, text in STATUS_TEXT.items()}
+TRAIL_TEXT: dict[TaskStatus | None, str | None] = {None: None}
+"""``STATUS_TEXT`` with a first transition's ``from_status`` (``None``)."""
+TRAIL_TEXT.update(STATUS_TEXT.items())
 
 
 def trail_items(transition: Transition) -> Trail:

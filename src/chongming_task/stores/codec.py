@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..model import (
+    STATUS_TEXT,
     Command,
     CommandAction,
     Failure,
@@ -96,8 +97,6 @@ LIFE_COLUMNS: tuple[str, ...] = tuple(
 )
 """The columns a task's life changes (the identity columns are fixed at create, the lease
 is ``touch``'s): what the SQL stores' compare-and-set writes."""
-STATUS_TEXT: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
-"""Each status as stored (a dict lookup: an enum's ``.value`` is a slow property)."""
 SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in TASK_COLUMNS if c not in LEASE_COLUMNS)
 """What ``save`` writes: everything but the lease, which only ``touch`` writes."""
 
