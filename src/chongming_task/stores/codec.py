@@ -10,7 +10,7 @@ text; a relational store keeps each row as is, a document store as a sub-object.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,6 +50,7 @@ __all__ = [
     "encode_json",
     "encode_progress",
     "encode_tags",
+    "encoded_once",
     "life_values",
     "row_to_command",
     "row_to_snapshot",
@@ -223,6 +224,21 @@ def decode_progress(value: Any) -> Progress | None:
     if data is None:
         return None
     return Progress(current=data["current"], total=data.get("total"), message=data.get("message"))
+
+
+def encoded_once() -> Callable[[Any, Callable[[Any], Any]], Any]:
+    """``once(value, encode)``: ``encode(value)``, computed once for each object and
+    encoder (``reconcile()`` marks many tasks with one time and one failure object).
+    Keyed by identity: the values must stay alive while ``once`` is used."""
+    seen: dict[tuple[int, Callable[[Any], Any]], Any] = {}
+
+    def once(value: Any, encode: Callable[[Any], Any]) -> Any:
+        key = (id(value), encode)
+        if key not in seen:
+            seen[key] = encode(value)
+        return seen[key]
+
+    return once
 
 
 def encode_failure(failure: Failure | None) -> str | None:

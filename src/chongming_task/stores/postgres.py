@@ -534,16 +534,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         appended only where that won; all in one statement. Returns the ids marked."""
         if not marks:
             return set()
-        # Reconcile marks many tasks with one time and one failure per dead owner: each
-        # is encoded once.
-        encoded: dict[int, Any] = {}
-
-        def once(value: Any, encode: Any) -> Any:
-            key = id(value)
-            if key not in encoded:
-                encoded[key] = encode(value)
-            return encoded[key]
-
+        once = codec.encoded_once()
         rows = [
             (
                 m.task_id,

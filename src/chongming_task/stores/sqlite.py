@@ -589,23 +589,16 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         """
         if not marks:
             return set()
-        # Reconcile marks many tasks with the same time and failure: encode each once.
-        times: dict[datetime | None, str | None] = {}
-        failures: dict[int, str | None] = {}
-
-        def dt(value: datetime | None) -> str | None:
-            if value not in times:
-                times[value] = codec.encode_dt(value)
-            return times[value]
-
-        def failure(m: TaskSnapshot) -> str | None:
-            key = id(m.failure)
-            if key not in failures:
-                failures[key] = codec.encode_failure(m.failure)
-            return failures[key]
-
+        once, dt, failure = codec.encoded_once(), codec.encode_dt, codec.encode_failure
         params = [
-            (m.status.value, m.status_version, dt(m.ended_at), failure(m), m.task_id, t.version - 1)
+            (
+                m.status.value,
+                m.status_version,
+                once(m.ended_at, dt),
+                once(m.failure, failure),
+                m.task_id,
+                t.version - 1,
+            )
             for m, t in marks
         ]
         wanted = {m.task_id: m.status_version for m, _ in marks}
@@ -630,7 +623,11 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
                     )
             conn.executemany(
                 _SQL["append"],
-                (codec.transition_to_values(t, at=dt(t.at)) for m, t in marks if m.task_id in won),
+                (
+                    codec.transition_to_values(t, at=once(t.at, dt))
+                    for m, t in marks
+                    if m.task_id in won
+                ),
             )
         return won
 
