@@ -169,7 +169,7 @@ def sqlite_target(path: Path) -> Target:
                 f"INSERT INTO tasks ({', '.join(codec.TASK_COLUMNS)}) VALUES ({marks})", rows
             )
             # The trail is keyed by its task's seq (schema 9): the store's own statement.
-            conn.executemany(load_named("sqlite.sql")["append"], trails)
+            conn.executemany(load_named("chongming_task.stores.sqlite")["append"], trails)
         conn.close()
 
     return Target(
@@ -297,7 +297,7 @@ def measure_cli(target: Target, tasks: int) -> dict[str, tuple[float, float, flo
         if target.label == "SQLite" and command == "buckets":
             # Its bucket index holds only tasks with a bucket (the GROUP BY above would
             # read the table): the store's own statement is the floor.
-            sql = load_named("sqlite.sql")["bucket_totals"]
+            sql = load_named("chongming_task.stores.sqlite")["bucket_totals"]
         raw = min(timed(lambda: target.raw(sql, params)) for _ in range(3))  # noqa: B023
         runs = [run_cli(target, command) for _ in range(3)]
         out[command] = (min(r[0] for r in runs), max(r[1] for r in runs), raw)

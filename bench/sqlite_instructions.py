@@ -37,8 +37,8 @@ def _replay(recording: Path, shape: str, tasks: int) -> None:
     """In the child, under callgrind: replay ``tasks`` tasks of the recording."""
     from chongming_task import SqliteTaskStore
     from chongming_task.stores import codec
-    from chongming_task.stores import sqlite as sqlite_store
-    from chongming_task.stores._sqlite_group import WriteRequest
+    from chongming_task.stores.sqlite import store as sqlite_store
+    from chongming_task.stores.sqlite.group import WriteRequest
 
     writes = pickle.loads(recording.read_bytes())[:tasks]
     store = SqliteTaskStore(Path(tempfile.mkdtemp()) / "replay.db")

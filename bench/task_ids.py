@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import chongming_task._submission as submission
+import chongming_task.node.submission as submission
 from chongming_task import CancellationToken, Controller, SqliteTaskStore, TaskSnapshot, TaskStatus
 from chongming_task.model import Transition
 

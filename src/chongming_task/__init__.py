@@ -7,10 +7,8 @@ access; it needs ``pip install "chongming-task[postgres]"``.
 
 from __future__ import annotations
 
-from ._supervision import ReconcileReport as ReconcileReport
 from .clock import Clock as Clock
 from .clock import SystemClock as SystemClock
-from .controller import Controller as Controller
 from .definitions import TaskDefinition as TaskDefinition
 from .definitions import define as define
 from .errors import ChongmingTaskError as ChongmingTaskError
@@ -38,19 +36,21 @@ from .model import TaskQuery as TaskQuery
 from .model import TaskSnapshot as TaskSnapshot
 from .model import TaskStatus as TaskStatus
 from .model import Transition as Transition
+from .node.controller import Controller as Controller
+from .node.supervision import ReconcileReport as ReconcileReport
 from .pipelines import Pipeline as Pipeline
 from .pipelines import PipelineNode as PipelineNode
 from .pipelines import PipelineRun as PipelineRun
 from .policies import BucketPolicy as BucketPolicy
 from .policies import RetryPolicy as RetryPolicy
-from .run import TaskRun as TaskRun
+from .run.handle import TaskRun as TaskRun
+from .run.token import CancellationToken as CancellationToken
 from .schedules import CronTrigger as CronTrigger
 from .schedules import IntervalTrigger as IntervalTrigger
 from .schedules import Schedule as Schedule
 from .stores import InMemoryTaskStore as InMemoryTaskStore
 from .stores import SqliteTaskStore as SqliteTaskStore
 from .stores import TaskStore as TaskStore
-from .token import CancellationToken as CancellationToken
 
 __version__ = "0.1.0"
 
@@ -105,7 +105,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     if name == "PostgresTaskStore":  # lazy: keeps the driver optional
-        from .stores.postgres import PostgresTaskStore
+        from .stores.postgres.store import PostgresTaskStore
 
         return PostgresTaskStore
     raise AttributeError(f"module 'chongming_task' has no attribute {name!r}")

@@ -29,10 +29,10 @@ from . import states
 from .definitions import TaskRef
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
-from .run import cancel_waiting
+from .run.handle import cancel_waiting
 
 if TYPE_CHECKING:
-    from .run import TaskRun
+    from .run.handle import TaskRun
 
 __all__ = ["Pipeline", "PipelineNode", "PipelineRun", "PipelineRunner"]
 

@@ -26,13 +26,13 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ._services import LoopService, NodeContext
 from .errors import ChongmingTaskError, ConfigurationError
 from .model import ScheduleRecord, utc
+from .node.services import LoopService, NodeContext
 
 if TYPE_CHECKING:
     from .definitions import TaskRef
-    from .run import TaskRun
+    from .run.handle import TaskRun
 
 __all__ = [
     "CronTrigger",

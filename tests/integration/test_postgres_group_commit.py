@@ -308,7 +308,7 @@ def test_every_statement_shape_writes_each_row_with_its_trail(store: object, siz
     """One statement per shape, run as it is sent (server placeholders, no driver
     parsing): compare-and-sets alone (the per-row form up to eight, JSON rows beyond),
     mixed with new tasks, new tasks alone, and one that loses in each."""
-    from chongming_task.stores._pg_group import GroupWrite
+    from chongming_task.stores.postgres.group import GroupWrite
 
     ids = [f"s{size}-{k}" for k in range(size)]
     for task_id in ids:

@@ -272,8 +272,8 @@ def test_create_schema_waits_for_another_nodes_creation_of_it(
     # pg_namespace, the system catalog's list of schemas.
     import psycopg
 
-    from chongming_task.stores import postgres
     from chongming_task.stores.postgres import PostgresTaskStore
+    from chongming_task.stores.postgres import store as postgres
 
     schema = new_schema()
     schemas.append(schema)
@@ -396,7 +396,7 @@ def test_a_schema_made_before_its_version_was_recorded_opens_and_gets_one(
 
 
 def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: list[str]) -> None:
-    """The statements live in postgres.sql as SQL; a column the codec has and the SQL
+    """The statements live in stores/postgres/queries.sql as SQL; a column the codec has and the SQL
     lacks (or a shifted order) fails here, not as a silently misread row."""
     import re
 
@@ -423,7 +423,7 @@ def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: li
                 )
             ]
             assert [c for c in found if c != "seq"] == list(columns)
-    statements = load_named("postgres.sql")
+    statements = load_named("chongming_task.stores.postgres")
     assert set(re.findall(r"'(\w+)'", statements["prune"])) == {s.value for s in TERMINAL}
     selected = statements["get_task"].split("FROM")[0].replace("SELECT", "")
     assert [c.strip().removesuffix("::text") for c in selected.split(",")] == list(
@@ -438,7 +438,7 @@ def test_a_large_batch_is_one_array_statement_and_all_or_nothing(
     contract's three-task batch takes the row-by-row path): every value round-trips,
     and an existing id keeps nothing of the batch."""
     from chongming_task import TaskAlreadyExists, Transition
-    from chongming_task.stores.postgres import _BULK_FROM
+    from chongming_task.stores.postgres.store import _BULK_FROM
 
     store = make(pg_dsn, schemas)
     try:

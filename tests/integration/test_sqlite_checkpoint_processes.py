@@ -22,7 +22,7 @@ import sys, time
 from datetime import UTC, datetime
 from chongming_task import TaskSnapshot, TaskStatus
 from chongming_task.stores import SqliteTaskStore
-from chongming_task.stores._sqlite_checkpoint import Checkpointer
+from chongming_task.stores.sqlite.checkpoint import Checkpointer
 Checkpointer.RESTART_FRAMES = 1024  # more new starts in 3 s, on a slow machine too
 path, name, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 store = SqliteTaskStore(path)

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("psycopg", reason="the [postgres] extra is not installed")
 
-from chongming_task.stores._pg_listen import Announcer
+from chongming_task.stores.postgres.listen import Announcer
 from tests.conftest import wait_until
 
 

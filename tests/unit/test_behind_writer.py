@@ -27,7 +27,7 @@ from chongming_task import (
     TaskRun,
     TaskStatus,
 )
-from chongming_task._writer import BehindWriter
+from chongming_task.run.writers import BehindWriter
 from chongming_task.stores._supports import LifeWrite, PendingWrites
 from tests.conftest import wait_until
 

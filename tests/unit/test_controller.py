@@ -29,7 +29,7 @@ from chongming_task import (
     UnknownTask,
     WaitTimeout,
 )
-from chongming_task._carrier import Carrier
+from chongming_task.run.attempt import Carrier
 from chongming_task.testing import FakeClock, FaultyStore
 from tests.conftest import wait_until
 

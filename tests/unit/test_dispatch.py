@@ -9,8 +9,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
-from chongming_task._dispatch import FifoDispatcher
 from chongming_task.clock import SystemClock
+from chongming_task.node.dispatch import FifoDispatcher
 from tests.conftest import wait_until
 
 if TYPE_CHECKING:

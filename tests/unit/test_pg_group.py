@@ -1,4 +1,4 @@
-"""The group commit's queue, leaders and hand-over (``stores._pg_group``), with a stand-in
+"""The group commit's queue, leaders and hand-over (``stores.postgres.group``), with a stand-in
 for the statement: how many run at once, who commits whose write, and that every caller
 returns whatever the statement does. The statement itself is tested against a real
 server in tests/integration/test_postgres_group_commit.py."""
@@ -14,7 +14,7 @@ import pytest
 
 from chongming_task import StoreError, StoreUnavailable, TaskSnapshot, TaskStatus
 from chongming_task.model import Transition
-from chongming_task.stores._pg_group import GroupCommit, GroupWrite, batch_params
+from chongming_task.stores.postgres.group import GroupCommit, GroupWrite, batch_params
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -130,7 +130,7 @@ def test_batch_parameters_list_rows_in_task_id_order() -> None:
 
 
 def test_statements_are_sent_with_numbered_server_placeholders() -> None:
-    from chongming_task.stores._pg_group import numbered
+    from chongming_task.stores.postgres.group import numbered
 
     assert numbered("SELECT %s, %s::int FROM t WHERE a = %s") == (
         b"SELECT $1, $2::int FROM t WHERE a = $3"
@@ -144,7 +144,7 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
     import re
 
     pytest.importorskip("psycopg")
-    from chongming_task.stores.postgres import _GROUP_SQL
+    from chongming_task.stores.postgres.store import _GROUP_SQL
 
     def life(task_id: str) -> GroupWrite:
         snap = TaskSnapshot(

@@ -14,10 +14,10 @@ from chongming_task import (
     SystemClock,
     TaskStatus,
 )
-from chongming_task._commands import CommandPoller
-from chongming_task._leaseclock import LeaseClock
-from chongming_task._registry import RunRegistry
-from chongming_task._services import NodeContext
+from chongming_task.node.commands import CommandPoller
+from chongming_task.node.leaseclock import LeaseClock
+from chongming_task.node.registry import RunRegistry
+from chongming_task.node.services import NodeContext
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.testing import FakeClock
 from tests.conftest import wait_until

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from chongming_task import TaskSnapshot, TaskStatus
-from chongming_task.stores import SqliteTaskStore, _sqlite_checkpoint
-from chongming_task.stores._sqlite_checkpoint import Checkpointer
+from chongming_task.stores import SqliteTaskStore
+from chongming_task.stores.sqlite import checkpoint as _sqlite_checkpoint
+from chongming_task.stores.sqlite.checkpoint import Checkpointer
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 

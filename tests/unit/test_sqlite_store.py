@@ -188,7 +188,7 @@ def test_bucket_totals_count_the_bucketless_without_reading_the_table(tmp_path: 
         plan = [
             row[3]
             for row in store._conn.execute(
-                "EXPLAIN QUERY PLAN " + load_named("sqlite.sql")["bucket_totals"]
+                "EXPLAIN QUERY PLAN " + load_named("chongming_task.stores.sqlite")["bucket_totals"]
             )
         ]
         assert not [
@@ -759,7 +759,7 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
 ) -> None:
     """Releasing the connection serves the queue: a queued write never waits for its
     writer's retry timer (here an hour, so only the hand-over can commit it)."""
-    from chongming_task.stores import _sqlite_group
+    from chongming_task.stores.sqlite import group as _sqlite_group
 
     monkeypatch.setattr(_sqlite_group.GroupCommit, "_RETRY", 3600.0)
     store = SqliteTaskStore(tmp_path / "g.db")
@@ -782,7 +782,7 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
 
 
 def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
-    """The statements live in sqlite.sql as SQL; the codec and the group commit build
+    """The statements live in stores/sqlite/queries.sql as SQL; the codec and the group commit build
     rows in their own column order. A column added to one and not the other fails here,
     not as a silently shifted row."""
     import re
@@ -790,7 +790,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     from chongming_task.states import TERMINAL
     from chongming_task.stores import codec
     from chongming_task.stores._sql import load_named
-    from chongming_task.stores._sqlite_group import LIFE_FILLS, NEW_FILLS, WRITE_VIEW_COLUMNS
+    from chongming_task.stores.sqlite.group import LIFE_FILLS, NEW_FILLS, WRITE_VIEW_COLUMNS
 
     store = SqliteTaskStore(tmp_path / "s.db")
     store.close()
@@ -818,7 +818,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         assert set(re.findall(r"NEW\.(\w+)", new)) == {"kind", *NEW_FILLS}
     finally:
         raw.close()
-    statements = load_named("sqlite.sql")
+    statements = load_named("chongming_task.stores.sqlite")
     pruned = set(re.findall(r"'(\w+)'", statements["prunable"]))
     assert pruned == {s.value for s in TERMINAL}
     assert statements["get_task"].split("FROM")[0].replace("\n", " ").split() == [
@@ -835,8 +835,8 @@ def test_a_life_write_stores_each_transition_at_its_own_time() -> None:
     from datetime import timedelta
 
     from chongming_task.stores import codec
-    from chongming_task.stores._sqlite_group import LIFE_FILLS
-    from chongming_task.stores.sqlite import _life_request
+    from chongming_task.stores.sqlite.group import LIFE_FILLS
+    from chongming_task.stores.sqlite.store import _life_request
 
     started = datetime(2026, 3, 1, 12, 0, 0, 1, tzinfo=UTC)
     ended = started + timedelta(seconds=2)
@@ -1013,7 +1013,7 @@ def test_the_loose_trail_is_found_without_reading_every_task(tmp_path: Path) -> 
     the other way round, adopting after a bulk create read every task)."""
     from chongming_task.stores._sql import load_named
 
-    statements = load_named("sqlite.sql")
+    statements = load_named("chongming_task.stores.sqlite")
     store = SqliteTaskStore(tmp_path / "plans.db")
     try:
         store.create_many([_created(f"t{i}") for i in range(100)])
@@ -1318,7 +1318,7 @@ def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(
 def test_a_none_is_bound_as_null_through_the_registered_adapter(tmp_path: Path) -> None:
     """The store registers an adapter for None (sqlite3 formats an exception it throws
     away for each None it finds none for): a None column still lands as NULL."""
-    import chongming_task.stores._sqlite_group  # noqa: F401  (registers it)
+    import chongming_task.stores.sqlite.group  # noqa: F401  (registers it)
 
     assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)](None) is None
     store = SqliteTaskStore(tmp_path / "s.db")
@@ -1406,7 +1406,7 @@ def test_a_compare_and_set_carries_its_last_transition_and_the_others_follow(
 def test_the_migration_sets_back_the_pragmas_it_changed_as_they_were() -> None:
     """secure_delete reads 2 for FAST, and setting 2 turns it on: the value the copy
     restores is spelled so that it sets back what it read."""
-    from chongming_task.stores.sqlite import _pragma_value
+    from chongming_task.stores.sqlite.store import _pragma_value
 
     conn = sqlite3.connect(":memory:")
     try:

@@ -27,7 +27,7 @@ from chongming_task import (
     Transition,
     WaitTimeout,
 )
-from chongming_task._writer import BehindWriter, Writer
+from chongming_task.run.writers import BehindWriter, Writer
 from tests.conftest import wait_until
 from tests.unit.test_behind_writer import (
     LIFE,

@@ -11,9 +11,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet
-from .._signals import NotedSignals
 from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
+from ..node.signals import NotedSignals
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
@@ -24,7 +24,7 @@ from ._parser import PROG, UsageError
 from ._watch import cmd_watch
 
 if TYPE_CHECKING:
-    from ..controller import Controller
+    from ..node.controller import Controller
 
 __all__ = ["COMMANDS"]
 
@@ -370,7 +370,7 @@ def cmd_web(ctx: Context) -> int:
 
 
 def cmd_demo(ctx: Context) -> int:
-    from ..demo import run_node
+    from .demo import run_node
 
     if ctx.args.duration is not None and ctx.args.duration <= 0:
         raise UsageError("--duration must be > 0 seconds")

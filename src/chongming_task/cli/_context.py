@@ -14,9 +14,9 @@ import sys
 from typing import Any
 
 from .._lookup import find_pipeline_run, find_task
-from ..controller import Controller
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
+from ..node.controller import Controller
 from ..policies import BucketPolicy, parse_buckets
 from ..states import NON_TERMINAL
 from ..stores import is_postgres_dsn, open_store

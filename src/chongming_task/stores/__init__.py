@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .memory import InMemoryTaskStore as InMemoryTaskStore
 from .protocol import TaskStore as TaskStore
-from .sqlite import SqliteTaskStore as SqliteTaskStore
+from .sqlite.store import SqliteTaskStore as SqliteTaskStore
 
 __all__ = ["InMemoryTaskStore", "SqliteTaskStore", "TaskStore", "is_postgres_dsn", "open_store"]
 
@@ -32,7 +32,7 @@ def open_store(
     (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
     ``upgrade=False`` refuses a SQLite file of an older schema (``SqliteTaskStore``)."""
     if is_postgres_dsn(target):
-        from .postgres import DEFAULT_SCHEMA, PostgresTaskStore
+        from .postgres.store import DEFAULT_SCHEMA, PostgresTaskStore
 
         return PostgresTaskStore(str(target), schema=schema or DEFAULT_SCHEMA)
     return SqliteTaskStore(target, create=create, upgrade=upgrade)

@@ -1,6 +1,6 @@
 """The node and schedule registries (``SupportsNodeRegistry``,
 ``SupportsScheduleRegistry``) written once for both SQL stores: the same named statements
-(in ``sqlite.sql`` and ``postgres.sql``) through each store's own transaction scope. Node
+(in each store's ``queries.sql``) through each store's own transaction scope. Node
 times are taken from the store's clock where it has one."""
 
 from __future__ import annotations

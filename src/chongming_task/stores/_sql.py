@@ -44,11 +44,11 @@ def newer_schema(holder: str, found: int, understood: int) -> StoreError:
 
 
 @functools.cache  # read once a process: the store and its group commit both use them
-def load_named(filename: str) -> Mapping[str, str]:
-    """The ``-- name: NAME`` blocks of ``filename`` (beside this module), in file order;
+def load_named(package: str, filename: str = "queries.sql") -> Mapping[str, str]:
+    """The ``-- name: NAME`` blocks of ``filename`` in ``package``, in file order;
     comment lines are dropped, so a block is exactly one statement. Read-only: every
     caller shares the one mapping."""
-    text = resources.files(__package__).joinpath(filename).read_text("utf-8")
+    text = resources.files(package).joinpath(filename).read_text("utf-8")
     blocks: dict[str, str] = {}
     name: str | None = None
     body: list[str] = []

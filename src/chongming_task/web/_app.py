@@ -39,9 +39,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .._lookup import AmbiguousId, find_pipeline_run, find_task
-from ..controller import Controller
 from ..errors import ChongmingTaskError, InvalidValue
 from ..model import CommandAction, TaskQuery, TaskStatus
+from ..node.controller import Controller
 from ..policies import BucketPolicy, format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores.capabilities import Capabilities

@@ -1,5 +1,5 @@
 -- The SQLite schema as release 8 made it (chongming-task at 026d19a, schema_* blocks of
--- stores/sqlite.sql), to build a true schema-8 file for the migration tests.
+-- stores/sqlite/queries.sql), to build a true schema-8 file for the migration tests.
 
 CREATE TABLE IF NOT EXISTS tasks (
     task_id           TEXT PRIMARY KEY,

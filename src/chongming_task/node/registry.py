@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .run import TaskRun
+    from ..run.handle import TaskRun
 
 __all__ = ["RunRegistry"]
 

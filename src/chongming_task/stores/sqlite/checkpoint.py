@@ -39,7 +39,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 __all__ = ["Checkpointer"]
 

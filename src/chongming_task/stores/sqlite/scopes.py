@@ -9,10 +9,10 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 if TYPE_CHECKING:
-    from .sqlite import SqliteTaskStore
+    from .store import SqliteTaskStore
 
 __all__ = ["ReadScope", "WriteScope"]
 

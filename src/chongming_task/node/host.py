@@ -7,18 +7,18 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from .clock import Clock
-from .errors import ConcurrencyConflict
-from .stores.capabilities import Capabilities
-from .values import ValueRules
+from ..clock import Clock
+from ..errors import ConcurrencyConflict
+from ..stores.capabilities import Capabilities
+from ..values import ValueRules
 
 if TYPE_CHECKING:
-    from ._dispatch import Dispatcher
-    from ._registry import RunRegistry
-    from ._workers import WorkerPool
-    from ._writer import BehindWriter, Writer
-    from .pipelines import PipelineRunner
-    from .run import TaskRun
+    from ..pipelines import PipelineRunner
+    from ..run.handle import TaskRun
+    from ..run.writers import BehindWriter, Writer
+    from .dispatch import Dispatcher
+    from .registry import RunRegistry
+    from .workers import WorkerPool
 
 __all__ = ["NodeHost"]
 

@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ._leaseclock import LeaseClock
-    from ._registry import RunRegistry
-    from .clock import Clock
-    from .stores.capabilities import Capabilities
+    from ..clock import Clock
+    from ..stores.capabilities import Capabilities
+    from .leaseclock import LeaseClock
+    from .registry import RunRegistry
 
 __all__ = ["LoopService", "NodeContext", "NodeState", "Service"]
 

@@ -18,24 +18,24 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._services import NodeContext
-from .errors import ChongmingTaskError, ConfigurationError, ControllerClosed
-from .model import (
+from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed
+from ..model import (
     PipelineRecord,
     TaskStatus,
     Transition,
     submitted_snapshot,
     trusted_transition,
 )
-from .pipelines import Pipeline, PipelineRun
-from .policies import BucketPolicy, format_buckets
-from .run import RunHost, TaskRun, dependencies_met, lease_renewed, stored
-from .stores.capabilities import PartialCreate
-from .values import check_text, storable_text
+from ..pipelines import Pipeline, PipelineRun
+from ..policies import BucketPolicy, format_buckets
+from ..run.handle import RunHost, TaskRun, dependencies_met, lease_renewed, stored
+from ..stores.capabilities import PartialCreate
+from ..values import check_text, storable_text
+from .services import NodeContext
 
 if TYPE_CHECKING:
-    from ._dispatch import Dispatcher
-    from .definitions import TaskDefinition, TaskRef
+    from ..definitions import TaskDefinition, TaskRef
+    from .dispatch import Dispatcher
 
 __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 

@@ -15,12 +15,12 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from . import states
-from ._services import LoopService, NodeContext
-from .errors import StoreUnavailable, TaskNotFound
-from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskStatus
-from .run import TaskRun
-from .values import check_text
+from .. import states
+from ..errors import StoreUnavailable, TaskNotFound
+from ..model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskStatus
+from ..run.handle import TaskRun
+from ..values import check_text
+from .services import LoopService, NodeContext
 
 __all__ = ["CommandPoller", "ControlRouter", "act", "answer_from_status"]
 

@@ -1,6 +1,6 @@
 """SQLite group commit: the writes threads queue while the connection is busy land
 together (``GroupCommit``): a batch of up to 64 rows as one statement through the
-``task_writes`` view of ``sqlite.sql``, a larger one straight into the tables.
+``task_writes`` view of ``queries.sql``, a larger one straight into the tables.
 
 Each row of a batch is one row of that view: ``kind`` ("new", "life" or "trail"), the
 task's columns, ``expect`` (a compare-and-set's expected version), then the trail's
@@ -31,10 +31,10 @@ from contextlib import AbstractContextManager
 from itertools import chain
 from typing import Any
 
-from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
-from . import codec
-from ._hints import writes_can_wait
-from ._sql import load_named
+from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from .. import codec
+from .._hints import writes_can_wait
+from .._sql import load_named
 
 __all__ = [
     "LIFE_FILLS",
@@ -111,7 +111,7 @@ _UPDATE_LIFE = (
     + ", ".join(f"{c} = ?{i + 2}" for i, c in enumerate(codec.LIFE_COLUMNS))
     + f" WHERE task_id = ?1 AND status_version = ?{_LIFE_WIDTH}"
 )
-_SQL = load_named("sqlite.sql")
+_SQL = load_named(__package__)
 
 
 def append_rows(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:

@@ -17,12 +17,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from . import states
-from ._carrier import Carrier, RunHost, Taken
-from ._writethrough import WriteThrough
-from .errors import TaskUnsuccessful, WaitTimeout
-from .model import ControlOutcome as O
-from .model import (
+from .. import states
+from ..errors import TaskUnsuccessful, WaitTimeout
+from ..model import ControlOutcome as O
+from ..model import (
     Failure,
     FailureKind,
     JSONValue,
@@ -36,13 +34,15 @@ from .model import (
     trusted_transition,
     utc,
 )
-from .model import TaskStatus as S
+from ..model import TaskStatus as S
+from ..values import check_text
+from .attempt import Carrier, RunHost, Taken
 from .token import CancellationToken, StopKind
-from .values import check_text
+from .writes import WriteThrough
 
 if TYPE_CHECKING:
-    from .definitions import TaskDefinition
-    from .pipelines import PipelineRun
+    from ..definitions import TaskDefinition
+    from ..pipelines import PipelineRun
 
 __all__ = [
     "RunHost",

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from . import states
-from ._services import LoopService, NodeContext
-from .errors import StoreUnavailable
-from .model import Failure, FailureKind, TaskScan
-from .run import (
+from .. import states
+from ..errors import StoreUnavailable
+from ..model import Failure, FailureKind, TaskScan
+from ..run.handle import (
     activity_flushed,
     catch_up,
     check_timeout,
@@ -29,9 +28,10 @@ from .run import (
     lease_renewed,
     unflushed_activity,
 )
+from .services import LoopService, NodeContext
 
 if TYPE_CHECKING:
-    from ._dispatch import Dispatcher
+    from .dispatch import Dispatcher
 
 __all__ = ["ReconcileReport", "Reconciler", "Supervisor"]
 

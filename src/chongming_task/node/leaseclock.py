@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from .stores.capabilities import Capabilities
+from ..stores.capabilities import Capabilities
 
 __all__ = ["LeaseClock"]
 

@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
-from ..model import (
+from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ...model import (
     Command,
     Progress,
     TaskQuery,
@@ -36,10 +36,10 @@ from ..model import (
     Transition,
     utc,
 )
-from ..values import ValueRules
-from . import codec
-from ._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
-from ._sql import (
+from ...values import ValueRules
+from .. import codec
+from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
+from .._sql import (
     Dialect,
     TaskScanSQL,
     encoded_tag,
@@ -48,11 +48,11 @@ from ._sql import (
     query_sql,
     verdicts_of_expired,
 )
-from ._sqlite_checkpoint import Checkpointer
-from ._sqlite_group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
-from ._sqlite_scopes import ReadScope, WriteScope
-from ._supports import LifeWrite
-from .capabilities import Verdict
+from .._supports import LifeWrite
+from ..capabilities import Verdict
+from .checkpoint import Checkpointer
+from .group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
+from .scopes import ReadScope, WriteScope
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
@@ -66,9 +66,9 @@ PAGE_SIZE = 1024  # for new files; see _open
 
 log = logging.getLogger("chongming_task.store")
 
-_SQL = load_named("sqlite.sql")
+_SQL = load_named(__package__)
 _SCHEMA = [sql for name, sql in _SQL.items() if name.startswith("schema_")]
-# save writes every column but the lease (store guide §2.3), in sqlite.sql's order.
+# save writes every column but the lease (store guide §2.3), in queries.sql's order.
 _SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
 _SELECT_TASKS = "SELECT " + ", ".join(codec.TASK_COLUMNS) + " FROM tasks"
 _DIALECT = Dialect(

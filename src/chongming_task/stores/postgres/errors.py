@@ -12,7 +12,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
-from ..errors import StoreError, StoreUnavailable
+from ...errors import StoreError, StoreUnavailable
 
 __all__ = ["TRANSIENT", "first_line", "is_outage", "server_reason", "translated"]
 

@@ -36,14 +36,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ._writethrough import persist_together
-from .stores._hints import let_writes_wait
+from ..stores._hints import let_writes_wait
+from .writes import persist_together
 
 if TYPE_CHECKING:
-    from ._carrier import Taken
-    from .model import TaskSnapshot, Transition
-    from .run import TaskRun
-    from .stores._supports import LifeWrite, PendingWrites
+    from ..model import TaskSnapshot, Transition
+    from ..stores._supports import LifeWrite, PendingWrites
+    from .attempt import Taken
+    from .handle import TaskRun
 
 __all__ = ["BehindWriter", "Writer"]
 

@@ -18,10 +18,10 @@ import os
 import socket
 from datetime import datetime
 
-from ._services import LoopService, NodeContext
-from .errors import StoreError
-from .fleet import AlarmKind, bucket_alarms
-from .model import NodeRecord
+from ..errors import StoreError
+from ..fleet import AlarmKind, bucket_alarms
+from ..model import NodeRecord
+from .services import LoopService, NodeContext
 
 __all__ = ["NodeBeacon"]
 

@@ -36,8 +36,8 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
-from ..model import (
+from ...errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
+from ...model import (
     Command,
     Progress,
     TaskQuery,
@@ -47,10 +47,10 @@ from ..model import (
     Transition,
     utc,
 )
-from ..values import STRICT
-from . import codec
-from ._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
-from ._sql import (
+from ...values import STRICT
+from .. import codec
+from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
+from .._sql import (
     Dialect,
     TaskScanSQL,
     encoded_tag,
@@ -59,17 +59,17 @@ from ._sql import (
     query_sql,
     verdicts_of_expired,
 )
-from ._supports import LifeWrite
-from .capabilities import Verdict
+from .._supports import LifeWrite
+from ..capabilities import Verdict
 
 try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg_pool import ConnectionPool, PoolTimeout
 
-    from ._pg_errors import TRANSIENT, first_line, server_reason, translated
-    from ._pg_group import GroupCommit, GroupWrite, batch_params, group_statements, settle
-    from ._pg_listen import Announcer, listen
+    from .errors import TRANSIENT, first_line, server_reason, translated
+    from .group import GroupCommit, GroupWrite, batch_params, group_statements, settle
+    from .listen import Announcer, listen
 except ImportError:  # the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
@@ -94,12 +94,12 @@ def _schema_lock_key(schema: str) -> tuple[int, int]:
 
 
 def _schema_ddl(schema: str) -> bytes:
-    """postgres_schema.sql for ``schema`` (a validated identifier), as one query."""
-    ddl = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
+    """schema.sql for ``schema`` (a validated identifier), as one query."""
+    ddl = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
     return ddl.replace("{schema}", schema).replace("{version}", str(SCHEMA_VERSION)).encode()
 
 
-_SQL = load_named("postgres.sql")
+_SQL = load_named(__package__)
 _JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
 # The task columns as the codec reads them: JSONB as text.
 _TASK_SELECT = ", ".join(f"{c}::text" if c in _JSON_COLUMNS else c for c in codec.TASK_COLUMNS)

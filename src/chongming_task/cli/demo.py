@@ -15,15 +15,15 @@ import sys
 import time
 from collections.abc import Callable
 
-from ._signals import NotedSignals
-from .controller import Controller
-from .model import Progress, TaskStatus
-from .pipelines import Pipeline, PipelineRun
-from .policies import RetryPolicy
-from .run import TaskRun
-from .schedules import IntervalTrigger
-from .stores.protocol import TaskStore
-from .token import CancellationToken
+from ..model import Progress, TaskStatus
+from ..node.controller import Controller
+from ..node.signals import NotedSignals
+from ..pipelines import Pipeline, PipelineRun
+from ..policies import RetryPolicy
+from ..run.handle import TaskRun
+from ..run.token import CancellationToken
+from ..schedules import IntervalTrigger
+from ..stores.protocol import TaskStore
 
 __all__ = ["run_node"]
 
@@ -176,6 +176,6 @@ def _summary(store: TaskStore) -> str:
 
 
 if __name__ == "__main__":
-    from .cli import main
+    from . import main
 
     sys.exit(main(["demo", *sys.argv[1:]]))

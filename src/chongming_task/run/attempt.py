@@ -13,11 +13,10 @@ import threading
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from . import states
-from ._writethrough import WriteThroughHost
-from .clock import Clock
-from .errors import InvalidValue, StopRequested
-from .model import (
+from .. import states
+from ..clock import Clock
+from ..errors import InvalidValue, StopRequested
+from ..model import (
     TRAIL_WIDTH,
     Failure,
     FailureKind,
@@ -28,20 +27,21 @@ from .model import (
     trusted_transition,
     utc,
 )
-from .model import TaskStatus as S
-from .values import (
+from ..model import TaskStatus as S
+from ..values import (
     ValueRules,
     describe_exception,
     describe_traceback,
     storable_result,
     storable_text,
 )
+from .writes import WriteThroughHost
 
 if TYPE_CHECKING:
-    from ._writer import BehindWriter, Writer
-    from .definitions import TaskDefinition
-    from .run import TaskRun
+    from ..definitions import TaskDefinition
+    from .handle import TaskRun
     from .token import CancellationToken
+    from .writers import BehindWriter, Writer
 
 __all__ = ["Carrier", "RunHost", "Taken"]
 

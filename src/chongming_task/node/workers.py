@@ -15,12 +15,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._registry import RunRegistry
-from .run import carrier_crashed, execute
+from ..run.handle import carrier_crashed, execute
+from .registry import RunRegistry
 
 if TYPE_CHECKING:
-    from ._dispatch import Dispatcher
-    from .run import TaskRun
+    from ..run.handle import TaskRun
+    from .dispatch import Dispatcher
 
 __all__ = ["WorkerPool"]
 

@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import ConcurrencyConflict, StoreUnavailable
-from .model import TaskSnapshot, Transition
-from .stores.capabilities import Capabilities, PartialWrite
+from ..errors import ConcurrencyConflict, StoreUnavailable
+from ..model import TaskSnapshot, Transition
+from ..stores.capabilities import Capabilities, PartialWrite
 
 __all__ = ["WriteThrough", "WriteThroughHost", "persist_together"]
 

@@ -1,5 +1,5 @@
 -- The PostgreSQL store's statements, one named block per statement, loaded by name
--- (chongming_task.stores._sql.load_named). The schema is postgres_schema.sql. Column
+-- (chongming_task.stores._sql.load_named). The schema is stores/postgres/schema.sql. Column
 -- lists follow chongming_task.stores.codec; JSONB columns are read as text (the codec
 -- decodes JSON text) and written with ::jsonb, times with ::timestamptz.
 

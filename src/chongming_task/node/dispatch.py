@@ -21,10 +21,10 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from .clock import Clock
+from ..clock import Clock
 
 if TYPE_CHECKING:
-    from .run import TaskRun
+    from ..run.handle import TaskRun
 
 __all__ = ["Dispatcher", "FairDispatcher", "FifoDispatcher", "make_dispatcher"]
 

@@ -4,7 +4,7 @@ Each caller hands over a ``GroupWrite``: a new task with its creation trail (a
 ``submit``), a task's compare-and-set with its trail (a transition), or trail rows alone.
 While the leaders (a few threads, each on its own connection) have statements in flight,
 other callers queue; the next statement carries every queued write (the ``group_*``
-parts of ``postgres.sql``: a batch of up to eight as per-row parts, a bigger one as JSON
+parts of ``queries.sql``: a batch of up to eight as per-row parts, a bigger one as JSON
 rows; one round trip, one commit). A write has committed when its call returns.
 
 One caller's fault never fails another's: a compare-and-set that finds another version,
@@ -30,9 +30,9 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
-from ..model import TaskSnapshot, Transition
-from . import codec
+from ...errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
+from ...model import TaskSnapshot, Transition
+from .. import codec
 
 __all__ = [
     "GroupCommit",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 # The gate of a trail row: written always, if its task was inserted, if its task's
-# compare-and-set won (postgres.sql, group_trail).
+# compare-and-set won (queries.sql, group_trail).
 _ALWAYS, _IF_NEW, _IF_WON = 0, 1, 2
 _MAX_BATCH = 256
 _PAIRS_UP_TO = 8
@@ -101,7 +101,7 @@ def _life_values(snapshot: TaskSnapshot, expect: int | None) -> list[Any]:
 
 def group_statements(sql: Mapping[str, str]) -> dict[Shape, bytes]:
     """The statement for each batch shape ``batch_params`` names: as JSON rows, built
-    from ``postgres.sql``'s ``group_*`` parts (a batch runs only the parts it needs);
+    from ``queries.sql``'s ``group_*`` parts (a batch runs only the parts it needs);
     per row, for batches of up to ``_PAIRS_UP_TO`` new tasks and compare-and-sets, a
     ``group_new_pair`` for each new task, then a ``group_life_pair`` for each
     compare-and-set.

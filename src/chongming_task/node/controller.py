@@ -1,0 +1,616 @@
+"""``Controller``: a node. It owns task definitions and composes the services that run
+their tasks: submission, workers, supervision, the command poller, the schedule runner
+and the pipeline runner.
+
+Control of a task this process holds acts directly on its ``TaskRun``; control of any
+other task writes a ``Command`` to the store for the holder's poller. The services start
+in one place (``_start``): workers and supervisor on the first stored task, the command
+poller and the beacon (the node's declaration in the store) from construction for a node
+that declares ``owned_buckets`` (after the first submit otherwise, never for a pure query
+client), the scheduler on the first schedule,
+the pipeline runner on the first pipeline; ``close()`` stops them all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..clock import Clock, SystemClock
+from ..definitions import Definitions, TaskDefinition, TaskRef
+from ..errors import (
+    ConfigurationError,
+    TaskNotFound,
+    WaitTimeout,
+)
+from ..model import (
+    CommandAction,
+    ControlReceipt,
+    TaskQuery,
+    TaskSnapshot,
+    TaskStatus,
+    Transition,
+    utc,
+)
+from ..pipelines import Pipeline, PipelineRun, PipelineRunner
+from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
+from ..run.handle import TaskRun, catch_up
+from ..run.writers import BehindWriter, Writer
+from ..schedules import IntervalTrigger, Overlap, Schedule, ScheduleRunner, Trigger, schedule_tags
+from ..stores import open_store
+from ..stores.capabilities import Capabilities
+from ..stores.protocol import TaskStore
+from ..values import check_text
+from .beacon import NodeBeacon
+from .commands import CommandPoller, ControlRouter
+from .dispatch import make_dispatcher
+from .host import NodeHost
+from .leaseclock import LeaseClock
+from .registry import RunRegistry
+from .services import NodeContext, NodeState, Service
+from .signals import NotedSignals
+from .submission import Ownership, Submitter, default_owner, new_task_id
+from .supervision import Reconciler, ReconcileReport, Supervisor
+from .workers import WorkerPool
+
+__all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
+
+log = logging.getLogger("chongming_task.controller")
+
+_OPEN = NodeState.OPEN
+
+_running: set[Controller] = set()
+"""Controllers with a service started and not yet closed (their threads hold them)."""
+
+
+def _close_at_exit() -> None:
+    """A program that ends without ``close()`` still ends, and leaves its tasks true in
+    the store: each controller still open is closed as by ``close()`` (running tasks
+    asked to stop, waiting ones cancelled, every transition written). ``atexit`` runs
+    once the program's own non-daemon threads have ended, so a controller serves as
+    long as its program runs; its threads are daemon threads, so that the interpreter
+    reaches this point at all (concurrent.futures joins its workers at the same stage)."""
+    for controller in list(_running):
+        if controller.schedules:
+            log.warning(
+                "%r was not closed and has schedules: closing it at interpreter exit, so "
+                "they fire no more; to keep a node serving, end its program with "
+                "node.serve() (until Ctrl-C or SIGTERM)",
+                controller,
+            )
+        else:
+            log.info("%r was not closed: closing it at interpreter exit", controller)
+        try:
+            controller.close()
+        except Exception:
+            log.exception("closing %r at interpreter exit failed", controller)
+
+
+atexit.register(_close_at_exit)
+# A forked child holds copies of its parent's controllers, without their threads: closing
+# them at the child's exit would write "controller closed" over the parent's tasks.
+os.register_at_fork(after_in_child=_running.clear)
+
+
+def _check_settings(
+    max_workers: int | None, max_parallel_per_bucket: int | None, **positive: float
+) -> int:
+    """Refuse impossible settings at construction; return the worker count."""
+    if max_workers is None:
+        max_workers = min(32, (os.cpu_count() or 1) + 4)
+    if max_workers < 1:
+        raise ConfigurationError(f"max_workers must be >= 1, got {max_workers}")
+    if max_parallel_per_bucket is not None and max_parallel_per_bucket < 1:
+        raise ConfigurationError(
+            f"max_parallel_per_bucket must be >= 1 or None, got {max_parallel_per_bucket}"
+        )
+    for label, value in positive.items():
+        if value <= 0:
+            raise ConfigurationError(f"{label} must be > 0, got {value}")
+    return max_workers
+
+
+class Controller:
+    """A node: definitions, workers, ownership of buckets, and control routing."""
+
+    def __init__(
+        self,
+        store: TaskStore | str | Path | None = None,
+        *,
+        owner: str | None = None,
+        owned_buckets: Iterable[int] | None = None,
+        num_buckets: int = DEFAULT_NUM_BUCKETS,
+        max_workers: int | None = None,
+        max_parallel_per_bucket: int | None = None,
+        command_poll_interval: float = 0.5,
+        command_lease: float = 30.0,
+        lease_ttl: float = 30.0,
+        activity_interval: float = 0.2,
+        writethrough_buffer: int = 1000,
+        clock: Clock | None = None,
+        seed: int | None = None,
+        poll_commands: bool | None = None,
+        run_schedules: bool = True,
+    ) -> None:
+        self.bucket_policy = BucketPolicy(num_buckets)
+        self.owned_buckets: frozenset[int] | None = (
+            None if owned_buckets is None else self.bucket_policy.validate(owned_buckets)
+        )
+        max_workers = _check_settings(
+            max_workers,
+            max_parallel_per_bucket,
+            command_poll_interval=command_poll_interval,
+            command_lease=command_lease,
+            lease_ttl=lease_ttl,
+            activity_interval=activity_interval,
+        )
+        if isinstance(store, TaskStore):
+            self.store: TaskStore = store
+            self._owns_store = False
+        else:
+            self.store = open_store(store if store is not None else "chongming-task.db")
+            self._owns_store = True
+        # The store's optional capabilities, resolved once, each with its fallback.
+        self.capabilities = Capabilities(self.store)
+        # What the store can hold: every value handed over is checked against it.
+        self.value_rules = self.capabilities.value_rules
+        self.owner = owner or default_owner()
+        check_text(self.owner, "owner", self.value_rules)
+        self.clock: Clock = clock or SystemClock()
+        self._now()  # a clock that gives naive times is refused now, not at the first task
+        self.rng = random.Random(seed)
+        self.max_workers = max_workers
+        self.command_poll_interval = command_poll_interval
+        self.command_lease = command_lease
+        self.lease_ttl = lease_ttl
+        self.activity_interval = activity_interval
+        self.writethrough_buffer = writethrough_buffer
+        self._ownership = Ownership(self.bucket_policy, self.owned_buckets, self.owner)
+        self._definitions = Definitions(self.owner, self.value_rules)
+        self.task = self._definitions.task
+        """Decorator defining a task on this node: ``@node.task(retries=3)``; the function
+        is called as ``func(token, *args, **kwargs)``."""
+        self._state = NodeState.OPEN
+        self._working = False  # workers, supervisor and poller started
+        self._state_lock = threading.Lock()
+        self._registry = RunRegistry()
+        self._dispatcher = make_dispatcher(
+            self.clock, max_parallel_per_bucket=max_parallel_per_bucket
+        )
+        node = NodeContext(
+            owner=self.owner,
+            clock=self.clock,
+            now=self._now,
+            registry=self._registry,
+            capabilities=self.capabilities,
+            leases=LeaseClock(self.capabilities, self._now),
+        )
+        # The services, each started at most once by _start(), all stopped by close().
+        # On a store that commits side-by-side writes together, the workers' writes are
+        # made behind them: queued by the workers themselves where the store can queue
+        # a write without waiting for it (SQLite), else by a writer thread, all that is
+        # queued in one store call.
+        write_behind = self.capabilities.write_behind
+        self._writer: Writer | BehindWriter | None = (
+            BehindWriter(write_behind, backlog=self._dispatcher.backlog)
+            if write_behind is not None
+            else Writer()
+            if self.capabilities.group_commit
+            else None
+        )
+        self._workers = WorkerPool(
+            registry=self._registry,
+            dispatcher=self._dispatcher,
+            size=max_workers,
+            woken=self._writer.complete if isinstance(self._writer, BehindWriter) else None,
+        )
+        self._pipelines = PipelineRunner(owner=self.owner)
+        self._supervisor = Supervisor(
+            node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval
+        )
+        self._poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
+        self._beacon = NodeBeacon(
+            node, buckets=self.owned_buckets, num_buckets=num_buckets, ttl=lease_ttl
+        )
+        self._scheduler = ScheduleRunner(
+            node, rng=self.rng, submit=self._fire, accepting=self._accepting
+        )
+        # What each run needs from this node: settings, and where it reports.
+        host = NodeHost(
+            owner=self.owner,
+            clock=self.clock,
+            rng=self.rng,
+            capabilities=self.capabilities,
+            writethrough_buffer=writethrough_buffer,
+            registry=self._registry,
+            dispatcher=self._dispatcher,
+            workers=self._workers,
+            pipelines=self._pipelines,
+            writer=self._writer,
+        )
+        self._submitter = Submitter(
+            node,
+            host=host,
+            dispatcher=self._dispatcher,
+            ownership=self._ownership,
+            lease_ttl=lease_ttl,
+            resolve=self._definitions.resolve,
+            accepting=self._accepting,
+            stored=self._start_work,
+        )
+        self._router = ControlRouter(node)
+        self._reconciler = Reconciler(
+            node, buckets=None if self._ownership.owns_all else self.owned_buckets
+        )
+        # Schedules fire from the scheduler's thread, or only through tick_schedules()
+        # when run_schedules=False (tests with a fake clock drive them that way).
+        self._run_schedules = run_schedules
+        # None: the default rule (from construction with owned_buckets, else after the
+        # first submit). False: never, for tools that act for a node without being one.
+        # The same rule says when the node declares itself in the store (the beacon).
+        self._polling = poll_commands is not False
+        if self.owned_buckets is not None and self._polling:
+            self._start(self._poller, self._beacon)
+
+    def __repr__(self) -> str:
+        return f"Controller(owner={self.owner!r}, store={self.store!r})"
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _now(self) -> datetime:
+        """The clock's reading in UTC; a naive reading is a configuration fault."""
+        now = self.clock.now()
+        if now.tzinfo is UTC:  # SystemClock's reading: nothing to convert
+            return now
+        try:
+            return utc(now, "clock.now()")
+        except (ValueError, AttributeError):
+            raise ConfigurationError(
+                f"the clock of node {self.owner} returned {now!r}: a clock must return "
+                "timezone-aware datetimes (SystemClock does)"
+            ) from None
+
+    # -- lifecycle: the one place services start -------------------------------------------------
+
+    def _accepting(self) -> bool:
+        return self._state is _OPEN  # every submit: a global, not an Enum attribute (_carrier)
+
+    def _start(self, *services: Service) -> None:
+        """Start each service at most once, and never once ``close()`` has begun. A
+        controller with a service running is closed at interpreter exit if its program
+        did not close it (``_close_at_exit``)."""
+        with self._state_lock:
+            if self._state is NodeState.OPEN:
+                _running.add(self)
+                for service in services:
+                    service.start()
+
+    def _start_work(self) -> None:
+        """After the first stored task: workers, supervision, and command polling."""
+        if self._working:
+            return  # every submit passes here
+        self._working = True
+        if not self._workers.started:
+            if self._writer is not None:
+                self._start(self._writer)
+            self._start(self._workers, self._supervisor)
+        if self._polling and not self._poller.started:
+            self._start(self._poller, self._beacon)
+
+    # -- ownership --------------------------------------------------------------------------------
+
+    @property
+    def num_buckets(self) -> int:
+        return self.bucket_policy.num_buckets
+
+    @property
+    def owns_all_buckets(self) -> bool:
+        """No partition: no buckets declared, or every bucket declared."""
+        return self._ownership.owns_all
+
+    def owns_bucket(self, bucket: int) -> bool:
+        """Whether ``bucket`` is this node's (says nothing about bucketless tasks)."""
+        return self._ownership.owns(bucket)
+
+    # -- definitions ------------------------------------------------------------------------------
+
+    def register(self, definition: TaskDefinition) -> TaskDefinition:
+        return self._definitions.register(definition)
+
+    def definition(self, name: str) -> TaskDefinition:
+        return self._definitions.get(name)
+
+    # -- submit -----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        task: TaskRef,
+        /,
+        *args: Any,
+        bucket_key: str | None = None,
+        **kwargs: Any,
+    ) -> TaskRun:
+        """Queue one run of ``task`` with ``args``/``kwargs``; return its handle.
+
+        ``bucket_key`` (a business key such as a tenant id) picks the bucket; a node that
+        owns only some buckets refuses keys that map elsewhere (``ConfigurationError``).
+        Raises ``StoreError`` if the store refuses the new task: then nothing was queued.
+        """
+        return self._submitter.submit(task, args, kwargs, bucket_key=bucket_key)
+
+    def submit_many(
+        self,
+        task: TaskRef,
+        calls: Iterable[tuple[Any, ...]],
+        /,
+        *,
+        bucket_key: str | None = None,
+    ) -> list[TaskRun]:
+        """Queue one run of ``task`` per positional-argument tuple in ``calls``.
+
+        With a store that can create in one transaction (the built-in SQL stores), all
+        the tasks are stored, or none (``StoreError``).
+        """
+        return self._submitter.submit_many(task, calls, bucket_key)
+
+    def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
+        """Submit every node of ``pipeline`` under one new ``pipeline_run_id``.
+
+        Roots are queued at once, the others wait as ``pending`` for their dependencies.
+        All nodes are created in one store transaction when the store offers ``atomic()``.
+        """
+        handle = self._submitter.submit_pipeline(pipeline)
+        self._start(self._pipelines)
+        return handle
+
+    # -- schedules ------------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        task: TaskRef,
+        trigger: Trigger,
+        /,
+        *args: Any,
+        overlap: Overlap = "skip",
+        misfire_grace: float | None = None,
+        jitter: float = 0.0,
+        bucket_key: str | None = None,
+        tags: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> Schedule:
+        """Fire ``task`` on ``trigger`` from this node.
+
+        ``overlap="skip"`` (default) skips a firing while the previous run of this
+        schedule is still active. After downtime the missed firings coalesce into one
+        run, skipped if the latest missed one is more than ``misfire_grace`` seconds old
+        (``None``: never too late). ``jitter`` delays each firing by up to that many
+        seconds. Ownership is checked now: a key in another node's bucket is refused.
+        """
+        # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
+        # the first firing.
+        definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
+        if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
+            trigger.start_at = self._now()
+        entry = Schedule(
+            name=name,
+            task=task,
+            trigger=trigger,
+            args=args,
+            kwargs=kwargs,
+            overlap=overlap,
+            misfire_grace=misfire_grace,
+            jitter=jitter,
+            bucket_key=bucket_key,
+            tags=frozenset(tags),
+            task_name=definition.name,
+        )
+        self._scheduler.add(entry)
+        if self._run_schedules:
+            self._start(self._scheduler)
+        return entry
+
+    def unschedule(self, name: str) -> None:
+        self._scheduler.remove(name)
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        return self._scheduler.entries()
+
+    def tick_schedules(self) -> list[TaskRun]:
+        """Fire every schedule that is due by the clock now; return the runs submitted.
+
+        The scheduler thread calls this; with ``run_schedules=False`` it is the only way
+        schedules fire, which lets tests drive them with a fake clock, without sleeping.
+        """
+        return self._scheduler.tick()
+
+    def _fire(self, entry: Schedule) -> TaskRun:
+        return self._submitter.submit(
+            entry.task,
+            entry.args,
+            dict(entry.kwargs),
+            bucket_key=entry.bucket_key,
+            tags=schedule_tags(entry.name, entry.tags),
+        )
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def stop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        """Stop a task: a running one stops at its next checkpoint, a waiting one is
+        cancelled. For a task held elsewhere the answer is "request accepted"."""
+        return self._control(task_id, CommandAction.STOP, reason)
+
+    def pause(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return self._control(task_id, CommandAction.PAUSE, reason)
+
+    def resume(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return self._control(task_id, CommandAction.RESUME, reason)
+
+    def cancel(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        """Cancel: recorded as ``cancelled`` (never ``failed``), running or not."""
+        return self._control(task_id, CommandAction.CANCEL, reason)
+
+    def _control(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
+        return self._router.route(task_id, action, reason)
+
+    def poll_commands_once(self) -> int:
+        """Claim open commands and act on those for tasks this process holds.
+
+        A command for a task held elsewhere is released (never completed: the holder
+        would never hear of it). Returns how many commands were completed here.
+        """
+        return self._poller.poll_once()
+
+    # -- reads (through the store) ---------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskSnapshot:
+        snapshot = self.store.get(task_id)
+        if snapshot is None:
+            raise TaskNotFound(f"no task {task_id} in {self.store!r}")
+        return snapshot
+
+    def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
+        return self.store.history(task_id, since_version=since_version)
+
+    def list_tasks(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        return self.store.query(query)
+
+    def stats(self) -> dict[TaskStatus, int]:
+        """Tasks per status in the store, every status present (zero where none)."""
+        counts = self.store.counts()
+        return {status: counts.get(status, 0) for status in TaskStatus}
+
+    def bucket_counts(self) -> dict[int | None, int]:
+        """Tasks per bucket in the store (``None``: tasks submitted without a key)."""
+        out: dict[int | None, int] = {}
+        for snapshot in self.store.query():
+            out[snapshot.bucket] = out.get(snapshot.bucket, 0) + 1
+        return out
+
+    def wait_for(
+        self,
+        task_id: str,
+        predicate: Callable[[TaskSnapshot], bool] = lambda s: s.is_terminal,
+        *,
+        timeout: float = 30.0,
+        poll: float = 0.05,
+    ) -> TaskSnapshot:
+        """Poll the store until ``predicate(snapshot)`` holds (default: terminal).
+
+        For tasks held anywhere, e.g. to see the effect of an accepted command.
+        """
+        deadline = time.monotonic() + timeout
+        tick = threading.Event()
+        while True:
+            snapshot = self.get(task_id)
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"task {task_id} still {snapshot.status.value} after {timeout}s")
+            tick.wait(poll)
+
+    @property
+    def desynced_tasks(self) -> frozenset[str]:
+        """Tasks another writer changed under us: write-through stopped for them."""
+        return self._registry.desynced()
+
+    def held(self) -> list[TaskRun]:
+        """Runs this process holds (non-terminal, or not yet fully written)."""
+        return self._registry.held()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every task this process holds is terminal; return whether it is."""
+        return self._registry.wait_all_done(timeout)
+
+    def serve(self, until: threading.Event | None = None) -> str:
+        """Keep this node serving (its schedules, its workers, commands from other
+        processes) until Ctrl-C or SIGTERM, or until ``until`` is set; then ``close()``
+        it. Returns what ended it: ``"SIGINT"``, ``"SIGTERM"`` or ``"until"``.
+
+        For a program whose main code has nothing left to do but be a node: without it,
+        the program ends and the node is closed at interpreter exit. The signal handlers
+        are this call's while it runs, the close included (a second Ctrl-C does not cut
+        the close short), then the previous ones come back; off the main thread, where
+        no signal arrives, ``until`` is required.
+        """
+        on_main = threading.current_thread() is threading.main_thread()
+        if until is None and not on_main:
+            raise ConfigurationError(
+                "serve() off the main thread needs until= (signals reach only the main "
+                "thread, so nothing else could end it)"
+            )
+        with NotedSignals(install=on_main) as signals:
+            while not signals.caught:
+                if until is None:
+                    signals.wait(0.1)
+                elif until.wait(0.1):
+                    break
+            self.close()  # a second Ctrl-C meanwhile does not cut it short
+        return signals.caught[0] if signals.caught else "until"
+
+    def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
+        """Mark tasks whose supervisor lease expired as ``lost``, in this node's buckets only.
+
+        Never re-executes anything (the store holds states, not arguments). A version
+        conflict means the supervisor came back: reconcile lets go of that task.
+        """
+        return self._reconciler.run(dry_run=dry_run)
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting work, cancel waiting tasks, stop running ones (waiting up to
+        ``timeout`` seconds for them), write what is unwritten, and stop every service.
+
+        A task that ignores its stop keeps its ``stopping`` status and lease; once the
+        lease expires, a ``reconcile()`` marks it lost. Idempotent.
+        """
+        with self._state_lock:
+            if self._state is not NodeState.OPEN:
+                return
+            self._state = NodeState.CLOSING
+        for run in self.held():
+            if not run.done():
+                run.stop(reason="controller closed")
+        self._registry.wait_all_done(timeout)
+        services: list[Service] = [
+            self._scheduler,
+            self._workers,
+            *([] if self._writer is None else [self._writer]),
+            self._supervisor,
+            self._poller,
+            self._pipelines,
+            self._beacon,
+        ]
+        for service in services:
+            service.stop()
+        for service in services:
+            service.join(timeout)
+        for run in self.held():
+            catch_up(run)
+        self._scheduler.retire()
+        if self._beacon.started:
+            self._beacon.retire()
+        if self._owns_store:
+            self.store.close()
+        self._state = NodeState.CLOSED
+        _running.discard(self)
