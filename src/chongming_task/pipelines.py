@@ -29,7 +29,6 @@ from . import states
 from .definitions import TaskRef
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
-from .run.handle import cancel_waiting
 
 if TYPE_CHECKING:
     from .run.handle import TaskRun
@@ -193,7 +192,8 @@ class PipelineRun:
 
     # -- reactions (on the controller's pipeline thread, holding no run lock) ---------------------
 
-    def _node_finished(self, run: TaskRun) -> None:
+    def node_finished(self, run: TaskRun) -> None:
+        """A node ended (the node's pipeline thread calls this)."""
         key = run.node_key
         assert key is not None
         status = run.status
@@ -218,8 +218,7 @@ class PipelineRun:
             if child in seen:
                 continue
             seen.add(child)
-            cancel_waiting(
-                self.nodes[child],
+            self.nodes[child].cancel_waiting(
                 Failure(
                     kind=FailureKind.DEPENDENCY,
                     message=f"dependency {key!r} ended {status.value}",
@@ -237,7 +236,7 @@ class PipelineRun:
             if other == key or run.done():
                 continue
             failure = Failure(kind=FailureKind.DEPENDENCY, message=reason)
-            if not cancel_waiting(run, failure):
+            if not run.cancel_waiting(failure):
                 run.stop(reason=reason)
 
     def _check_done(self) -> None:
@@ -271,7 +270,7 @@ class PipelineRunner:
             return False
         try:
             if run.pipeline is not None:
-                run.pipeline._node_finished(run)
+                run.pipeline.node_finished(run)
         except Exception:
             log.exception("pipeline reaction to task %s failed", run.task_id)
         return True

@@ -43,7 +43,7 @@ from ..model import (
 )
 from ..pipelines import Pipeline, PipelineRun, PipelineRunner
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
-from ..run.handle import TaskRun, catch_up
+from ..run.handle import TaskRun
 from ..run.writers import BehindWriter, Writer
 from ..schedules import IntervalTrigger, Overlap, Schedule, ScheduleRunner, Trigger, schedule_tags
 from ..stores import open_store
@@ -606,7 +606,7 @@ class Controller:
         for service in services:
             service.join(timeout)
         for run in self.held():
-            catch_up(run)
+            run.catch_up()
         self._scheduler.retire()
         if self._beacon.started:
             self._beacon.retire()

@@ -28,7 +28,7 @@ from ..model import (
 )
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import BucketPolicy, format_buckets
-from ..run.handle import RunHost, TaskRun, dependencies_met, lease_renewed, stored
+from ..run.handle import RunHost, TaskRun
 from ..stores.capabilities import PartialCreate
 from ..values import check_text, storable_text
 from .services import NodeContext
@@ -198,7 +198,7 @@ class Submitter:
 
     def enqueue_pending(self, run: TaskRun, reason: str) -> bool:
         """Move a ``pending`` run to ``queued``: its dependencies are met."""
-        if not dependencies_met(run, reason):
+        if not run.dependencies_met(reason):
             return False
         self._dispatcher.put(run)
         return True
@@ -250,11 +250,6 @@ class Submitter:
             # the supervisor, not per submit).
             now + self._leases.offset + self._lease_delta,
         )
-        run = TaskRun(host, definition, snapshot, args, kwargs)
-        lease_renewed(run, self._clock.monotonic() + self._lease_ttl / 3)
-        # Before create: a command may follow at once. One dict operation, atomic on its
-        # own: the submitting thread takes no lock the workers take.
-        self._registry.add(run)
         created: Transition = trusted_transition(
             task_id=snapshot.task_id,
             version=1,
@@ -264,12 +259,17 @@ class Submitter:
             reason="submitted",
             actor=host.owner,
         )
+        run = TaskRun(host, definition, snapshot, args, kwargs, created=created)
+        run.lease_renewed(self._clock.monotonic() + self._lease_ttl / 3)
+        # Before create: a command may follow at once. One dict operation, atomic on its
+        # own: the submitting thread takes no lock the workers take.
+        self._registry.add(run)
         return run, created
 
     def persist(self, prepared: list[Prepared]) -> None:
         """Store new runs (all in one transaction where the store can); on failure none
         is kept. Tells the node after each success (its services start then)."""
-        items = [(run.snapshot_unrefreshed, created) for run, created in prepared]
+        items = [(run.writes.snapshot, created) for run, created in prepared]
         try:
             appended = self._caps.create_many(items)
         except PartialCreate as exc:
@@ -278,7 +278,7 @@ class Submitter:
             cause = exc.__cause__ or exc
             reason = storable_text(f"batch submit failed: {cause}", self._host.value_rules)
             for run, created in prepared[: exc.created]:
-                stored(run, created, appended=False)
+                run.stored(created, appended=False)
                 run.cancel(reason=reason)
             self._registry.forget(run for run, _ in prepared[exc.created :])
             raise cause from None
@@ -286,5 +286,5 @@ class Submitter:
             self._registry.forget(run for run, _ in prepared)
             raise
         for run, created in prepared:
-            stored(run, created, appended=appended)
+            run.stored(created, appended=appended)
         self._stored()

@@ -20,14 +20,6 @@ from typing import TYPE_CHECKING
 from .. import states
 from ..errors import StoreUnavailable
 from ..model import Failure, FailureKind, TaskScan
-from ..run.handle import (
-    activity_flushed,
-    catch_up,
-    check_timeout,
-    lease_due,
-    lease_renewed,
-    unflushed_activity,
-)
 from .services import LoopService, NodeContext
 
 if TYPE_CHECKING:
@@ -74,7 +66,7 @@ class Supervisor(LoopService):
         self._step("activity flush", self.flush_activity)
         for run in self._registry.active():
             try:
-                check_timeout(run, now)
+                run.check_timeout(now)
             except Exception:
                 log.exception("task %s: timeout check failed; continuing", run.task_id)
         self._step("write-through catch-up", self.catch_up)
@@ -102,7 +94,7 @@ class Supervisor(LoopService):
         for run in self._registry.active():
             if run.desynced:
                 continue
-            activity = unflushed_activity(run)
+            activity = run.unflushed_activity()
             if activity is None:
                 continue
             seq, progress, heartbeat = activity
@@ -115,7 +107,7 @@ class Supervisor(LoopService):
                 # This task's values cannot be written (checkpoint() checks them, so this
                 # is a store fault): drop this reading, keep flushing the others.
                 log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
-            activity_flushed(run, seq)
+            run.activity_flushed(seq)
 
     def renew_leases(self) -> bool:
         """Renew leases that have used a third of their TTL, in one statement or one
@@ -127,7 +119,7 @@ class Supervisor(LoopService):
         due = [
             run
             for run in self._registry.held()
-            if not run.done() and not run.desynced and lease_due(run, mono)
+            if not run.done() and not run.desynced and run.lease_due(mono)
         ]
         if not due:
             return True
@@ -159,7 +151,7 @@ class Supervisor(LoopService):
                     renewed.append(run)
         self._reachable()
         for run in renewed:
-            lease_renewed(run, mono + self._lease_ttl / 3)
+            run.lease_renewed(mono + self._lease_ttl / 3)
         return len(renewed) == len(due)
 
     def catch_up(self) -> None:
@@ -167,7 +159,7 @@ class Supervisor(LoopService):
         registry = self._registry
         behind = registry.take_behind()
         for i, run in enumerate(behind):
-            if catch_up(run):
+            if run.catch_up():
                 if run.done():
                     registry.ended(run, written=True)
             elif not run.desynced:

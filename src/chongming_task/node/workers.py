@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..run.handle import carrier_crashed, execute
 from .registry import RunRegistry
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ class WorkerPool:
                 woken()
             registry.started(run)
             try:
-                execute(run)
+                run.execute()
             except BaseException as exc:
                 _crashed(run, exc)
             if run.abandoned:
@@ -113,4 +112,4 @@ def _crashed(run: TaskRun, exc: BaseException) -> None:
     """The runtime itself failed while carrying ``run``: the task is ended ``failed``,
     never left active with nobody to finish it."""
     log.exception("task %s: carrier crashed", run.task_id)
-    carrier_crashed(run, exc)
+    run.crashed(exc)

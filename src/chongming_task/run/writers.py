@@ -17,7 +17,7 @@ What a caller is told does not loosen:
   the run after writing it, as the worker did);
 - a control call (stop, pause, resume, cancel) from any thread writes its own transition
   and returns once it is in the store: it waits for the run's write lock, and whoever
-  holds that lock writes everything queued before letting go (``TaskRun._let_go``);
+  holds that lock writes everything queued before letting go (``RunWrites``);
 - every transition reaches the trail, in order: a run has at most one write queued here
   or in flight (the write lock), and what it transitions meanwhile joins it.
 
@@ -37,13 +37,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..stores._hints import let_writes_wait
-from .writes import persist_together
+from .writes import RunWrites, Taken
 
 if TYPE_CHECKING:
     from ..model import TaskSnapshot, Transition
     from ..stores._supports import LifeWrite, PendingWrites
-    from .attempt import Taken
-    from .handle import TaskRun
 
 __all__ = ["BehindWriter", "Writer"]
 
@@ -92,22 +90,26 @@ class Writer(_WriterThread):
     """One thread that writes the runs handed to it, all that is queued at once."""
 
     joins_start = False
-    """A worker hands a run's start over at once (``TaskRun._execute``)."""
+    """A worker hands a run's start over at once."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._queue: deque[tuple[TaskRun, Taken]] = deque()
+        self._queue: deque[tuple[RunWrites, Taken]] = deque()
 
-    def put(self, run: TaskRun, taken: Taken) -> None:
-        """Write ``taken`` (``run``'s write lock held: the writer lets go of it). Once
+    def put(self, writes: RunWrites, taken: Taken) -> None:
+        """Write ``taken`` (the run's write lock held: the writer lets go of it). Once
         the writer has ended (or before it started), written here and now."""
         with self._cond:
             if not self._gone and self._thread is not None:
-                self._queue.append((run, taken))
+                self._queue.append((writes, taken))
                 if len(self._queue) == 1:
                     self._cond.notify()
                 return
-        run._write_held(taken)
+        writes.write_taken(taken)
+
+    def watch(self, writes: RunWrites) -> None:
+        """Never asked (``joins_start`` is false): the start is written now."""
+        writes.write()
 
     def _loop(self) -> None:
         let_writes_wait()  # nobody waits on these writes as a caller of submit does
@@ -128,26 +130,28 @@ class Writer(_WriterThread):
                 queue.clear()
             self._write(batch)
 
-    def _write(self, batch: list[tuple[TaskRun, Taken]]) -> None:
+    def _write(self, batch: list[tuple[RunWrites, Taken]]) -> None:
         # What each run transitioned since it was queued joins its write (a quick task's
         # end, its start): one write of the latest snapshot, every transition in order.
-        writes = [(run, run._take_more(taken)) for run, taken in batch]
+        taken = [(writes, writes.take_more(t)) for writes, t in batch]
         try:
-            persist_together([(run, snapshot, pending) for run, (pending, snapshot) in writes])
+            RunWrites.persist_together(
+                [(writes, snapshot, pending) for writes, (pending, snapshot) in taken]
+            )
         except Exception:  # a store failure never gets here (each write keeps its own)
-            log.exception("the writer failed to write %d run(s)", len(writes))
-        for run, (_, snapshot) in writes:
+            log.exception("the writer failed to write %d run(s)", len(taken))
+        for writes, (_, snapshot) in taken:
             try:
-                more = run._written_held(snapshot)
+                more = writes.written(snapshot)
             except Exception:  # a waiter's callback, say: the run let go of its lock
-                log.exception("task %s: after its write", run.task_id)
+                log.exception("task %s: after its write", writes.task_id)
                 continue
             if more is not None:  # transitioned while written: the lock stays, it goes next
                 with self._cond:
-                    self._queue.append((run, more))
+                    self._queue.append((writes, more))
 
 
-Behind = tuple["PendingWrites", "TaskRun", tuple["Transition", ...], "TaskSnapshot"]
+Behind = tuple["PendingWrites", RunWrites, tuple["Transition", ...], "TaskSnapshot"]
 """A write queued behind: the store's handle, the run, its transitions, its snapshot."""
 
 
@@ -157,7 +161,7 @@ class BehindWriter(_WriterThread):
     woken for them.
 
     - A worker leaves its run's start queued (the run's write lock free) and calls the
-      function. A quick task's end joins it: the worker takes both (``_take_if_free``)
+      function. A quick task's end joins it: the worker takes both (``take_if_free``)
       and queues them as one write behind (``put``), commits it at once if the store is
       free and no run waits in the dispatcher, and takes its next run.
     - A queued write rides the next commit anyone makes: on a loop of ``submit``, the
@@ -208,43 +212,43 @@ class BehindWriter(_WriterThread):
         self._write_behind = write_behind
         self._backlog = backlog
         self._pending: deque[Behind] = deque()  # queued writes; leave once settled
-        self._starts: dict[TaskRun, float] = {}  # runs whose start is left queued, since
+        self._starts: dict[RunWrites, float] = {}  # starts left queued, since when
         self._completing = threading.Lock()
         self._idle = False  # the thread sleeps until something is pending
 
-    def watch(self, run: TaskRun) -> None:
-        """``run``'s start is queued and its write lock free: written by whoever takes
+    def watch(self, writes: RunWrites) -> None:
+        """The run's start is queued and its write lock free: written by whoever takes
         it first, its worker (with the end) or this thread (past ``HAND_OVER``)."""
         with self._cond:
             if self._thread is None or self._gone:
                 unwatched = True
             else:
                 unwatched = False
-                self._starts[run] = time.monotonic()
+                self._starts[writes] = time.monotonic()
                 if self._idle:
                     self._cond.notify()
         if unwatched:  # no thread to look after it: written here and now
-            run._write()
+            writes.write()
 
-    def put(self, run: TaskRun, taken: Taken) -> None:
-        """Write ``taken`` (``run``'s write lock held, let go once it is written):
+    def put(self, writes: RunWrites, taken: Taken) -> None:
+        """Write ``taken`` (the run's write lock held, let go once it is written):
         queued behind, not waited for."""
         if self._thread is None:  # not started: written here and now
-            run._write_held(taken)
+            writes.write_taken(taken)
             return
-        self._starts.pop(run, None)  # its start (if it was left queued) is taken: in here
-        pending, snapshot = run._take_more(taken)
+        self._starts.pop(writes, None)  # its start (if left queued) is taken: in here
+        pending, snapshot = writes.take_more(taken)
         entry: Behind | None = None
-        if run._wt_shares(snapshot):
+        if writes.shares(snapshot):
             try:
-                handle = self._write_behind([(snapshot, run._wt_written, pending)])
+                handle = self._write_behind([(snapshot, writes.expected_version, pending)])
             except Exception:  # refused as a whole (a value it cannot bind, say): alone
-                log.exception("task %s: its write was not queued; written alone", run.task_id)
+                log.exception("task %s: its write was not queued; written alone", writes.task_id)
             else:
-                entry = (handle, run, pending, snapshot)
+                entry = (handle, writes, pending, snapshot)
         if entry is None:  # desynced, buffered, or nothing new: written alone, here
-            run._wt_persist(snapshot, pending)
-            self._written(run, snapshot)
+            writes.persist(snapshot, pending)
+            self._written(writes, snapshot)
             return
         with self._cond:
             queued = not self._gone
@@ -283,22 +287,22 @@ class BehindWriter(_WriterThread):
                 self._settle(entry)
 
     def _settle(self, entry: Behind) -> None:
-        handle, run, pending, snapshot = entry
+        handle, writes, pending, snapshot = entry
         (error,) = handle.errors()
-        if not run._wt_settle(snapshot, error, len(pending), False):
-            run._wt_keep(pending)
-        self._written(run, snapshot)
+        if not writes.settle(snapshot, error, len(pending), False):
+            writes.keep(pending)
+        self._written(writes, snapshot)
 
-    def _written(self, run: TaskRun, snapshot: TaskSnapshot) -> None:
+    def _written(self, writes: RunWrites, snapshot: TaskSnapshot) -> None:
         """``snapshot`` is written (or buffered): the run ends if it is terminal, and
         lets go of its write lock, or writes next what it transitioned meanwhile."""
         try:
-            more = run._written_held(snapshot)
+            more = writes.written(snapshot)
         except Exception:  # a waiter's callback, say: the run let go of its lock
-            log.exception("task %s: after its write", run.task_id)
+            log.exception("task %s: after its write", writes.task_id)
             return
         if more is not None:
-            self.put(run, more)
+            self.put(writes, more)
 
     def _loop(self) -> None:
         while True:
@@ -320,22 +324,21 @@ class BehindWriter(_WriterThread):
         """One pass: write the starts left queued since before ``due``, commit the
         writes queued since before it, end the runs whose writes are committed."""
         starts = self._starts
-        for run, since in list(starts.items()):
-            if since <= due and starts.pop(run, None) is not None:  # not taken meanwhile
-                self._hand_over(run)
+        for writes, since in list(starts.items()):
+            if since <= due and starts.pop(writes, None) is not None:  # not taken meanwhile
+                self._hand_over(writes)
         for handle, *_ in list(self._pending):
             if not handle.settled and handle.queued_at <= due:
                 handle.serve()  # one commit takes every write queued; the store busy,
                 break  # whoever has it commits them as it lets go
         self.complete()
 
-    def _hand_over(self, run: TaskRun) -> None:
-        """Write ``run``'s queued start, if nobody took it yet (its worker, with the end;
+    def _hand_over(self, writes: RunWrites) -> None:
+        """Write the run's queued start, if nobody took it yet (its worker, with the end;
         a control call, with its own)."""
-        with run._lock:
-            taken = run._take_if_free()
+        taken = writes.take()
         if taken is not None:
-            self.put(run, taken)
+            self.put(writes, taken)
 
     def _drain(self) -> None:
         """Stopping: write every start left queued and see every pending write through;
@@ -344,8 +347,8 @@ class BehindWriter(_WriterThread):
             self._gone = True
             starts = list(self._starts)
             self._starts.clear()
-        for run in starts:
-            self._hand_over(run)
+        for writes in starts:
+            self._hand_over(writes)
         pending = self._pending  # only shrinks now: put() writes on its caller's thread
         with self._completing:
             while pending:

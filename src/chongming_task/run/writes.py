@@ -1,185 +1,503 @@
-"""Write-through of one task's transitions to the store, surviving failed writes.
+"""``RunWrites``: how one run's transitions reach the store, and the one face its writers
+see.
 
-The version expected by ``save`` is the version *last actually written*, never "this
-version minus one": that formula assumed every earlier write had landed, so one failed
-write froze the task in the store for good (distributed design §14.1). Transitions whose
-write failed wait in a bounded buffer and land with the next transition, from the
-supervisor loop, or at ``close()``; the store then jumps several versions at once. A
-conflict against the version actually written means another writer changed the task:
-write-through stops for that task and the controller lists it in ``desynced_tasks``.
+A run makes a transition under its state lock and hands it here (``queue``) with the
+snapshot it leads to. Whoever holds the run's *write lock* writes everything queued, in
+order, before letting go: the run itself (inline, ``write``), the node's group-commit
+``Writer`` thread, or the worker through a ``BehindWriter`` (the hand-over is
+``hand_off``). No store I/O happens under the state lock that the task's
+``checkpoint()`` needs. The lock order is: write lock, then state lock; under the state
+lock the write lock is only tried without waiting (``take_if_free``) or let go, so the
+order can never deadlock. The write lock is a plain ``Lock``: a writer thread lets go of
+a lock a worker took.
 
-Each write goes through the store's ``Capabilities.write_transitions``: one transaction
-where the store offers one (the built-in SQL stores do), else ``save`` then ``append``.
-Order: the compare-and-set first, then the trail: only the writer whose CAS succeeded
-records the version in the audit trail, so a losing writer never leaves a transition
-behind.
+The write-through survives failed writes (docs/design.md, "Write-through"). ``save``
+expects the version *last actually written*, never "this version minus one", so one
+failed write does not freeze the task in the store. Transitions whose write failed wait
+in a bounded buffer and land with the next write, from the supervisor's catch-up, or at
+``close()``; the stored version then jumps several at once. A conflict against the
+version actually written means another writer changed the task: write-through stops for
+it (``desynced``) and the node lists it. Each write is one ``compare_and_write`` of the
+store's ``Capabilities``: one transaction where the store offers one, the compare-and-set
+first, so only the writer whose CAS succeeded records the version in the trail.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
+from .. import states
+from ..clock import Clock
 from ..errors import ConcurrencyConflict, StoreUnavailable
-from ..model import TaskSnapshot, Transition
+from ..model import (
+    JSONValue,
+    TaskSnapshot,
+    Trail,
+    Transition,
+    snapshot_changer,
+    trail_items,
+    trusted_transition,
+    utc,
+)
+from ..model import TaskStatus as S
 from ..stores.capabilities import Capabilities, PartialWrite
 
-__all__ = ["WriteThrough", "WriteThroughHost", "persist_together"]
+__all__ = ["Handoff", "RunWrites", "Taken", "WritesHost"]
 
 log = logging.getLogger("chongming_task.writethrough")
 
+# The statuses the moves every attempt makes name, as module globals: on Python 3.11
+# each ``TaskStatus.X`` is a lookup through the enum's class attribute hook (61 ns
+# against 6 ns for a global; nine a no-op attempt, about 3 % of the in-memory row).
+_STARTING, _RUNNING, _SUCCEEDED = S.STARTING, S.RUNNING, S.SUCCEEDED
 
-class WriteThroughHost(Protocol):
-    """The controller, as a write-through sees it: its store's capabilities (resolved
-    once, with fallbacks), the buffer's bound, and where to report trouble."""
+# What a start and a success change (``RunWrites.start``, ``RunWrites.succeed``).
+_START_CHANGES = snapshot_changer(("status", "status_version", "attempt", "started_at"))
+_SUCCESS_CHANGES = snapshot_changer(("status", "status_version", "ended_at", "outcome", "failure"))
+
+Taken = tuple[tuple[Transition, ...], TaskSnapshot]
+"""What a holder of the write lock took: the transitions to write, in order, and the
+snapshot they lead to."""
+
+
+class Handoff(Protocol):
+    """A thread that writes runs' writes behind their workers (``run.writers``)."""
+
+    joins_start: bool
+    """Whether a worker leaves a run's start queued to join its end (``watch``)."""
+
+    def put(self, writes: RunWrites, taken: Taken) -> None:
+        """Write ``taken``; the write lock is held and the writer lets go of it."""
+
+    def watch(self, writes: RunWrites) -> None:
+        """``writes`` has a start queued and its write lock free: write it if its worker
+        does not take it soon."""
+
+
+class WritesHost(Protocol):
+    """The node, as a run's writes see it: its clock and name, its store's capabilities
+    (resolved once, with fallbacks), the buffer's bound, where to hand writes over, and
+    where to report trouble."""
 
     capabilities: Capabilities
     writethrough_buffer: int
+    clock: Clock
+    owner: str
+    """The actor of the transitions the run makes itself."""
+
+    @property
+    def writer(self) -> Handoff | None:
+        """Where a worker's writes go on a store with group commit (``None``: the
+        worker writes them itself)."""
 
     def desynced(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
 
     def behind(self, task_id: str) -> None: ...
 
 
-class WriteThrough:
-    """Persists one task: a mixin of ``TaskRun``, which holds its state in slots of its
-    own (``_wt_*``, with ``task_id`` and ``_host``). Not thread-safe: the run calls it
-    holding its write lock.
+class RunWrites:
+    """One run's transitions: made through the one table (``move``), kept in its trail,
+    and brought to the store. ``move``, ``start``, ``succeed`` and ``take_if_free`` are
+    called holding the run's state lock; every other method takes what it needs."""
 
-    A mixin, not an object a run holds: a node holds every run its callers hold, and
-    each object it keeps is one more for every garbage collection to walk (a held no-op
-    run: 6 tracked objects became 5; docs/benchmarks.md, twenty-second session)."""
+    # Slots: a node holds many runs, and an instance dict is one more object for the
+    # cyclic garbage collector to walk on every full collection.
+    __slots__ = (
+        "_buffer",
+        "_desynced",
+        "_dropped",
+        "_error",
+        "_host",
+        "_lock",
+        "_on_end",
+        "_unwritten",
+        "_write_lock",
+        "_written",
+        "snapshot",
+        "task_id",
+        "trail",
+    )
 
-    if TYPE_CHECKING:  # TaskRun holds the state; mypy checks the names against these
-        __slots__ = ("_wt_buffer", "_wt_desynced", "_wt_dropped", "_wt_error", "_wt_written")
+    def __init__(
+        self,
+        host: WritesHost,
+        snapshot: TaskSnapshot,
+        created: Transition,
+        *,
+        lock: threading.RLock,
+        on_end: Callable[[], None],
+    ) -> None:
+        """``created`` is the transition that creates the task; ``lock`` is the run's
+        state lock; ``on_end`` is called once, holding the write lock, when a terminal
+        snapshot has been written (or buffered)."""
+        self.task_id = snapshot.task_id
+        self.snapshot = snapshot
+        """The run's latest snapshot (changed only under the state lock)."""
+        self.trail: Trail = trail_items(created)
+        """Every transition this process made, in order. A ``Trail``, not
+        ``Transition`` objects: a held run's history is then nothing the garbage
+        collector walks."""
+        self._host = host
+        self._lock = lock
+        self._write_lock = threading.Lock()
+        self._on_end: Callable[[], None] | None = on_end
+        self._unwritten: tuple[Transition, ...] | None = None  # made, not yet taken
+        self._written = 0  # the version last actually written (``save`` expects it)
+        self._buffer: deque[Transition] | None = None  # failed writes; made on the first
+        self._desynced = False
+        self._dropped = 0  # transitions dropped from a full buffer
+        self._error: BaseException | None = None  # why the latest write failed
 
-        @property
-        def _host(self) -> WriteThroughHost: ...
+    # -- making transitions (the state lock held) ------------------------------------------
 
-        @property
-        def task_id(self) -> str: ...
+    def move(
+        self,
+        steps: tuple[tuple[S, str | None], ...],
+        actor: str | None,
+        changes: dict[str, Any],
+        stamp: tuple[str, ...] = (),
+    ) -> TaskSnapshot:
+        """Make ``steps`` (each a status and the trail's reason): ``states`` checks every
+        step against the one table, one snapshot is made for where they lead (with
+        ``changes``, and the transition time in each field named in ``stamp``), and a
+        ``Transition`` a step is queued to be written. Caller holds the state lock."""
+        current = self.snapshot
+        status = current.status
+        for to, _ in steps:
+            if not states.is_legal(status, to):
+                states.check(current.task_id, status, to)  # raises, with the ids
+            status = to
+        now = self._now()
+        for name in stamp:
+            changes[name] = now
+        if status in states.TERMINAL and "ended_at" not in changes:
+            changes["ended_at"] = now
+        actor = actor or self._host.owner
+        version, was = current.status_version, current.status
+        made: list[Transition] = []
+        for to, reason in steps:
+            version += 1
+            transition = trusted_transition(
+                task_id=current.task_id,
+                version=version,
+                from_status=was,
+                to_status=to,
+                at=now,
+                reason=reason,
+                actor=actor,
+            )
+            self.trail += trail_items(transition)
+            made.append(transition)
+            was = to
+        changes["status"] = status
+        changes["status_version"] = version
+        snapshot = snapshot_changer(tuple(changes))(current, *changes.values())
+        self.queue(snapshot, *made)
+        return snapshot
 
-    else:
-        __slots__ = ()
+    # The two moves every attempt makes, with their snapshot changers made once: each
+    # asks the one table as ``move`` does and makes what it makes (a test holds them to
+    # it), without its dict of changes and loops. Through ``move``, one no-op attempt on
+    # the in-memory store took 10.7 us against 7.0 us, and the in-memory throughput row
+    # fell to 0.63x of what it is with them (bench/throughput_then_now.py).
 
-    _wt_written: int
-    """The version last actually written (``save`` expects it)."""
-    _wt_buffer: deque[Transition] | None
-    """Transitions whose write failed; made on the first failed write."""
-    _wt_desynced: bool
-    _wt_dropped: int
-    """Transitions dropped from a full buffer."""
-    _wt_error: BaseException | None
-    """Why the latest write failed (``None`` once one succeeds)."""
+    def start(self, attempt_no: int, reason: str) -> None:
+        """``queued -> starting -> running`` for a task that reported no activity since
+        it last ran: two transitions, one snapshot and one write (the stored version
+        jumps by two). Caller holds the state lock."""
+        current = self.snapshot
+        states.check(current.task_id, current.status, _STARTING)
+        states.check(current.task_id, _STARTING, _RUNNING)
+        now = self._now()
+        task_id, owner, version = current.task_id, self._host.owner, current.status_version
+        starting = trusted_transition(
+            task_id=task_id,
+            version=version + 1,
+            from_status=current.status,
+            to_status=_STARTING,
+            at=now,
+            reason=reason,
+            actor=owner,
+        )
+        running = trusted_transition(
+            task_id=task_id,
+            version=version + 2,
+            from_status=_STARTING,
+            to_status=_RUNNING,
+            at=now,
+            reason=None,
+            actor=owner,
+        )
+        self.trail += trail_items(starting) + trail_items(running)
+        self.queue(
+            _START_CHANGES(current, _RUNNING, version + 2, attempt_no, now), starting, running
+        )
 
-    def _wt_shares(self, snapshot: TaskSnapshot) -> bool:
-        """Whether the write of ``snapshot`` may share a store call with other tasks'
+    def succeed(self, outcome: JSONValue) -> None:
+        """``running -> succeeded`` for a task that reported no activity. Caller holds
+        the state lock."""
+        current = self.snapshot
+        states.check(current.task_id, current.status, _SUCCEEDED)
+        now = self._now()
+        version = current.status_version + 1
+        ended = trusted_transition(
+            task_id=current.task_id,
+            version=version,
+            from_status=current.status,
+            to_status=_SUCCEEDED,
+            at=now,
+            reason=None,
+            actor=self._host.owner,
+        )
+        self.trail += trail_items(ended)
+        self.queue(_SUCCESS_CHANGES(current, _SUCCEEDED, version, now, outcome, None), ended)
+
+    def _now(self) -> datetime:
+        now = self._host.clock.now()
+        return now if now.tzinfo is UTC else utc(now, "clock.now()")
+
+    # -- what the run calls ----------------------------------------------------------------------
+
+    def queue(self, snapshot: TaskSnapshot, *transitions: Transition) -> None:
+        """``snapshot`` is the run's latest, and ``transitions`` led to it: write them
+        next. Caller holds the state lock."""
+        self.snapshot = snapshot
+        # A tuple: the common write is one transition (no list for the collector).
+        unwritten = self._unwritten
+        self._unwritten = transitions if unwritten is None else unwritten + transitions
+
+    def write(self) -> None:
+        """Write what is queued and return once it is in the store (or buffered after a
+        failed write). If another thread holds the write lock, it writes the queue before
+        it lets go, and this returns once it has. Never called holding the state lock."""
+        self._write_lock.acquire()
+        taken = self._let_go()
+        if taken is not None:
+            self.write_taken(taken)
+
+    def take_if_free(self) -> Taken | None:
+        """The hot path's shortcut, holding the state lock: if the write lock is free,
+        take it (without waiting: never the wrong order) with the queue; else ``None``,
+        and the lock's holder writes the queue before it lets go."""
+        if self._unwritten is None or not self._write_lock.acquire(False):
+            return None
+        pending, self._unwritten = self._unwritten, None
+        return pending, self.snapshot
+
+    def take(self) -> Taken | None:
+        """``take_if_free``, taking the state lock itself (a writer thread's hand-over)."""
+        with self._lock:
+            return self.take_if_free()
+
+    def hand_off(self, taken: Taken | None) -> None:
+        """A worker's write of what ``take_if_free`` took, after the state lock is let
+        go: to the node's writer if it has one (the worker goes on at once), else here.
+        ``None``: the write lock's holder writes the queue (without a writer this waits
+        for it, so the worker's write is in the store when it returns)."""
+        writer = self._host.writer
+        if taken is None:
+            if writer is None:
+                self.write()
+        elif writer is None:
+            self.write_taken(taken)
+        else:
+            writer.put(self, taken)
+
+    def stored(self, created: Transition, *, appended: bool) -> None:
+        """The store accepted the run's ``create`` (and, if ``appended``, the creation
+        transition ``created``); write whatever was queued meanwhile (a command may have
+        reached the run already)."""
+        self._write_lock.acquire()
+        self._written = created.version
+        with self._lock:
+            if not appended:
+                self._unwritten = (created,) + (self._unwritten or ())
+            pending = self._unwritten
+            if pending is None:
+                self._write_lock.release()
+                return
+            self._unwritten = None
+            snapshot = self.snapshot
+        self.write_taken((pending, snapshot))
+
+    def catch_up(self, refreshed: Callable[[TaskSnapshot], TaskSnapshot]) -> bool:
+        """Retry buffered writes, writing the snapshot as ``refreshed`` makes it (with
+        the token's latest activity); returns whether the store is up to date."""
+        self.write()
+        self._write_lock.acquire()
+        try:
+            with self._lock:
+                snapshot = refreshed(self.snapshot)
+            if self.behind_of(snapshot):
+                self._flush(snapshot)
+        except BaseException:
+            self._write_lock.release()
+            raise
+        more = self._let_go()
+        if more is not None:  # transitioned meanwhile
+            self.write_taken(more)
+        return not self.behind_of(self.snapshot)
+
+    # -- what a holder of the write lock calls (the run, its writer) -------------------------
+
+    def write_taken(self, taken: Taken) -> None:
+        """Write ``taken`` (the write lock held) and what is queued meanwhile; let go."""
+        while True:
+            pending, snapshot = taken
+            try:
+                self.persist(snapshot, pending)
+            except BaseException:
+                self._write_lock.release()
+                raise
+            more = self.written(snapshot)
+            if more is None:
+                return
+            taken = more
+
+    def take_more(self, taken: Taken) -> Taken:
+        """What ``taken`` holds and whatever was queued since: one write of the latest
+        snapshot, every transition in order (the write lock held)."""
+        with self._lock:
+            more = self._unwritten
+            if more is None:
+                return taken
+            self._unwritten = None
+            return taken[0] + more, self.snapshot
+
+    def written(self, snapshot: TaskSnapshot) -> Taken | None:
+        """``snapshot`` was written (or buffered), the write lock held. A terminal one
+        ends the run (its ``wait()`` returns once its end is in the store). Then what
+        was queued meanwhile, the lock kept, to write next; or ``None``, the lock let
+        go. Without a writer nobody leaves a write to the holder (a worker that finds
+        the lock busy waits for it), so the lock is let go at once."""
+        on_end = self._on_end
+        if on_end is not None and snapshot.status in states.TERMINAL:
+            self._on_end = None  # once; and the run is no longer held from here
+            try:
+                on_end()
+            except BaseException:
+                self._write_lock.release()
+                raise
+        if self._host.writer is None:
+            self._write_lock.release()
+            return None
+        return self._let_go()
+
+    def _let_go(self) -> Taken | None:
+        """Holding the write lock: take what is queued, keeping the lock, or let go of it
+        if nothing is. Under the state lock, so a transition queued meanwhile either is
+        taken here or finds the lock free (``take_if_free``): none is left behind."""
+        with self._lock:
+            pending = self._unwritten
+            if pending is None:
+                self._write_lock.release()
+                return None
+            self._unwritten = None
+            return pending, self.snapshot
+
+    # -- the write-through (the write lock held) ---------------------------------------------
+
+    @property
+    def expected_version(self) -> int:
+        """The version last actually written: what the next compare-and-set expects."""
+        return self._written
+
+    @property
+    def desynced(self) -> bool:
+        """Another writer changed the task in the store: nothing is written any more."""
+        return self._desynced
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the latest write failed (``None``: none has, or one succeeded since)."""
+        return self._error
+
+    @property
+    def dropped(self) -> int:
+        """Transitions dropped from a full buffer (missing from the trail, honestly)."""
+        return self._dropped
+
+    @property
+    def behind(self) -> bool:
+        """Whether the store lacks a transition this process made (never, once
+        desynced: it never will have them)."""
+        return self.behind_of(self.snapshot)
+
+    def behind_of(self, snapshot: TaskSnapshot) -> bool:
+        return not self._desynced and (
+            bool(self._buffer) or snapshot.status_version != self._written
+        )
+
+    def shares(self, snapshot: TaskSnapshot) -> bool:
+        """Whether the write of ``snapshot`` may share a store call with other runs'
         (``persist_together``): nothing buffered, not desynced, a version to write."""
-        return not (
-            self._wt_desynced or self._wt_buffer or snapshot.status_version == self._wt_written
-        )
+        return not (self._desynced or self._buffer or snapshot.status_version == self._written)
 
-    def _wt_buffered(self) -> deque[Transition]:
-        if self._wt_buffer is None:
-            self._wt_buffer = deque(maxlen=self._host.writethrough_buffer)
-        return self._wt_buffer
-
-    def _wt_behind(self, snapshot: TaskSnapshot) -> bool:
-        return not self._wt_desynced and (
-            bool(self._wt_buffer) or snapshot.status_version != self._wt_written
-        )
-
-    def _wt_persist(self, snapshot: TaskSnapshot, pending: tuple[Transition, ...]) -> bool:
-        """Write ``snapshot`` and the transitions that led to it (``pending``, in order;
-        after anything still buffered).
-
-        Returns whether the store is now up to date. Never raises for store failures.
-        """
-        if self._wt_desynced:
+    def persist(self, snapshot: TaskSnapshot, pending: tuple[Transition, ...]) -> bool:
+        """Write ``snapshot`` and the transitions that led to it (``pending``, in order,
+        after anything still buffered). Returns whether the store is now up to date;
+        never raises for a store's failure."""
+        if self._desynced:
             return False
-        buffer = self._wt_buffer
-        if not buffer:  # the common case: write it at once, no buffering
-            if snapshot.status_version == self._wt_written:
-                return self._wt_flush(snapshot, pending) or self._wt_keep(pending)
-            try:  # _wt_flush() inline: two calls less on every transition's way to the store
+        buffer = self._buffer
+        if not buffer:  # the common case: written at once, nothing buffered
+            if snapshot.status_version == self._written:
+                return self._flush(snapshot, pending) or self.keep(pending)
+            try:
                 self._host.capabilities.compare_and_write(
-                    snapshot, expect_version=self._wt_written, transitions=pending
+                    snapshot, expect_version=self._written, transitions=pending
                 )
             except Exception as exc:
-                caught = self._wt_settle(snapshot, exc, len(pending), not pending)
-                return caught or self._wt_keep(pending)
-            self._wt_written = snapshot.status_version
-            self._wt_error = None
+                return self.settle(snapshot, exc, len(pending), not pending) or self.keep(pending)
+            self._written = snapshot.status_version
+            self._error = None
             return True
         if len(buffer) == self._host.writethrough_buffer:
-            self._wt_dropped += 1
+            self._dropped += 1
             log.error(
                 "task %s: write-through buffer full; the oldest unwritten transition is "
                 "dropped from the audit trail (the snapshot will still catch up)",
                 self.task_id,
             )
         buffer.extend(pending)
-        return self._wt_flush(snapshot)
+        return self._flush(snapshot)
 
-    def _wt_keep(self, pending: tuple[Transition, ...]) -> bool:
+    def keep(self, pending: tuple[Transition, ...]) -> bool:
         """After a failed write of ``pending`` (nothing buffered before it): keep them
         for the catch-up, unless the task is desynced. Returns ``False``."""
-        if not self._wt_desynced:
-            self._wt_buffered().extend(pending)
+        if not self._desynced:
+            if self._buffer is None:
+                self._buffer = deque(maxlen=self._host.writethrough_buffer)
+            self._buffer.extend(pending)
             self._host.behind(self.task_id)
         return False
 
-    def _wt_flush(self, snapshot: TaskSnapshot, pending: Sequence[Transition] = ()) -> bool:
-        """Bring the store up to ``snapshot``: the buffer, then ``pending`` (transitions
-        the caller has not buffered; none when catching up). Returns whether it is now up
-        to date."""
-        if self._wt_desynced:
-            return False
-        catching_up = not pending
-        if self._wt_buffer:
-            pending = [*self._wt_buffer, *pending]
-        host = self._host
-        try:
-            # One transaction where the store can (rows encoded before its lock is
-            # taken).
-            if snapshot.status_version != self._wt_written:
-                host.capabilities.compare_and_write(
-                    snapshot, expect_version=self._wt_written, transitions=pending
-                )
-            else:  # the row is current, only the trail is behind
-                host.capabilities.write_transitions(
-                    snapshot, expect_version=None, transitions=pending
-                )
-        except Exception as exc:
-            return self._wt_settle(snapshot, exc, len(pending), catching_up)
-        return self._wt_settle(snapshot, None, len(pending), catching_up)
-
-    def _wt_settle(
+    def settle(
         self, snapshot: TaskSnapshot, exc: BaseException | None, pending: int, catching_up: bool
     ) -> bool:
         """Take in how the write of ``snapshot`` (and ``pending`` transitions) went;
         returns whether the store is now up to date."""
         if exc is None:
-            self._wt_written = snapshot.status_version
-            if self._wt_buffer:
-                self._wt_buffer.clear()
-            self._wt_error = None
+            self._written = snapshot.status_version
+            if self._buffer:
+                self._buffer.clear()
+            self._error = None
             return True
         if isinstance(exc, PartialWrite):
             # The save landed, an append did not: the stored version moved. The trail
             # stays buffered (appends are idempotent, so rewriting them is harmless).
-            self._wt_written = snapshot.status_version
+            self._written = snapshot.status_version
         elif isinstance(exc, ConcurrencyConflict):
-            self._wt_desynced = True
-            self._wt_buffer = None
+            self._desynced = True
+            self._buffer = None
             self._host.desynced(self.task_id, exc)
             return False
-        return self._wt_failed(exc, pending, catching_up)
-
-    def _wt_failed(self, exc: BaseException, pending: int, catching_up: bool) -> bool:
-        self._wt_error = exc
+        self._error = exc
         # An outage is reported once, by the supervisor; other failures per task.
         log.log(
             logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
@@ -193,31 +511,52 @@ class WriteThrough:
             self._host.behind(self.task_id)
         return False
 
-
-def persist_together(
-    writes: Sequence[tuple[WriteThrough, TaskSnapshot, tuple[Transition, ...]]],
-) -> None:
-    """``_wt_persist`` for several tasks (one controller's) at once: those with nothing
-    buffered share one store call (``compare_and_write_together``: one statement on a
-    store with group commit), the others persist alone. Each write stands alone: one's
-    conflict or failure costs the others nothing."""
-    together: list[tuple[WriteThrough, TaskSnapshot, tuple[Transition, ...]]] = []
-    alone: list[tuple[WriteThrough, TaskSnapshot, tuple[Transition, ...]]] = []
-    for write in writes:
-        (together if write[0]._wt_shares(write[1]) else alone).append(write)
-    if len(together) == 1:
-        alone += together
-    elif together:
-        capabilities = together[0][0]._host.capabilities
+    def _flush(self, snapshot: TaskSnapshot, pending: Sequence[Transition] = ()) -> bool:
+        """Bring the store up to ``snapshot``: the buffer, then ``pending`` (transitions
+        the caller has not buffered; none when catching up). Returns whether it is now up
+        to date."""
+        if self._desynced:
+            return False
+        catching_up = not pending
+        if self._buffer:
+            pending = [*self._buffer, *pending]
+        capabilities = self._host.capabilities
         try:
-            errors = capabilities.compare_and_write_together(
-                [(snapshot, wt._wt_written, pending) for wt, snapshot, pending in together]
-            )
-        except Exception:  # the call failed as a whole (one write's value, say): one by one,
-            alone += together  # so each write gets its own outcome
-        else:
-            for (wt, snapshot, pending), exc in zip(together, errors, strict=True):
-                if not wt._wt_settle(snapshot, exc, len(pending), False):
-                    wt._wt_keep(pending)
-    for wt, snapshot, pending in alone:
-        wt._wt_persist(snapshot, pending)
+            if snapshot.status_version != self._written:
+                capabilities.compare_and_write(
+                    snapshot, expect_version=self._written, transitions=pending
+                )
+            else:  # the row is current, only the trail is behind
+                capabilities.write_transitions(snapshot, expect_version=None, transitions=pending)
+        except Exception as exc:
+            return self.settle(snapshot, exc, len(pending), catching_up)
+        return self.settle(snapshot, None, len(pending), catching_up)
+
+    @staticmethod
+    def persist_together(
+        writes: Sequence[tuple[RunWrites, TaskSnapshot, tuple[Transition, ...]]],
+    ) -> None:
+        """``persist`` for several runs of one node at once: those with nothing buffered
+        share one store call (``compare_and_write_together``: one statement on a store
+        with group commit), the others persist alone. Each write stands alone: one's
+        conflict or failure costs the others nothing."""
+        together: list[tuple[RunWrites, TaskSnapshot, tuple[Transition, ...]]] = []
+        alone: list[tuple[RunWrites, TaskSnapshot, tuple[Transition, ...]]] = []
+        for write in writes:
+            (together if write[0].shares(write[1]) else alone).append(write)
+        if len(together) == 1:
+            alone += together
+        elif together:
+            capabilities = together[0][0]._host.capabilities
+            try:
+                errors = capabilities.compare_and_write_together(
+                    [(snapshot, w._written, pending) for w, snapshot, pending in together]
+                )
+            except Exception:  # failed as a whole (one write's value, say): one by one,
+                alone += together  # so each write gets its own outcome
+            else:
+                for (w, snapshot, pending), exc in zip(together, errors, strict=True):
+                    if not w.settle(snapshot, exc, len(pending), False):
+                        w.keep(pending)
+        for w, snapshot, pending in alone:
+            w.persist(snapshot, pending)
