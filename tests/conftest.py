@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,70 @@ def make_controller() -> Iterator[Callable[..., Controller]]:
     yield make
     for c in made:
         c.close(timeout=5)
+
+
+# -- nothing left behind ----------------------------------------------------------------
+#
+# A test writes only inside its own temporary directory, and every process it starts
+# ends with it: the session fails if a file appeared in the directory it ran from, or if
+# a process it started (at any depth) is still alive when it ends. Tool caches that the
+# repository ignores are not the tests' writes.
+
+_TOOL_CACHES = {".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", "__pycache__"}
+_CWD_BEFORE: set[str] = set()
+
+
+def _descendants(root: int) -> list[tuple[int, str]]:
+    """Live processes below ``root`` (Linux ``/proc``; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name_end = stat.rindex(")")
+        state, ppid = stat[name_end + 2 :].split()[:2]
+        if state != "Z":
+            pid = int(entry.name)
+            children.setdefault(int(ppid), []).append(pid)
+            names[pid] = stat[stat.index("(") + 1 : name_end]
+    found: list[tuple[int, str]] = []
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append((pid, names[pid]))
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CWD_BEFORE.update(p.name for p in Path.cwd().iterdir())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import os
+    import signal
+
+    if hasattr(session.config, "workerinput"):
+        return
+    left = sorted({p.name for p in Path.cwd().iterdir()} - _CWD_BEFORE - _TOOL_CACHES)
+    alive = _descendants(os.getpid())
+    for pid, _ in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    problems = []
+    if left:
+        problems.append(f"tests wrote outside their temporary directories: {', '.join(left)}")
+    if alive:
+        named = ", ".join(f"{name} ({pid})" for pid, name in alive)
+        problems.append(f"processes the tests started outlived them (now killed): {named}")
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for problem in problems:
+            if reporter is not None:
+                reporter.write_line(f"FAILED (left behind): {problem}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # -- a PostgreSQL for the Postgres tests ---------------------------------------------------

@@ -28,7 +28,7 @@ def test_a_supervisor_pass_renews_a_lease_that_used_a_third_of_its_ttl() -> None
     release = threading.Event()
     # A long interval: the supervisor's own thread makes one pass at start, then sleeps;
     # the passes below are the test's.
-    with Controller(clock=clock, lease_ttl=30, activity_interval=3600) as c:
+    with Controller(InMemoryTaskStore(), clock=clock, lease_ttl=30, activity_interval=3600) as c:
         run = c.submit(c.task(lambda token: release.wait(10), name="wait"))
         first = c.get(run.task_id).lease_until
         assert first == clock.now() + timedelta(seconds=30)
@@ -44,7 +44,7 @@ def test_a_supervisor_pass_renews_a_lease_that_used_a_third_of_its_ttl() -> None
 
 def test_a_schedule_runner_tick_fires_what_is_due_and_nothing_else() -> None:
     clock = FakeClock()
-    with Controller(clock=clock, run_schedules=False) as c:
+    with Controller(InMemoryTaskStore(), clock=clock, run_schedules=False) as c:
         c.task(lambda token: None, name="beat")
         entry = c.schedule("beat", "beat", IntervalTrigger(60))
         assert c._scheduler.tick() == []

@@ -291,7 +291,7 @@ class Controller:
     # -- lifecycle: the one place services start -------------------------------------------------
 
     def _accepting(self) -> bool:
-        return self._state is _OPEN  # every submit: a global, not an Enum attribute (_carrier)
+        return self._state is _OPEN  # every submit: a global, not an Enum attribute
 
     def _start(self, *services: Service) -> None:
         """Start each service at most once, and never once ``close()`` has begun. A

@@ -80,9 +80,9 @@ class FifoDispatcher:
     Why not ``queue.SimpleQueue``: its waiters all block on one lock, and a ``get`` that
     takes an item releases that lock again if a waiter had it, which wakes the next
     waiter to find the queue empty and block again. With four idle workers each run
-    cost its workers 3.2 context switches where one is needed (docs/benchmarks.md,
-    twenty-second session). Here each parked worker waits on a lock of its own, and the
-    last to park is woken first: its stack and caches are warm, and the others sleep on.
+    cost its workers 3.2 context switches where one is needed. Here each parked worker
+    waits on a lock of its own, and the last to park is woken first: its stack and
+    caches are warm, and the others sleep on.
 
     No lock of its own: the deque and the list change by single operations, each atomic
     under the interpreter's lock, and a worker looks at the runs again after it parks,

@@ -187,7 +187,7 @@ class BehindWriter(_WriterThread):
     the commit carrying it landed; on a loop of ``submit`` each wake came while the
     submitting thread waited for the interpreter's lock. Here one worker wakes a run:
     per-call ``submit`` on SQLite went from 4,605-5,896 to 6,038-6,818 tasks/s
-    (``bench/throughput.py``, alternating runs; docs/benchmarks.md, twentieth session).
+    (``bench/throughput.py``, alternating runs).
     """
 
     joins_start = True
