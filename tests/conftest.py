@@ -50,9 +50,11 @@ def make_controller() -> Iterator[Callable[..., Controller]]:
 # A test writes only inside its own temporary directory, and every process it starts
 # ends with it: the session fails if a file appeared in the directory it ran from, or if
 # a process it started (at any depth) is still alive when it ends. Tool caches that the
-# repository ignores are not the tests' writes.
+# repository ignores are not the tests' writes, nor is ``.artifacts`` (ignored too): the
+# browser tests keep each page's screenshot there for a person to look at.
 
 _TOOL_CACHES = {".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", "__pycache__"}
+_TOOL_CACHES.add(".artifacts")
 _CWD_BEFORE: set[str] = set()
 
 
