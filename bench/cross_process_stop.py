@@ -146,7 +146,7 @@ def main() -> None:
     for name, values in rows.items():
         print(latency_row(name, values))
     if args.dsn:  # commands reach the node by NOTIFY, the poll is only the fallback
-        print("target (issue 15): p99 <= 15 ms across processes with NOTIFY")
+        print("target: p99 <= 15 ms across processes with NOTIFY")
     else:
         print(f"target: p99 <= {args.poll * 1000 + 50:.0f} ms")
 

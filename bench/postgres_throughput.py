@@ -40,7 +40,11 @@ The contenders run in ``--rounds`` rounds, each round every contender once (the 
 turning from round to round). "vs pgq" is each round's ratio to pgqueuer, between runs
 made side by side, and "median" their median: this VM drifts by tens of per cent over
 minutes, so one contender's runs back to back against the other's compared moments, not
-contenders. "best/s" is a contender's best run.
+contenders. "best/s" is a contender's best run. "steady/s" is the median over the rounds
+of each run's rate between the 10th and the 90th percentile of its function ends (the
+rate once running: pgqueuer 1.6 stalls about a second after its first jobs in every
+drain run, which weighs on its whole-window rate less the more jobs a run has), and its
+"vs pgq" the median of that rate's ratios to pgqueuer's, round by round.
 
 Beside each rate: commits, rows written (inserted + updated + deleted) and WAL bytes per
 job, from the deltas of ``pg_stat_database`` (the contender's own database) and
@@ -84,6 +88,8 @@ class Result:
     tail: float
     """Seconds from the last job's function ending until every job was complete in the
     database."""
+    steady: float
+    """Jobs a second over the middle 80 % of the function ends (``Span.steady``)."""
 
 
 class Span:
@@ -103,6 +109,15 @@ class Span:
         self.ends.append(time.perf_counter())
         if len(self.ends) >= self.tasks:
             self.done.set()
+
+    def steady(self) -> float:
+        """Jobs a second between the 10th and the 90th percentile of the function ends:
+        the rate once a contender runs, without its start-up or its last stragglers (a
+        fixed stall at the start weighs less the longer a run is, and would make the
+        ratio depend on ``--tasks``)."""
+        ends = sorted(self.ends)
+        first, last = len(ends) // 10, len(ends) * 9 // 10
+        return (last - first) / (ends[last] - ends[first])
 
     def seconds(self, since: float | None = None) -> float:
         """From the first start (or ``since``) until every job was seen complete in the
@@ -190,7 +205,12 @@ def measured(
     after = counters(dsn)
     commits, rows, wal = (b - a for a, b in zip(before, after, strict=True))
     return Result(
-        seconds, (commits - settled.polls) / tasks, rows / tasks, wal / tasks, settled.tail
+        seconds,
+        (commits - settled.polls) / tasks,
+        rows / tasks,
+        wal / tasks,
+        settled.tail,
+        span.steady(),
     )
 
 
@@ -374,7 +394,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     # 4,000: with 2,000, pgqueuer had not reached its steady rate (1,158-1,389 jobs/s
-    # prefilled against 1,747-1,759 with 4,000, same sitting), which flattered us.
+    # prefilled against 1,747-1,759 with 4,000, in one run), which flattered us.
     parser.add_argument("--tasks", type=int, default=4000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
@@ -405,7 +425,8 @@ def main() -> None:
     )
     print(
         f"{'mode':10} {'contender':15} {'best/s':>7} {'each round':>20} {'vs pgq':>16} "
-        f"{'median':>7} {'commits/job':>12} {'rows/job':>9} {'WAL B/job':>10} {'tail ms':>8}"
+        f"{'median':>7} {'steady/s':>9} {'vs pgq':>7} {'commits/job':>12} {'rows/job':>9} "
+        f"{'WAL B/job':>10} {'tail ms':>8}"
     )
     names = list(contenders)
     for mode in MODES:
@@ -425,9 +446,15 @@ def main() -> None:
                 for ours, theirs in zip(results, runs["pgqueuer"], strict=True)
             ]
             each = " ".join(f"{ratio:.2f}" for ratio in ratios)
+            steady = [r.steady for r in results]
+            steady_ratios = [
+                ours.steady / theirs.steady
+                for ours, theirs in zip(results, runs["pgqueuer"], strict=True)
+            ]
             print(
                 f"{mode:10} {name:15} {args.tasks / best.seconds:7,.0f} {rates:>20} "
-                f"{each:>16} {statistics.median(ratios):6.2f}x {best.commits:12.2f} "
+                f"{each:>16} {statistics.median(ratios):6.2f}x {statistics.median(steady):9,.0f} "
+                f"{statistics.median(steady_ratios):6.2f}x {best.commits:12.2f} "
                 f"{best.rows:9.2f} {best.wal_bytes:10,.0f} {best.tail * 1000:8.1f}"
             )
     with psycopg.connect(args.dsn, autocommit=True) as admin:

@@ -24,7 +24,7 @@ costs the releasing thread when the parked thread is on the other CPU, and on it
 On this VM the first is ~8x the second (an idle virtual CPU is woken by an interrupt
 the waker pays for), and a per-call loop's submitting thread wakes a worker and hands
 it the interpreter's lock each task: with every thread pinned to one CPU the per-call
-row ran 12-24 % faster (docs/benchmarks.md, twenty-third session).
+row ran 12-24 % faster.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def main() -> None:
         name: [theirs / ours for ours, theirs in zip(runs, pool, strict=True)]
         for name, runs in seconds.items()
     }
-    # The targets of issue 15 (before it: 25 % of the pool and 3,000/s).
+    # The targets (docs/benchmarks.md).
     memory, per_call, many = names[1:4]
     targets: dict[str, tuple[str, bool]] = {
         memory: (">= 50% of pool", statistics.median(ratios[memory]) >= 0.5),
@@ -204,8 +204,8 @@ def main() -> None:
     )
     if not all(met for _, met in targets.values()):
         print(
-            "a target is missed: bench/throughput_then_now.py runs the code issue 15 "
-            "measured beside this tree, to tell the code from the machine's moment"
+            "a target is missed: bench/throughput_then_now.py --then REV runs an earlier "
+            "commit beside this tree, to tell the code from the machine's moment"
         )
     wake = wake_cost()
     if wake is not None:

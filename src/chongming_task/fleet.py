@@ -1,4 +1,4 @@
-"""Fleet visibility: what no single node can see (distributed design §7, §11).
+"""Fleet visibility: what no single node can see (docs/design.md, "Fleet declarations").
 
 Every worker node declares itself in the store (``NodeRecord``: its buckets, its bucket
 count, when it was last seen). ``examine()`` reads those declarations beside the tasks

@@ -341,7 +341,7 @@ object of a class is one more for every garbage collection to walk (a class inst
 tracked for life). A tuple of text, numbers and datetimes is not: the collector stops
 tracking it the first time it looks. A held no-op run kept a list and four transitions,
 and the in-memory store a dict and the same four: 12 tracked objects a held run became
-6 (docs/benchmarks.md). Flat, not a tuple of rows: each row would be one more object
+6. Flat, not a tuple of rows: each row would be one more object
 allocated, and allocations are what start a collection."""
 
 TRAIL_WIDTH = 6
@@ -405,8 +405,8 @@ def trail_transitions(task_id: str, trail: Trail, since_version: int = 0) -> lis
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeRecord:
-    """A worker node's declaration in the store (distributed design §11.3): for audit and
-    alarms only, it never decides who runs what.
+    """A worker node's declaration in the store, for audit and alarms only: it never
+    decides who runs what (docs/design.md, "Fleet declarations").
 
     ``buckets`` is ``None`` for a node that declares no partition (it looks after every
     bucket). The node is live while it was seen within ``ttl_seconds`` and has not

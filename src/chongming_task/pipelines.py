@@ -2,7 +2,7 @@
 
 The structure lives in this process only (the store keeps each node's task and the run
 id, never the graph): a pipeline is coordinated by the node that submitted it, never
-across nodes (distributed design §18).
+across nodes (docs/design.md, "Autonomous nodes, one plane").
 
 Semantics:
 

@@ -42,7 +42,7 @@ SHOWS_PROGRESS: frozenset[S] = frozenset({S.RUNNING, S.PAUSED})
 """Statuses whose progress bar a live view shows."""
 TRIGGERS_FAIL_FAST: frozenset[S] = frozenset({S.FAILED, S.LOST})
 """A pipeline node ending so stops a ``fail_fast`` run; ``cancelled`` never does (no
-chain reaction of cancels: distributed design §12)."""
+chain reaction of cancels: docs/design.md, "Pipelines")."""
 WORST_FIRST: tuple[S, ...] = (S.FAILED, S.LOST, S.STOPPED, S.CANCELLED)
 """Terminal statuses other than ``succeeded``, worst first (a pipeline's outcome)."""
 

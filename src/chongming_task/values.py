@@ -3,7 +3,7 @@
 A value that reaches the store and cannot be written there fails on the write-through
 path, where a failure is buffered and retried but never fails the task: the process says
 ``succeeded`` while the store stays ``running``, and a later ``reconcile()`` calls a
-successful task ``lost`` (distributed design §14.2). So every value that crosses into the
+successful task ``lost`` (docs/design.md, "Results"). So every value that crosses into the
 store is checked at the boundary where the user hands it over (``submit``, ``checkpoint``,
 a task's return value, a control call's reason), against what the store can hold, and is
 refused there with ``InvalidValue`` (a ``ValueError``) in the caller's own thread.

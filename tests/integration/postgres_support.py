@@ -12,7 +12,7 @@ ENV = "CHONGMING_TEST_POSTGRES"
 
 
 NO_SERVER_REASON: str | None = None
-"""Why this session has no PostgreSQL (set by tests/conftest.py when it could not start a
+"""Why this test run has no PostgreSQL (set by tests/conftest.py when it could not start a
 throwaway cluster)."""
 
 

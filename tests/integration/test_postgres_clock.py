@@ -1,4 +1,4 @@
-"""Lease decisions on the store's clock (distributed design §12, §15.1), against the real
+"""Lease decisions on the store's clock (docs/design.md, "Clocks"), against the real
 server: a node whose clock is five minutes off neither loses its live tasks to another
 node's reconcile (slow clock) nor keeps a dead node's leases alive (fast clock)."""
 

@@ -3,7 +3,7 @@ thread copies the WAL back, and the WAL stops growing (it starts over again and 
 
 Each writer pauses 0.2 ms between creates, as a caller does some work between writes:
 two loops of bare commits make SQLite's busy handler (it sleeps, then tries again)
-starve one of them for seconds (docs/benchmarks.md, fifteenth session).
+starve one of them for seconds.
 """
 
 from __future__ import annotations

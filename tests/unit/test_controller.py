@@ -79,7 +79,7 @@ def test_a_finished_runs_history_is_nothing_the_garbage_collector_walks(
     """A node holds every run its callers hold: the run's history (and the in-memory
     store's trail) are tuples of text, numbers and datetimes, which the collector stops
     tracking the first time it looks, where a list of ``Transition`` objects stayed
-    tracked for life (docs/benchmarks.md). What they give back is unchanged."""
+    tracked for life. What they give back is unchanged."""
     c = make_controller(store)
 
     @c.task(name="noop")
@@ -199,9 +199,9 @@ def test_pause_blocks_at_a_checkpoint_and_resume_continues(
 
 
 def test_pause_resume_pause_is_acknowledged_every_time(make_controller: Make) -> None:
-    """Regression for the ``_ack`` defect (distributed design §14): the checkpoint set its
-    acknowledgement only when *entering* the pause branch, so a pause requested right after
-    a resume, while the task thread was still in the wait loop, was never acknowledged."""
+    """A regression: the checkpoint once set its acknowledgement only when *entering*
+    the pause branch, so a pause requested right after a resume, while the task thread
+    was still in the wait loop, was never acknowledged."""
     c = make_controller()
     started = threading.Event()
     run = c.submit(c.task(looping, name="loop"), started)
@@ -407,7 +407,7 @@ def test_backoff_delays_grow_exponentially_with_bounded_jitter() -> None:
 def test_a_non_json_result_fails_as_result_invalid_without_retry(
     store: TaskStore, make_controller: Make, result: Any
 ) -> None:
-    """Distributed design §14.2: an unserializable result once left the store at
+    """docs/design.md, "Results": an unserializable result once left the store at
     ``running`` while the process said ``succeeded``; reconcile then killed a task that
     had really succeeded. It must fail, in memory and in the store, and never retry."""
     c = make_controller(store)

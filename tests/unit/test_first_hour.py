@@ -1,4 +1,4 @@
-"""What a newcomer meets first (issue 13): a failed task keeps its traceback (bounded,
+"""What a newcomer meets first: a failed task keeps its traceback (bounded,
 the raise kept) and `show` prints it; a script's functions are named without
 ``__main__.``; `ps --name` takes a glob."""
 

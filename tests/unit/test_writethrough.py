@@ -36,7 +36,7 @@ def _fails_save_to(status: TaskStatus) -> Callable[..., bool]:
 
 
 def test_one_failed_write_no_longer_freezes_the_task(make_controller: Make, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Distributed design §14.1. ``_persist`` used ``expect_version = version - 1``; one
+    """docs/design.md, "Write-through". ``_persist`` used ``expect_version = version - 1``; one
     failed ``save`` (a network blip) left the store at k-1 while memory went on to k, every
     later write conflicted, the task froze at ``starting`` in the store, and reconcile
     finally judged it LOST. Now the store catches up and jumps versions."""

@@ -1,4 +1,4 @@
-"""The node beacon: a worker node's declaration in the store (distributed design §11.3).
+"""The node beacon: a worker node's declaration in the store (docs/design.md, "Fleet declarations").
 
 At start-up the node writes who it is and which buckets it declares (``NodeRecord``),
 then refreshes ``seen_at`` every third of its lease TTL while it lives, and marks itself

@@ -5,7 +5,7 @@ is the holder's side: claim → act on a run held here, or release → complete.
 Control of a task held by another process arrives as a ``Command`` in the store. The
 poller claims open commands under a lease; a command for a run held here is carried out
 and completed with its outcome; a command for a task held elsewhere is *released*, never
-completed (the holder would never hear of it: store guide §2.4); a command for a task
+completed (the holder would never hear of it: docs/design.md, "Commands"); a command for a task
 that is gone or already terminal is completed as such.
 """
 

@@ -1,4 +1,4 @@
-"""The time every lease decision uses (distributed design §12 "关于时钟", §15.1).
+"""The time every lease decision uses (docs/design.md, "Clocks").
 
 A lease is written by one node (``lease_until``) and judged by another (``reconcile``,
 ``doctor``, a command claim), so both must read one clock. Where the store has a clock of

@@ -4,7 +4,7 @@
 all at once where the store can (``persist``: what a store without transactions created
 before a failure is recorded ``cancelled``, never left without a holder), and hands them
 to the dispatcher. It checks bucket ownership at that moment: a task that lands in
-another node's bucket would sit ``queued`` forever with no error (distributed §8).
+another node's bucket would sit ``queued`` forever with no error (docs/design.md, "Buckets").
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def new_task_id() -> str:
     """32 random hex digits (128 bits). Random from the first digit, so the first six or
     eight tell tasks apart and an operator can type a short prefix (``show 3f9a2c``); ids
     never collide across nodes in practice (each process seeds its generator from the OS).
-    The cost is B-tree locality on insert, measured in docs/benchmarks.md."""
+    The cost is B-tree locality on insert, measured by bench/task_ids.py."""
     return f"{_ids.getrandbits(128):032x}"
 
 

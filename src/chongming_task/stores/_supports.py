@@ -209,7 +209,7 @@ class SupportsTransitionWakeups(Protocol):
 
 @runtime_checkable
 class SupportsNodeRegistry(Protocol):
-    """Node declarations (``NodeRecord``, distributed design §11.3): who runs, which
+    """Node declarations (``NodeRecord``, docs/design.md, "Fleet declarations"): who runs, which
     buckets each declares, when each was last seen. For audit and alarms only."""
 
     def declare_node(self, record: NodeRecord) -> None:

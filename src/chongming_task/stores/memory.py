@@ -49,7 +49,7 @@ class InMemoryTaskStore:
         # A task's compare-and-set (save) and its touch take one of these, picked by task
         # id: workers saving different tasks almost never meet on a lock. One shared lock
         # here made the worker threads queue behind whichever held it across a GIL switch
-        # (throughput fell by half with 4 workers: docs/benchmarks.md).
+        # (throughput fell by half with 4 workers, bench/throughput.py).
         self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
         self._tasks: dict[str, TaskSnapshot] = {}
         # Each task's trail as a ``Trail``: the store holds every task it was given, and a

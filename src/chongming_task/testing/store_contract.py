@@ -39,7 +39,8 @@ __all__ = ["StoreContract"]
 
 
 class StoreContract(CapabilityContract):
-    """Every rule of the store guide as a test. Subclasses provide ``make_store()``."""
+    """Every rule of the store contract (docs/stores.md) as a test. Subclasses provide
+    ``make_store()``."""
 
     # -- structure and round trip ------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 ``Announcer``, which sends the ``NOTIFY`` after writes without making a write wait.
 
 A notification is a hint that something changed, never the change itself: every
-subscriber keeps polling the tables (distributed design §17 point 4), so a notification
+subscriber keeps polling the tables (docs/design.md, "Commands"), so a notification
 lost while the server was away only costs latency. The driver is imported by the caller
 (``postgres.py``); this module is only reached once it is installed.
 """

@@ -14,7 +14,7 @@ INSERT INTO tasks (
 )
 ON CONFLICT (task_id) DO NOTHING
 
--- save writes every column but the lease (store guide §2.3).
+-- save writes every column but the lease (docs/design.md, "Leases are not heartbeats").
 -- name: save_task
 UPDATE tasks SET
     name = %s, status = %s, status_version = %s, attempt = %s, tags = %s::jsonb,
@@ -100,7 +100,7 @@ gone_commands AS (
 )
 DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)
 
--- Node declarations (distributed design §11.3); times come from storage_now().
+-- Node declarations (docs/design.md, "Fleet declarations"); times come from storage_now().
 -- name: upsert_node
 INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
                    stopped_at, host, pid)

@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS {schema}.commands (
 CREATE INDEX IF NOT EXISTS idx_commands_open ON {schema}.commands (created_at, seq)
     WHERE finished_at IS NULL;
 
--- Node declarations (distributed design §11.3): for audit and alarms only.
+-- Node declarations (docs/design.md, "Fleet declarations"): for audit and alarms only.
 CREATE TABLE IF NOT EXISTS {schema}.nodes (
     node        TEXT PRIMARY KEY,
     num_buckets INTEGER NOT NULL,

@@ -6,7 +6,7 @@ the database file (a checkpoint) before the WAL can start over. By default SQLit
 the commit that takes the WAL past ``wal_autocheckpoint`` pages do it, on the caller's
 thread and inside its call: one ``submit`` in every few hundred paid for copying some
 8,000 pages and two ``fsync`` calls: 12-17 ms at the 99.9th percentile of per-call
-``submit``, where the median was 0.23 ms (docs/benchmarks.md, fifteenth session).
+``submit``, where the median was 0.23 ms (``bench/submit_latency.py``).
 
 Here the store's connection has automatic checkpoints off, and this thread runs a
 ``PASSIVE`` checkpoint (it never waits for a lock, nor makes a writer or a reader wait)

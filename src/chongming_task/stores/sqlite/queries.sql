@@ -120,7 +120,7 @@ CREATE INDEX IF NOT EXISTS idx_commands_open ON commands (created_at)
 CREATE INDEX IF NOT EXISTS idx_commands_finished ON commands (finished_at)
     WHERE finished_at IS NOT NULL
 
--- Node declarations (distributed design §11.3): who runs, which buckets each declares,
+-- Node declarations (docs/design.md, "Fleet declarations"): who runs, which buckets each declares,
 -- when each was last seen. For audit and alarms; nothing reads them to decide who runs
 -- what. A node that declares no partition has all_buckets = 1 and no node_buckets rows.
 
@@ -294,7 +294,7 @@ INSERT INTO tasks (
     failure, outcome, lease_owner, lease_until
 ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
--- save writes every column but the lease (store guide §2.3).
+-- save writes every column but the lease (docs/design.md, "Leases are not heartbeats").
 -- name: save_task
 UPDATE tasks SET
     name = ?, status = ?, status_version = ?, attempt = ?, tags = ?, bucket = ?,
