@@ -91,9 +91,9 @@ def main() -> None:
         store = SqliteTaskStore(path)
         second = time.perf_counter() - began
         try:
-            (version,) = store._conn.execute("PRAGMA user_version").fetchone()
+            (version,) = store.connection.conn.execute("PRAGMA user_version").fetchone()
             assert store.counts() and version >= 9
-            (rows,) = store._conn.execute("SELECT COUNT(*) FROM transitions").fetchone()
+            (rows,) = store.connection.conn.execute("SELECT COUNT(*) FROM transitions").fetchone()
             assert rows == args.tasks * args.trail, rows
         finally:
             store.close()

@@ -65,14 +65,14 @@ def main() -> None:
             checkpointer = store._checkpointer
             assert checkpointer is not None
             checkpointer.close()
-            store._conn.execute("PRAGMA wal_autocheckpoint = 0")
-            store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            store.connection.conn.execute("PRAGMA wal_autocheckpoint = 0")
+            store.connection.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             for run in [controller.submit(job) for _ in range(args.tasks)]:
                 run.wait(60)
             shutil.copy(f"{path}-wal", Path(tmp) / "copy.wal")
             owner = dict(
                 (page, name)
-                for name, page in store._conn.execute("SELECT name, pageno FROM dbstat")
+                for name, page in store.connection.conn.execute("SELECT name, pageno FROM dbstat")
             )
         finally:
             controller.close()

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from _stats import in_rounds, percentile  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller, SqliteTaskStore
+from chongming_task.stores.sqlite.schema import AUTOCHECKPOINT
 
 
 def noop_task(token: CancellationToken) -> None:
@@ -42,7 +43,8 @@ def run(path: Path, tasks: int, *, by_commits: bool) -> tuple[float, list[float]
         checkpointer = store._checkpointer
         assert checkpointer is not None
         checkpointer.close()  # before any commit: the thread never starts
-        store._checkpoint_on_commit()  # wal_autocheckpoint = 8192, as before
+        with store.connection.read("checkpoint settings") as conn:  # as before the thread
+            conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT}")
     controller = Controller(store, max_workers=4)
     try:
         job = controller.task(noop_task, name="noop")

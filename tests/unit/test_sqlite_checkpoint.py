@@ -98,7 +98,7 @@ def test_commits_leave_the_wal_to_the_thread_which_keeps_it_from_growing(
     path = tmp_path / "c.db"
     store = SqliteTaskStore(path)
     try:
-        (auto,) = store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        (auto,) = store.connection.conn.execute("PRAGMA wal_autocheckpoint").fetchone()
         assert auto == 0  # no commit checkpoints on its caller's time
         # A steady stream of commits, never a pause for a checkpoint to catch up in:
         # the WAL starts over again and again (copied back to the frame each time).
@@ -205,7 +205,7 @@ def test_a_thread_that_cannot_connect_hands_checkpoints_back_to_commits(
             assert thread is not None
             thread.join(5)
         assert "no background checkpoints (unable to open database file)" in caplog.text
-        (auto,) = store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        (auto,) = store.connection.conn.execute("PRAGMA wal_autocheckpoint").fetchone()
         assert auto == 8192  # commits checkpoint again, so the WAL stays bounded
         store.create(snap("second"))  # and writes go on
         assert store.get("second") is not None

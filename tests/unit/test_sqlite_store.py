@@ -29,6 +29,11 @@ from chongming_task.stores.sqlite import SCHEMA_VERSION
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
+def sql(store: SqliteTaskStore) -> sqlite3.Connection:
+    """The store's own connection, to read or trace the file's SQL directly."""
+    return store.connection.conn
+
+
 def snap(task_id: str, **changes: object) -> TaskSnapshot:
     base = TaskSnapshot(
         task_id=task_id, name="n", status=TaskStatus.QUEUED, status_version=1, created_at=T0
@@ -179,15 +184,17 @@ def test_bucket_totals_count_the_bucketless_without_reading_the_table(tmp_path: 
         assert store.count_tasks("bucket") == {None: 3, 0: 3, 1: 3}
         queued = frozenset({TaskStatus.QUEUED})
         assert store.count_tasks("bucket", statuses=queued) == {None: 3, 0: 3, 1: 3}
-        (index,) = store._conn.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'idx_tasks_bucket'"
-        ).fetchone()
+        (index,) = (
+            sql(store)
+            .execute("SELECT sql FROM sqlite_master WHERE name = 'idx_tasks_bucket'")
+            .fetchone()
+        )
         assert index.endswith("WHERE bucket IS NOT NULL")
         from chongming_task.stores._sql import load_named
 
         plan = [
             row[3]
-            for row in store._conn.execute(
+            for row in sql(store).execute(
                 "EXPLAIN QUERY PLAN " + load_named("chongming_task.stores.sqlite")["bucket_totals"]
             )
         ]
@@ -336,7 +343,7 @@ def _into_the_tables(store: SqliteTaskStore) -> list[str]:
         if sql.startswith(("INSERT INTO tasks ", "UPDATE tasks SET", "INSERT INTO transitions")):
             seen.append(sql)
 
-    store._conn.set_trace_callback(trace)
+    sql(store).set_trace_callback(trace)
     return seen
 
 
@@ -348,7 +355,7 @@ def _queued_writes(store: SqliteTaskStore, calls: list[object]) -> list[BaseExce
 
     results: list[BaseException | None] = [None] * len(calls)
     threads = []
-    store._lock.acquire()
+    store.connection.lock.acquire()
     try:
         for i, call in enumerate(calls):
 
@@ -362,11 +369,11 @@ def _queued_writes(store: SqliteTaskStore, calls: list[object]) -> list[BaseExce
             t.start()
             threads.append(t)
         deadline = threading.Event()
-        while len(store._group._queue) < len(calls):
+        while len(store.connection.group._queue) < len(calls):
             deadline.wait(0.001)
     finally:
-        store._lock.release()
-    store._group.serve()
+        store.connection.lock.release()
+    store.connection.group.serve()
     for t in threads:
         t.join(10)
     return results
@@ -377,7 +384,7 @@ def test_a_batch_lands_in_one_statement_and_each_caller_sees_its_commit(tmp_path
     for name in ("a", "b"):
         store.create_many([_created(name)])
     statements: list[str] = []
-    store._conn.set_trace_callback(statements.append)
+    sql(store).set_trace_callback(statements.append)
     a, a_trail = _step("a", 2)
     b, b_trail = _step("b", 2)
     results = _queued_writes(
@@ -388,7 +395,7 @@ def test_a_batch_lands_in_one_statement_and_each_caller_sees_its_commit(tmp_path
             lambda: store.write_transitions(b, expect_version=1, transitions=b_trail),
         ],
     )
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     assert results == [None, None, None]
     # One statement for the three callers (the trace repeats it for each trigger run).
     writes = {s for s in statements if s.startswith("INSERT INTO task_writes")}
@@ -416,7 +423,7 @@ def test_a_batch_of_every_kind_over_several_statements_lands_whole(tmp_path: Pat
     calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(40)]))
     direct = _into_the_tables(store)
     assert _queued_writes(store, calls) == [None] * 51
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     heads = {sql.split(" (")[0].split(" SET")[0] for sql in direct}  # one per row run
     assert heads == {"INSERT INTO tasks", "UPDATE tasks", "INSERT INTO transitions"}
     for snapshot, trail in steps:
@@ -436,7 +443,7 @@ def test_a_write_that_may_wait_rides_with_the_next_callers_commit(tmp_path: Path
     from chongming_task.stores._hints import let_writes_wait
 
     store = SqliteTaskStore(tmp_path / "g.db")
-    store._group._WAIT = 30.0  # long enough that only the next caller can take it
+    store.connection.group._WAIT = 30.0  # long enough that only the next caller can take it
     store.create_many([_created("a")])
     a, a_trail = _step("a", 2)
     writer_done = threading.Event()
@@ -456,11 +463,11 @@ def test_a_write_that_may_wait_rides_with_the_next_callers_commit(tmp_path: Path
         statements.add(sql)
         if not queued_behind.is_set():  # the first caller's ("b") statement is running
             writer_thread.start()
-            while not store._group._waiting:
+            while not store.connection.group._waiting:
                 queued_behind.wait(0.001)
             queued_behind.set()
 
-    store._conn.set_trace_callback(on_statement)
+    sql(store).set_trace_callback(on_statement)
     store.create_many([_created("b")])  # runs its statement with the writer queued behind
     assert queued_behind.is_set()
     assert not writer_done.wait(0.2), "committed the waiting write with its own"
@@ -472,7 +479,7 @@ def test_a_write_that_may_wait_rides_with_the_next_callers_commit(tmp_path: Path
     store.create_many([_created("c")])  # the next caller: takes the writer's write along
     assert writer_done.wait(10)
     writer_thread.join(10)
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     assert len(statements) == 2, statements
     assert any("('new'" in sql and "('life'" in sql for sql in statements), statements
     assert store.get("a") == a and [t.version for t in store.history("a")] == [1, 2]
@@ -494,12 +501,12 @@ def test_a_write_that_may_wait_lands_alone_when_no_caller_comes(tmp_path: Path) 
         outcome.append(writes_can_wait())
         store.write_transitions(a, expect_version=1, transitions=a_trail)
 
-    store._lock.acquire()  # busy: the writer queues behind it
+    store.connection.lock.acquire()  # busy: the writer queues behind it
     thread = threading.Thread(target=writer)
     thread.start()
-    while not store._group._waiting:
+    while not store.connection.group._waiting:
         threading.Event().wait(0.001)
-    store._lock.release()  # released without serving the queue: nobody else writes
+    store.connection.lock.release()  # released without serving the queue: nobody else writes
     thread.join(10)
     assert not thread.is_alive() and outcome == [True]
     assert store.get("a") == a
@@ -514,7 +521,7 @@ def test_a_callers_write_queued_behind_one_that_may_wait_is_served_at_once(
     from chongming_task.stores._hints import let_writes_wait
 
     store = SqliteTaskStore(tmp_path / "g.db")
-    store._group._RETRY = 30.0  # were it left behind, its caller would wait this long
+    store.connection.group._RETRY = 30.0  # were it left behind, its caller would wait this long
     store.create_many([_created("a")])
     a, a_trail = _step("a", 2)
     caller = threading.Thread(target=lambda: store.create_many([_created("b")]))
@@ -524,12 +531,12 @@ def test_a_callers_write_queued_behind_one_that_may_wait_is_served_at_once(
         if not started.is_set() and sql.startswith("INSERT INTO task_writes"):
             started.set()
             caller.start()
-            while not store._group._queue:
+            while not store.connection.group._queue:
                 threading.Event().wait(0.001)
 
     def writer() -> None:
         let_writes_wait()
-        store._conn.set_trace_callback(on_statement)
+        sql(store).set_trace_callback(on_statement)
         store.write_transitions(a, expect_version=1, transitions=a_trail)
 
     writer_thread = threading.Thread(target=writer)
@@ -538,7 +545,7 @@ def test_a_callers_write_queued_behind_one_that_may_wait_is_served_at_once(
     caller.join(5)
     assert started.is_set() and not caller.is_alive()
     assert store.get("a") == a and store.get("b") is not None
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     store.close()
 
 
@@ -560,7 +567,7 @@ def test_the_nodes_writer_is_the_thread_whose_writes_may_wait(tmp_path: Path) ->
 
     store = SqliteTaskStore(tmp_path / "w.db")
     waiting, callers = Counted(), Counted()
-    store._group._waiting, store._group._queue = waiting, callers
+    store.connection.group._waiting, store.connection.group._queue = waiting, callers
     controller = Controller(store, max_workers=2)
     job = controller.task(lambda token: None, name="noop")
     for run in [controller.submit(job) for _ in range(20)]:
@@ -595,9 +602,9 @@ def test_writes_queued_behind_ride_the_next_commit(tmp_path: Path) -> None:
     pending = store.write_transitions_behind([(a, 1, a_trail), (stale, 4, stale_trail)])
     assert not pending.settled
     assert _stored_version(path, "a") == 1  # nothing committed yet
-    store._conn.set_trace_callback(statements.append)
+    sql(store).set_trace_callback(statements.append)
     store.create_many([_created("c")])  # a caller's commit: takes them along
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     assert pending.settled
     first, second = pending.errors()
     assert first is None and isinstance(second, ConcurrencyConflict)
@@ -622,14 +629,14 @@ def test_writes_queued_behind_are_committed_by_serve_or_wait(tmp_path: Path) -> 
     served = store.write_transitions_behind([(a, 1, a_trail)])
     served.serve()  # the store is free: committed now, on this thread
     assert served.settled and served.errors() == [None] and _stored_version(path, "a") == 2
-    store._group._WAIT = 30.0  # a write that may wait is never due on its own
+    store.connection.group._WAIT = 30.0  # a write that may wait is never due on its own
     waited = store.write_transitions_behind([(b, 1, b_trail)])
-    store._lock.acquire()  # busy: wait() waits for whoever holds the store
+    store.connection.lock.acquire()  # busy: wait() waits for whoever holds the store
     done = threading.Event()
     thread = threading.Thread(target=lambda: (waited.wait(), done.set()))
     thread.start()
     assert not done.wait(0.1) and not waited.settled
-    store._lock.release()  # released without serving: wait()'s own retry commits it
+    store.connection.lock.release()  # released without serving: wait()'s own retry commits it
     thread.join(10)
     assert done.is_set() and waited.errors() == [None] and _stored_version(path, "b") == 2
     store.close()
@@ -695,7 +702,7 @@ def test_a_conflict_in_a_batch_written_into_the_tables_fails_only_its_own_caller
     calls.append(lambda: store.create_many([_created(f"new{i}") for i in range(40)]))
     direct = _into_the_tables(store)
     results = _queued_writes(store, calls)  # 40 + 1 + 40 rows
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     assert direct and direct[0].startswith("INSERT INTO tasks "), direct
     assert results[:40] == [None] * 40 and results[41] is None
     assert isinstance(results[40], ConcurrencyConflict), results[40]
@@ -769,10 +776,10 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
         store.create_many([_created("queued")])
         finished.set()
 
-    with store._locked("a long read"):
+    with store.connection.read("a long read"):
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
-        while not store._group._queue:
+        while not store.connection.group._queue:
             finished.wait(0.001)
         assert not finished.is_set()  # queued behind us
     assert finished.wait(10), "the queued write was not committed when the lock came free"
@@ -957,42 +964,42 @@ def test_an_older_file_gains_the_new_tables_when_opened(
     try:
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
-        (now,) = reopened._conn.execute("PRAGMA user_version").fetchone()
+        (now,) = sql(reopened).execute("PRAGMA user_version").fetchone()
         assert now == SCHEMA_VERSION == 11
         fresh = sqlite3.connect(":memory:")  # the copy's own settings were undone
         for pragma in ("PRAGMA cache_size", "PRAGMA secure_delete"):
-            assert reopened._conn.execute(pragma).fetchone() == fresh.execute(pragma).fetchone()
+            assert sql(reopened).execute(pragma).fetchone() == fresh.execute(pragma).fetchone()
         fresh.close()
         assert reopened.pipeline_records() == []
         # Each task kept its rowid as its seq; the loose trail row waits in a table of
         # its own (schema 10).
-        assert reopened._conn.execute("SELECT task_id, seq FROM tasks ORDER BY seq").fetchall() == [
+        assert sql(reopened).execute("SELECT task_id, seq FROM tasks ORDER BY seq").fetchall() == [
             ("kept", 1),
             ("later", 3),
         ]
-        assert reopened._conn.execute(
+        assert sql(reopened).execute(
             "SELECT key / 16777216, task_id, version FROM transitions"
         ).fetchall() == [(1, "kept", 1), (3, "later", 1)]
-        assert reopened._conn.execute(
+        assert sql(reopened).execute(
             "SELECT task_id, version FROM loose_transitions"
         ).fetchall() == [("loose", 1)]
         assert [t.version for t in reopened.history("kept")] == [1]
         assert [t.reason for t in reopened.history("loose")] == ["appended before its create"]
-        (life,) = reopened._conn.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'"
-        ).fetchone()
+        (life,) = (
+            sql(reopened)
+            .execute("SELECT sql FROM sqlite_master WHERE name = 'task_writes_life'")
+            .fetchone()
+        )
         assert "owner" not in life and "seq" in life  # made again, as this version writes it
         reopened.create_many([_created("after")])  # its row carries its first transition
         moved, trail = _step("after", 2)
         reopened.write_transitions(moved, expect_version=1, transitions=trail)  # its last
         assert [t.version for t in reopened.history("after")] == [1, 2]
-        (after,) = reopened._conn.execute(
-            "SELECT seq FROM tasks WHERE task_id = 'after'"
-        ).fetchone()
+        (after,) = sql(reopened).execute("SELECT seq FROM tasks WHERE task_id = 'after'").fetchone()
         assert after == 4
         reopened.create_many([_created("loose")])  # adopts the row appended before it
         assert [t.reason for t in reopened.history("loose")] == ["appended before its create"]
-        assert reopened._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
+        assert sql(reopened).execute("SELECT * FROM loose_transitions").fetchall() == []
         assert reopened.query(TaskQuery(owner="nobody")) == []
         for index, query in [
             ("idx_tasks_owner", "SELECT task_id FROM tasks WHERE owner = ? ORDER BY created_at"),
@@ -1000,7 +1007,7 @@ def test_an_older_file_gains_the_new_tables_when_opened(
             ("sqlite_autoindex_tasks", "SELECT seq FROM tasks WHERE task_id = ?"),
         ]:
             plan = " ".join(
-                str(row[-1]) for row in reopened._conn.execute("EXPLAIN QUERY PLAN " + query, ["n"])
+                str(row[-1]) for row in sql(reopened).execute("EXPLAIN QUERY PLAN " + query, ["n"])
             )
             assert index in plan, plan
     finally:
@@ -1022,7 +1029,7 @@ def test_the_loose_trail_is_found_without_reading_every_task(tmp_path: Path) -> 
 
         def check_plans() -> None:
             for name, taken in arity.items():
-                explained = store._conn.execute(
+                explained = sql(store).execute(
                     f"EXPLAIN QUERY PLAN {statements[name]}", values[:taken]
                 )
                 plan = [str(row[-1]) for row in explained]
@@ -1032,7 +1039,7 @@ def test_the_loose_trail_is_found_without_reading_every_task(tmp_path: Path) -> 
                     assert not step.startswith("SCAN transitions"), (name, plan)
 
         check_plans()  # as a store plans them: no statistics
-        store._conn.execute("ANALYZE")  # and after someone ran ANALYZE
+        sql(store).execute("ANALYZE")  # and after someone ran ANALYZE
         check_plans()
     finally:
         store.close()
@@ -1102,8 +1109,8 @@ def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
             f"{path}: upgrading to schema 11, which rebuilds the trail of its 2 tasks once "
             "(about 40 s a million tasks); other processes wait for the file"
         ]
-        assert store._conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-        assert store._conn.execute(
+        assert sql(store).execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert sql(store).execute(
             "SELECT key, task_id, version FROM transitions ORDER BY key"
         ).fetchall() == [
             (16777216 + 1, "kept", 1),
@@ -1113,13 +1120,15 @@ def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
         assert [t.version for t in store.history("kept")] == [1, 2]
         assert [t.reason for t in store.history("loose")] == ["appended before its create"]
         for table in ("transitions", "loose_transitions"):  # both hold versions to the key
-            (made,) = store._conn.execute(
-                "SELECT sql FROM sqlite_master WHERE name = ?", (table,)
-            ).fetchone()
+            (made,) = (
+                sql(store)
+                .execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,))
+                .fetchone()
+            )
             assert "CHECK (version BETWEEN 0 AND 16777215)" in made, made
         store.create_many([_created("loose")])
         assert [t.reason for t in store.history("loose")] == ["appended before its create"]
-        assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
+        assert sql(store).execute("SELECT * FROM loose_transitions").fetchall() == []
         moved, trail = _step("other", 2)
         store.write_transitions(moved, expect_version=1, transitions=trail)
         assert [t.version for t in store.history("other")] == [1, 2]
@@ -1139,7 +1148,7 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
     store = SqliteTaskStore(tmp_path / "seq.db")
     try:
         pk = sorted(
-            (row[5], row[1]) for row in store._conn.execute("PRAGMA table_info(transitions)")
+            (row[5], row[1]) for row in sql(store).execute("PRAGMA table_info(transitions)")
         )
         assert [name for order, name in pk if order] == ["key"]  # seq * 16777216 + version
         early = [
@@ -1154,16 +1163,16 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
         store.create_many([_created("viewed")])  # one statement through the write view
         direct = _into_the_tables(store)
         store.create_many([_created(f"bulk{i}") for i in range(70)])  # into the tables
-        store._conn.set_trace_callback(None)
+        sql(store).set_trace_callback(None)
         assert direct
         for task_id, versions in [("plain", [1]), ("viewed", [1, 2]), ("bulk0", [1])]:
             history = store.history(task_id)
             assert [t.version for t in history] == versions
             assert {t.reason for t in history} == {"early"}
-        rows = store._conn.execute("SELECT key / 16777216, task_id FROM transitions").fetchall()
+        rows = sql(store).execute("SELECT key / 16777216, task_id FROM transitions").fetchall()
         assert all(seq > 0 for seq, _ in rows), rows
-        assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
-        seqs = dict(store._conn.execute("SELECT task_id, seq FROM tasks"))
+        assert sql(store).execute("SELECT * FROM loose_transitions").fetchall() == []
+        seqs = dict(sql(store).execute("SELECT task_id, seq FROM tasks"))
         assert sorted(seqs.values()) == list(range(1, 73))
         assert seqs["plain"] < seqs["viewed"] < seqs["bulk0"] < seqs["bulk69"]
         assert all(seqs[task_id] == seq for seq, task_id in rows)
@@ -1174,16 +1183,16 @@ def test_the_trail_is_kept_in_the_order_tasks_were_made(tmp_path: Path) -> None:
         store.write_transitions(done, expect_version=1, transitions=[finish])
         assert store.prune(keep_terminal=0) == 1
         assert store.history("bulk3") == []
-        store._conn.execute("VACUUM")
-        assert dict(store._conn.execute("SELECT task_id, seq FROM tasks"))["bulk69"] == 72
+        sql(store).execute("VACUUM")
+        assert dict(sql(store).execute("SELECT task_id, seq FROM tasks"))["bulk69"] == 72
         assert [t.version for t in store.history("bulk69")] == [1]
         # A trail row appended after its task was pruned is loose again.
         store.append(_created("bulk3")[1])
         assert (
-            store._conn.execute("SELECT key FROM transitions WHERE task_id = 'bulk3'").fetchall()
+            sql(store).execute("SELECT key FROM transitions WHERE task_id = 'bulk3'").fetchall()
             == []
         )
-        assert store._conn.execute("SELECT task_id, version FROM loose_transitions").fetchall() == [
+        assert sql(store).execute("SELECT task_id, version FROM loose_transitions").fetchall() == [
             ("bulk3", 1)
         ]
         assert [t.version for t in store.history("bulk3")] == [1]
@@ -1220,7 +1229,7 @@ def test_a_version_past_the_trail_key_fails_its_own_write_alone(tmp_path: Path) 
         # Nor does the loose trail take one (it could never join its task).
         with pytest.raises(StoreError):
             store.append(replace(_created("ghost")[1], version=16777216))
-        assert store._conn.execute("SELECT * FROM loose_transitions").fetchall() == []
+        assert sql(store).execute("SELECT * FROM loose_transitions").fetchall() == []
     finally:
         store.close()
 
@@ -1238,9 +1247,11 @@ def test_a_create_after_adopting_a_later_version_keys_its_own_under_its_seq(
         store.append(replace(_step("gap", 2)[1][0], reason="early"))
         store.create_many([_created("gap")])  # one statement through the write view
         store.create_many([_created("after")])
-        keys = store._conn.execute(
-            "SELECT key / 16777216, key % 16777216, task_id FROM transitions ORDER BY key"
-        ).fetchall()
+        keys = (
+            sql(store)
+            .execute("SELECT key / 16777216, key % 16777216, task_id FROM transitions ORDER BY key")
+            .fetchall()
+        )
         assert keys == [(1, 1, "before"), (2, 1, "gap"), (2, 2, "gap"), (3, 1, "after")]
         assert [(t.version, t.reason) for t in store.history("gap")] == [(1, None), (2, "early")]
     finally:
@@ -1268,13 +1279,13 @@ def test_a_trail_row_of_a_task_not_held_is_loose_by_every_write(
             [(moved, 1, [*elsewhere, *trail]), *[(s, 1, t) for s, t in fillers]]
         )
         assert [(t.version, t.reason) for t in store.history("held")] == [(1, None), (2, "to v2")]
-        assert store._conn.execute(
+        assert sql(store).execute(
             "SELECT task_id, version, reason FROM loose_transitions"
         ).fetchall() == [("unborn", 1, "handed over")]
         assert [t.reason for t in store.history("unborn")] == ["handed over"]
         store.create_many([_created("unborn")])  # adopts it: its own v1 is not written
         assert [t.reason for t in store.history("unborn")] == ["handed over"]
-        assert store._conn.execute("SELECT COUNT(*) FROM loose_transitions").fetchone() == (0,)
+        assert sql(store).execute("SELECT COUNT(*) FROM loose_transitions").fetchone() == (0,)
     finally:
         store.close()
 
@@ -1303,7 +1314,7 @@ def test_a_value_sqlite_cannot_bind_fails_only_its_caller_in_a_batch(
                 lambda: store.create_many([_created("b")]),
             ],
         )
-        store._conn.set_trace_callback(None)
+        sql(store).set_trace_callback(None)
         assert bool(direct) == bool(filler), direct
         assert results[0] is None and results[1] is None and results[3] is None
         results.pop(1)
@@ -1363,7 +1374,7 @@ def test_a_create_whose_transition_is_another_tasks_appends_it_there(
     foreign = replace(foreign, version=2, reason="handed over")
     direct = _into_the_tables(store)
     store.create_many([*made, (snap("odd"), foreign)])
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     assert bool(direct) == (many > 1), direct
     assert [t.reason for t in store.history("other")] == [None, "handed over"]
     assert store.history("odd") == [] and store.get("odd") == snap("odd")
@@ -1393,7 +1404,7 @@ def test_a_compare_and_set_carries_its_last_transition_and_the_others_follow(
     ]
     direct = _into_the_tables(store)
     assert _queued_writes(store, calls) == [None] * 4
-    store._conn.set_trace_callback(None)
+    sql(store).set_trace_callback(None)
     assert bool(direct) == bool(filler), direct
     assert store.get("a") == moved_a
     assert [t.reason for t in store.history("a")] == [None, "to v2", "to v3", "to v4"]
@@ -1406,16 +1417,16 @@ def test_a_compare_and_set_carries_its_last_transition_and_the_others_follow(
 def test_the_migration_sets_back_the_pragmas_it_changed_as_they_were() -> None:
     """secure_delete reads 2 for FAST, and setting 2 turns it on: the value the copy
     restores is spelled so that it sets back what it read."""
-    from chongming_task.stores.sqlite.store import _pragma_value
+    from chongming_task.stores.sqlite.schema import pragma_value
 
     conn = sqlite3.connect(":memory:")
     try:
         for setting, read in [("FAST", 2), ("0", 0), ("1", 1)]:
             conn.execute(f"PRAGMA secure_delete = {setting}")
-            conn.execute(f"PRAGMA secure_delete = {_pragma_value(conn, 'secure_delete')}")
+            conn.execute(f"PRAGMA secure_delete = {pragma_value(conn, 'secure_delete')}")
             assert conn.execute("PRAGMA secure_delete").fetchone() == (read,)
         conn.execute("PRAGMA cache_size = -1234")
-        assert _pragma_value(conn, "cache_size") == "-1234"
+        assert pragma_value(conn, "cache_size") == "-1234"
     finally:
         conn.close()
 

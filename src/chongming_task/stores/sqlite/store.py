@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import sqlite3
-import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -44,31 +43,23 @@ from .._sql import (
     TaskScanSQL,
     encoded_tag,
     load_named,
-    newer_schema,
     query_sql,
     verdicts_of_expired,
 )
 from .._supports import LifeWrite
 from ..capabilities import Verdict
 from .checkpoint import Checkpointer
+from .connection import ReadScope, SqliteConnection, WriteScope
 from .group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
-from .scopes import ReadScope, WriteScope
+from .schema import AUTOCHECKPOINT, PAGE_SIZE, SCHEMA_VERSION, open_schema
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
-
-SCHEMA_VERSION = 11  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
-# index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
-# transition (task_writes_new); 8: a compare-and-set's row carries its last one
-# (task_writes_life); 9: tasks.seq, the trail keyed by it (_rebuild_trail); 10: the
-# trail of tasks not held in loose_transitions; 11: the trail keyed by rowid, seq * 2^24 +
-# version (_rebuild_trail)
-PAGE_SIZE = 1024  # for new files; see _open
 
 log = logging.getLogger("chongming_task.store")
 
 _SQL = load_named(__package__)
-_SCHEMA = [sql for name, sql in _SQL.items() if name.startswith("schema_")]
-# save writes every column but the lease (store guide §2.3), in queries.sql's order.
+# save writes every column but the lease, in queries.sql's order (docs/design.md, "Leases
+# are not heartbeats").
 _SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
 _SELECT_TASKS = "SELECT " + ", ".join(codec.TASK_COLUMNS) + " FROM tasks"
 _DIALECT = Dialect(
@@ -114,127 +105,30 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         running nodes of an older release can no longer use, and some upgrades rebuild
         the trail while every other process waits)."""
         self.path = str(path)
-        self._lock = threading.RLock()  # re-entrant: methods run inside atomic()
-        self._depth = 0  # > 0 while a write scope (or atomic()) holds the transaction
-        self._holder: int | None = None  # the thread whose write scope holds it
         memory = self.path == ":memory:"
-        # A file's WAL is copied back by a thread of its own, never by a committing caller.
-        self._checkpointer = None if memory else _checkpointer_of(self)
-        self._committed = _nothing if self._checkpointer is None else self._checkpointer.committed
-        self._group = GroupCommit(
-            lock=self._lock,
-            in_transaction=lambda: self._depth > 0,
-            statement=self._locked,
-            transaction=self._write,
-            not_text=self._not_text,
-            committed=self._committed,
-        )
-        self._closed = False
         if not memory and not create and not Path(self.path).exists():
             raise StoreError(f"no database at {self.path}")
+        self.connection = link = SqliteConnection(self.path, timeout=timeout)
+        """The store's one connection and its lock: for tools and tests that read or
+        trace the file's SQL directly (a write through it bypasses the store's rules)."""
+        # A file's WAL is copied back by a thread of its own, never by a committing caller.
+        self._checkpointer = None if memory else _checkpointer_of(link)
+        if self._checkpointer is not None:
+            link.committed = self._checkpointer.committed
+        link.group = self._group = GroupCommit(
+            lock=link.lock,
+            in_transaction=link.in_transaction,
+            statement=link.read,
+            transaction=link.write,
+            not_text=link.not_text,
+            committed=link.committed,
+        )
         try:
-            self._conn = sqlite3.connect(
-                self.path,
-                timeout=timeout,
-                isolation_level=None,
-                check_same_thread=False,
-                # Room for the group commit's batched statements (one per row count).
-                cached_statements=512,
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
-        try:
-            with self._guard("open"):
-                self._open(memory=memory, create=create, timeout=timeout, upgrade=upgrade)
+            with link.guard("open"):
+                open_schema(link, memory=memory, create=create, timeout=timeout, upgrade=upgrade)
         except StoreError:
-            self._conn.close()
-            self._closed = True
+            link.close()
             raise
-
-    def _open(self, *, memory: bool, create: bool, timeout: float, upgrade: bool) -> None:
-        """Configure the connection; create or upgrade the schema only when it is not
-        current. Opening a current file writes nothing and takes no lock, so a reader
-        (``ps``, ``show``) opens and reads under WAL while another process holds the write
-        lock, and never rewrites the header of a file it only reads."""
-        conn = self._conn
-        conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        # Per connection, nothing written: NORMAL in WAL mode survives process crashes
-        # (only an OS crash or power loss may drop the last commits).
-        conn.execute("PRAGMA synchronous = NORMAL")
-        # No automatic checkpoints: the Checkpointer's thread makes them (a commit that
-        # took the WAL past the threshold made its caller wait for ~8,000 pages copied).
-        conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT if memory else 0}")
-        conn.execute(f"PRAGMA journal_size_limit = {64 * 1024 * 1024}")
-        if self._schema_is_current():
-            return
-        if not create and not memory and not self._has_tables():
-            raise StoreError(
-                f"{self.path} is not a chongming-task database (it has no tasks table"
-                f"{'; the file is empty' if Path(self.path).stat().st_size == 0 else ''}): "
-                "check --db, or create it with `chongming-task --db PATH migrate`"
-            )
-        if not upgrade and not memory and self._has_tables():
-            (version,) = conn.execute("PRAGMA user_version").fetchone()
-            raise StoreError(
-                f"{self.path} has schema {version}, older than this chongming-task's "
-                f"({SCHEMA_VERSION}); it is not upgraded here, as nodes of the older release "
-                "could not use it after: upgrade the nodes, or stop them and run "
-                f"`chongming-task --db {self.path} migrate`"
-            )
-        # A new file gets small pages: every commit copies each page it dirtied into the
-        # WAL, and a task's write dirties a few pages (its row, the status index, its
-        # trail) to change a few hundred bytes. No effect on an existing file.
-        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        if not memory:
-            self._use_wal(timeout)
-        self._migrate()
-
-    def _use_wal(self, timeout: float) -> None:
-        """Switch the file to WAL, trying again for up to ``timeout`` while another
-        process holds it. Nodes started together on a new file each switch it, and
-        while one's switch (or any write in the rollback journal) holds the write lock,
-        SQLite answers the others "database is locked" at once, without the busy
-        handler: a switch holds a read lock, and waiting on a writer with it could
-        deadlock. So an open failed where ``timeout`` promised a wait."""
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            try:
-                (mode,) = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                break
-            except sqlite3.OperationalError as exc:
-                busy = exc.sqlite_errorcode == sqlite3.SQLITE_BUSY
-                if not busy or time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
-        if mode != "wal":
-            raise StoreError(
-                f"SQLite kept {self.path} in journal mode {mode!r}: this store needs WAL "
-                "(readers beside a writer); WAL needs the processes to share memory, which "
-                "a network file system cannot give"
-            )
-
-    def _schema_is_current(self) -> bool:
-        """Whether the schema is this version's, to the last object (a read, no lock)."""
-        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise newer_schema(str(self.path), version, SCHEMA_VERSION)
-        if version < SCHEMA_VERSION:
-            return False
-        (found,) = self._conn.execute(
-            "SELECT COUNT(*) FROM sqlite_master "
-            "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
-            "'idx_commands_finished', 'idx_tasks_owner', 'loose_transitions')"
-        ).fetchone()
-        mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        return found == 7 and (self.path == ":memory:" or mode == "wal")
-
-    def _has_tables(self) -> bool:
-        (found,) = self._conn.execute(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
-        ).fetchone()
-        return bool(found)
 
     group_commit = True
     """Writes made side by side share a statement (``GroupCommit``)."""
@@ -247,44 +141,19 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _translate(self, exc: sqlite3.DatabaseError, what: str) -> StoreError:
-        """sqlite3's error as a ``StoreError`` naming the file."""
-        message = str(exc)
-        if "file is not a database" in message or "malformed" in message:
-            return StoreError(f"{self.path} is not a usable SQLite database ({message})")
-        return StoreError(f"SQLite {what} failed on {self.path}: {message}")
-
-    def _not_text(self, exc: UnicodeEncodeError, what: str) -> StoreError:
-        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else "?"
-        return StoreError(
-            f"SQLite {what} on {self.path}: a value is not valid UTF-8 text ({bad!r}); "
-            "nothing was written"
-        )
-
-    @contextlib.contextmanager
-    def _guard(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.DatabaseError as exc:
-            raise self._translate(exc, what) from exc
-
     _sql = _SQL
     _dialect = _DIALECT
 
     def _sql_scope(self, what: str, *, write: bool) -> ReadScope | WriteScope:
-        return self._write(what) if write else self._locked(what)
+        return self.connection.write(what) if write else self.connection.read(what)
 
     def _locked(self, what: str) -> ReadScope:
-        """``with self._locked(what) as conn``: the connection, under our lock."""
-        return ReadScope(self, what)
+        """``with self._locked(what) as conn``: the connection, under its lock."""
+        return self.connection.read(what)
 
     def _write(self, what: str) -> WriteScope:
-        """Run a write (or a read that decides a write) atomically and durably: one
-        ``BEGIN IMMEDIATE ... COMMIT`` under our lock, so a read that decides a write
-        (claims, prune) is atomic against other processes too. Inside ``atomic()`` a
-        write joins the caller's transaction.
-        """
-        return WriteScope(self, what)
+        """A write transaction (``SqliteConnection.write``)."""
+        return self.connection.write(what)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -293,32 +162,6 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         ``append`` calls in one transaction."""
         with self._write("atomic"):
             yield
-
-    def _migrate(self) -> None:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            (version,) = conn.execute("PRAGMA user_version").fetchone()
-            if version > SCHEMA_VERSION:
-                raise newer_schema(str(self.path), version, SCHEMA_VERSION)
-            trail = _columns(conn, "transitions")
-            if trail and trail[0] != "key":  # a file made before schema 11
-                (tasks,) = conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
-                log.warning(
-                    "%s: upgrading to schema %d, which rebuilds the trail of its %d tasks "
-                    "once (about 40 s a million tasks); other processes wait for the file",
-                    self.path,
-                    SCHEMA_VERSION,
-                    tasks,
-                )
-                _rebuild_trail(conn)
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     @staticmethod
     def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
@@ -514,7 +357,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         anyone commits (a ``submit``'s create, say), or ``serve()`` / ``wait()`` on what
         is returned commits them; inside ``atomic()`` they are written at once."""
         requests = [_life_request(*write) for write in writes]
-        if self._holder != threading.get_ident():
+        if not self.connection.held_here():
             return self._group.behind(requests)
         self._group_write_all(requests)  # this thread holds the transaction: here, now
         for request in requests:
@@ -535,7 +378,7 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         A value SQLite cannot bind (text that is not UTF-8) fails the batch before its
         rows land, and the group commit then redoes the batch request by request, so
         only the caller who handed that value over gets the error."""
-        if self._holder != threading.get_ident():
+        if not self.connection.held_here():
             self._group.run(requests)
             return
         for request in requests:
@@ -644,23 +487,10 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
             conn.executemany(_SQL["prune_task"], doomed)
         return len(doomed)
 
-    def _checkpoint_on_commit(self) -> None:
-        """The Checkpointer's fallback: commits checkpoint the WAL themselves again."""
-        try:
-            with self._locked("checkpoint settings") as conn:
-                conn.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
-        except StoreError as exc:
-            if not self._closed:
-                log.error("%s: the WAL will not be checkpointed until close: %s", self.path, exc)
-
     def close(self) -> None:
         if self._checkpointer is not None:  # first, and outside the lock its fallback takes
             self._checkpointer.close()
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._conn.close()
+        self.connection.close()
 
 
 _NO_TRANSITION = [None] * (len(codec.TRANSITION_COLUMNS) - 1)
@@ -668,111 +498,35 @@ _CREATED_AT = codec.TASK_COLUMNS.index("created_at")
 _LIFE_STARTED = codec.LIFE_COLUMNS.index("started_at")  # in life_values(snapshot)
 _LIFE_ENDED = codec.LIFE_COLUMNS.index("ended_at")
 
-# Pages in the WAL past which a commit checkpoints, where commits do (without the
-# Checkpointer's thread): task rows are rewritten several times in their first second, so
-# a hot page is copied back once, not once per transition.
-_AUTOCHECKPOINT = 8192
 
-
-def _nothing() -> None:
-    return None
-
-
-def _checkpointer_of(store: SqliteTaskStore) -> Checkpointer:
-    """``store``'s Checkpointer. Its thread holds the store only weakly: a store its
-    owner drops without ``close()`` is still collected, and its thread then ends (as the
-    connection of a dropped store always closed)."""
-    ref = weakref.ref(store)
-    store_path = store.path
+def _checkpointer_of(link: SqliteConnection) -> Checkpointer:
+    """The connection's Checkpointer. Its thread holds the connection only weakly: a
+    store its owner drops without ``close()`` is still collected, and its thread then
+    ends (as the connection of a dropped store always closed)."""
+    ref = weakref.ref(link)
+    path = link.path
 
     def hold() -> ReadScope:
         found = ref()
         if found is None:
-            raise StoreError(f"SqliteTaskStore({store_path}) is gone")
-        return found._locked("checkpoint")
+            raise StoreError(f"SqliteTaskStore({path}) is gone")
+        return found.read("checkpoint")
 
     def fallback() -> None:
+        """Commits checkpoint the WAL themselves again."""
         found = ref()
-        if found is not None:
-            found._checkpoint_on_commit()
+        if found is None:
+            return
+        try:
+            with found.read("checkpoint settings") as conn:
+                conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT}")
+        except StoreError as exc:
+            if not found.closed:
+                log.error("%s: the WAL will not be checkpointed until close: %s", path, exc)
 
-    checkpointer = Checkpointer(store_path, hold=hold, fallback=fallback)
-    weakref.finalize(store, checkpointer.close, 0)  # no waiting inside a collection
+    checkpointer = Checkpointer(path, hold=hold, fallback=fallback)
+    weakref.finalize(link, checkpointer.close, 0)  # no waiting inside a collection
     return checkpointer
-
-
-def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
-    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-
-
-def _pragma_value(conn: sqlite3.Connection, name: str) -> str:
-    """A pragma's value as it is set again (secure_delete reads 2 for FAST, and a 2 set
-    would turn it on)."""
-    (value,) = conn.execute(f"PRAGMA {name}").fetchone()
-    return "FAST" if name == "secure_delete" and value == 2 else str(value)
-
-
-def _rebuild_trail(conn: sqlite3.Connection) -> None:
-    """Schemas 9 and 11, in the migration's transaction, for a file made before schema
-    11. Before schema 9 tasks get ``seq`` (each task keeps its rowid, so the order tasks
-    were made in): the table is made again, as SQLite adds no primary key to a table.
-    The trail is copied into the rowid table schema 11 keys by ``seq * 16777216 +
-    version``, each row under the seq its task has now (found by ``task_id``), in key
-    order; a row whose task is not held goes to ``loose_transitions`` (before schema 10
-    such rows waited in the trail under seq 0), which is made again with the trail's
-    CHECK on versions. The view's triggers are dropped first (they name the old
-    columns); the schema makes them again, with the indexes."""
-    for trigger in ("task_writes_new", "task_writes_life", "task_writes_trail"):
-        conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-    # For the copy alone: a page cache that holds the tables, and the old pages freed
-    # without zeroing them first (they hold what the new tables hold; Debian's SQLite
-    # zeroes every freed page, which wrote the old tables out once more).
-    restore = [
-        f"PRAGMA {name} = {_pragma_value(conn, name)}" for name in ("cache_size", "secure_delete")
-    ]
-    conn.execute("PRAGMA cache_size = -524288")  # 512 MiB
-    conn.execute("PRAGMA secure_delete = FAST")
-    if _columns(conn, "tasks")[:1] != ["seq"]:  # before schema 9
-        task_columns = ", ".join(codec.TASK_COLUMNS)
-        _make_as(conn, "tasks", "tasks_9")
-        conn.execute(
-            f"INSERT INTO tasks_9 (seq, {task_columns}) "
-            f"SELECT rowid, {task_columns} FROM tasks ORDER BY rowid"
-        )
-        conn.execute("DROP TABLE tasks")
-        conn.execute("ALTER TABLE tasks_9 RENAME TO tasks")
-    trail_columns = ", ".join(codec.TRANSITION_COLUMNS)
-    trail_values = ", ".join(f"r.{c}" for c in codec.TRANSITION_COLUMNS)
-    # The loose trail gains the trail's CHECK on versions (schema 11): made again too.
-    _make_as(conn, "loose_transitions", "loose_11")
-    if _columns(conn, "loose_transitions"):  # schema 10
-        conn.execute(f"INSERT INTO loose_11 SELECT {trail_columns} FROM loose_transitions")
-        conn.execute("DROP TABLE loose_transitions")
-    conn.execute("ALTER TABLE loose_11 RENAME TO loose_transitions")
-    _make_as(conn, "transitions", "trail_11")
-    # In key order, so each row lands at the right edge (in any other order, rows split
-    # pages anywhere in the new tree).
-    conn.execute(
-        f"INSERT INTO trail_11 (key, {trail_columns}) "
-        f"SELECT t.seq * 16777216 + r.version, {trail_values} "
-        "FROM transitions r JOIN tasks t ON t.task_id = r.task_id "
-        "WHERE 1 ORDER BY 1 ON CONFLICT DO NOTHING"
-    )
-    conn.execute(
-        f"INSERT INTO loose_transitions ({trail_columns}) SELECT {trail_values} "
-        "FROM transitions r WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = r.task_id) "
-        "ON CONFLICT DO NOTHING"
-    )
-    conn.execute("DROP TABLE transitions")
-    conn.execute("ALTER TABLE trail_11 RENAME TO transitions")
-    for pragma in restore:
-        conn.execute(pragma)
-
-
-def _make_as(conn: sqlite3.Connection, table: str, name: str) -> None:
-    """Make ``table`` as the schema makes it (its ``schema_`` block), named ``name``."""
-    made = _SQL[f"schema_{table}"]
-    conn.execute(made.replace(f"IF NOT EXISTS {table} (", f"{name} (", 1))
 
 
 def _life_request(
