@@ -1,5 +1,5 @@
 """PostgresTaskStore against a real server: the contract, and the concurrency the contract
-cannot prove (store guide §6, distributed design §15.4). Each test gets its own schema,
+cannot prove (docs/stores.md). Each test gets its own schema,
 dropped afterwards. Without a server (CHONGMING_TEST_POSTGRES, or the throwaway cluster
 tests/conftest.py starts where initdb and pg_ctl exist) these skip visibly; in CI they fail.
 """
@@ -273,13 +273,13 @@ def test_create_schema_waits_for_another_nodes_creation_of_it(
     import psycopg
 
     from chongming_task.stores.postgres import PostgresTaskStore
-    from chongming_task.stores.postgres import store as postgres
+    from chongming_task.stores.postgres import schema as postgres_schema
 
     schema = new_schema()
     schemas.append(schema)
     other = psycopg.connect(pg_dsn)
-    other.execute("SELECT pg_advisory_xact_lock(%s, %s)", postgres._schema_lock_key(schema))
-    other.execute(postgres._schema_ddl(schema))
+    other.execute("SELECT pg_advisory_xact_lock(%s, %s)", postgres_schema.schema_lock_key(schema))
+    other.execute(postgres_schema.schema_ddl(schema))
     committer = threading.Timer(0.3, other.commit)
     committer.start()
     store = PostgresTaskStore(pg_dsn, schema=schema)

@@ -3,10 +3,10 @@
 psycopg 3 with a real connection pool shared by the controller's threads, in
 autocommit: a method of one statement is one round trip, and every method is one short
 transaction (no transaction or row lock is ever held while a task runs). The pool checks
-a connection it hands out without asking the server anything (``_still_connected``).
-The write-through's writes and single submits go through a group commit
-(``_pg_group``): concurrent callers share one statement and one commit, and each is told
-only about its own write. ``save`` is one conditional ``UPDATE``; ``claim_commands``
+a connection it hands out without asking the server anything (``pool``). The
+write-through's writes and single submits go through a group commit (``group``):
+concurrent callers share one statement and one commit, and each is told only about its
+own write. ``save`` is one conditional ``UPDATE``; ``claim_commands``
 picks with ``FOR UPDATE SKIP LOCKED`` and leases in the same statement; tags are
 ``JSONB`` with a GIN index and exact ``@>`` matching; every time is ``TIMESTAMPTZ``.
 
@@ -15,7 +15,7 @@ migrate``) needs DDL rights once; the store itself only reads and writes, so a r
 without DDL rights can run nodes and the read-only CLI. The schema records its version
 (``SCHEMA_VERSION``); a store refuses, when it opens, a schema a newer release made.
 
-Lease decisions use the server's clock (distributed design §15.1): ``storage_now()``
+Lease decisions use the server's clock (docs/design.md, "Clocks"): ``storage_now()``
 is ``statement_timestamp()``, and the runtime's ``LeaseClock`` passes that time in as
 each method's ``now``, so the contract can still be tested with an injected clock.
 
@@ -26,17 +26,12 @@ still imports, and constructing the store raises a ``StoreError`` naming that co
 from __future__ import annotations
 
 import contextlib
-import re
-import select
 import threading
-import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConcurrencyConflict, StoreError, StoreUnavailable, TaskAlreadyExists
+from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ...model import (
     Command,
     Progress,
@@ -61,15 +56,17 @@ from .._sql import (
 )
 from .._supports import LifeWrite
 from ..capabilities import Verdict
+from .schema import IDENTIFIER, SCHEMA_VERSION, schema_ddl, schema_lock_key
 
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool import ConnectionPool
 
-    from .errors import TRANSIENT, first_line, server_reason, translated
+    from .errors import translated
     from .group import GroupCommit, GroupWrite, batch_params, group_statements, settle
     from .listen import Announcer, listen
+    from .pool import ServerPool
 except ImportError:  # the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
@@ -80,24 +77,6 @@ __all__ = ["DEFAULT_SCHEMA", "INSTALL_HINT", "SCHEMA_VERSION", "PostgresTaskStor
 
 INSTALL_HINT = 'pip install "chongming-task[postgres]"'
 DEFAULT_SCHEMA = "chongming"
-SCHEMA_VERSION = 1
-"""The version of the tables this release makes and reads (``schema_version``). A schema
-made before that table existed holds the tables of version 1."""
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks
-
-
-def _schema_lock_key(schema: str) -> tuple[int, int]:
-    """The advisory lock ``create_schema`` holds for ``schema``: two int4 keys."""
-    crc = zlib.crc32(schema.encode())
-    return _SCHEMA_LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc
-
-
-def _schema_ddl(schema: str) -> bytes:
-    """schema.sql for ``schema`` (a validated identifier), as one query."""
-    ddl = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
-    return ddl.replace("{schema}", schema).replace("{version}", str(SCHEMA_VERSION)).encode()
-
 
 _SQL = load_named(__package__)
 _JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
@@ -124,33 +103,8 @@ _GROUP_LEADERS = 2
 _BULK_FROM = 8
 """Batches from this size are created by one array statement, smaller ones row by row."""
 
-_PROBE_INTERVAL = 0.2
-"""Seconds between direct connection attempts while the server is away."""
-
-
 _ANNOUNCE_EVERY = 0.1
 """Seconds between two notifications of writes, at least."""
-
-
-def _still_connected(conn: Connection[Any]) -> None:
-    """The pool's check of a connection it hands out, without a round trip: an idle
-    pooled connection has nothing to read, and a backend that was terminated (or a
-    server that went away) has sent its last message or closed the socket, which makes
-    it readable. Only then is the server asked (and the connection dropped if it does
-    not answer). A connection cut without a word is found by the statement that uses it,
-    as it would be a moment after any check."""
-    if conn.closed:
-        raise psycopg.OperationalError("the connection is closed")
-    if _readable(conn.fileno()):
-        ConnectionPool.check_connection(conn)
-
-
-def _readable(fd: int) -> bool:
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - Windows
 
 
 class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
@@ -175,7 +129,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         a follower such as the dashboard sees them at once; off, followers poll."""
         if psycopg is None:
             raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
-        if not _IDENTIFIER.match(schema):
+        if not IDENTIFIER.match(schema):
             raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
         self.schema = schema
         self._channel = f"chongming_commands_{schema}"  # a validated identifier
@@ -185,55 +139,21 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             if announce_writes
             else None
         )
-        self._dsn = dsn  # for the listener's own connection; never printed (password)
-        try:
-            info = psycopg.conninfo.conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise StoreError(f"malformed PostgreSQL DSN: {first_line(exc)}") from None
-        self.where = (
-            f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-        )
-        self._closed = False
         self._local = threading.local()
-        self._connect_timeout = connect_timeout
-        self._connect_kwargs: dict[str, Any] = {
-            "options": f"-c search_path={schema}",
-            "application_name": application_name,  # shows in pg_stat_activity
-            "connect_timeout": max(1, round(connect_timeout)),
-            # A single statement is its own transaction: one round trip, no BEGIN and
-            # COMMIT around it. Scopes of several statements open a transaction.
-            "autocommit": True,
-        }
-        self._min_size, self._max_size = min_size, max_size
         self._group = GroupCommit(self._group_apply, leaders=_GROUP_LEADERS)
-        self._health = threading.Lock()
-        self._down_since: float | None = None  # monotonic time the outage was noticed
-        self._stopped = threading.Event()  # set by close(): the prober exits
-        # One direct attempt first: a server that answers with a refusal (no such role
-        # or database, a wrong password) says so at once, in its own words, instead of
-        # the pool retrying it for connect_timeout seconds.
-        unreachable = ""
-        try:
-            psycopg.connect(self._dsn, **self._connect_kwargs).close()
-        except psycopg.OperationalError as exc:
-            # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
-            if "FATAL:" in str(exc) and not TRANSIENT.search(str(exc)):
-                raise StoreError(
-                    f"PostgreSQL at {self.where} refused the connection: {server_reason(exc)}"
-                ) from None
-            unreachable = f": {server_reason(exc)}"
-        self._pool = self._new_pool()
-        try:
-            self._pool.open(wait=True, timeout=connect_timeout)
-        except PoolTimeout:
-            self._pool.close()
-            raise StoreError(
-                f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s{unreachable}"
-            ) from None
+        self._server = ServerPool(
+            dsn,
+            schema=schema,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout=connect_timeout,
+            application_name=application_name,
+        )
+        self.where = self._server.where
         try:
             self._check_version()
         except BaseException:
-            self._pool.close()
+            self._server.close(before=lambda: None)
             raise
 
     def _check_version(self) -> None:
@@ -243,7 +163,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         # An outage here fails the open: nothing to fail fast for, no prober to start.
         with (
             translated("open", self.where, self.schema, lambda: None),
-            self._pool.connection() as conn,
+            self._server.opening().connection() as conn,
         ):
             try:
                 row = conn.execute(_SQL["schema_version"]).fetchone()
@@ -253,22 +173,8 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             holder = f"chongming-task schema {self.schema!r} at {self.where}"
             raise newer_schema(holder, row[0], SCHEMA_VERSION)
 
-    def _new_pool(self) -> ConnectionPool:
-        return ConnectionPool(
-            self._dsn,
-            min_size=self._min_size,
-            max_size=self._max_size,
-            kwargs=self._connect_kwargs,
-            check=_still_connected,  # a killed backend is replaced, not used
-            # During an outage a write fails after this long (the write-through buffers it
-            # and catches up later) instead of holding a task for the pool's default 30 s.
-            timeout=self._connect_timeout,
-            open=False,
-            name=f"chongming:{self.where}",
-        )
-
     group_commit = True
-    """Writes made side by side share a statement (``_pg_group``)."""
+    """Writes made side by side share a statement (``group.GroupCommit``)."""
 
     value_rules = STRICT
     """``TEXT`` and ``JSONB`` refuse NUL (see ``chongming_task.values``)."""
@@ -278,66 +184,12 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    # -- outages: fail fast while the server is away, a fresh pool the moment it is back ----
+    def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return self._server.errors(what)
 
     def _live_pool(self, what: str) -> ConnectionPool:
-        """The pool, or ``StoreUnavailable`` at once while an outage is known.
-
-        Without this, every call during an outage waited the pool timeout (a supervisor
-        pass waited it once per lagging task), and after the server came back the pool's
-        own reconnect back-off (1, 2, 4, 8, 16 s...) kept the store unusable for up to
-        16 s more, while leases stayed expired and any reconcile marked live tasks lost.
-        """
-        if self._closed:
-            raise StoreError(f"{self!r} is closed")
-        down_since = self._down_since
-        if down_since is not None:
-            raise StoreUnavailable(
-                f"PostgreSQL at {self.where} unreachable during {what} (for "
-                f"{time.monotonic() - down_since:.1f}s; reconnecting)"
-            )
-        return self._pool
-
-    def _went_down(self) -> None:
-        """A call found the server unreachable: fail fast from now on, and probe for the
-        server's return on a thread of our own (so no caller waits a connect timeout)."""
-        with self._health:
-            if self._down_since is not None or self._closed:
-                return
-            self._down_since = time.monotonic()
-            threading.Thread(
-                target=self._probe, name=f"chongming-pg-probe[{self.where}]", daemon=True
-            ).start()
-
-    def _probe(self) -> None:
-        """Connect directly every ``_PROBE_INTERVAL`` seconds; once the server answers,
-        swap in a fresh pool (the old one's reconnect attempts sit in back-off) and
-        declare the store usable again."""
-        while not self._stopped.is_set():
-            try:
-                with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
-                    conn.execute("SELECT 1")
-                fresh = self._new_pool()
-                try:
-                    fresh.open(wait=True, timeout=self._connect_timeout)
-                except BaseException:
-                    fresh.close()
-                    raise
-            except Exception:
-                self._stopped.wait(_PROBE_INTERVAL)
-                continue
-            with self._health:
-                old, self._pool = self._pool, fresh
-                self._down_since = None
-                closed = self._closed
-            if closed:
-                fresh.close()
-            # The old pool's workers may sit in a reconnect back-off: close it apart.
-            threading.Thread(target=old.close, kwargs={"timeout": 1.0}, daemon=True).start()
-            return
-
-    def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
-        return translated(what, self.where, self.schema, self._went_down)
+        """The pool, or at once ``StoreUnavailable`` during an outage (``ServerPool``)."""
+        return self._server.live(what, f"{self!r} is closed")
 
     @contextlib.contextmanager
     def _cursor(
@@ -347,7 +199,7 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         Each statement commits on its own (the pool is in autocommit) unless
         ``transaction``: then the scope is one transaction, rolled back on error. A
         ``raw`` cursor takes statements with ``$1`` placeholders, passed as they are."""
-        if self._closed:
+        if self._server.closed:
             raise StoreError(f"{self!r} is closed")
         cursor = psycopg.RawCursor if raw else psycopg.Cursor
         bound: Connection[Any] | None = getattr(self._local, "conn", None)
@@ -420,8 +272,8 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         hold against a creation not yet committed: the later one failed on a duplicate
         key of the system catalog)."""
         with self._cursor("create_schema", transaction=True) as cur:
-            cur.execute(_SQL["ddl_lock"], _schema_lock_key(self.schema))
-            cur.execute(_schema_ddl(self.schema))
+            cur.execute(_SQL["ddl_lock"], schema_lock_key(self.schema))
+            cur.execute(schema_ddl(self.schema))
 
     @staticmethod
     def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
@@ -705,16 +557,19 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
         any process submits a command, so a poller can claim it before its next interval.
-        Polling stays the source of truth (distributed design §17 point 4). Returns a
+        Polling stays the source of truth (docs/design.md, "Commands"). Returns a
         function that stops it."""
-        return listen(self._dsn, self._channel, wake, name=f"chongming-listen[{self.where}]")
+        return listen(self._server.dsn, self._channel, wake, name=f"chongming-listen[{self.where}]")
 
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (``SupportsTransitionWakeups``): call ``wake()`` soon after
         any process writes tasks or transitions through a store that announces its
         writes (``announce_writes``, the default). Returns a function that stops it."""
         return listen(
-            self._dsn, self._transitions_channel, wake, name=f"chongming-follow[{self.where}]"
+            self._server.dsn,
+            self._transitions_channel,
+            wake,
+            name=f"chongming-follow[{self.where}]",
         )
 
     def complete_command(
@@ -739,12 +594,5 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
     def close(self) -> None:
         """Close the pool (its connections are really closed). Idempotent; any later call
         raises ``StoreError``."""
-        with self._health:
-            if self._closed:
-                return
-            self._closed = True
-            self._stopped.set()
-            pool = self._pool
-        if self._announcer is not None:
-            self._announcer.close()
-        pool.close()
+        announcer = self._announcer
+        self._server.close(before=announcer.close if announcer is not None else lambda: None)

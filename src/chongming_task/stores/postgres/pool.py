@@ -1,0 +1,199 @@
+"""The Postgres store's connections: one psycopg pool in autocommit, a check of each
+connection it hands out that asks the server nothing, and the store's behaviour during
+an outage (fail at once, probe on a thread of its own, a fresh pool the moment the
+server is back). Imported only with the driver installed."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ...errors import StoreError, StoreUnavailable
+from .errors import TRANSIENT, first_line, server_reason, translated
+
+__all__ = ["ServerPool"]
+
+_PROBE_INTERVAL = 0.2
+"""Seconds between direct connection attempts while the server is away."""
+
+
+def _still_connected(conn: Connection[Any]) -> None:
+    """The pool's check of a connection it hands out, without a round trip: an idle
+    pooled connection has nothing to read, and a backend that was terminated (or a
+    server that went away) has sent its last message or closed the socket, which makes
+    it readable. Only then is the server asked (and the connection dropped if it does
+    not answer). A connection cut without a word is found by the statement that uses it,
+    as it would be a moment after any check."""
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    if _readable(conn.fileno()):
+        ConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - Windows
+
+
+class ServerPool:
+    """A pool of connections to one server and schema, and what happens while the
+    server is away."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str,
+        min_size: int,
+        max_size: int,
+        connect_timeout: float,
+        application_name: str,
+    ) -> None:
+        """Opens the pool, waiting up to ``connect_timeout``; ``StoreError`` if the
+        server refuses (in its own words) or cannot be reached by then."""
+        self.dsn = dsn
+        """For connections of their own (the listener's); never printed (password)."""
+        try:
+            info = psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise StoreError(f"malformed PostgreSQL DSN: {first_line(exc)}") from None
+        self.where = (
+            f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        )
+        self.schema = schema
+        self.closed = False
+        self.connect_kwargs: dict[str, Any] = {
+            "options": f"-c search_path={schema}",
+            "application_name": application_name,  # shows in pg_stat_activity
+            "connect_timeout": max(1, round(connect_timeout)),
+            # A single statement is its own transaction: one round trip, no BEGIN and
+            # COMMIT around it. Scopes of several statements open a transaction.
+            "autocommit": True,
+        }
+        self._timeout = connect_timeout
+        self._sizes = min_size, max_size
+        self._health = threading.Lock()
+        self._down_since: float | None = None  # monotonic time the outage was noticed
+        self._stopped = threading.Event()  # set by close(): the prober exits
+        # One direct attempt first: a server that answers with a refusal (no such role
+        # or database, a wrong password) says so at once, in its own words, instead of
+        # the pool retrying it for connect_timeout seconds.
+        unreachable = ""
+        try:
+            psycopg.connect(dsn, **self.connect_kwargs).close()
+        except psycopg.OperationalError as exc:
+            # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
+            if "FATAL:" in str(exc) and not TRANSIENT.search(str(exc)):
+                raise StoreError(
+                    f"PostgreSQL at {self.where} refused the connection: {server_reason(exc)}"
+                ) from None
+            unreachable = f": {server_reason(exc)}"
+        self._pool = self._new_pool()
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout:
+            self._pool.close()
+            raise StoreError(
+                f"cannot reach PostgreSQL at {self.where} within {connect_timeout:g}s{unreachable}"
+            ) from None
+
+    def _new_pool(self) -> ConnectionPool:
+        min_size, max_size = self._sizes
+        return ConnectionPool(
+            self.dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self.connect_kwargs,
+            check=_still_connected,  # a killed backend is replaced, not used
+            # During an outage a write fails after this long (the write-through buffers it
+            # and catches up later) instead of holding a task for the pool's default 30 s.
+            timeout=self._timeout,
+            open=False,
+            name=f"chongming:{self.where}",
+        )
+
+    def errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """The driver's errors raised inside, as the store's; an outage noticed."""
+        return translated(what, self.where, self.schema, self._went_down)
+
+    def live(self, what: str, closed_message: str) -> ConnectionPool:
+        """The pool, or ``StoreUnavailable`` at once while an outage is known.
+
+        Without this, every call during an outage waited the pool timeout (a supervisor
+        pass waited it once per lagging task), and after the server came back the pool's
+        own reconnect back-off (1, 2, 4, 8, 16 s...) kept the store unusable for up to
+        16 s more, while leases stayed expired and any reconcile marked live tasks lost.
+        """
+        if self.closed:
+            raise StoreError(closed_message)
+        down_since = self._down_since
+        if down_since is not None:
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.where} unreachable during {what} (for "
+                f"{time.monotonic() - down_since:.1f}s; reconnecting)"
+            )
+        return self._pool
+
+    def opening(self) -> ConnectionPool:
+        """The pool while the store opens (an outage then fails the open: no prober)."""
+        return self._pool
+
+    def _went_down(self) -> None:
+        """A call found the server unreachable: fail fast from now on, and probe for the
+        server's return on a thread of our own (so no caller waits a connect timeout)."""
+        with self._health:
+            if self._down_since is not None or self.closed:
+                return
+            self._down_since = time.monotonic()
+            threading.Thread(
+                target=self._probe, name=f"chongming-pg-probe[{self.where}]", daemon=True
+            ).start()
+
+    def _probe(self) -> None:
+        """Connect directly every ``_PROBE_INTERVAL`` seconds; once the server answers,
+        swap in a fresh pool (the old one's reconnect attempts sit in back-off) and
+        declare the store usable again."""
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self.dsn, **self.connect_kwargs) as conn:
+                    conn.execute("SELECT 1")
+                fresh = self._new_pool()
+                try:
+                    fresh.open(wait=True, timeout=self._timeout)
+                except BaseException:
+                    fresh.close()
+                    raise
+            except Exception:
+                self._stopped.wait(_PROBE_INTERVAL)
+                continue
+            with self._health:
+                old, self._pool = self._pool, fresh
+                self._down_since = None
+                closed = self.closed
+            if closed:
+                fresh.close()
+            # The old pool's workers may sit in a reconnect back-off: close it apart.
+            threading.Thread(target=old.close, kwargs={"timeout": 1.0}, daemon=True).start()
+            return
+
+    def close(self, before: Callable[[], None]) -> None:
+        """Refuse every later call, run ``before`` (the pool still open for whatever it
+        finishes), then close the pool: its connections really closed. Idempotent."""
+        with self._health:
+            if self.closed:
+                return
+            self.closed = True
+            self._stopped.set()
+        before()
+        self._pool.close()

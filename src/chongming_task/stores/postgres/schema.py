@@ -1,0 +1,29 @@
+"""The Postgres store's schema: its version, the DDL of ``schema.sql`` for one schema
+name, and the advisory lock that lets nodes create it at the same time."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from importlib import resources
+
+__all__ = ["IDENTIFIER", "SCHEMA_VERSION", "schema_ddl", "schema_lock_key"]
+
+SCHEMA_VERSION = 1
+"""The version of the tables this release makes and reads (``schema_version``). A schema
+made before that table existed holds the tables of version 1."""
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+"""What a schema name must match (it is written into statements)."""
+_SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks
+
+
+def schema_lock_key(schema: str) -> tuple[int, int]:
+    """The advisory lock ``create_schema`` holds for ``schema``: two int4 keys."""
+    crc = zlib.crc32(schema.encode())
+    return _SCHEMA_LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+def schema_ddl(schema: str) -> bytes:
+    """schema.sql for ``schema`` (a validated identifier), as one query."""
+    ddl = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
+    return ddl.replace("{schema}", schema).replace("{version}", str(SCHEMA_VERSION)).encode()
