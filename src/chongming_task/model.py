@@ -14,8 +14,9 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+from ._fast_records import make_builder, make_changer, make_evolver
 from ._text import utf8_fault
 from .errors import InvalidValue
 
@@ -188,123 +189,46 @@ class TaskSnapshot:
     def is_terminal(self) -> bool:
         return self.status.is_terminal
 
-    if TYPE_CHECKING:  # made below (_make_evolver): one generated function
+    if TYPE_CHECKING:  # made below (``_fast_records.make_evolver``)
 
         def evolve(self, **changes: Any) -> TaskSnapshot: ...
 
 
-def _given(name: str, times: tuple[str, ...], indent: str = "    ") -> list[str]:
-    """Lines storing the changed field ``name`` into ``new``, checked as a change is: a
-    datetime made UTC (a naive one refused), tags made a frozenset."""
-    if name in times:
-        return [
-            f"{indent}if {name} is None or {name}.tzinfo is _UTC:",
-            f"{indent}    new.{name} = {name}",
-            f"{indent}else:",
-            f"{indent}    new.{name} = _utc({name}, {name!r})",
-        ]
-    if name == "tags":
-        return [f"{indent}new.tags = tags if isinstance(tags, frozenset) else frozenset(tags)"]
-    return [f"{indent}new.{name} = {name}"]
-
-
-def _make_evolver(cls: type, names: tuple[str, ...], times: tuple[str, ...]) -> Any:
-    """``evolve``, unrolled for ``cls``: one keyword parameter per field (an unknown name
-    is Python's own ``TypeError``), each slot copied unless given; given datetimes are
-    made UTC (naive ones refused) and given tags a frozenset, the only checks a changed
-    field needs. About a third faster than a loop over a dict of changes."""
-    lines = [f"def evolve(self, *, {', '.join(f'{n}=_KEEP' for n in names)}):"]
-    lines.append("    new = _new(_twin)")
-    for name in names:
-        lines += [f"    if {name} is _KEEP:", f"        new.{name} = self.{name}", "    else:"]
-        lines += _given(name, times, indent="        ")
-    evolve = _compile(cls, names, lines, "evolve", _KEEP=object(), _UTC=UTC, _utc=utc)
-    evolve.__doc__ = (
-        "``dataclasses.replace`` for the hot path (every transition makes one): copies "
-        "the slots and checks only the fields that change."
-    )
-    evolve.__qualname__ = f"{cls.__name__}.evolve"
-    return evolve
+_SNAPSHOT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TaskSnapshot))
+# The builders are generated (``_fast_records``: the figure that pays for them is there).
+TaskSnapshot.evolve = make_evolver(  # type: ignore[method-assign]  # declared above
+    TaskSnapshot, _SNAPSHOT_FIELDS, _SNAPSHOT_TIMES, utc=utc, zone=UTC
+)
+trusted_snapshot = make_builder(TaskSnapshot, _SNAPSHOT_FIELDS)
+"""Build a ``TaskSnapshot`` from already-normalised values (store codecs only)."""
 
 
 @functools.cache
 def snapshot_changer(changed: tuple[str, ...]) -> Callable[..., TaskSnapshot]:
     """``TaskSnapshot.evolve`` made for one set of changed fields, their new values
     given positionally in ``changed``'s order: ``snapshot_changer(("status",))(s, x)``
-    is ``s.evolve(status=x)``, with the same checks. The runtime's transitions change
-    the same few fields each time; made for them, the copy tests no field and parses no
-    keyword (half the work of ``evolve``). An unknown name is a ``ValueError``."""
-    unknown = set(changed) - set(_SNAPSHOT_FIELDS)
-    if unknown or len(set(changed)) != len(changed):
-        raise ValueError(f"not a set of TaskSnapshot fields: {changed!r}")
-    lines = [f"def change(self, {', '.join(changed)}):", "    new = _new(_twin)"]
-    for name in _SNAPSHOT_FIELDS:
-        if name in changed:
-            lines += _given(name, _SNAPSHOT_TIMES)
-        else:
-            lines.append(f"    new.{name} = self.{name}")
-    change = _compile(TaskSnapshot, _SNAPSHOT_FIELDS, lines, "change", _UTC=UTC, _utc=utc)
-    change.__qualname__ = f"snapshot_changer({changed!r})"
-    return cast("Callable[..., TaskSnapshot]", change)
+    is ``s.evolve(status=x)``, with the same checks. An unknown name is a
+    ``ValueError``."""
+    return make_changer(TaskSnapshot, _SNAPSHOT_FIELDS, changed, _SNAPSHOT_TIMES, utc=utc, zone=UTC)
 
 
-def _make_builder(cls: type, names: tuple[str, ...]) -> Any:
-    """A keyword-only constructor that skips validation, for values already normalised
-    (UTC datetimes, frozenset tags): store codecs and the runtime's own transitions."""
-    lines = [f"def build(*, {', '.join(names)}):", "    new = _new(_twin)"]
-    lines += [f"    new.{name} = {name}" for name in names]
-    return _compile(cls, names, lines, "build")
-
-
-def _compile(
-    cls: type, names: tuple[str, ...], lines: list[str], function: str, **scope: Any
-) -> Any:
-    """Define ``function`` from ``lines``, which fill ``new``: an instance of a mutable
-    twin of ``cls`` (the same slots, in the same order), whose plain attribute stores the
-    interpreter does in one step each, where a frozen class's slots are set through a
-    descriptor call apiece (about twice as slow for a snapshot). Once filled, ``new``
-    becomes a ``cls``: the layouts are the same, so Python allows the class switch."""
-    twin = type(f"_Mutable{cls.__name__}", (), {"__slots__": names})
-    scope.update(_new=object.__new__, _twin=twin, _cls=cls)
-    exec("\n".join([*lines, "    new.__class__ = _cls", "    return new"]), scope)
-    return scope[function]
-
-
-_SNAPSHOT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TaskSnapshot))
-TaskSnapshot.evolve = _make_evolver(  # type: ignore[method-assign]  # declared above
-    TaskSnapshot, _SNAPSHOT_FIELDS, _SNAPSHOT_TIMES
+submitted_snapshot: Callable[..., TaskSnapshot] = make_builder(
+    TaskSnapshot,
+    _SNAPSHOT_FIELDS,
+    positional=(
+        "task_id",
+        "name",
+        "status",
+        "created_at",
+        "tags",
+        "bucket",
+        "bucket_key",
+        "pipeline_run_id",
+        "owner",
+        "lease_until",
+    ),
+    fixed={"status_version": "1", "attempt": "0", "lease_owner": "owner"},
 )
-trusted_snapshot = _make_builder(TaskSnapshot, _SNAPSHOT_FIELDS)
-"""Build a ``TaskSnapshot`` from already-normalised values (store codecs only)."""
-
-# What a submit decides; every other field of a new task is the same for all of them.
-_SUBMITTED = (
-    "task_id",
-    "name",
-    "status",
-    "created_at",
-    "tags",
-    "bucket",
-    "bucket_key",
-    "pipeline_run_id",
-    "owner",
-    "lease_until",
-)
-_SUBMITTED_FIXED = {"status_version": "1", "attempt": "0", "lease_owner": "owner"}
-
-
-def _make_submitted() -> Any:
-    """``submitted_snapshot``: positional, the fixed fields written in. A call with
-    nineteen keywords cost more in matching them to parameters than in building the
-    snapshot (1.19 against 0.43 us, every submit)."""
-    lines = [f"def submitted({', '.join(_SUBMITTED)}):", "    new = _new(_twin)"]
-    for name in _SNAPSHOT_FIELDS:
-        value = name if name in _SUBMITTED else _SUBMITTED_FIXED.get(name, "None")
-        lines.append(f"    new.{name} = {value}")
-    return _compile(TaskSnapshot, _SNAPSHOT_FIELDS, lines, "submitted")
-
-
-submitted_snapshot: Callable[..., TaskSnapshot] = _make_submitted()
 """A new task's ``TaskSnapshot`` from already-normalised values (UTC times, frozenset
 tags), given positionally: ``task_id, name, status, created_at, tags, bucket,
 bucket_key, pipeline_run_id, owner, lease_until``. Version 1, attempt 0, leased by its
@@ -328,7 +252,7 @@ class Transition:
             object.__setattr__(self, "at", utc(self.at, "at"))
 
 
-trusted_transition = _make_builder(Transition, tuple(f.name for f in fields(Transition)))
+trusted_transition = make_builder(Transition, tuple(f.name for f in fields(Transition)))
 """Build a ``Transition`` whose ``at`` is already UTC (the runtime's own transitions)."""
 
 Trail = tuple[Any, ...]
