@@ -152,7 +152,7 @@ def test_a_quick_tasks_start_and_end_are_one_write(
     monkeypatch.setattr(BehindWriter, "HAND_OVER", 30.0)
     store = Recorded(tmp_path / "t.db")
     c = make_controller(store, max_workers=4)
-    assert isinstance(c._writer, BehindWriter)
+    assert isinstance(c._services.writer, BehindWriter)
     job = c.task(lambda token, n: n, name="echo")
     runs = [c.submit(job, n) for n in range(200)]
     for n, run in enumerate(runs):
@@ -254,8 +254,8 @@ def test_writes_no_commit_carried_are_committed_by_the_writers_thread(
     store = SqliteTaskStore(tmp_path / "t.db")
     store.connection.group._WAIT = 30.0  # no release of the store's lock commits them early either
     c = make_controller(store, max_workers=4)
-    assert isinstance(c._writer, BehindWriter)
-    c._writer._backlog = lambda: True  # a worker always leaves its write to ride
+    assert isinstance(c._services.writer, BehindWriter)
+    c._services.writer._backlog = lambda: True  # a worker always leaves its write to ride
     noop = c.task(lambda token: None, name="noop")
     runs = c.submit_many(noop, [()] * 50)
     for run in runs:
@@ -273,7 +273,7 @@ def test_stopping_the_writer_sees_every_pending_write_through(
     store = SqliteTaskStore(tmp_path / "t.db")
     store.connection.group._WAIT = 30.0
     c = Controller(store, max_workers=4)
-    writer = c._writer
+    writer = c._services.writer
     assert isinstance(writer, BehindWriter)
     writer._backlog = lambda: True
     noop = c.task(lambda token: None, name="noop")

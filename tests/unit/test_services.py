@@ -33,10 +33,10 @@ def test_a_supervisor_pass_renews_a_lease_that_used_a_third_of_its_ttl() -> None
         first = c.get(run.task_id).lease_until
         assert first == clock.now() + timedelta(seconds=30)
         clock.advance(5)  # a sixth of the TTL: not due yet
-        c._supervisor.run_once()
+        c._services.supervisor.run_once()
         assert c.get(run.task_id).lease_until == first
         clock.advance(6)  # past a third
-        c._supervisor.run_once()
+        c._services.supervisor.run_once()
         assert c.get(run.task_id).lease_until == clock.now() + timedelta(seconds=30)
         release.set()
         assert run.wait(5).status is TaskStatus.SUCCEEDED
@@ -47,11 +47,11 @@ def test_a_schedule_runner_tick_fires_what_is_due_and_nothing_else() -> None:
     with Controller(InMemoryTaskStore(), clock=clock, run_schedules=False) as c:
         c.task(lambda token: None, name="beat")
         entry = c.schedule("beat", "beat", IntervalTrigger(60))
-        assert c._scheduler.tick() == []
+        assert c._services.scheduler.tick() == []
         clock.advance(60)
-        (fired,) = c._scheduler.tick()
+        (fired,) = c._services.scheduler.tick()
         assert fired.wait(5).status is TaskStatus.SUCCEEDED
-        assert entry.fired == 1 and c._scheduler.tick() == []
+        assert entry.fired == 1 and c._services.scheduler.tick() == []
 
 
 def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:

@@ -158,7 +158,9 @@ def test_close_leaves_no_end_unwritten(tmp_path: Path, store_class: type[SqliteT
     if isinstance(store, Held):
         store.release.set()
     c = Controller(store, max_workers=4)
-    assert isinstance(c._writer, BehindWriter if store_class is SqliteTaskStore else Writer)
+    assert isinstance(
+        c._services.writer, BehindWriter if store_class is SqliteTaskStore else Writer
+    )
     noop = c.task(lambda token: None, name="noop")
     runs = [c.submit(noop) for _ in range(200)]
     c.close(timeout=30)

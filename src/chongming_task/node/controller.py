@@ -1,14 +1,9 @@
 """``Controller``: a node. It owns task definitions and composes the services that run
-their tasks: submission, workers, supervision, the command poller, the schedule runner
-and the pipeline runner.
+their tasks (``NodeServices``: submission's workers, supervision, the command poller, the
+beacon, the schedule runner and the pipeline runner, started and stopped in one place).
 
 Control of a task this process holds acts directly on its ``TaskRun``; control of any
-other task writes a ``Command`` to the store for the holder's poller. The services start
-in one place (``_start``): workers and supervisor on the first stored task, the command
-poller and the beacon (the node's declaration in the store) from construction for a node
-that declares ``owned_buckets`` (after the first submit otherwise, never for a pure query
-client), the scheduler on the first schedule,
-the pipeline runner on the first pipeline; ``close()`` stops them all.
+other task writes a ``Command`` to the store for the holder's poller.
 """
 
 from __future__ import annotations
@@ -41,32 +36,29 @@ from ..model import (
     Transition,
     utc,
 )
-from ..pipelines import Pipeline, PipelineRun, PipelineRunner
+from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
 from ..run.handle import TaskRun
-from ..run.writers import BehindWriter, Writer
-from ..schedules import IntervalTrigger, Overlap, Schedule, ScheduleRunner, Trigger, schedule_tags
+from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from ..values import check_text
-from .beacon import NodeBeacon
-from .commands import CommandPoller, ControlRouter
+from .commands import ControlRouter
 from .dispatch import make_dispatcher
 from .host import NodeHost
 from .leaseclock import LeaseClock
+from .lifecycle import NodeServices
 from .registry import RunRegistry
-from .services import NodeContext, NodeState, Service
+from .services import NodeContext
 from .signals import NotedSignals
 from .submission import Ownership, Submitter, default_owner, new_task_id
-from .supervision import Reconciler, ReconcileReport, Supervisor
-from .workers import WorkerPool
+from .supervision import Reconciler, ReconcileReport
 
 __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 
 log = logging.getLogger("chongming_task.controller")
 
-_OPEN = NodeState.OPEN
 
 _running: set[Controller] = set()
 """Controllers with a service started and not yet closed (their threads hold them)."""
@@ -179,9 +171,6 @@ class Controller:
         self.task = self._definitions.task
         """Decorator defining a task on this node: ``@node.task(retries=3)``; the function
         is called as ``func(token, *args, **kwargs)``."""
-        self._state = NodeState.OPEN
-        self._working = False  # workers, supervisor and poller started
-        self._state_lock = threading.Lock()
         self._registry = RunRegistry()
         self._dispatcher = make_dispatcher(
             self.clock, max_parallel_per_bucket=max_parallel_per_bucket
@@ -194,35 +183,22 @@ class Controller:
             capabilities=self.capabilities,
             leases=LeaseClock(self.capabilities, self._now),
         )
-        # The services, each started at most once by _start(), all stopped by close().
-        # On a store that commits side-by-side writes together, the workers' writes are
-        # made behind them: queued by the workers themselves where the store can queue
-        # a write without waiting for it (SQLite), else by a writer thread, all that is
-        # queued in one store call.
-        write_behind = self.capabilities.write_behind
-        self._writer: Writer | BehindWriter | None = (
-            BehindWriter(write_behind, backlog=self._dispatcher.backlog)
-            if write_behind is not None
-            else Writer()
-            if self.capabilities.group_commit
-            else None
-        )
-        self._workers = WorkerPool(
-            registry=self._registry,
+        # None: the default rule (NodeServices); False: never poll commands, for tools
+        # that act for a node without being one.
+        self._services = services = NodeServices(
+            node,
             dispatcher=self._dispatcher,
-            size=max_workers,
-            woken=self._writer.complete if isinstance(self._writer, BehindWriter) else None,
-        )
-        self._pipelines = PipelineRunner(owner=self.owner)
-        self._supervisor = Supervisor(
-            node, dispatcher=self._dispatcher, lease_ttl=lease_ttl, interval=activity_interval
-        )
-        self._poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
-        self._beacon = NodeBeacon(
-            node, buckets=self.owned_buckets, num_buckets=num_buckets, ttl=lease_ttl
-        )
-        self._scheduler = ScheduleRunner(
-            node, rng=self.rng, submit=self._fire, accepting=self._accepting
+            workers=max_workers,
+            lease_ttl=lease_ttl,
+            activity_interval=activity_interval,
+            command_lease=command_lease,
+            command_poll_interval=command_poll_interval,
+            buckets=self.owned_buckets,
+            num_buckets=num_buckets,
+            rng=self.rng,
+            fire=self._fire,
+            polling=poll_commands is not False,
+            started=lambda: _running.add(self),
         )
         # What each run needs from this node: settings, and where it reports.
         host = NodeHost(
@@ -233,9 +209,9 @@ class Controller:
             writethrough_buffer=writethrough_buffer,
             registry=self._registry,
             dispatcher=self._dispatcher,
-            workers=self._workers,
-            pipelines=self._pipelines,
-            writer=self._writer,
+            workers=services.workers,
+            pipelines=services.pipelines,
+            writer=services.writer,
         )
         self._submitter = Submitter(
             node,
@@ -244,8 +220,8 @@ class Controller:
             ownership=self._ownership,
             lease_ttl=lease_ttl,
             resolve=self._definitions.resolve,
-            accepting=self._accepting,
-            stored=self._start_work,
+            accepting=services.accepting,
+            stored=services.start_work,
         )
         self._router = ControlRouter(node)
         self._reconciler = Reconciler(
@@ -254,12 +230,6 @@ class Controller:
         # Schedules fire from the scheduler's thread, or only through tick_schedules()
         # when run_schedules=False (tests with a fake clock drive them that way).
         self._run_schedules = run_schedules
-        # None: the default rule (from construction with owned_buckets, else after the
-        # first submit). False: never, for tools that act for a node without being one.
-        # The same rule says when the node declares itself in the store (the beacon).
-        self._polling = poll_commands is not False
-        if self.owned_buckets is not None and self._polling:
-            self._start(self._poller, self._beacon)
 
     def __repr__(self) -> str:
         return f"Controller(owner={self.owner!r}, store={self.store!r})"
@@ -287,33 +257,6 @@ class Controller:
                 f"the clock of node {self.owner} returned {now!r}: a clock must return "
                 "timezone-aware datetimes (SystemClock does)"
             ) from None
-
-    # -- lifecycle: the one place services start -------------------------------------------------
-
-    def _accepting(self) -> bool:
-        return self._state is _OPEN  # every submit: a global, not an Enum attribute
-
-    def _start(self, *services: Service) -> None:
-        """Start each service at most once, and never once ``close()`` has begun. A
-        controller with a service running is closed at interpreter exit if its program
-        did not close it (``_close_at_exit``)."""
-        with self._state_lock:
-            if self._state is NodeState.OPEN:
-                _running.add(self)
-                for service in services:
-                    service.start()
-
-    def _start_work(self) -> None:
-        """After the first stored task: workers, supervision, and command polling."""
-        if self._working:
-            return  # every submit passes here
-        self._working = True
-        if not self._workers.started:
-            if self._writer is not None:
-                self._start(self._writer)
-            self._start(self._workers, self._supervisor)
-        if self._polling and not self._poller.started:
-            self._start(self._poller, self._beacon)
 
     # -- ownership --------------------------------------------------------------------------------
 
@@ -378,7 +321,7 @@ class Controller:
         All nodes are created in one store transaction when the store offers ``atomic()``.
         """
         handle = self._submitter.submit_pipeline(pipeline)
-        self._start(self._pipelines)
+        self._services.start(self._services.pipelines)
         return handle
 
     # -- schedules ------------------------------------------------------------------------------
@@ -423,17 +366,17 @@ class Controller:
             tags=frozenset(tags),
             task_name=definition.name,
         )
-        self._scheduler.add(entry)
+        self._services.scheduler.add(entry)
         if self._run_schedules:
-            self._start(self._scheduler)
+            self._services.start(self._services.scheduler)
         return entry
 
     def unschedule(self, name: str) -> None:
-        self._scheduler.remove(name)
+        self._services.scheduler.remove(name)
 
     @property
     def schedules(self) -> list[Schedule]:
-        return self._scheduler.entries()
+        return self._services.scheduler.entries()
 
     def tick_schedules(self) -> list[TaskRun]:
         """Fire every schedule that is due by the clock now; return the runs submitted.
@@ -441,7 +384,7 @@ class Controller:
         The scheduler thread calls this; with ``run_schedules=False`` it is the only way
         schedules fire, which lets tests drive them with a fake clock, without sleeping.
         """
-        return self._scheduler.tick()
+        return self._services.scheduler.tick()
 
     def _fire(self, entry: Schedule) -> TaskRun:
         return self._submitter.submit(
@@ -478,7 +421,7 @@ class Controller:
         A command for a task held elsewhere is released (never completed: the holder
         would never hear of it). Returns how many commands were completed here.
         """
-        return self._poller.poll_once()
+        return self._services.poller.poll_once()
 
     # -- reads (through the store) ---------------------------------------------------------------
 
@@ -584,33 +527,16 @@ class Controller:
         A task that ignores its stop keeps its ``stopping`` status and lease; once the
         lease expires, a ``reconcile()`` marks it lost. Idempotent.
         """
-        with self._state_lock:
-            if self._state is not NodeState.OPEN:
-                return
-            self._state = NodeState.CLOSING
+        if not self._services.begin_close():
+            return
         for run in self.held():
             if not run.done():
                 run.stop(reason="controller closed")
         self._registry.wait_all_done(timeout)
-        services: list[Service] = [
-            self._scheduler,
-            self._workers,
-            *([] if self._writer is None else [self._writer]),
-            self._supervisor,
-            self._poller,
-            self._pipelines,
-            self._beacon,
-        ]
-        for service in services:
-            service.stop()
-        for service in services:
-            service.join(timeout)
+        self._services.stop(timeout)
         for run in self.held():
             run.catch_up()
-        self._scheduler.retire()
-        if self._beacon.started:
-            self._beacon.retire()
+        self._services.retire()
         if self._owns_store:
             self.store.close()
-        self._state = NodeState.CLOSED
         _running.discard(self)

@@ -1,0 +1,154 @@
+"""``NodeServices``: a node's background services, made together, each started at most
+once and never once the node closes, and all stopped and joined in one place, in one
+order. The node moves through ``NodeState`` once.
+
+When each starts:
+
+- the command poller and the beacon (the node's declaration in the store): from
+  construction for a node that declares ``owned_buckets``, else after the first stored
+  task; never with ``poll_commands=False`` (a tool acting for a node without being one);
+- the writer, the workers and the supervisor: after the first stored task;
+- the scheduler: on the first schedule (unless schedules are ticked by hand);
+- the pipeline runner: on the first pipeline.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..pipelines import PipelineRunner
+from ..run.writers import BehindWriter, Writer
+from ..schedules import ScheduleRunner
+from .beacon import NodeBeacon
+from .commands import CommandPoller
+from .dispatch import Dispatcher
+from .services import NodeContext, NodeState, Service
+from .supervision import Supervisor
+from .workers import WorkerPool
+
+if TYPE_CHECKING:
+    from ..run.handle import TaskRun
+    from ..schedules import Schedule
+
+__all__ = ["NodeServices"]
+
+_OPEN = NodeState.OPEN
+
+
+class NodeServices:
+    """The services of one node (they never hold the node itself)."""
+
+    def __init__(
+        self,
+        node: NodeContext,
+        *,
+        dispatcher: Dispatcher,
+        workers: int,
+        lease_ttl: float,
+        activity_interval: float,
+        command_lease: float,
+        command_poll_interval: float,
+        buckets: frozenset[int] | None,
+        num_buckets: int,
+        rng: random.Random,
+        fire: Callable[[Schedule], TaskRun],
+        polling: bool,
+        started: Callable[[], None],
+    ) -> None:
+        """``fire`` submits a schedule's run; ``polling`` is false for a node that must
+        never poll commands; ``started`` is called whenever a service starts (the node
+        is then closed at interpreter exit if its program does not close it)."""
+        capabilities = node.capabilities
+        self.state = NodeState.OPEN
+        self._lock = threading.Lock()
+        self._working = False
+        self._polling = polling
+        self._started = started
+        # On a store that commits side-by-side writes together, the workers' writes are
+        # made behind them: queued by the workers themselves where the store can queue
+        # a write without waiting for it (SQLite), else by a writer thread, all that is
+        # queued in one store call.
+        write_behind = capabilities.write_behind
+        self.writer: Writer | BehindWriter | None = (
+            BehindWriter(write_behind, backlog=dispatcher.backlog)
+            if write_behind is not None
+            else Writer()
+            if capabilities.group_commit
+            else None
+        )
+        self.workers = WorkerPool(
+            registry=node.registry,
+            dispatcher=dispatcher,
+            size=workers,
+            woken=self.writer.complete if isinstance(self.writer, BehindWriter) else None,
+        )
+        self.pipelines = PipelineRunner(owner=node.owner)
+        self.supervisor = Supervisor(
+            node, dispatcher=dispatcher, lease_ttl=lease_ttl, interval=activity_interval
+        )
+        self.poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
+        self.beacon = NodeBeacon(node, buckets=buckets, num_buckets=num_buckets, ttl=lease_ttl)
+        self.scheduler = ScheduleRunner(node, rng=rng, submit=fire, accepting=self.accepting)
+        if buckets is not None and polling:
+            self.start(self.poller, self.beacon)
+
+    def accepting(self) -> bool:
+        """Whether the node takes work (every submit asks: a global, not an attribute)."""
+        return self.state is _OPEN
+
+    def start(self, *services: Service) -> None:
+        """Start each of ``services`` at most once, and never once closing has begun."""
+        with self._lock:
+            if self.state is NodeState.OPEN:
+                self._started()
+                for service in services:
+                    service.start()
+
+    def start_work(self) -> None:
+        """After a stored task: the writer, the workers, the supervisor, and command
+        polling (every submit passes here)."""
+        if self._working:
+            return
+        self._working = True
+        if not self.workers.started:
+            if self.writer is not None:
+                self.start(self.writer)
+            self.start(self.workers, self.supervisor)
+        if self._polling and not self.poller.started:
+            self.start(self.poller, self.beacon)
+
+    def begin_close(self) -> bool:
+        """Stop taking work; ``False`` if closing had begun already."""
+        with self._lock:
+            if self.state is not NodeState.OPEN:
+                return False
+            self.state = NodeState.CLOSING
+            return True
+
+    def stop(self, timeout: float) -> None:
+        """Stop every service, then join each (up to ``timeout`` seconds apiece): the
+        scheduler first (no new runs), the writer after the workers (it drains what
+        they handed it)."""
+        services: list[Service] = [
+            self.scheduler,
+            self.workers,
+            *([] if self.writer is None else [self.writer]),
+            self.supervisor,
+            self.poller,
+            self.pipelines,
+            self.beacon,
+        ]
+        for service in services:
+            service.stop()
+        for service in services:
+            service.join(timeout)
+
+    def retire(self) -> None:
+        """Take the node's schedules and its declaration out of the store: it is gone."""
+        self.scheduler.retire()
+        if self.beacon.started:
+            self.beacon.retire()
+        self.state = NodeState.CLOSED
