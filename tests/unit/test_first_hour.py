@@ -442,17 +442,17 @@ def _control_pressing_ctrl_c(
     """``stop --wait`` in this process, Ctrl-C pressed ``presses`` times just as the
     request's write has ended (before the command returns)."""
     from chongming_task.cli import main
-    from chongming_task.controller import Controller
+    from chongming_task.control import StoreControl
 
-    stop = Controller.stop
+    send = StoreControl.send
 
-    def stop_then_ctrl_c(self: Controller, *args: Any, **kwargs: Any) -> Any:
-        receipt = stop(self, *args, **kwargs)
+    def send_then_ctrl_c(self: StoreControl, *args: Any, **kwargs: Any) -> Any:
+        receipt = send(self, *args, **kwargs)
         for _ in range(presses):
             signal.raise_signal(signal.SIGINT)
         return receipt
 
-    monkeypatch.setattr(Controller, "stop", stop_then_ctrl_c)
+    monkeypatch.setattr(StoreControl, "send", send_then_ctrl_c)
     pipe = signal.getsignal(signal.SIGPIPE)  # main() resets it for the CLI
     try:
         return main(["--db", str(db), "stop", task_id, "--wait", "60"])

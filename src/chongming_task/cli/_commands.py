@@ -24,7 +24,7 @@ from ._parser import PROG, UsageError
 from ._watch import cmd_watch
 
 if TYPE_CHECKING:
-    from ..node.controller import Controller
+    from ..control import StoreControl
 
 __all__ = ["COMMANDS"]
 
@@ -153,19 +153,15 @@ def cmd_control(ctx: Context) -> int:
         raise UsageError("--wait must be >= 0 seconds")
     action = CommandAction(ctx.args.command)
     task_id = get_task(ctx, ctx.args.task_id).task_id
-    controller = ctx.controller()
-    try:
-        with _CtrlCHeld() as ctrl_c:
-            return _control(ctx, controller, action, task_id, ctrl_c)
-    finally:
-        controller.close()
+    with _CtrlCHeld() as ctrl_c:
+        return _control(ctx, ctx.control(), action, task_id, ctrl_c)
 
 
 def _control(
-    ctx: Context, controller: Controller, action: CommandAction, task_id: str, ctrl_c: _CtrlCHeld
+    ctx: Context, control: StoreControl, action: CommandAction, task_id: str, ctrl_c: _CtrlCHeld
 ) -> int:
     """``cmd_control`` once the task is found, Ctrl-C held until the request is written."""
-    receipt = getattr(controller, action.value)(task_id, reason=ctx.args.reason)
+    receipt = control.send(task_id, action, ctx.args.reason)
     data: dict[str, Any] = {
         "task_id": task_id,
         "action": action.value,
@@ -185,7 +181,7 @@ def _control(
     queued = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
     try:
         ctrl_c.release()  # a Ctrl-C held meanwhile is heard here
-        final = controller.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
+        final = control.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
     except WaitTimeout as exc:
         raise WaitTimeout(f"{queued} and stays queued; {exc}") from None
     except KeyboardInterrupt:
@@ -197,7 +193,7 @@ def _control(
 
 
 def cmd_reconcile(ctx: Context) -> int:
-    controller = ctx.controller(owned=True)
+    controller = ctx.controller()
     try:
         report = controller.reconcile(dry_run=ctx.args.dry_run)
     finally:

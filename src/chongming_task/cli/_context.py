@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from .._lookup import find_pipeline_run, find_task
+from ..control import StoreControl
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
 from ..node.controller import Controller
@@ -85,13 +86,24 @@ class Context:
             )
         return self._store
 
-    def controller(self, *, owned: bool = False) -> Controller:
+    @property
+    def owner(self) -> str:
+        """Who this command acts as: in the trail and in its commands' ``issued_by``."""
+        return f"cli:{socket.gethostname()}:{os.getpid()}"
+
+    def control(self) -> StoreControl:
+        """Controls sent through the store: an operator tool is no node."""
+        return StoreControl(self.store(), owner=self.owner)
+
+    def controller(self) -> Controller:
+        """A node for this command's buckets (``reconcile``): it acts for nodes and never
+        takes their commands."""
         return Controller(
             self.store(),
-            owner=f"cli:{socket.gethostname()}:{os.getpid()}",
+            owner=self.owner,
             num_buckets=self.policy.num_buckets,
-            owned_buckets=self.owned if owned else None,
-            poll_commands=False,  # an operator tool acts for nodes; it never takes commands
+            owned_buckets=self.owned,
+            poll_commands=False,
         )
 
     def close(self) -> None:

@@ -1,28 +1,27 @@
-"""Control across processes: ``ControlRouter`` sends a control call to the run this
-process holds or, for any other task, into the store as a ``Command``; ``CommandPoller``
-is the holder's side: claim → act on a run held here, or release → complete.
+"""Control across processes, the node's side: ``ControlRouter`` sends a control call
+to the run this process holds or, for any other task, through the store
+(``control.StoreControl``); ``CommandPoller`` is the holder's side: claim, then act on a
+run held here, or release.
 
-Control of a task held by another process arrives as a ``Command`` in the store. The
-poller claims open commands under a lease; a command for a run held here is carried out
-and completed with its outcome; a command for a task held elsewhere is *released*, never
-completed (the holder would never hear of it: docs/design.md, "Commands"); a command for a task
-that is gone or already terminal is completed as such.
+The poller claims open commands under a lease; a command for a run held here is carried
+out and completed with its outcome; a command for a task held elsewhere is *released*,
+never completed (the holder would never hear of it: docs/design.md, "Commands"); a
+command for a task that is gone or already terminal is completed as such.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 
-from .. import states
-from ..errors import StoreUnavailable, TaskNotFound
-from ..model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskStatus
+from ..control import StoreControl
+from ..errors import StoreUnavailable
+from ..model import CommandAction, ControlOutcome, ControlReceipt
 from ..run.handle import TaskRun
 from ..values import check_text
 from .services import LoopService, NodeContext
 
-__all__ = ["CommandPoller", "ControlRouter", "act", "answer_from_status"]
+__all__ = ["CommandPoller", "ControlRouter", "act"]
 
 log = logging.getLogger("chongming_task.commands")
 
@@ -38,21 +37,6 @@ def act(
     if action is CommandAction.RESUME:
         return run.resume(reason, actor)
     return run.cancel(reason, actor)
-
-
-def answer_from_status(action: CommandAction, status: TaskStatus) -> ControlOutcome | None:
-    """What a control of a task held elsewhere comes to when its stored status already
-    answers it (no command is written), else ``None``. A resume of a task that has not
-    started still goes to its holder: a pause may be pending there."""
-    if status in states.TERMINAL:
-        return ControlOutcome.ALREADY_TERMINAL
-    if status is TaskStatus.STOPPING:
-        return ControlOutcome.ALREADY_STOPPING
-    if action is CommandAction.PAUSE and status in states.PAUSE_HELD:
-        return ControlOutcome.ALREADY_PAUSED
-    if action is CommandAction.RESUME and status is TaskStatus.RUNNING:
-        return ControlOutcome.NOT_PAUSED
-    return None
 
 
 class CommandPoller(LoopService):
@@ -118,47 +102,25 @@ class CommandPoller(LoopService):
 
 
 class ControlRouter:
-    """Where a control call goes: to the run when this process holds it, else into the
-    store as a command for the holder's poller (the answer: "request accepted")."""
+    """Where a control call goes: to the run when this process holds it, else through
+    the store (``StoreControl``: answered from the stored status, or a command for the
+    holder's poller, "request accepted")."""
 
     def __init__(self, node: NodeContext) -> None:
         self._owner = node.owner
         self._registry = node.registry
-        self._store = node.capabilities.store
-        self._now = node.now
         self._rules = node.capabilities.value_rules
+        self.store = StoreControl(node.capabilities.store, owner=node.owner, now=node.now)
+        """Controls of the tasks this process does not hold."""
 
     def route(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
         check_text(task_id, "task id", self._rules)
         if reason is not None:
             check_text(reason, "reason", self._rules)
         run = self._registry.get(task_id)
-        if run is not None:
-            outcome = act(run, action, reason, self._owner)
-            return ControlReceipt(
-                task_id=task_id, action=action, outcome=outcome, status=run.snapshot().status
-            )
-        snapshot = self._store.get(task_id)
-        if snapshot is None:
-            raise TaskNotFound(f"no task {task_id} in {self._store!r}")
-        answered = answer_from_status(action, snapshot.status)
-        if answered is not None:
-            return ControlReceipt(
-                task_id=task_id, action=action, outcome=answered, status=snapshot.status
-            )
-        command = Command(
-            command_id=uuid.uuid4().hex,
-            task_id=task_id,
-            action=action,
-            created_at=self._now(),
-            issued_by=self._owner,
-            reason=reason,
-        )
-        self._store.submit_command(command)
+        if run is None:
+            return self.store.send(task_id, action, reason)
+        outcome = act(run, action, reason, self._owner)
         return ControlReceipt(
-            task_id=task_id,
-            action=action,
-            outcome=ControlOutcome.ACCEPTED,
-            command_id=command.command_id,
-            status=snapshot.status,
+            task_id=task_id, action=action, outcome=outcome, status=run.snapshot().status
         )

@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +24,6 @@ from ..definitions import Definitions, TaskDefinition, TaskRef
 from ..errors import (
     ConfigurationError,
     TaskNotFound,
-    WaitTimeout,
 )
 from ..model import (
     CommandAction,
@@ -461,15 +459,7 @@ class Controller:
 
         For tasks held anywhere, e.g. to see the effect of an accepted command.
         """
-        deadline = time.monotonic() + timeout
-        tick = threading.Event()
-        while True:
-            snapshot = self.get(task_id)
-            if predicate(snapshot):
-                return snapshot
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(f"task {task_id} still {snapshot.status.value} after {timeout}s")
-            tick.wait(poll)
+        return self._router.store.wait_for(task_id, predicate, timeout=timeout, poll=poll)
 
     @property
     def desynced_tasks(self) -> frozenset[str]:

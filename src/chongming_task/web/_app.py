@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .._lookup import AmbiguousId, find_pipeline_run, find_task
+from ..control import StoreControl
 from ..errors import ChongmingTaskError, InvalidValue
 from ..model import CommandAction, TaskQuery, TaskStatus
 from ..node.controller import Controller
@@ -87,6 +88,8 @@ class Dashboard:
         self.read_only = read_only
         self.token = token
         self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
+        self.control = StoreControl(store, owner=self.owner)
+        """Controls sent through the store: the dashboard is no node."""
         self.closing: Callable[[], bool] = lambda: False
         """Whether the server is shutting down (``web`` sets it): open event streams
         then end, so that a stop is not held by a browser tab."""
@@ -100,7 +103,8 @@ class Dashboard:
         )
 
     def controller(self) -> Controller:
-        """An operator's controller: it acts for nodes and never takes commands."""
+        """An operator's node for ``reconcile``: it acts for nodes and never takes their
+        commands."""
         return Controller(
             self.store,
             owner=self.owner,
@@ -203,21 +207,11 @@ def create_app(dashboard: Dashboard) -> Starlette:
             # Every id is resolved before any is acted on: an unknown one in a selection
             # is an error page with nothing sent.
             found = [find_task(d.store, task_id, d.where) for task_id in given]
-            controller = d.controller()
-            try:
-                return [
-                    (
-                        snapshot,
-                        _views.control_outcome(
-                            getattr(controller, action.value)(
-                                snapshot.task_id, reason=f"{action.value} from the dashboard"
-                            )
-                        ),
-                    )
-                    for snapshot in found
-                ]
-            finally:
-                controller.close()
+            reason = f"{action.value} from the dashboard"
+            return [
+                (snapshot, _views.control_outcome(d.control.send(snapshot.task_id, action, reason)))
+                for snapshot in found
+            ]
 
         answers = await run_in_threadpool(act)
         shown = "_answer.html" if request.headers.get("hx-request") else "answer.html"

@@ -1,0 +1,117 @@
+"""Control through a store, with no node: how the CLI, the dashboard and a node send a
+stop, pause, resume or cancel for a task another process holds.
+
+A task whose stored status already answers the call (it ended, it is stopping, a pause
+of a paused task) is answered from that status and nothing is written. Otherwise a
+``Command`` goes into the store for the holder's poller, and the answer is "request
+accepted" (docs/design.md, "Commands"): the caller reads the task's status to see the
+effect (``wait_for``). A node sends a control of a task it holds to the run itself
+(``node.commands.ControlRouter``) and only the others through here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from . import states
+from .errors import TaskNotFound, WaitTimeout
+from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
+from .model import TaskStatus as S
+from .stores.capabilities import rules_of
+from .stores.protocol import TaskStore
+from .values import check_text
+
+__all__ = ["StoreControl", "answer_from_status"]
+
+
+def answer_from_status(action: CommandAction, status: S) -> ControlOutcome | None:
+    """What a control of a task held elsewhere comes to when its stored status already
+    answers it (no command is written), else ``None``. A resume of a task that has not
+    started still goes to its holder: a pause may be pending there."""
+    if status in states.TERMINAL:
+        return ControlOutcome.ALREADY_TERMINAL
+    if status is S.STOPPING:
+        return ControlOutcome.ALREADY_STOPPING
+    if action is CommandAction.PAUSE and status in states.PAUSE_HELD:
+        return ControlOutcome.ALREADY_PAUSED
+    if action is CommandAction.RESUME and status is S.RUNNING:
+        return ControlOutcome.NOT_PAUSED
+    return None
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class StoreControl:
+    """Sends controls into ``store`` as ``owner`` (the command's ``issued_by``)."""
+
+    def __init__(
+        self, store: TaskStore, *, owner: str, now: Callable[[], datetime] = _utc_now
+    ) -> None:
+        """``now`` gives the commands' creation time (UTC)."""
+        self.store = store
+        self.owner = owner
+        self._now = now
+        self._rules = rules_of(store)
+        check_text(owner, "owner", self._rules)
+
+    def send(
+        self, task_id: str, action: CommandAction, reason: str | None = None
+    ) -> ControlReceipt:
+        """Answer ``action`` for ``task_id`` from its stored status, or write a command
+        for its holder. ``TaskNotFound`` if the store has no such task; a reason the
+        store cannot hold is refused here (``InvalidValue``), nothing written."""
+        check_text(task_id, "task id", self._rules)
+        if reason is not None:
+            check_text(reason, "reason", self._rules)
+        snapshot = self.store.get(task_id)
+        if snapshot is None:
+            raise TaskNotFound(f"no task {task_id} in {self.store!r}")
+        answered = answer_from_status(action, snapshot.status)
+        if answered is not None:
+            return ControlReceipt(
+                task_id=task_id, action=action, outcome=answered, status=snapshot.status
+            )
+        command = Command(
+            command_id=uuid.uuid4().hex,
+            task_id=task_id,
+            action=action,
+            created_at=self._now(),
+            issued_by=self.owner,
+            reason=reason,
+        )
+        self.store.submit_command(command)
+        return ControlReceipt(
+            task_id=task_id,
+            action=action,
+            outcome=ControlOutcome.ACCEPTED,
+            command_id=command.command_id,
+            status=snapshot.status,
+        )
+
+    def wait_for(
+        self,
+        task_id: str,
+        predicate: Callable[[TaskSnapshot], bool] = lambda s: s.is_terminal,
+        *,
+        timeout: float = 30.0,
+        poll: float = 0.05,
+    ) -> TaskSnapshot:
+        """Read the task until ``predicate(snapshot)`` holds (default: it ended): the
+        effect of an accepted command. ``WaitTimeout`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        tick = threading.Event()
+        while True:
+            snapshot = self.store.get(task_id)
+            if snapshot is None:
+                raise TaskNotFound(f"no task {task_id} in {self.store!r}")
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"task {task_id} still {snapshot.status.value} after {timeout}s")
+            tick.wait(poll)

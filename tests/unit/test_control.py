@@ -1,0 +1,115 @@
+"""Controls sent through a store with no node (``StoreControl``): what the CLI and the
+dashboard use, and what a node uses for the tasks it does not hold."""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from chongming_task import InvalidValue, SqliteTaskStore, TaskNotFound, TaskSnapshot, TaskStatus
+from chongming_task.cli import main
+from chongming_task.control import StoreControl
+from chongming_task.model import CommandAction, ControlOutcome
+from chongming_task.node.controller import Controller
+
+S = TaskStatus
+
+
+def _task(store: SqliteTaskStore, task_id: str, status: TaskStatus) -> None:
+    now = datetime.now(UTC)
+    store.create(
+        TaskSnapshot(
+            task_id=task_id,
+            name="far",
+            status=status,
+            status_version=1,
+            created_at=now,
+            owner="node-far",
+        )
+    )
+
+
+def test_a_control_of_a_task_held_elsewhere_writes_one_command_for_its_holder(
+    tmp_path: Path,
+) -> None:
+    store = SqliteTaskStore(tmp_path / "s.db")
+    try:
+        _task(store, "running01", S.RUNNING)
+        control = StoreControl(store, owner="console")
+        receipt = control.send("running01", CommandAction.STOP, "enough")
+        assert receipt.accepted and receipt.outcome is ControlOutcome.ACCEPTED
+        assert receipt.status is S.RUNNING
+        (command,) = store.claim_commands(now=datetime.now(UTC), lease_seconds=30)
+        assert command.command_id == receipt.command_id and command.task_id == "running01"
+        assert command.action is CommandAction.STOP and command.reason == "enough"
+        assert command.issued_by == "console"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "action", "outcome"),
+    [
+        (S.SUCCEEDED, CommandAction.STOP, ControlOutcome.ALREADY_TERMINAL),
+        (S.STOPPING, CommandAction.CANCEL, ControlOutcome.ALREADY_STOPPING),
+        (S.PAUSED, CommandAction.PAUSE, ControlOutcome.ALREADY_PAUSED),
+        (S.RUNNING, CommandAction.RESUME, ControlOutcome.NOT_PAUSED),
+    ],
+)
+def test_a_stored_status_that_answers_the_control_writes_nothing(
+    tmp_path: Path, status: TaskStatus, action: CommandAction, outcome: ControlOutcome
+) -> None:
+    store = SqliteTaskStore(tmp_path / "s.db")
+    try:
+        _task(store, "task0001", status)
+        receipt = StoreControl(store, owner="console").send("task0001", action)
+        assert receipt.outcome is outcome and not receipt.accepted
+        assert store.claim_commands(now=datetime.now(UTC), lease_seconds=30) == []
+    finally:
+        store.close()
+
+
+def test_an_unknown_task_or_a_reason_the_store_cannot_hold_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    store = SqliteTaskStore(tmp_path / "s.db")
+    try:
+        _task(store, "running01", S.RUNNING)
+        control = StoreControl(store, owner="console")
+        with pytest.raises(TaskNotFound):
+            control.send("nosuchtask", CommandAction.STOP)
+        with pytest.raises(InvalidValue):
+            control.send("running01", CommandAction.STOP, "bad \udc80 text")
+        assert store.claim_commands(now=datetime.now(UTC), lease_seconds=30) == []
+    finally:
+        store.close()
+
+
+def test_the_cli_sends_a_control_without_building_a_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "s.db"
+    store = SqliteTaskStore(db)
+    _task(store, "running01", S.RUNNING)
+    store.close()
+
+    def no_node(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the CLI built a Controller to send a control")
+
+    monkeypatch.setattr(Controller, "__init__", no_node)
+    pipe = signal.getsignal(signal.SIGPIPE)  # main() resets it for the CLI
+    try:
+        assert main(["--db", str(db), "pause", "running01"]) == 0
+    finally:
+        signal.signal(signal.SIGPIPE, pipe)
+    assert "request accepted" in capsys.readouterr().out
+    store = SqliteTaskStore(db)
+    try:
+        (command,) = store.claim_commands(now=datetime.now(UTC), lease_seconds=30)
+        assert command.action is CommandAction.PAUSE
+        assert (command.issued_by or "").startswith("cli:")
+    finally:
+        store.close()
