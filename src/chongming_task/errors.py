@@ -6,10 +6,7 @@ blanket ``except ChongmingTaskError`` in user code sees everything we raise.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Self
-
-if TYPE_CHECKING:
-    from .model import TaskSnapshot
+from typing import Generic, Protocol, Self, TypeVar
 
 __all__ = [
     "ChongmingTaskError",
@@ -92,15 +89,41 @@ class WaitTimeout(ChongmingTaskError, TimeoutError):
     """A wait for a task's outcome ran out of time; the task itself is unaffected."""
 
 
-class TaskUnsuccessful(ChongmingTaskError):
-    """``TaskRun.result()`` was asked for the result of a task that did not succeed."""
+class _Failed(Protocol):
+    @property
+    def message(self) -> str: ...
 
-    def __init__(self, snapshot: TaskSnapshot) -> None:
+
+class EndedTask(Protocol):
+    """What ``TaskUnsuccessful`` says of a task (a ``TaskSnapshot`` is one). A protocol,
+    so that this module, beneath every other, imports none of them."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def failure(self) -> _Failed | None: ...
+
+
+_Ended = TypeVar("_Ended", bound=EndedTask)
+
+
+class TaskUnsuccessful(ChongmingTaskError, Generic[_Ended]):
+    """``TaskRun.result()`` was asked for the result of a task that did not succeed;
+    ``snapshot`` is the task's final ``TaskSnapshot``."""
+
+    def __init__(self, snapshot: _Ended) -> None:
         failure = f": {snapshot.failure.message}" if snapshot.failure else ""
         super().__init__(
             f"task {snapshot.task_id} ({snapshot.name}) ended {snapshot.status}{failure}"
         )
-        self.snapshot = snapshot
+        self.snapshot: _Ended = snapshot
 
 
 class StopRequested(ChongmingTaskError):

@@ -10,6 +10,7 @@ what happened. Importing ``chongming_task`` never imports this package.
 
 from __future__ import annotations
 
-from ._app import Dashboard, create_app
+from ._app import create_app
+from ._dashboard import Dashboard
 
 __all__ = ["Dashboard", "create_app"]

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import os
 import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from importlib import resources
@@ -39,19 +37,15 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .._lookup import AmbiguousId, find_pipeline_run, find_task
-from ..control import StoreControl
 from ..errors import ChongmingTaskError, InvalidValue
 from ..model import CommandAction, TaskQuery, TaskStatus
-from ..node.controller import Controller
-from ..policies import BucketPolicy, format_buckets
+from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
-from ..stores.capabilities import Capabilities
-from ..stores.protocol import TaskStore
 from . import _views
-from ._follow import Follower
-from ._metrics import metrics_text, store_registry
+from ._dashboard import Dashboard
+from ._metrics import metrics_text
 
-__all__ = ["Dashboard", "create_app"]
+__all__ = ["create_app"]
 
 CSRF_COOKIE = "cm_csrf"
 TOKEN_COOKIE = "cm_token"
@@ -66,54 +60,6 @@ MAX_SKIP = 100_000
 
 class BadInput(ValueError):
     """A query string or form the dashboard cannot honour: a 400 page, nothing done."""
-
-
-class Dashboard:
-    """What the pages read and act on: one store, its capabilities, the settings."""
-
-    def __init__(
-        self,
-        store: TaskStore,
-        *,
-        where: str,
-        num_buckets: int = 64,
-        read_only: bool = False,
-        token: str | None = None,
-        aside: TaskStore | None = None,
-    ) -> None:
-        self.store = store
-        self.caps = Capabilities(store)
-        self.where = where
-        self.policy = BucketPolicy(num_buckets)
-        self.read_only = read_only
-        self.token = token
-        self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
-        self.control = StoreControl(store, owner=self.owner)
-        """Controls sent through the store: the dashboard is no node."""
-        self.closing: Callable[[], bool] = lambda: False
-        """Whether the server is shutting down (``web`` sets it): open event streams
-        then end, so that a stop is not held by a browser tab."""
-        self.registry = store_registry(self)
-        # The follower's whole-store reads take their own connection where one is given,
-        # so a request never queues behind them (SQLite serializes one connection).
-        self.follower = Follower(
-            Capabilities(aside) if aside is not None else self.caps,
-            self.registry,
-            num_buckets=num_buckets,
-        )
-
-    def controller(self) -> Controller:
-        """An operator's node for ``reconcile``: it acts for nodes and never takes their
-        commands."""
-        return Controller(
-            self.store,
-            owner=self.owner,
-            num_buckets=self.policy.num_buckets,
-            poll_commands=False,
-        )
-
-    def now(self) -> datetime:
-        return self.caps.now()
 
 
 def _templates() -> Jinja2Templates:

@@ -11,7 +11,8 @@ counters of the transitions it saw (``_follow``).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,15 +22,21 @@ from prometheus_client.registry import Collector
 from .. import fleet
 from ..cli import render
 from ..model import TaskStatus
+from ._follow import Follower
 
-if TYPE_CHECKING:
-    from ._app import Dashboard
+__all__ = ["Sources", "StoreCollector", "metrics_text", "store_registry"]
 
-__all__ = ["StoreCollector", "metrics_text", "store_registry"]
+
+class Sources(Protocol):
+    """What the gauges read: the follower's latest pass, and the store's clock."""
+
+    follower: Follower
+
+    def now(self) -> datetime: ...
 
 
 class StoreCollector(Collector):
-    def __init__(self, dashboard: Dashboard) -> None:
+    def __init__(self, dashboard: Sources) -> None:
         self._d = dashboard
 
     def collect(self) -> Iterator[Metric]:
@@ -101,7 +108,7 @@ def _order(bucket: int | None) -> tuple[int, int]:
     return (1, 0) if bucket is None else (0, bucket)
 
 
-def store_registry(dashboard: Dashboard) -> CollectorRegistry:
+def store_registry(dashboard: Sources) -> CollectorRegistry:
     """A registry whose scrape reads the store (the follower adds its counters to it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(dashboard))

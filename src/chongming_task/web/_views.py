@@ -12,7 +12,7 @@ from ..cli import render
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
-    from ._app import Dashboard
+    from ._dashboard import Dashboard
 
 __all__ = [
     "age",
