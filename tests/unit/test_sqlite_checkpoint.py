@@ -182,7 +182,7 @@ def test_close_cuts_a_long_checkpoint_short(
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="chongming_task.store"):
         store.close()
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 10  # the pass never ends by itself: interrupted
     thread = c._thread
     assert thread is not None and not thread.is_alive()
     assert "checkpoint" not in caplog.text  # an interrupt asked for is no failure
