@@ -10,7 +10,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .. import fleet
+from .. import fleet, present
 from ..errors import StoreError, WaitTimeout
 from ..model import CommandAction, TaskStatus
 from ..node.signals import NotedSignals
@@ -18,7 +18,6 @@ from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
-from . import render
 from ._context import Context, find_tasks, get_task
 from ._parser import PROG, UsageError
 from ._watch import cmd_watch
@@ -32,10 +31,10 @@ __all__ = ["COMMANDS"]
 def cmd_ps(ctx: Context) -> int:
     snapshots = find_tasks(ctx)
     now = Capabilities(ctx.store()).now()  # the store's clock where it has one
-    headers, rows = render.ps_rows(snapshots, now)
+    headers, rows = present.ps_rows(snapshots, now)
     ctx.emit(
-        [{**render.snapshot_json(s), **render.health_json(s, now)} for s in snapshots],
-        render.table(headers, rows),
+        [{**present.snapshot_json(s), **present.health_json(s, now)} for s in snapshots],
+        present.table(headers, rows),
     )
     return 0
 
@@ -44,8 +43,8 @@ def cmd_show(ctx: Context) -> int:
     snapshot = get_task(ctx, ctx.args.task_id)
     now = Capabilities(ctx.store()).now()
     ctx.emit(
-        {**render.snapshot_json(snapshot), **render.health_json(snapshot, now)},
-        render.show_text(snapshot, now),
+        {**present.snapshot_json(snapshot), **present.health_json(snapshot, now)},
+        present.show_text(snapshot, now),
     )
     return 0
 
@@ -53,8 +52,8 @@ def cmd_show(ctx: Context) -> int:
 def cmd_history(ctx: Context) -> int:
     task_id = get_task(ctx, ctx.args.task_id).task_id
     trail = ctx.store().history(task_id, since_version=ctx.args.since)
-    headers, rows = render.history_rows(trail)
-    ctx.emit([render.transition_json(t) for t in trail], render.table(headers, rows))
+    headers, rows = present.history_rows(trail)
+    ctx.emit([present.transition_json(t) for t in trail], present.table(headers, rows))
     return 0
 
 
@@ -63,7 +62,7 @@ def cmd_stats(ctx: Context) -> int:
     full = {s.value: counts.get(s, 0) for s in TaskStatus}
     rows = [[status, str(n)] for status, n in full.items()]
     rows.append(["total", str(sum(full.values()))])
-    ctx.emit(full, render.table(["STATUS", "TASKS"], rows))
+    ctx.emit(full, present.table(["STATUS", "TASKS"], rows))
     return 0
 
 
@@ -76,14 +75,14 @@ def cmd_buckets(ctx: Context) -> int:
     pairs: dict[tuple[int | None, TaskStatus], int] = caps.count_tasks(
         "bucket_status", statuses=NON_TERMINAL
     )
-    per = render.by_bucket(pairs)
+    per = present.by_bucket(pairs)
     owned = ctx.owned
     shown = (
         range(ctx.policy.num_buckets)
         if ctx.args.all
         else sorted({b for b in totals if b is not None} | (owned or set()))
     )
-    present = [status for status in TaskStatus if any(status in c for c in per.values())]
+    seen = [status for status in TaskStatus if any(status in c for c in per.values())]
 
     def mine(b: int) -> bool:
         return owned is None or b in owned
@@ -106,15 +105,15 @@ def cmd_buckets(ctx: Context) -> int:
 
     def row(label: str, bucket: int | None) -> list[str]:
         counts = entry(bucket)
-        unfinished = [str(per.get(bucket, {}).get(s, 0)) for s in present]
+        unfinished = [str(per.get(bucket, {}).get(s, 0)) for s in seen]
         return [label, str(counts["tasks"]), *unfinished, str(counts["finished"])]
 
     rows = [row(f"{b}{'*' if owned is not None and b in owned else ''}", b) for b in shown]
     if None in totals:
         rows.append(row("-", None))
-    headers = ["BUCKET", "TASKS", *(status.value.upper() for status in present), "FINISHED"]
+    headers = ["BUCKET", "TASKS", *(status.value.upper() for status in seen), "FINISHED"]
     note = "" if owned is None else "\n* owned by this node"
-    ctx.emit(data, render.table(headers, rows) + note)
+    ctx.emit(data, present.table(headers, rows) + note)
     return 0
 
 
@@ -169,7 +168,7 @@ def _control(
         "command_id": receipt.command_id,
         "status": None if receipt.status is None else receipt.status.value,
     }
-    head = f"{action.value} {task_id}: {render.control_outcome(receipt)}"
+    head = f"{action.value} {task_id}: {present.control_outcome(receipt)}"
     if not receipt.accepted:
         ctx.emit(data, head)
         ctrl_c.release()
@@ -221,9 +220,9 @@ def cmd_nodes(ctx: Context) -> int:
     if not caps.has_node_registry:
         raise StoreError(f"{ctx.shown_db}: this store keeps no node declarations")
     nodes = fleet.node_statuses(caps, caps.now())
-    headers, rows = render.nodes_rows(nodes)
-    text = render.table(headers, rows) if nodes else "no node has declared itself yet"
-    ctx.emit([render.node_json(n) for n in nodes], text)
+    headers, rows = present.nodes_rows(nodes)
+    text = present.table(headers, rows) if nodes else "no node has declared itself yet"
+    ctx.emit([present.node_json(n) for n in nodes], text)
     return 0
 
 
@@ -240,10 +239,10 @@ def cmd_schedules(ctx: Context) -> int:
     for r in caps.schedules():
         last = None if r.last_task_id is None else store.get(r.last_task_id)
         node = nodes.get(r.node)
-        rows.append(render.schedule_row(r, node, last, now))
-        data.append(render.schedule_json(r, node, last, now))
+        rows.append(present.schedule_row(r, node, last, now))
+        data.append(present.schedule_json(r, node, last, now))
     text = (
-        render.table(render.SCHEDULE_HEADERS, rows)
+        present.table(present.SCHEDULE_HEADERS, rows)
         if rows
         else "no schedules: a node records its schedules here while it runs"
     )
@@ -270,13 +269,13 @@ def cmd_doctor(ctx: Context) -> int:
     ctx.emit(
         {
             "healthy": report.healthy,
-            "checked_at": render.ts(report.checked_at),
+            "checked_at": present.ts(report.checked_at),
             "num_buckets": report.num_buckets,
             "node_registry": report.registry,
-            "nodes": [render.node_json(n) for n in report.nodes],
-            "alarms": [render.alarm_json(alarm) for alarm in report.alarms],
+            "nodes": [present.node_json(n) for n in report.nodes],
+            "alarms": [present.alarm_json(alarm) for alarm in report.alarms],
         },
-        render.doctor_text(report),
+        present.doctor_text(report),
     )
     return 0 if report.healthy else DOCTOR_ALARMED
 

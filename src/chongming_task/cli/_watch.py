@@ -15,11 +15,11 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .. import present
 from .._feed import RECENT, Change, TransitionFeed
 from ..model import TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
-from . import render
 from ._context import Context, find_tasks, matches_name, task_query
 from ._parser import UsageError
 
@@ -54,13 +54,13 @@ def transition_line(t: Transition, name: str) -> str:
     why = f" ({t.reason})" if t.reason else ""
     who = f" by {t.actor}" if t.actor else ""
     move = f"{source} -> {t.to_status.value}{why}{who}"
-    return f"{clock(t.at)}  {render.short_id(t.task_id)}  {name}  {move}"
+    return f"{clock(t.at)}  {present.short_id(t.task_id)}  {name}  {move}"
 
 
 def progress_line(s: TaskSnapshot) -> str:
     message = s.progress.message if s.progress and s.progress.message else ""
-    shown = f"{render.bar(s)} {message}".strip() or "-"
-    return f"          {render.short_id(s.task_id)}  {s.name}  {s.status.value}  {shown}"
+    shown = f"{present.bar(s)} {message}".strip() or "-"
+    return f"          {present.short_id(s.task_id)}  {s.name}  {s.status.value}  {shown}"
 
 
 def cmd_watch(ctx: Context) -> int:
@@ -101,11 +101,11 @@ def _loop(ctx: Context, feed: TransitionFeed, out: Any) -> None:
 
 def _json_out(change: Change) -> None:
     for t in change.transitions:
-        event = {"event": "transition", **render.transition_json(t)}
+        event = {"event": "transition", **present.transition_json(t)}
         print(json.dumps({**event, "name": change.names.get(t.task_id)}))
     for s in change.active:
         if s.status in SHOWS_PROGRESS:
-            print(json.dumps({"event": "progress", **render.snapshot_json(s)}))
+            print(json.dumps({"event": "progress", **present.snapshot_json(s)}))
 
 
 def _plain_out(ctx: Context) -> Any:
@@ -172,7 +172,7 @@ def _styled(t: Transition, name: str) -> RenderableType:
     from rich.text import Text
 
     line = Text(f"{clock(t.at)}  ", style="dim")
-    line.append(render.short_id(t.task_id), style="magenta")
+    line.append(present.short_id(t.task_id), style="magenta")
     line.append(f"  {name}  ", style="bold")
     line.append(f"{t.from_status.value if t.from_status else 'new'} -> ")
     line.append(t.to_status.value, style=_STYLE.get(t.to_status.value, ""))
@@ -198,19 +198,19 @@ def _screen(ctx: Context, change: Change) -> RenderableType:
         table.add_column(header, no_wrap=header != "MESSAGE")
     for s in change.active:
         fraction = s.progress.fraction if s.progress else None
-        health = render.health(s, now)
+        health = present.health(s, now)
         gauge: RenderableType = (
             ProgressBar(total=1.0, completed=fraction, width=20) if fraction is not None else ""
         )
         # Text cells: a task's name or message is shown as written, never read as markup.
         table.add_row(
-            Text(render.short_id(s.task_id), style="magenta"),
+            Text(present.short_id(s.task_id), style="magenta"),
             Text(s.name),
             Text(s.status.value, style=_STYLE.get(s.status.value, "")),
             gauge,
             Text("" if fraction is None else f"{fraction:.0%}"),
             Text((s.progress.message or "") if s.progress else ""),
-            Text(render.age(max(0.0, (now - s.created_at).total_seconds()))),
+            Text(present.age(max(0.0, (now - s.created_at).total_seconds()))),
             Text(health, style="" if health in ("ok", "-") else "bold red"),
         )
     if not change.active:

@@ -19,8 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from .. import fleet
-from ..cli import render
+from .. import fleet, present
 from ..model import TaskStatus
 from ._follow import Follower
 
@@ -72,7 +71,7 @@ class StoreCollector(Collector):
         nodes = GaugeMetricFamily("chongming_nodes", "Declared nodes by state.", labels=["state"])
         states = {"live": 0, "dead": 0, "stopped": 0}
         for node in report.nodes:
-            states[render.node_state(node).lower()] += 1
+            states[present.node_state(node).lower()] += 1
         for key, count in states.items():
             nodes.add_metric([key], count)
         yield nodes

@@ -6,9 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import fleet
+from .. import fleet, present
 from .._lookup import find_pipeline_run
-from ..cli import render
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
@@ -29,10 +28,10 @@ __all__ = [
     "task",
 ]
 
-age = render.age
-short = render.short_id
-health = render.health
-control_outcome = render.control_outcome
+age = present.age
+short = present.short_id
+health = present.health
+control_outcome = present.control_outcome
 
 _STYLE = {
     "succeeded": "ok",
@@ -65,7 +64,7 @@ def overview(d: Dashboard) -> dict[str, Any]:
     owners = fleet.declared_buckets(live)
     everywhere = [r.node for r in live if r.buckets is None]
     alarmed = {b for a in report.alarms for b in a.buckets}
-    per = render.by_bucket(unfinished)
+    per = present.by_bucket(unfinished)
     busiest = max((sum(c.values()) for c in per.values()), default=0)
     cells = []
     for b in range(d.policy.num_buckets):
@@ -118,14 +117,14 @@ def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
         "now": now,
         "t": s,
         "trail": d.store.history(s.task_id),
-        "health": render.health(s, now),
-        "took": render.took(s, now),
+        "health": present.health(s, now),
+        "took": present.took(s, now),
         "fraction": s.progress.fraction if s.progress else None,
         "heartbeat_age": None
         if s.last_heartbeat_at is None
-        else render.age(max(0.0, (now - s.last_heartbeat_at).total_seconds())),
+        else present.age(max(0.0, (now - s.last_heartbeat_at).total_seconds())),
         "lease_left": None if s.lease_until is None else (s.lease_until - now).total_seconds(),
-        "outcome_json": render.snapshot_json(s)["outcome"],
+        "outcome_json": present.snapshot_json(s)["outcome"],
         "controls": _controls(s),
     }
 
@@ -151,8 +150,8 @@ def schedules(d: Dashboard) -> dict[str, Any]:
 def _schedule(r: ScheduleRecord, node: Any, last: TaskSnapshot | None, now: datetime) -> Any:
     return {
         "record": r,
-        "row": render.schedule_row(r, node, last, now),
-        "state": render.schedule_state(r, node, now),
+        "row": present.schedule_row(r, node, last, now),
+        "state": present.schedule_state(r, node, now),
         "last": last,
     }
 
@@ -162,7 +161,7 @@ def nodes(d: Dashboard) -> dict[str, Any]:
     statuses = fleet.node_statuses(d.caps, now)
     return {
         "now": now,
-        "nodes": [render.node_json(n) for n in statuses],
+        "nodes": [present.node_json(n) for n in statuses],
         "has_registry": d.caps.has_node_registry,
     }
 

@@ -1,12 +1,13 @@
-"""Turning records into table rows and JSON; nothing here touches a store."""
+"""How a task, a transition, a node, a schedule and an alarm are shown: table rows, text
+and JSON, shared by the CLI and the dashboard. Nothing here touches a store."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from ..fleet import Alarm, FleetReport, NodeStatus, lease_expired
-from ..model import (
+from .fleet import Alarm, FleetReport, NodeStatus, lease_expired
+from .model import (
     ControlOutcome,
     ControlReceipt,
     NodeRecord,
@@ -15,7 +16,7 @@ from ..model import (
     TaskStatus,
     Transition,
 )
-from ..policies import format_buckets
+from .policies import format_buckets
 
 __all__ = [
     "SCHEDULE_HEADERS",
