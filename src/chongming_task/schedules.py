@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import ChongmingTaskError, ConfigurationError
 from .model import ScheduleRecord, utc
-from .node.services import LoopService, NodeContext
+from .node.services import LoopService, NodeContext, Pass
 
 if TYPE_CHECKING:
     from .definitions import TaskRef
@@ -328,14 +328,16 @@ class ScheduleRunner(LoopService):
         with self._lock:
             return list(self._schedules.values())
 
-    def run_once(self, now: float | None = None) -> float | None:
+    def run_once(self, now: float | None = None) -> Pass:
+        """Fire what is due (``done``: the runs submitted); wait until the next due."""
         # Schedules live in wall-clock time: tick() reads the node's clock (a FakeClock in
         # tests), not the monotonic ``now``.
-        self.tick()
+        fired = len(self.tick())
         dues = [e.due for e in self.entries() if e.due is not None]
         if not dues:
-            return 1.0
-        return min(1.0, max(0.01, (min(dues) - self._now()).total_seconds()))
+            return Pass(done=fired, wait=1.0)
+        wait = min(1.0, max(0.01, (min(dues) - self._now()).total_seconds()))
+        return Pass(done=fired, wait=wait)
 
     def tick(self) -> list[TaskRun]:
         """Fire every schedule that is due now; return the runs submitted. A firing is

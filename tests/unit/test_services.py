@@ -32,12 +32,17 @@ def test_a_supervisor_pass_renews_a_lease_that_used_a_third_of_its_ttl() -> None
         run = c.submit(c.task(lambda token: release.wait(10), name="wait"))
         first = c.get(run.task_id).lease_until
         assert first == clock.now() + timedelta(seconds=30)
+        supervisor = c._services.supervisor
+        renewal = supervisor.duties[0]
+        assert renewal.name == "lease renewal"
         clock.advance(5)  # a sixth of the TTL: not due yet
-        c._services.supervisor.run_once()
+        assert renewal.run_once(clock.monotonic()).done == 0
         assert c.get(run.task_id).lease_until == first
         clock.advance(6)  # past a third
-        c._services.supervisor.run_once()
+        assert supervisor.run_once().done >= 1  # what the pass did: the renewal
         assert c.get(run.task_id).lease_until == clock.now() + timedelta(seconds=30)
+        clock.advance(1)  # renewed a moment ago: the duty's next pass is later
+        assert renewal.run_once(clock.monotonic()).done == 0
         release.set()
         assert run.wait(5).status is TaskStatus.SUCCEEDED
 

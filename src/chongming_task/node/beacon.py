@@ -21,7 +21,7 @@ from datetime import datetime
 from ..errors import StoreError
 from ..fleet import AlarmKind, bucket_alarms
 from ..model import NodeRecord
-from .services import LoopService, NodeContext
+from .services import LoopService, NodeContext, Pass
 
 __all__ = ["NodeBeacon"]
 
@@ -63,21 +63,22 @@ class NodeBeacon(LoopService):
             pid=os.getpid(),
         )
 
-    def run_once(self, now: float | None = None) -> float | None:
+    def run_once(self, now: float | None = None) -> Pass:
+        """Refresh the declaration (``done``: 1), or make it again if it is gone."""
         caps = self._caps
         if not caps.has_node_registry:
-            return 3600.0  # nothing to declare to; stop() still ends the loop at once
+            return Pass(wait=3600.0)  # nothing to declare to; stop() still ends the loop
         try:
             if self._declared and caps.refresh_node(self._owner, now=self._now()):
                 self._warned = False
-                return None
+                return Pass(done=1)
             self._declare()
         except StoreError as exc:
             if not self._warned:
                 self._warned = True
                 log.warning("node %s: declaration not written (%s); retrying", self._owner, exc)
-            return min(self.interval, 1.0)
-        return None
+            return Pass(wait=min(self.interval, 1.0))
+        return Pass(done=1)
 
     def _declare(self) -> None:
         """Write the declaration, then say what clashes with it (a warning per clash)."""

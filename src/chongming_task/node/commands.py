@@ -19,7 +19,7 @@ from ..errors import StoreUnavailable
 from ..model import CommandAction, ControlOutcome, ControlReceipt
 from ..run.handle import TaskRun
 from ..values import check_text
-from .services import LoopService, NodeContext
+from .services import LoopService, NodeContext, Pass
 
 __all__ = ["CommandPoller", "ControlRouter", "act"]
 
@@ -67,13 +67,13 @@ class CommandPoller(LoopService):
             self._unsubscribe()
             self._unsubscribe = None
 
-    def run_once(self, now: float | None = None) -> float | None:
+    def run_once(self, now: float | None = None) -> Pass:
         # Leases on commands are wall-clock times: the pass reads the node's clock.
         try:
-            self.poll_once()
+            return Pass(done=self.poll_once())
         except StoreUnavailable as exc:
             log.debug("command poll: %s", exc)  # the supervisor reports the outage
-        return None
+            return Pass()
 
     def poll_once(self) -> int:
         """Claim open commands and act on those for runs held here. Returns how many

@@ -44,8 +44,8 @@ class Dispatcher(Protocol):
     def done(self, run: TaskRun) -> None:
         """The carrier finished with ``run`` (whatever its outcome)."""
 
-    def release_due(self) -> None:
-        """Move retries whose backoff has passed to the ready queue."""
+    def release_due(self) -> int:
+        """Move retries whose backoff has passed to the ready queue; how many moved."""
 
     def close(self) -> None: ...
 
@@ -156,9 +156,11 @@ class FifoDispatcher:
     def done(self, run: TaskRun) -> None:
         pass
 
-    def release_due(self) -> None:
-        for run in self._delayed.pop_due():
+    def release_due(self) -> int:
+        due = self._delayed.pop_due()
+        for run in due:
             self.put(run)
+        return len(due)
 
     def close(self) -> None:
         """Every worker gets what is queued, then ``None``."""
@@ -211,13 +213,14 @@ class FairDispatcher:
             if self._queues.get(run.bucket):
                 self._cond.notify()
 
-    def release_due(self) -> None:
+    def release_due(self) -> int:
         due = self._delayed.pop_due()
         if due:
             with self._cond:
                 for run in due:
                     self._enqueue(run)
                 self._cond.notify(len(due))
+        return len(due)
 
     def close(self) -> None:
         with self._cond:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .leaseclock import LeaseClock
     from .registry import RunRegistry
 
-__all__ = ["LoopService", "NodeContext", "NodeState", "Service"]
+__all__ = ["LoopService", "NodeContext", "NodeState", "Pass", "Service"]
 
 log = logging.getLogger("chongming_task.services")
 
@@ -65,9 +65,19 @@ class Service(Protocol):
     def join(self, timeout: float | None) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """What one pass of a service did: how many things it handled (leases renewed,
+    commands completed, schedules fired...), and how long to wait before the next
+    (``None``: the service's interval)."""
+
+    done: int = 0
+    wait: float | None = None
+
+
 class LoopService:
-    """A loop on one named thread: ``run_once()``, then wait up to the seconds it
-    returned (``None``: ``interval``) or until ``wake()``; until ``stop()``. A daemon
+    """A loop on one named thread: ``run_once()``, then wait up to the ``Pass``'s
+    ``wait`` (``None``: ``interval``) or until ``wake()``; until ``stop()``. A daemon
     thread: a program that never closes its controller must still exit (the controller
     is closed at interpreter exit, which stops and joins this loop first).
 
@@ -83,9 +93,8 @@ class LoopService:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def run_once(self, now: float | None = None) -> float | None:
-        """One pass at ``now`` (the service's clock when ``None``); returns how long to
-        wait before the next (``None``: ``interval``)."""
+    def run_once(self, now: float | None = None) -> Pass:
+        """One pass at ``now`` (the service's clock when ``None``): what it did."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -111,7 +120,7 @@ class LoopService:
     def _loop(self) -> None:
         while not self._stopped.is_set():
             try:
-                delay = self.run_once()
+                delay = self.run_once().wait
             except Exception:
                 log.exception("%s: pass failed; continuing", self.name)
                 delay = None

@@ -1,11 +1,12 @@
 """Supervision: the loop that keeps a node's tasks honest in the store, and reconcile.
 
-``Supervisor`` is the node's background pass: lease renewal (first: after an outage these
-are the writes that keep other nodes' ``reconcile()`` off live tasks), releasing due
-retries, the progress/heartbeat flush through ``touch``, timeout checks and the
-write-through catch-up. ``Reconciler`` marks ``lost`` the tasks whose supervisor lease
-expired, in the node's own buckets, and lets go of any whose version moved (its
-supervisor is alive after all). Neither holds a reference to the controller: each gets
+``Supervisor`` is the node's background pass over its duties, each a small service of
+its own (``run_once(now)`` returns what it did): ``LeaseRenewal`` (first: after an outage
+these are the writes that keep other nodes' ``reconcile()`` off live tasks),
+``RetryRelease``, ``ActivityFlush`` (progress and heartbeats through ``touch``),
+``TimeoutCheck`` and ``WriteCatchUp``. ``Reconciler`` marks ``lost`` the tasks whose
+supervisor lease expired, in the node's own buckets, and lets go of any whose version
+moved (its supervisor is alive after all). Neither holds a reference to the controller: each gets
 its collaborators handed in.
 """
 
@@ -15,114 +16,77 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .. import states
 from ..errors import StoreUnavailable
 from ..model import Failure, FailureKind, TaskScan
-from .services import LoopService, NodeContext
+from .services import LoopService, NodeContext, Pass
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
 
-__all__ = ["ReconcileReport", "Reconciler", "Supervisor"]
+__all__ = [
+    "ActivityFlush",
+    "Duty",
+    "LeaseRenewal",
+    "ReconcileReport",
+    "Reconciler",
+    "RetryRelease",
+    "Supervisor",
+    "TimeoutCheck",
+    "WriteCatchUp",
+]
 
 log = logging.getLogger("chongming_task.supervision")
 
 
-class Supervisor(LoopService):
-    """One node's supervision pass, every ``interval`` seconds."""
+class Duty(Protocol):
+    """One of the supervisor's duties: a pass at monotonic ``now``, what it did."""
 
-    def __init__(
-        self, node: NodeContext, *, dispatcher: Dispatcher, lease_ttl: float, interval: float
-    ) -> None:
-        super().__init__()
-        self.name = f"chongming-supervisor[{node.owner}]"
-        self.interval = interval
+    name: str
+
+    def run_once(self, now: float) -> Pass: ...
+
+
+class LeaseRenewal:
+    """Renew the leases that have used a third of their TTL, in one statement or one
+    transaction where the store offers one (a fresh backlog of queued tasks costs
+    nothing here). If that fails, each lease is renewed on its own, so one task's fault
+    never costs another task its lease. Runs at most every sixth of the TTL (a second at
+    most), and again on the very next pass while any due lease is not renewed."""
+
+    name = "lease renewal"
+
+    def __init__(self, node: NodeContext, *, lease_ttl: float, reachable: Callable[[], None]):
         self._owner = node.owner
         self._registry = node.registry
         self._caps = node.capabilities
         self._store = node.capabilities.store
-        self._dispatcher = dispatcher
         self._clock = node.clock
         self._leases = node.leases
         self._lease_ttl = lease_ttl
-        self._next_lease = 0.0  # monotonic time of the next lease renewal
-        self._unreachable = False
+        self._reachable = reachable
+        self._next = 0.0  # monotonic time of the next renewal
 
-    def run_once(self, now: float | None = None) -> float | None:
-        """One pass. Every step, and every task within a step, is isolated: one task's
-        store error is logged for that task and costs no other task its lease renewal,
-        timeout check or progress. A store that is unreachable (``StoreUnavailable``)
-        ends a step at once, so a pass stays short during an outage. ``now`` is monotonic
-        time (the clock's when ``None``)."""
-        if now is None:
-            now = self._clock.monotonic()
-        if now >= self._next_lease:
-            renewed = self._step("lease renewal", self.renew_leases)
-            # Renewal that did not complete is retried on the very next pass.
-            self._next_lease = now + min(1.0, self._lease_ttl / 6) if renewed else now
-        self._step("retry release", self._dispatcher.release_due)
-        self._step("activity flush", self.flush_activity)
-        for run in self._registry.active():
-            try:
-                run.check_timeout(now)
-            except Exception:
-                log.exception("task %s: timeout check failed; continuing", run.task_id)
-        self._step("write-through catch-up", self.catch_up)
-        return None
+    def run_once(self, now: float) -> Pass:
+        if now < self._next:
+            return Pass()
+        self._next = now  # until it completes: tried again on the very next pass
+        renewed, complete = self.renew(now)
+        if complete:
+            self._next = now + min(1.0, self._lease_ttl / 6)
+        return Pass(done=renewed)
 
-    def _step(self, what: str, step: Callable[[], object]) -> bool:
-        """Run one step; ``False`` (logged, never raised) if it failed."""
-        try:
-            return step() is not False
-        except StoreUnavailable as exc:
-            if not self._unreachable:
-                self._unreachable = True
-                log.warning("store unreachable (%s); leases, progress and writes wait", exc)
-        except Exception:
-            log.exception("supervisor %s failed; continuing", what)
-        return False
-
-    def _reachable(self) -> None:
-        if self._unreachable:
-            self._unreachable = False
-            log.warning("store reachable again; leases renewed first")
-
-    def flush_activity(self) -> None:
-        """Progress and heartbeat go to the store through ``touch``, never ``save``."""
-        for run in self._registry.active():
-            if run.desynced:
-                continue
-            activity = run.unflushed_activity()
-            if activity is None:
-                continue
-            seq, progress, heartbeat = activity
-            try:
-                self._store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
-                self._reachable()
-            except StoreUnavailable:
-                raise  # nobody's activity can be written now: end the step
-            except Exception:
-                # This task's values cannot be written (checkpoint() checks them, so this
-                # is a store fault): drop this reading, keep flushing the others.
-                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
-            run.activity_flushed(seq)
-
-    def renew_leases(self) -> bool:
-        """Renew leases that have used a third of their TTL, in one statement or one
-        transaction where the store offers one (a fresh backlog of queued tasks costs
-        nothing here). If that fails, each lease is renewed on its own, so one task's
-        fault never costs another task its lease. Returns whether every due lease was
-        renewed."""
-        mono = self._clock.monotonic()
+    def renew(self, mono: float) -> tuple[int, bool]:
+        """(leases renewed, whether every due lease was)."""
         due = [
             run
             for run in self._registry.held()
             if not run.done() and not run.desynced and run.lease_due(mono)
         ]
         if not due:
-            return True
+            return 0, True
         # Lease time: the store's clock where it has one, measured again each pass (on
         # failure the last measure holds: it drifts by milliseconds, not minutes).
         try:
@@ -152,14 +116,89 @@ class Supervisor(LoopService):
         self._reachable()
         for run in renewed:
             run.lease_renewed(mono + self._lease_ttl / 3)
-        return len(renewed) == len(due)
+        return len(renewed), len(renewed) == len(due)
 
-    def catch_up(self) -> None:
-        """Retry the buffered writes of runs that are behind in the store."""
+
+class RetryRelease:
+    """Move the retries whose backoff has passed to the ready queue (the workers do it
+    too when they look for work; this notices a fake clock's advance)."""
+
+    name = "retry release"
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def run_once(self, now: float) -> Pass:
+        return Pass(done=self._dispatcher.release_due())
+
+
+class ActivityFlush:
+    """Progress and heartbeats go to the store through ``touch``, never ``save``."""
+
+    name = "activity flush"
+
+    def __init__(self, node: NodeContext, *, reachable: Callable[[], None]) -> None:
+        self._registry = node.registry
+        self._store = node.capabilities.store
+        self._reachable = reachable
+
+    def run_once(self, now: float) -> Pass:
+        flushed = 0
+        for run in self._registry.active():
+            if run.desynced:
+                continue
+            activity = run.unflushed_activity()
+            if activity is None:
+                continue
+            seq, progress, heartbeat = activity
+            try:
+                self._store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
+                self._reachable()
+                flushed += 1
+            except StoreUnavailable:
+                raise  # nobody's activity can be written now: end the step
+            except Exception:
+                # This task's values cannot be written (checkpoint() checks them, so this
+                # is a store fault): drop this reading, keep flushing the others.
+                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
+            run.activity_flushed(seq)
+        return Pass(done=flushed)
+
+
+class TimeoutCheck:
+    """Tell a timed-out task to stop, and abandon one that ignored it for its grace;
+    each task checked on its own, so one task's fault costs the others nothing."""
+
+    name = "timeout check"
+
+    def __init__(self, node: NodeContext) -> None:
+        self._registry = node.registry
+
+    def run_once(self, now: float) -> Pass:
+        acted = 0
+        for run in self._registry.active():
+            try:
+                acted += run.check_timeout(now)
+            except Exception:
+                log.exception("task %s: timeout check failed; continuing", run.task_id)
+        return Pass(done=acted)
+
+
+class WriteCatchUp:
+    """Retry the buffered writes of runs that are behind in the store."""
+
+    name = "write-through catch-up"
+
+    def __init__(self, node: NodeContext) -> None:
+        self._registry = node.registry
+
+    def run_once(self, now: float) -> Pass:
         registry = self._registry
         behind = registry.take_behind()
+        caught = 0
         for i, run in enumerate(behind):
             if run.catch_up():
+                caught += 1
                 if run.done():
                     registry.ended(run, written=True)
             elif not run.desynced:
@@ -169,6 +208,54 @@ class Supervisor(LoopService):
                     for rest in behind[i + 1 :]:
                         registry.mark_behind(rest.task_id)
                     raise run.write_error
+        return Pass(done=caught)
+
+
+class Supervisor(LoopService):
+    """One node's supervision: its duties, in order, every ``interval`` seconds, on one
+    thread. Lease renewal comes first: after an outage these are the writes that keep
+    other nodes' ``reconcile()`` off live tasks."""
+
+    def __init__(
+        self, node: NodeContext, *, dispatcher: Dispatcher, lease_ttl: float, interval: float
+    ) -> None:
+        super().__init__()
+        self.name = f"chongming-supervisor[{node.owner}]"
+        self.interval = interval
+        self._clock = node.clock
+        self._unreachable = False
+        self.duties: tuple[Duty, ...] = (
+            LeaseRenewal(node, lease_ttl=lease_ttl, reachable=self._reachable),
+            RetryRelease(dispatcher),
+            ActivityFlush(node, reachable=self._reachable),
+            TimeoutCheck(node),
+            WriteCatchUp(node),
+        )
+
+    def run_once(self, now: float | None = None) -> Pass:
+        """One pass. Every duty, and every task within one, is isolated: one task's store
+        error is logged for that task and costs no other task its lease, timeout check or
+        progress. A store that is unreachable (``StoreUnavailable``) ends a duty at once,
+        so a pass stays short during an outage. ``now`` is monotonic time (the clock's
+        when ``None``); ``done`` counts what every duty did."""
+        if now is None:
+            now = self._clock.monotonic()
+        done = 0
+        for duty in self.duties:
+            try:
+                done += duty.run_once(now).done
+            except StoreUnavailable as exc:
+                if not self._unreachable:
+                    self._unreachable = True
+                    log.warning("store unreachable (%s); leases, progress and writes wait", exc)
+            except Exception:
+                log.exception("supervisor %s failed; continuing", duty.name)
+        return Pass(done=done)
+
+    def _reachable(self) -> None:
+        if self._unreachable:
+            self._unreachable = False
+            log.warning("store reachable again; leases renewed first")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -513,36 +513,38 @@ class TaskRun:
         """Retry the run's buffered writes; whether the store is up to date."""
         return self.writes.catch_up(self._refreshed)
 
-    def check_timeout(self, now: float) -> None:
+    def check_timeout(self, now: float) -> bool:
         """The supervisor's timeout check at monotonic ``now``. Paused time does not
         count against the timeout; a task that ignores its stop for the grace period is
-        abandoned ``failed``, its thread perhaps still running."""
+        abandoned ``failed``, its thread perhaps still running. Returns whether it did
+        either."""
         abandon = False
         with self._lock:
             status = self.writes.snapshot.status
             if status.is_terminal or status is S.PAUSED:
-                return
+                return False
             if self._grace_deadline is not None:
                 if now < self._grace_deadline:
-                    return
+                    return False
                 self.abandoned = abandon = True
                 failure = attempt.abandoned_after_timeout(
                     self.definition.timeout, self.definition.timeout_grace
                 )
                 self._apply(S.FAILED, failure=failure, reason="timeout; carrier abandoned")
             elif self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
-                return
+                return False
             else:
                 self._grace_deadline = now + self.definition.timeout_grace
                 self._apply(S.STOPPING, reason=f"timeout after {self.definition.timeout}s")
         self.writes.write()
         if abandon:
             self._host.abandon(self)
-            return
+            return True
         timeout = self.definition.timeout
         self._tell_token(
             S.STOPPING, lambda: self.token.request_stop("timeout", f"timed out after {timeout}s")
         )
+        return True
 
     def lease_due(self, mono: float) -> bool:
         """Whether the run's lease has used a third of its TTL (monotonic time)."""
