@@ -2,17 +2,17 @@
 
 Every worker node declares itself in the store (``NodeRecord``: its buckets, its bucket
 count, when it was last seen). ``examine()`` reads those declarations beside the tasks
-and raises the alarms of §11:
+and raises these alarms:
 
-* ``duplicate-bucket``: a bucket declared by two live nodes (§11.1);
+* ``duplicate-bucket``: a bucket declared by two live nodes (both may run its tasks);
 * ``uncovered-bucket``: a bucket no live node declares, in a partitioned fleet (a node
   not cleanly stopped declared buckets; a fleet stopped on purpose expects nothing);
 * ``num-buckets-mismatch``: live nodes (or the caller) disagree on the bucket count, so
-  one ``bucket_key`` lands in different buckets (§12);
+  one ``bucket_key`` lands in different buckets;
 * ``orphan``: a task not finished, unchanged for ``orphan_after`` seconds, in a bucket no
-  live node looks after (§11.2);
+  live node looks after;
 * ``stale-queued``: a task queued and unchanged for ``stale_after`` seconds, whoever
-  covers it: the symptom every misconfiguration ends in (§11.1, mitigation 2);
+  covers it: the symptom every misconfiguration ends in;
 * ``lease-expired``: a task not finished whose supervisor lease ran out: its node stopped
   renewing it, and ``reconcile`` would mark it ``lost``.
 

@@ -208,8 +208,9 @@ UNSTORABLE_RESULTS: list[Any] = [
 def test_a_result_the_store_cannot_hold_fails_the_task_as_result_invalid(
     store: TaskStore, make_controller: Make, result: Any
 ) -> None:
-    """§14.2 again: the process said ``succeeded``, the store stayed ``running`` (or the
-    carrier crashed and ``wait()`` hung). The task fails, in memory and in the store."""
+    """docs/design.md, "Results", again: the process said ``succeeded``, the store
+    stayed ``running`` (or the carrier crashed and ``wait()`` hung). The task fails, in
+    memory and in the store."""
     c = make_controller(store)
     calls: list[int] = []
 

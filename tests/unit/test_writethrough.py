@@ -185,8 +185,9 @@ class _Failed:
 def test_a_failed_write_on_the_sqlite_fast_path_also_catches_up(
     make_controller: Make, tmp_path: Path
 ) -> None:
-    """§14.1 again, through SqliteTaskStore.write_transitions (rows encoded before the
-    lock): one failed write of `running` is caught up by the final one."""
+    """The write-through's catch-up again, through SqliteTaskStore.write_transitions
+    (rows encoded before the lock): one failed write of `running` is caught up by the
+    final one."""
     from chongming_task import StoreError, Transition
 
     blipped = threading.Event()

@@ -1,11 +1,12 @@
-"""The node beacon: a worker node's declaration in the store (docs/design.md, "Fleet declarations").
+"""The node beacon: a worker node's declaration in the store (docs/design.md, "Fleet
+declarations").
 
 At start-up the node writes who it is and which buckets it declares (``NodeRecord``),
 then refreshes ``seen_at`` every third of its lease TTL while it lives, and marks itself
 stopped at a clean ``close()``. Other nodes and the CLI (``nodes``, ``doctor``) read these
 declarations to find buckets declared twice, buckets nobody declares, and tasks nobody
 looks after. The declaration decides nothing: no node consults it before running or
-reconciling a task (the dynamic bucket leases of §17 were rejected; this is not them).
+reconciling a task (it is no bucket lease: nodes never take buckets from each other).
 
 A store without the node-registry capability, or a failing write, costs the node nothing
 but a logged warning: visibility never stops a node from running its tasks.
