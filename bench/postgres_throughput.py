@@ -41,10 +41,11 @@ turning from round to round). "vs pgq" is each round's ratio to pgqueuer, betwee
 made side by side, and "median" their median: this VM drifts by tens of per cent over
 minutes, so one contender's runs back to back against the other's compared moments, not
 contenders. "best/s" is a contender's best run. "steady/s" is the median over the rounds
-of each run's rate between the 10th and the 90th percentile of its function ends (the
-rate once running: pgqueuer 1.6 stalls about a second after its first jobs in every
-drain run, which weighs on its whole-window rate less the more jobs a run has), and its
-"vs pgq" the median of that rate's ratios to pgqueuer's, round by round.
+of each run's rate while the middle 80 % of its jobs completed, seen in the database by
+the same watcher (it counts the incomplete jobs every 10 ms from the start): the rate
+once running, as pgqueuer 1.6 stalls about a second after its first jobs in every drain
+run, which weighs on its whole-window rate less the more jobs a run has. Its "vs pgq" is
+the median of that rate's ratios to pgqueuer's, round by round.
 
 Beside each rate: commits, rows written (inserted + updated + deleted) and WAL bytes per
 job, from the deltas of ``pg_stat_database`` (the contender's own database) and
@@ -89,7 +90,7 @@ class Result:
     """Seconds from the last job's function ending until every job was complete in the
     database."""
     steady: float
-    """Jobs a second over the middle 80 % of the function ends (``Span.steady``)."""
+    """Jobs a second while the middle 80 % of the jobs completed (``Settled.steady``)."""
 
 
 class Span:
@@ -97,6 +98,7 @@ class Span:
 
     def __init__(self, tasks: int) -> None:
         self.tasks = tasks
+        self.enqueued = 0  # jobs handed to the contender so far (the bench's loop counts)
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.done = threading.Event()
@@ -110,15 +112,6 @@ class Span:
         if len(self.ends) >= self.tasks:
             self.done.set()
 
-    def steady(self) -> float:
-        """Jobs a second between the 10th and the 90th percentile of the function ends:
-        the rate once a contender runs, without its start-up or its last stragglers (a
-        fixed stall at the start weighs less the longer a run is, and would make the
-        ratio depend on ``--tasks``)."""
-        ends = sorted(self.ends)
-        first, last = len(ends) // 10, len(ends) * 9 // 10
-        return (last - first) / (ends[last] - ends[first])
-
     def seconds(self, since: float | None = None) -> float:
         """From the first start (or ``since``) until every job was seen complete in the
         database (``Settled``)."""
@@ -128,14 +121,16 @@ class Span:
 
 
 class Settled:
-    """Once every job's function has ended, asks ``remaining`` (a count of the jobs not
-    yet complete in the contender's own table) every millisecond on a connection of its
-    own, until it answers 0; ``wait()`` gives the moment it did. ``polls``: its queries
-    (each a transaction, taken off the contender's commit count)."""
+    """Asks ``remaining`` (a count of the jobs not yet complete in the contender's own
+    table) on a connection of its own: every 10 ms from the start, to see the jobs
+    complete as they go (``steady``), then, once every job's function has ended, every
+    millisecond until it answers 0; ``wait()`` gives the moment it did. ``polls``: its
+    queries (each a transaction, taken off the contender's commit count)."""
 
     def __init__(self, conninfo: str, span: Span, remaining: str) -> None:
         self.polls = 0
         self.tail = 0.0
+        self.samples: list[tuple[float, int]] = []  # (time, jobs complete in the database)
         self._at: float | None = None
         self._error: BaseException | None = None
         self._span = span
@@ -145,18 +140,25 @@ class Settled:
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
+    def _count(self) -> int:
+        self.polls += 1
+        enqueued = self._span.enqueued
+        row = self._conn.execute(self._remaining).fetchone()
+        remaining = 0 if row is None else int(row[0])
+        self.samples.append((time.perf_counter(), enqueued - remaining))
+        return remaining
+
     def _watch(self) -> None:
         try:
-            if not self._span.done.wait(300):
-                return
-            while True:
-                self.polls += 1
-                row = self._conn.execute(self._remaining).fetchone()
-                if row is not None and row[0] == 0:
-                    self._at = time.perf_counter()
-                    self.tail = self._at - max(self._span.ends)
+            deadline = time.monotonic() + 300
+            while not self._span.done.wait(0.01):
+                self._count()
+                if time.monotonic() > deadline:
                     return
+            while self._count() != 0:
                 time.sleep(0.001)
+            self._at = self.samples[-1][0]
+            self.tail = self._at - max(self._span.ends)
         except BaseException as exc:
             self._error = exc
 
@@ -165,6 +167,18 @@ class Settled:
         if self._at is None:
             raise RuntimeError(f"the jobs were never seen complete: {self._error!r}")
         return self._at
+
+    def steady(self) -> float:
+        """Jobs a second from the first moment 10 % of the jobs were complete in the
+        database to the first moment 90 % were: the rate once a contender runs, without
+        its start-up or its last stragglers (a fixed stall at the start weighs less the
+        longer a run is, and would make the ratio depend on ``--tasks``). Seen by the
+        same polls for every contender, so a contender that completes in batches behind
+        its functions is timed to its commits."""
+        tasks = self._span.tasks
+        low = next((t, n) for t, n in self.samples if n >= tasks // 10)
+        high = next((t, n) for t, n in self.samples if n >= tasks * 9 // 10)
+        return (high[1] - low[1]) / (high[0] - low[0])
 
     def close(self) -> None:
         self._conn.close()
@@ -210,7 +224,7 @@ def measured(
         rows / tasks,
         wal / tasks,
         settled.tail,
-        span.steady(),
+        settled.steady(),
     )
 
 
@@ -235,16 +249,23 @@ def run_chongming(dsn: str, tasks: int, workers: int, mode: str) -> Result:
             gate.wait(60)
 
         try:
+            runs = []
+
+            def submit_all() -> None:
+                for _ in range(tasks):
+                    runs.append(node.submit(noop))
+                    span.enqueued += 1
+
             if mode == "prefilled":
                 gates = [node.submit(hold) for _ in range(workers)]
-                runs = [node.submit(noop) for _ in range(tasks)]
+                submit_all()
                 gate.set()
                 since = None
             else:
                 gate.set()
                 gates = []
                 since = time.perf_counter()
-                runs = [node.submit(noop) for _ in range(tasks)]
+                submit_all()
             assert span.done.wait(300)
             for run in runs + gates:
                 run.wait(60)
@@ -294,6 +315,7 @@ def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                 if mode == "prefilled":
                     for _ in range(tasks):
                         await noop.defer_async()
+                        span.enqueued += 1
                     await app.run_worker_async(
                         concurrency=workers, wait=False, install_signal_handlers=False
                     )
@@ -306,6 +328,7 @@ def run_procrastinate(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                 since = time.perf_counter()
                 for _ in range(tasks):
                     await noop.defer_async()
+                    span.enqueued += 1
                 while not span.done.is_set():
                     await asyncio.sleep(0.01)
                 seconds = await asyncio.to_thread(span.seconds, since)
@@ -356,6 +379,7 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                 if mode == "prefilled":
                     for _ in range(tasks):
                         await client.enqueue("noop", None)
+                        span.enqueued += 1
                     await manager.run(
                         mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
                     )
@@ -364,6 +388,7 @@ def run_pgqueuer(dsn: str, tasks: int, workers: int, mode: str) -> Result:
                 since = time.perf_counter()
                 for _ in range(tasks):
                     await client.enqueue("noop", None)
+                    span.enqueued += 1
                 while not span.done.is_set():
                     await asyncio.sleep(0.01)
                 seconds = await asyncio.to_thread(span.seconds, since)
