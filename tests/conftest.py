@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,14 +49,51 @@ def make_controller() -> Iterator[Callable[..., Controller]]:
 # -- nothing left behind ----------------------------------------------------------------
 #
 # A test writes only inside its own temporary directory, and every process it starts
-# ends with it: the session fails if a file appeared in the directory it ran from, or if
-# a process it started (at any depth) is still alive when it ends. Tool caches that the
-# repository ignores are not the tests' writes, nor is ``.artifacts`` (ignored too): the
-# browser tests keep each page's screenshot there for a person to look at.
+# ends with it. An audit hook sees every file this process opens for writing and every
+# SQLite database it connects to: one inside the directory the session ran from fails
+# the session (tool caches aside, and ``.artifacts``, where the browser tests keep each
+# page's screenshot for a person to look at). Files other processes make there (the demo
+# run beside the tests, say) are theirs. A process the tests started (at any depth) that
+# is still alive at the end fails the session too, and is killed.
 
-_TOOL_CACHES = {".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", "__pycache__"}
-_TOOL_CACHES.add(".artifacts")
-_CWD_BEFORE: set[str] = set()
+_ROOT = Path.cwd().resolve()
+_ALLOWED = {".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", "__pycache__"}
+_ALLOWED.add(".artifacts")
+_WRITTEN: set[str] = set()
+
+
+def _outside_tmp(target: object) -> None:
+    """Note ``target`` if it lies in the session's directory, outside what is allowed."""
+    if not isinstance(target, str | Path):
+        return
+    if str(target) in ("", ":memory:") or str(target).startswith("file:"):
+        return
+    try:
+        path = (_ROOT / target).resolve()
+        relative = path.relative_to(_ROOT)
+    except (ValueError, OSError):
+        return
+    if not _ALLOWED.intersection(relative.parts):
+        _WRITTEN.add(str(relative))
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    import os
+
+    if event == "sqlite3.connect":
+        _outside_tmp(args[0])
+    elif event == "open" and len(args) == 3:
+        path, mode, flags = args
+        writing = (
+            any(c in mode for c in "wax+")
+            if isinstance(mode, str)
+            else isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+        )
+        if writing:
+            _outside_tmp(path)
+
+
+sys.addaudithook(_audit)
 
 
 def _descendants(root: int) -> list[tuple[int, str]]:
@@ -82,24 +120,21 @@ def _descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _CWD_BEFORE.update(p.name for p in Path.cwd().iterdir())
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import os
     import signal
 
     if hasattr(session.config, "workerinput"):
         return
-    left = sorted({p.name for p in Path.cwd().iterdir()} - _CWD_BEFORE - _TOOL_CACHES)
     alive = _descendants(os.getpid())
     for pid, _ in alive:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     problems = []
-    if left:
-        problems.append(f"tests wrote outside their temporary directories: {', '.join(left)}")
+    if _WRITTEN:
+        problems.append(
+            f"tests wrote outside their temporary directories: {', '.join(sorted(_WRITTEN))}"
+        )
     if alive:
         named = ", ".join(f"{name} ({pid})" for pid, name in alive)
         problems.append(f"processes the tests started outlived them (now killed): {named}")
