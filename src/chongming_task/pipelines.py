@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import states
 from .definitions import TaskRef
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
+from .loops import Pass
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
@@ -259,21 +260,27 @@ class PipelineRunner:
         """Called by the run's transition to a terminal status (any thread)."""
         self._events.put(run)
 
-    def run_once(self, block: bool = True) -> bool:
-        """React to the next ended node; ``False`` once stopped (or, not blocking, when
-        there is nothing to do)."""
-        try:
-            run = self._events.get(block=block)
-        except queue.Empty:
-            return False
-        if run is None:
-            return False
+    def run_once(self, now: float | None = None) -> Pass:
+        """React to every node ended so far, in order, without waiting; ``done``: how
+        many (a test drives it with no thread)."""
+        reacted = 0
+        while True:
+            try:
+                run = self._events.get_nowait()
+            except queue.Empty:
+                return Pass(done=reacted)
+            if run is None:  # stop() asked for the thread's end: keep it for the loop
+                self._events.put(None)
+                return Pass(done=reacted)
+            self._react(run)
+            reacted += 1
+
+    def _react(self, run: TaskRun) -> None:
         try:
             if run.pipeline is not None:
                 run.pipeline.node_finished(run)
         except Exception:
             log.exception("pipeline reaction to task %s failed", run.task_id)
-        return True
 
     @property
     def started(self) -> bool:
@@ -287,8 +294,11 @@ class PipelineRunner:
                 self._thread.start()
 
     def _loop(self) -> None:
-        while self.run_once():
-            pass
+        while True:
+            run = self._events.get()  # blocks: a node's end comes at any moment
+            if run is None:
+                return
+            self._react(run)
 
     def stop(self) -> None:
         self._events.put(None)

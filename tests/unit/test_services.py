@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 from chongming_task import (
     CancellationToken,
@@ -97,3 +98,28 @@ def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:
         assert holder.poll_commands_once() == 1
         assert run.wait(5).status is TaskStatus.STOPPED
         console.close()
+
+
+def test_a_pipeline_runner_pass_reacts_to_every_ended_node_in_order() -> None:
+    """The pipeline runner's pass, driven by hand with no thread: every node ended so far,
+    in the order they ended, and a ``Pass`` that says how many."""
+    from chongming_task.pipelines import PipelineRunner
+
+    seen: list[str] = []
+
+    class Group:
+        def node_finished(self, run: Any) -> None:
+            seen.append(run.task_id)
+
+    class Ended:
+        def __init__(self, task_id: str) -> None:
+            self.task_id = task_id
+            self.pipeline = Group()
+
+    runner = PipelineRunner(owner="t")
+    assert runner.run_once().done == 0
+    for task_id in ("a", "b", "c"):
+        runner.node_ended(Ended(task_id))  # type: ignore[arg-type]
+    assert runner.run_once().done == 3
+    assert seen == ["a", "b", "c"]
+    assert runner.run_once().done == 0

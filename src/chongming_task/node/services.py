@@ -1,20 +1,18 @@
-"""The node's background services, and its one lifecycle.
-
-Each loop of a node is an object: its work is ``run_once()``, callable from a test with
-no thread at all, and ``LoopService`` runs it on a named thread until stopped. The
-controller starts every service in one place (``Controller._start``) and stops them all
-in one place (``close()``), moving through ``NodeState`` once.
-"""
+"""What a node's services share: ``NodeContext`` (handed to each at construction, so a
+service never holds the controller) and ``NodeState`` (the node's one lifecycle, which
+``NodeServices`` moves through). The loops themselves are ``chongming_task.loops``."""
 
 from __future__ import annotations
 
 import enum
-import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
+
+from ..loops import LoopService as LoopService
+from ..loops import Pass as Pass
+from ..loops import Service as Service
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -23,8 +21,6 @@ if TYPE_CHECKING:
     from .registry import RunRegistry
 
 __all__ = ["LoopService", "NodeContext", "NodeState", "Pass", "Service"]
-
-log = logging.getLogger("chongming_task.services")
 
 
 class NodeState(enum.Enum):
@@ -49,82 +45,3 @@ class NodeContext:
     capabilities: Capabilities
     leases: LeaseClock
     """The time lease decisions use (the store's clock where it has one)."""
-
-
-class Service(Protocol):
-    """What the controller starts and stops."""
-
-    name: str
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None:
-        """Ask the service to end (no waiting)."""
-        ...
-
-    def join(self, timeout: float | None) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Pass:
-    """What one pass of a service did: how many things it handled (leases renewed,
-    commands completed, schedules fired...), and how long to wait before the next
-    (``None``: the service's interval)."""
-
-    done: int = 0
-    wait: float | None = None
-
-
-class LoopService:
-    """A loop on one named thread: ``run_once()``, then wait up to the ``Pass``'s
-    ``wait`` (``None``: ``interval``) or until ``wake()``; until ``stop()``. A daemon
-    thread: a program that never closes its controller must still exit (the controller
-    is closed at interpreter exit, which stops and joins this loop first).
-
-    A step that raises is logged and the loop goes on: a background loop never dies
-    of one bad pass.
-    """
-
-    name = "service"
-    interval = 1.0
-
-    def __init__(self) -> None:
-        self._wake = threading.Event()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self, now: float | None = None) -> Pass:
-        """One pass at ``now`` (the service's clock when ``None``): what it did."""
-        raise NotImplementedError
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-            self._thread.start()
-
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._wake.set()
-
-    def join(self, timeout: float | None) -> None:
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                delay = self.run_once().wait
-            except Exception:
-                log.exception("%s: pass failed; continuing", self.name)
-                delay = None
-            if self._stopped.is_set():
-                return
-            self._wake.wait(self.interval if delay is None else delay)
-            self._wake.clear()

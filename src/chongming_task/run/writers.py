@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ..loops import Pass
 from ..stores._hints import let_writes_wait
 from .writes import RunWrites, Taken
 
@@ -85,6 +86,10 @@ class _WriterThread:
     def _loop(self) -> None:
         raise NotImplementedError
 
+    def run_once(self, now: float | None = None) -> Pass:
+        """One pass: what is pending written (a test drives it with no thread)."""
+        raise NotImplementedError
+
 
 class Writer(_WriterThread):
     """One thread that writes the runs handed to it, all that is queued at once."""
@@ -125,10 +130,16 @@ class Writer(_WriterThread):
             # before taking the batch, so it carries what they queue meanwhile (a loop of
             # submit: 2.4 runs a batch became 5-6, commits a task 1.4 became 1.2).
             time.sleep(0)
-            with self._cond:
-                batch = list(queue)
-                queue.clear()
+            self.run_once()
+
+    def run_once(self, now: float | None = None) -> Pass:
+        """Write everything queued, in one store call; ``done``: the runs written."""
+        with self._cond:
+            batch = list(self._queue)
+            self._queue.clear()
+        if batch:
             self._write(batch)
+        return Pass(done=len(batch))
 
     def _write(self, batch: list[tuple[RunWrites, Taken]]) -> None:
         # What each run transitioned since it was queued joins its write (a quick task's
@@ -315,23 +326,33 @@ class BehindWriter(_WriterThread):
                     break
                 self._cond.wait(self.TICK)  # stop() cuts it short
             try:
-                self._look(time.monotonic() - self.HAND_OVER)
+                self.run_once()
             except Exception:  # a step that raises is logged; the loop goes on
                 log.exception("the writer's pass failed")
         self._drain()
 
-    def _look(self, due: float) -> None:
+    def run_once(self, now: float | None = None) -> Pass:
+        """One look at monotonic ``now`` (the time when ``None``): ``_look``; ``done``:
+        the starts handed over and the writes committed on their own."""
+        return Pass(done=self._look((time.monotonic() if now is None else now) - self.HAND_OVER))
+
+    def _look(self, due: float) -> int:
         """One pass: write the starts left queued since before ``due``, commit the
-        writes queued since before it, end the runs whose writes are committed."""
+        writes queued since before it, end the runs whose writes are committed.
+        Returns how many starts and commits it made."""
+        made = 0
         starts = self._starts
         for writes, since in list(starts.items()):
             if since <= due and starts.pop(writes, None) is not None:  # not taken meanwhile
                 self._hand_over(writes)
+                made += 1
         for handle, *_ in list(self._pending):
             if not handle.settled and handle.queued_at <= due:
                 handle.serve()  # one commit takes every write queued; the store busy,
-                break  # whoever has it commits them as it lets go
+                made += 1  # whoever has it commits them as it lets go
+                break
         self.complete()
+        return made
 
     def _hand_over(self, writes: RunWrites) -> None:
         """Write the run's queued start, if nobody took it yet (its worker, with the end;
