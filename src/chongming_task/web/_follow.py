@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from .. import fleet
 from .._feed import TransitionFeed
 from ..errors import ChongmingTaskError
+from ..loops import Pass
 from ..model import TaskScan, TaskStatus
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores.capabilities import Capabilities
@@ -151,7 +152,7 @@ class Follower:
             started = clock()
             next_poll = started + self.interval
             try:
-                self.once()
+                self.run_once()
                 if started >= next_refresh:
                     self.refresh()
                     # A store so large that reading the aggregates takes long is read
@@ -171,7 +172,9 @@ class Follower:
         """The newest aggregates (read now if none was read yet)."""
         return self._latest or self.refresh()
 
-    def once(self) -> None:
+    def run_once(self, now: float | None = None) -> Pass:
+        """One pass: the commands finished and the transitions made since the last,
+        counted; ``done``: the transitions seen."""
         self._count_commands()
         change = self._feed.poll()
         if change.transitions or change.progressed:
@@ -196,6 +199,7 @@ class Follower:
                     counts[status] = counts.get(status, 0) + n
             else:
                 self._finished.append((slot, ended))
+        return Pass(done=len(change.transitions))
 
     def _count_commands(self) -> None:
         if self._commands_after is None:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import psycopg
 
+from ...loops import Pass
+
 __all__ = ["Announcer", "listen"]
 
 _RECONNECT_AFTER = 1.0
@@ -86,12 +88,19 @@ class Announcer:
                         return
             if self._stop.is_set():
                 return
-            self._due.clear()  # writes from now on are told by the next send
-            # The server away, or the store closing: polling carries on.
-            with contextlib.suppress(Exception):
-                self._send()
+            self.run_once()
             if self._stop.wait(self._every):
                 return
+
+    def run_once(self, now: float | None = None) -> Pass:
+        """One pass: a notification if writes came since the last (``done``: 1), sent
+        whatever the server says (away, or the store closing: polling carries on)."""
+        if not self._due.is_set():
+            return Pass()
+        self._due.clear()  # writes from now on are told by the next send
+        with contextlib.suppress(Exception):
+            self._send()
+        return Pass(done=1)
 
     def close(self) -> None:
         self._stop.set()
