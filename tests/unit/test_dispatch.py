@@ -168,3 +168,38 @@ def test_a_run_put_while_the_worker_parks_is_taken() -> None:
     finally:
         sys.setswitchinterval(before)
     assert got == [_run(n) for n in range(3000)]
+
+
+def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
+    """Both shapes: ``get_nowait`` gives the next run that may start, ``None`` when there
+    is none, and the fair one keeps its per-bucket limit (a run of a busy bucket waits
+    until its bucket's run is done)."""
+    from dataclasses import dataclass
+
+    from chongming_task.node.dispatch import FairDispatcher
+
+    fifo = FifoDispatcher(SystemClock())
+    assert fifo.get_nowait() is None
+    fifo.put(_run(1))
+    fifo.put(_run(2))
+    assert [fifo.get_nowait(), fifo.get_nowait(), fifo.get_nowait()] == [
+        _run(1),
+        _run(2),
+        None,
+    ]
+
+    @dataclass(frozen=True)
+    class Bucketed:
+        name: str
+        bucket: int
+
+    fair = FairDispatcher(SystemClock(), max_parallel_per_bucket=1)
+    a1, a2, b1 = Bucketed("a1", 0), Bucketed("a2", 0), Bucketed("b1", 1)
+    for run in (a1, a2, b1):
+        fair.put(cast("TaskRun", run))
+    taken = [fair.get_nowait(), fair.get_nowait(), fair.get_nowait()]
+    assert taken == [a1, b1, None]  # a2 waits: bucket 0 is at its limit
+    fair.done(cast("TaskRun", a1))
+    assert fair.get_nowait() == a2
+    fair.close()
+    assert fair.get_nowait() is None

@@ -7,6 +7,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from chongming_task import (
     CancellationToken,
     Controller,
@@ -123,3 +125,29 @@ def test_a_pipeline_runner_pass_reacts_to_every_ended_node_in_order() -> None:
     assert runner.run_once().done == 3
     assert seen == ["a", "b", "c"]
     assert runner.run_once().done == 0
+
+
+def test_a_worker_pool_pass_carries_one_ready_run_on_the_calling_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker pool's pass, driven by hand with its threads never started: each pass
+    carries one run that may start, on the caller's thread, and says so."""
+    from chongming_task.node.workers import WorkerPool
+
+    monkeypatch.setattr(WorkerPool, "start", lambda self: None)
+    with Controller(InMemoryTaskStore(), max_workers=1) as c:
+        ran_on: list[str] = []
+
+        @c.task(name="where")
+        def where(token: CancellationToken) -> None:
+            ran_on.append(threading.current_thread().name)
+
+        first, second = c.submit(where), c.submit(where)
+        workers = c._services.workers
+        assert workers.run_once().done == 1
+        assert first.wait(5).status is TaskStatus.SUCCEEDED
+        assert second.status is TaskStatus.QUEUED
+        assert workers.run_once().done == 1
+        assert second.wait(5).status is TaskStatus.SUCCEEDED
+        assert workers.run_once().done == 0
+        assert ran_on == [threading.current_thread().name] * 2

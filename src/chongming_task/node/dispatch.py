@@ -38,6 +38,9 @@ class Dispatcher(Protocol):
     def get(self) -> TaskRun | None:
         """Block until a run may start; ``None`` once closed."""
 
+    def get_nowait(self) -> TaskRun | None:
+        """A run that may start now, or ``None`` (never waits)."""
+
     def backlog(self) -> bool:
         """Whether runs are ready and waiting for a worker (a moment's reading)."""
 
@@ -150,6 +153,14 @@ class FifoDispatcher:
         except ValueError:
             park.acquire()  # released by the put that took it off the list (or close())
 
+    def get_nowait(self) -> TaskRun | None:
+        if self._delayed.heap:
+            self.release_due()
+        try:
+            return self._runs.popleft()
+        except IndexError:
+            return None
+
     def backlog(self) -> bool:
         return bool(self._runs)
 
@@ -203,6 +214,13 @@ class FairDispatcher:
                 if run is not None:
                     return run
                 self._cond.wait(self._tick if self._delayed.heap else None)
+
+    def get_nowait(self) -> TaskRun | None:
+        with self._cond:
+            if self._closed:
+                return None
+            self.release_due()
+            return self._pick()
 
     def backlog(self) -> bool:
         return bool(self._rotation)  # a bucket at its limit counts: its runs wait too

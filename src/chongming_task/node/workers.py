@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..loops import Pass
 from .registry import RunRegistry
 
 if TYPE_CHECKING:
@@ -89,23 +90,39 @@ class WorkerPool:
             if thread is not threading.current_thread():
                 thread.join(timeout)
 
+    def run_once(self, now: float | None = None) -> Pass:
+        """Carry one run that may start now on the calling thread, if there is one
+        (``done``: 1): what each worker does in a loop, without waiting (a test drives
+        it with no thread)."""
+        run = self._dispatcher.get_nowait()
+        if run is None:
+            return Pass()
+        self._carry(run)
+        return Pass(done=1)
+
     def _work(self) -> None:
-        registry, dispatcher, woken = self._registry, self._dispatcher, self._woken
+        get = self._dispatcher.get
         while True:
-            run = dispatcher.get()
+            run = get()  # blocks until a run may start
             if run is None:
                 return
-            if woken is not None:
-                woken()
-            registry.started(run)
-            try:
-                run.execute()
-            except BaseException as exc:
-                _crashed(run, exc)
-            if run.abandoned:
+            if not self._carry(run):
                 return  # abandon() released the slot and started a replacement carrier
-            registry.finished(run)
-            dispatcher.done(run)
+
+    def _carry(self, run: TaskRun) -> bool:
+        """One attempt of ``run``; ``False`` if its carrier was abandoned."""
+        if self._woken is not None:
+            self._woken()
+        self._registry.started(run)
+        try:
+            run.execute()
+        except BaseException as exc:
+            _crashed(run, exc)
+        if run.abandoned:
+            return False
+        self._registry.finished(run)
+        self._dispatcher.done(run)
+        return True
 
 
 def _crashed(run: TaskRun, exc: BaseException) -> None:
