@@ -40,6 +40,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ...errors import StoreError
+from ...loops import Pass
 
 __all__ = ["Checkpointer"]
 
@@ -98,6 +99,8 @@ class Checkpointer:
         """Checkpoints run (for tests and curious operators)."""
         self.last: tuple[int, int, int] | None = None
         """The last checkpoint's (busy, frames in the WAL, frames copied back)."""
+        self._failed: str | None = None  # the last failure's words, logged once
+        self._ended = False  # the store closed under a pass: the thread ends
 
     def committed(self) -> None:
         """Called after every commit: the WAL has pages to copy back."""
@@ -159,9 +162,8 @@ class Checkpointer:
             self._fallback()
             return
         self._connection = conn
-        failed: str | None = None
         try:
-            while not self._closed:
+            while not self._closed and not self._ended:
                 if not self._dirty:
                     self._asleep = True
                     if not self._dirty:
@@ -169,28 +171,39 @@ class Checkpointer:
                     self._wake.clear()
                     self._asleep = False
                     continue  # closed, or a commit came: look again
-                self._dirty = False
-                try:
-                    found = self._pass(conn)
-                    if found[1] >= self.RESTART_FRAMES:
-                        found = self._restart(conn, found)
-                except sqlite3.Error as exc:
-                    if self._closed:  # interrupted by close()
-                        return
-                    if str(exc) != failed:  # once per kind of failure, not at every pass
-                        log.warning("%s: background checkpoint failed: %s", self._path, exc)
-                    failed = str(exc)
-                except StoreError:  # the store closed under the pass: so do we
-                    return
-                else:
-                    failed = None
-                    self.last = found
-                    self.passes += 1
+                self.run_once()
                 self._wake.wait(self.INTERVAL)  # close() cuts it short
                 self._wake.clear()
         finally:
             self._connection = None
             conn.close()
+
+    def run_once(self, now: float | None = None) -> Pass:
+        """One checkpoint on the thread's connection if commits came since the last
+        (``done``: the frames copied back), the WAL started over past
+        ``RESTART_FRAMES``. A failure is logged once per kind; the store closing under
+        the pass ends the thread."""
+        conn = self._connection
+        if conn is None or not self._dirty:
+            return Pass()
+        self._dirty = False
+        try:
+            found = self._pass(conn)
+            if found[1] >= self.RESTART_FRAMES:
+                found = self._restart(conn, found)
+        except sqlite3.Error as exc:
+            if not self._closed:  # else interrupted by close()
+                if str(exc) != self._failed:  # once per kind of failure, not every pass
+                    log.warning("%s: background checkpoint failed: %s", self._path, exc)
+                self._failed = str(exc)
+            return Pass()
+        except StoreError:  # the store closed under the pass: so do we
+            self._ended = True
+            return Pass()
+        self._failed = None
+        self.last = found
+        self.passes += 1
+        return Pass(done=found[2])
 
     def _restart(
         self, conn: sqlite3.Connection, found: tuple[int, int, int]
