@@ -12,42 +12,77 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
 from ...loops import Pass
 
-__all__ = ["Announcer", "listen"]
+__all__ = ["Announcer", "Listener", "listen"]
 
 _RECONNECT_AFTER = 1.0
 """Seconds between attempts while the server is away (polling carries on meanwhile)."""
 
 
+class Listener:
+    """Calls ``wake()`` for each notification on ``channel`` (a validated identifier),
+    on a daemon thread called ``name`` that reconnects after failures."""
+
+    def __init__(self, dsn: str, channel: str, wake: Callable[[], None], *, name: str) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._wake = wake
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def run_once(self, now: float | None = None) -> Pass:
+        """Listen (connecting first if need be) for up to half a second, or until the
+        first notification; ``done``: the notifications, each passed on to ``wake()``.
+        A ``psycopg.Error`` (the server away) is the caller's: the connection is then
+        dropped and made again at the next pass."""
+        conn = self._conn
+        if conn is None:
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+            self._conn = conn
+            conn.execute(f"LISTEN {self._channel}".encode())
+        heard = 0
+        for _ in conn.notifies(timeout=0.5, stop_after=1):
+            self._wake()
+            heard += 1
+        return Pass(done=heard)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.run_once()
+                except psycopg.Error:
+                    self._drop()
+                    self._stop.wait(_RECONNECT_AFTER)
+        finally:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    def stop(self) -> None:
+        """Stop listening; waits up to 5 s for the thread."""
+        self._stop.set()
+        self._thread.join(5)
+
+
 def listen(dsn: str, channel: str, wake: Callable[[], None], *, name: str) -> Callable[[], None]:
-    """Call ``wake()`` for each notification on ``channel`` (a validated identifier), on
-    a daemon thread called ``name`` that reconnects after failures. Returns a function
-    that stops it (and waits up to 5 s for the thread)."""
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"LISTEN {channel}".encode())
-                    while not stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            wake()
-            except psycopg.Error:
-                stop.wait(_RECONNECT_AFTER)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-
-    def unsubscribe() -> None:
-        stop.set()
-        thread.join(5)
-
-    return unsubscribe
+    """Start a ``Listener``; returns the function that stops it."""
+    listener = Listener(dsn, channel, wake, name=name)
+    listener.start()
+    return listener.stop
 
 
 class Announcer:

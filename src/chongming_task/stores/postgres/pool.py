@@ -17,6 +17,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import StoreError, StoreUnavailable
+from ...loops import Pass
 from .errors import TRANSIENT, first_line, server_reason, translated
 
 __all__ = ["ServerPool"]
@@ -161,31 +162,39 @@ class ServerPool:
             ).start()
 
     def _probe(self) -> None:
-        """Connect directly every ``_PROBE_INTERVAL`` seconds; once the server answers,
-        swap in a fresh pool (the old one's reconnect attempts sit in back-off) and
-        declare the store usable again."""
+        """Connect directly every ``_PROBE_INTERVAL`` seconds until the server answers
+        (``run_once``)."""
         while not self._stopped.is_set():
             try:
-                with psycopg.connect(self.dsn, **self.connect_kwargs) as conn:
-                    conn.execute("SELECT 1")
-                fresh = self._new_pool()
-                try:
-                    fresh.open(wait=True, timeout=self._timeout)
-                except BaseException:
-                    fresh.close()
-                    raise
+                if self.run_once().done:
+                    return
             except Exception:
-                self._stopped.wait(_PROBE_INTERVAL)
-                continue
-            with self._health:
-                old, self._pool = self._pool, fresh
-                self._down_since = None
-                closed = self.closed
-            if closed:
-                fresh.close()
-            # The old pool's workers may sit in a reconnect back-off: close it apart.
-            threading.Thread(target=old.close, kwargs={"timeout": 1.0}, daemon=True).start()
-            return
+                pass  # still away
+            self._stopped.wait(_PROBE_INTERVAL)
+
+    def run_once(self, now: float | None = None) -> Pass:
+        """One probe of a server that was away: if it answers, swap in a fresh pool (the
+        old one's reconnect attempts sit in back-off) and declare the store usable again
+        (``done``: 1). Raises what the attempt raised while it is still away."""
+        if self._down_since is None:
+            return Pass()
+        with psycopg.connect(self.dsn, **self.connect_kwargs) as conn:
+            conn.execute("SELECT 1")
+        fresh = self._new_pool()
+        try:
+            fresh.open(wait=True, timeout=self._timeout)
+        except BaseException:
+            fresh.close()
+            raise
+        with self._health:
+            old, self._pool = self._pool, fresh
+            self._down_since = None
+            closed = self.closed
+        if closed:
+            fresh.close()
+        # The old pool's workers may sit in a reconnect back-off: close it apart.
+        threading.Thread(target=old.close, kwargs={"timeout": 1.0}, daemon=True).start()
+        return Pass(done=1)
 
     def close(self, before: Callable[[], None]) -> None:
         """Refuse every later call, run ``before`` (the pool still open for whatever it
