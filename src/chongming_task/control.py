@@ -2,11 +2,13 @@
 stop, pause, resume or cancel for a task another process holds.
 
 A task whose stored status already answers the call (it ended, it is stopping, a pause
-of a paused task) is answered from that status and nothing is written. Otherwise a
-``Command`` goes into the store for the holder's poller, and the answer is "request
-accepted" (docs/design.md, "Commands"): the caller reads the task's status to see the
-effect (``wait_for``). A node sends a control of a task it holds to the run itself
-(``node.commands.ControlRouter``) and only the others through here.
+of a paused task) is answered from that status and nothing is written, unless an
+earlier command for the task is still pending: the call is then judged after it, so it
+goes into the store behind it. Otherwise a ``Command`` goes into the store for the
+holder's poller, and the answer is "request accepted" (docs/design.md, "Commands"): the
+caller reads the task's status to see the effect (``wait_for``). A node sends a control
+of a task it holds to the run itself (``node.commands.ControlRouter``) and only the
+others through here.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from . import states
 from .errors import TaskNotFound, WaitTimeout
 from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from .model import TaskStatus as S
-from .stores.capabilities import rules_of
+from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
 from .values import check_text
 
@@ -43,6 +45,10 @@ def answer_from_status(action: CommandAction, status: S) -> ControlOutcome | Non
     return None
 
 
+_UNTIL_PENDING = frozenset({ControlOutcome.ALREADY_PAUSED, ControlOutcome.NOT_PAUSED})
+"""Answers from a status that a pending command could still change."""
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -57,7 +63,8 @@ class StoreControl:
         self.store = store
         self.owner = owner
         self._now = now
-        self._rules = rules_of(store)
+        self._caps = Capabilities(store)
+        self._rules = self._caps.value_rules
         check_text(owner, "owner", self._rules)
 
     def send(
@@ -73,10 +80,30 @@ class StoreControl:
         if snapshot is None:
             raise TaskNotFound(f"no task {task_id} in {self.store!r}")
         answered = answer_from_status(action, snapshot.status)
+        behind: Command | None = None
+        if answered in _UNTIL_PENDING:
+            # A pause or resume answered from a status an earlier command is about to
+            # change would contradict the operator's last word: queue it behind.
+            pending = self._caps.pending_commands(task_id)
+            if pending is None or pending:
+                answered, behind = None, pending[-1] if pending else None
         if answered is not None:
             return ControlReceipt(
                 task_id=task_id, action=action, outcome=answered, status=snapshot.status
             )
+        return self.queue(task_id, action, reason, status=snapshot.status, behind=behind)
+
+    def queue(
+        self,
+        task_id: str,
+        action: CommandAction,
+        reason: str | None,
+        *,
+        status: S,
+        behind: Command | None = None,
+    ) -> ControlReceipt:
+        """Write ``action`` as a command for the task's holder, unjudged ("request
+        accepted"); ``behind`` is the pending command it follows, if known."""
         command = Command(
             command_id=uuid.uuid4().hex,
             task_id=task_id,
@@ -91,7 +118,8 @@ class StoreControl:
             action=action,
             outcome=ControlOutcome.ACCEPTED,
             command_id=command.command_id,
-            status=snapshot.status,
+            status=status,
+            behind=None if behind is None else behind.action,
         )
 
     def wait_for(

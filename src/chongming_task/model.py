@@ -521,6 +521,8 @@ class ControlReceipt:
     request is accepted, not yet carried out. Otherwise ``outcome`` says what happened
     here and now (``stopping``, ``paused``, ``already-terminal``, ...). ``status`` is the
     task's status when the call was answered (its final one for ``already-terminal``).
+    ``behind`` is the action of the pending command an accepted one was queued behind
+    (it is judged after that one), if any.
     """
 
     task_id: str
@@ -528,6 +530,7 @@ class ControlReceipt:
     outcome: ControlOutcome
     command_id: str | None = None
     status: TaskStatus | None = None
+    behind: CommandAction | None = None
 
     @property
     def accepted(self) -> bool:

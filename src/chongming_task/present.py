@@ -187,6 +187,11 @@ def by_bucket(
 def control_outcome(receipt: ControlReceipt) -> str:
     """What a stop / pause / resume / cancel did, in words: exactly what happened."""
     o, status = ControlOutcome, receipt.status.value if receipt.status else "unknown"
+    if receipt.accepted and receipt.behind is not None:
+        return (
+            f"request accepted (command {receipt.command_id}), after the pending "
+            f"{receipt.behind.value}; the node holding the task acts on both in order"
+        )
     if receipt.accepted:
         return (
             f"request accepted (command {receipt.command_id}); "

@@ -168,14 +168,19 @@ class JsonFileTaskStore:
         with self._lock:
             data = self._read()
             commands = [codec.row_to_command(r) for r in data["commands"].values()]
-            open_ = sorted(
-                (
-                    c
-                    for c in commands
-                    if c.finished_at is None and (c.lease_until is None or c.lease_until <= now)
-                ),
-                key=lambda c: c.created_at,
-            )[:limit]
+            # Arrival order is the order of the object's keys; a task's commands never
+            # pass each other (a leased one holds back the ones behind it).
+            held: set[str] = set()
+            open_: list[Command] = []
+            for c in commands:
+                if c.finished_at is not None:
+                    continue
+                if (c.lease_until is not None and c.lease_until > now) or c.task_id in held:
+                    held.add(c.task_id)
+                elif len(open_) < limit:
+                    open_.append(c)
+                else:
+                    held.add(c.task_id)
             for command in open_:
                 data["commands"][command.command_id]["lease_until"] = until
             self._write(data)

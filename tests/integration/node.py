@@ -4,7 +4,9 @@ It defines ``loop`` (checkpoints every 5 ms until stopped) and ``silent`` (sleep
 ``seconds`` without ever checkpointing), submits what ``--submit`` asks, prints one JSON
 line per submitted task (``{"task_id": ...}``), then serves until its stdin closes or it is
 killed. ``--claim-on FILE`` makes it claim open commands itself once FILE exists and then
-hang, to stand for a node that dies holding a claim.
+hang, to stand for a node that dies holding a claim. ``--poll-on FILE`` makes it poll
+commands only when FILE appears (it prints ``{"polled": n}`` and removes FILE), so a
+test can send several commands before the holder sees any.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
     parser.add_argument("--claim-on", default=None)
+    parser.add_argument("--poll-on", default=None)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schema", default=None, help="PostgreSQL schema, with a DSN")
     parser.add_argument(
@@ -61,6 +64,7 @@ def main() -> None:
         activity_interval=0.05,
         max_workers=args.workers,
         clock=OffsetClock(args.clock_offset),
+        poll_commands=False if args.poll_on else None,
     )
 
     @node.task(name="loop")
@@ -91,6 +95,18 @@ def main() -> None:
             threading.Event().wait()
 
         threading.Thread(target=claim_and_hang, daemon=True).start()
+
+    if args.poll_on:
+
+        def poll_when_asked() -> None:
+            while True:
+                if os.path.exists(args.poll_on):
+                    polled = node.poll_commands_once()
+                    os.remove(args.poll_on)
+                    print(json.dumps({"polled": polled}), flush=True)
+                time.sleep(0.01)
+
+        threading.Thread(target=poll_when_asked, daemon=True).start()
 
     sys.stdin.read()  # serve until the test closes our stdin
     node.close()

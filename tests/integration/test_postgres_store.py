@@ -106,7 +106,7 @@ def test_eight_consumers_claim_twenty_commands_exactly_once(
         store.submit_command(
             Command(
                 command_id=f"c{i:02d}",
-                task_id="t",
+                task_id=f"t{i:02d}",
                 action=CommandAction.STOP,
                 created_at=T0 + timedelta(seconds=i),
             )
@@ -130,6 +130,61 @@ def test_eight_consumers_claim_twenty_commands_exactly_once(
     for t in threads:
         t.join()
     assert len(claimed) == 20 and len(set(claimed)) == 20
+    store.close()
+
+
+def test_side_by_side_claimers_hand_out_each_tasks_commands_in_arrival_order(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    """Eight claimers at once over four tasks' commands: a command is only ever handed
+    out together with, or after the completion of, every earlier command of its task."""
+    store = make(pg_dsn, schemas, max_size=8)
+    order: dict[str, tuple[str, int]] = {}
+    for i in range(40):
+        task, k = f"t{i % 4}", i // 4
+        order[f"c{i:02d}"] = (task, k)
+        # Senders' clocks disagree: creation times run backwards.
+        store.submit_command(
+            Command(
+                command_id=f"c{i:02d}",
+                task_id=task,
+                action=CommandAction.PAUSE,
+                created_at=T0 - timedelta(seconds=i),
+            )
+        )
+    barrier = threading.Barrier(8)
+    done: set[tuple[str, int]] = set()
+    handed: list[tuple[str, int]] = []
+    broken: list[str] = []
+    lock = threading.Lock()
+
+    def consumer() -> None:
+        barrier.wait()
+        idle = 0
+        while idle < 20:
+            got = store.claim_commands(now=T0 + timedelta(minutes=1), lease_seconds=60, limit=3)
+            idle = 0 if got else idle + 1
+            with lock:
+                seen = set(done)
+                for command in got:
+                    task, k = order[command.command_id]
+                    if k > 0 and (task, k - 1) not in seen:
+                        broken.append(f"{command.command_id} before {task}#{k - 1}")
+                    seen.add((task, k))
+                    handed.append((task, k))
+            for command in got:
+                with lock:  # marked before the store says so: never a false alarm
+                    done.add(order[command.command_id])
+                store.complete_command(command.command_id, now=T0, outcome="pausing")
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=consumer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert broken == []
+    assert sorted(handed) == sorted(order.values())
     store.close()
 
 

@@ -113,3 +113,80 @@ def test_the_cli_sends_a_control_without_building_a_node(
         assert (command.issued_by or "").startswith("cli:")
     finally:
         store.close()
+
+
+def test_a_pause_or_resume_sent_behind_a_pending_command_is_queued_after_it(
+    tmp_path: Path,
+) -> None:
+    store = SqliteTaskStore(tmp_path / "s.db")
+    try:
+        _task(store, "running01", S.RUNNING)
+        control = StoreControl(store, owner="console")
+        pause = control.send("running01", CommandAction.PAUSE)
+        # The stored status says "running", but the pause before it is still pending.
+        resume = control.send("running01", CommandAction.RESUME)
+        assert resume.accepted and resume.behind is CommandAction.PAUSE
+        claimed = store.claim_commands(now=datetime.now(UTC), lease_seconds=30)
+        assert [c.command_id for c in claimed] == [pause.command_id, resume.command_id]
+        for command in claimed:
+            store.complete_command(command.command_id, now=datetime.now(UTC), outcome="x")
+        # Nothing pending any more: the stored status answers again, nothing written.
+        again = control.send("running01", CommandAction.RESUME)
+        assert again.outcome is ControlOutcome.NOT_PAUSED and not again.accepted
+    finally:
+        store.close()
+
+
+def test_a_store_that_cannot_list_pending_commands_gets_every_pause_and_resume(
+    tmp_path: Path,
+) -> None:
+    """Without ``pending_commands`` a control cannot know it is not behind one: it is
+    written for the holder to judge, never answered from a status that may be stale."""
+    from tests.integration.json_file_store import JsonFileTaskStore
+
+    store = JsonFileTaskStore(tmp_path / "s.json")
+    now = datetime.now(UTC)
+    store.create(
+        TaskSnapshot(
+            task_id="running01", name="far", status=S.RUNNING, status_version=1, created_at=now
+        )
+    )
+    receipt = StoreControl(store, owner="console").send("running01", CommandAction.RESUME)
+    assert receipt.accepted and receipt.behind is None
+    stop = StoreControl(store, owner="console").send("running01", CommandAction.CANCEL)
+    assert stop.accepted
+
+
+def test_a_node_holding_the_task_carries_out_pending_commands_before_its_own_call(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from chongming_task import CancellationToken
+
+    store = SqliteTaskStore(tmp_path / "s.db")
+    node = Controller(store, owner="holder", command_poll_interval=30)
+    release = threading.Event()
+
+    @node.task(name="loop")
+    def loop(token: CancellationToken) -> None:
+        while not release.is_set():
+            token.checkpoint()
+            token.sleep(0.01)
+
+    try:
+        run = node.submit("loop")
+        node.wait_for(run.task_id, lambda s: s.status is S.RUNNING, timeout=10)
+        StoreControl(store, owner="console").send(run.task_id, CommandAction.PAUSE)
+        # Sent here after the console's pause: judged after it, so the task runs on.
+        receipt = node.resume(run.task_id)
+        assert receipt.accepted and receipt.behind is CommandAction.PAUSE
+        node.poll_commands_once()
+        trail = [t.to_status for t in node.history(run.task_id)]
+        assert S.PAUSING in trail
+        node.wait_for(run.task_id, lambda s: s.status is S.RUNNING, timeout=10)
+        assert store.pending_commands(run.task_id) == []
+    finally:
+        release.set()
+        node.close()
+        store.close()

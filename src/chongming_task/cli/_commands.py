@@ -167,6 +167,7 @@ def _control(
         "outcome": receipt.outcome,
         "command_id": receipt.command_id,
         "status": None if receipt.status is None else receipt.status.value,
+        "behind": None if receipt.behind is None else receipt.behind.value,
     }
     head = f"{action.value} {task_id}: {present.control_outcome(receipt)}"
     if not receipt.accepted:

@@ -109,9 +109,13 @@ class ControlRouter:
     def __init__(self, node: NodeContext) -> None:
         self._owner = node.owner
         self._registry = node.registry
+        self._caps = node.capabilities
         self._rules = node.capabilities.value_rules
         self.store = StoreControl(node.capabilities.store, owner=node.owner, now=node.now)
         """Controls of the tasks this process does not hold."""
+        self.wake: Callable[[], None] | None = None
+        """Wakes this node's command poller; ``None`` in a node that never polls (a
+        control of a run held here is then always carried out at once)."""
 
     def route(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
         check_text(task_id, "task id", self._rules)
@@ -120,6 +124,14 @@ class ControlRouter:
         run = self._registry.get(task_id)
         if run is None:
             return self.store.send(task_id, action, reason)
+        pending = None if self.wake is None else self._caps.pending_commands(task_id)
+        if pending and self.wake is not None:
+            # Commands sent from elsewhere before this call are carried out first.
+            receipt = self.store.queue(
+                task_id, action, reason, status=run.snapshot().status, behind=pending[-1]
+            )
+            self.wake()
+            return receipt
         outcome = act(run, action, reason, self._owner)
         return ControlReceipt(
             task_id=task_id, action=action, outcome=outcome, status=run.snapshot().status

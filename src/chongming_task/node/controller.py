@@ -222,6 +222,8 @@ class Controller:
             stored=services.start_work,
         )
         self._router = ControlRouter(node)
+        if services.polling:
+            self._router.wake = services.poller.wake
         self._reconciler = Reconciler(
             node, buckets=None if self._ownership.owns_all else self.owned_buckets
         )

@@ -65,7 +65,8 @@ class NodeServices:
         self.state = NodeState.OPEN
         self._lock = threading.Lock()
         self._working = False
-        self._polling = polling
+        self.polling = polling
+        """Whether the node polls commands (never for a tool acting for a node)."""
         self._started = started
         # On a store that commits side-by-side writes together, the workers' writes are
         # made behind them: queued by the workers themselves where the store can queue
@@ -117,7 +118,7 @@ class NodeServices:
             if self.writer is not None:
                 self.start(self.writer)
             self.start(self.workers, self.supervisor)
-        if self._polling and not self.poller.started:
+        if self.polling and not self.poller.started:
             self.start(self.poller, self.beacon)
 
     def begin_close(self) -> bool:

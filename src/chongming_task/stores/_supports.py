@@ -41,6 +41,7 @@ __all__ = [
     "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
+    "SupportsPendingCommands",
     "SupportsPipelineRegistry",
     "SupportsRenewLeases",
     "SupportsScheduleRegistry",
@@ -272,6 +273,17 @@ class SupportsCommandLog(Protocol):
 
     def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
         """Commands whose ``finished_at`` is after ``after``, by ``finished_at``."""
+        ...
+
+
+@runtime_checkable
+class SupportsPendingCommands(Protocol):
+    """A task's open commands: a control sent while an earlier one is pending is judged
+    after it, never against a status that command is about to change."""
+
+    def pending_commands(self, task_id: str) -> list[Command]:
+        """The unfinished commands of ``task_id`` (claimed or not), in the order the
+        store received them."""
         ...
 
 

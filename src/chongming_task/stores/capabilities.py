@@ -48,6 +48,7 @@ from ._supports import (
     SupportsMarkExpired,
     SupportsMarkLost,
     SupportsNodeRegistry,
+    SupportsPendingCommands,
     SupportsPipelineRegistry,
     SupportsRenewLeases,
     SupportsScheduleRegistry,
@@ -77,6 +78,7 @@ __all__ = [
     "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
+    "SupportsPendingCommands",
     "SupportsPipelineRegistry",
     "SupportsRenewLeases",
     "SupportsScheduleRegistry",
@@ -102,6 +104,7 @@ class Capabilities:
         "_mark_expired",
         "_mark_lost",
         "_nodes",
+        "_pending",
         "_pipelines",
         "_renew_leases",
         "_scan",
@@ -167,6 +170,9 @@ class Capabilities:
         self._command_log: SupportsCommandLog | None = (
             store if isinstance(store, SupportsCommandLog) else None
         )
+        self._pending = (
+            store.pending_commands if isinstance(store, SupportsPendingCommands) else None
+        )
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
@@ -189,6 +195,7 @@ class Capabilities:
                 ("schedule registry", self._schedules),
                 ("pipeline registry", self._pipelines),
                 ("command log", self._command_log),
+                ("pending commands", self._pending),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
@@ -423,6 +430,11 @@ class Capabilities:
         if self._command_log is None:
             return []
         return self._command_log.finished_commands(after=after, limit=limit)
+
+    def pending_commands(self, task_id: str) -> list[Command] | None:
+        """The task's unfinished commands in arrival order; ``None`` where the store
+        cannot tell (then any control may be behind one: send it as a command)."""
+        return None if self._pending is None else self._pending(task_id)
 
     @property
     def has_storage_clock(self) -> bool:

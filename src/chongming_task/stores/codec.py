@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from ..model import (
     STATUS_TEXT,
@@ -126,6 +126,12 @@ COMMAND_COLUMNS: tuple[str, ...] = (
 _ZERO = timedelta(0)
 
 
+@overload
+def encode_dt(value: datetime) -> str: ...
+@overload
+def encode_dt(value: None) -> None: ...
+@overload
+def encode_dt(value: datetime | None) -> str | None: ...
 def encode_dt(value: datetime | None) -> str | None:
     """UTC, fixed-width ISO 8601 text; ``None`` stays ``None``. Naive input is rejected."""
     if value is None:

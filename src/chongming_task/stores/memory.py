@@ -31,6 +31,7 @@ from ..model import (
 )
 from ..states import TERMINAL
 from ..values import ValueRules
+from ._commands import in_arrival_order
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -242,16 +243,26 @@ class InMemoryTaskStore:
         until = now + timedelta(seconds=lease_seconds)
         with self._lock:
             self._check_open()
-            open_ = [
-                c
-                for c in self._commands.values()
-                if c.finished_at is None and (c.lease_until is None or c.lease_until <= now)
-            ]
-            open_.sort(key=lambda c: c.created_at)
-            claimed = [replace(c, lease_until=until) for c in open_[:limit]]
+            open_ = [c for c in self._commands.values() if c.finished_at is None]
+            picked = in_arrival_order(
+                [
+                    (c.command_id, c.task_id, c.lease_until is not None and c.lease_until > now)
+                    for c in open_
+                ],
+                limit=limit,
+            )
+            claimed = [replace(self._commands[cid], lease_until=until) for cid in picked]
             for command in claimed:
                 self._commands[command.command_id] = command
             return claimed
+
+    def pending_commands(self, task_id: str) -> list[Command]:
+        """Optional capability (``SupportsPendingCommands``); dicts keep arrival order."""
+        with self._lock:
+            self._check_open()
+            return [
+                c for c in self._commands.values() if c.task_id == task_id and c.finished_at is None
+            ]
 
     def complete_command(
         self, command_id: str, *, now: datetime, outcome: str | None = None

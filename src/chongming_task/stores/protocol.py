@@ -105,10 +105,13 @@ class TaskStore(Protocol):
     ) -> list[Command]:
         """Atomically pick unfinished commands with no live lease and lease them.
 
-        A command is claimable when ``finished_at`` is unset and ``lease_until`` is unset
-        or ``<= now``. Picked in ``created_at`` order, at most ``limit``; each gets
-        ``lease_until = now + lease_seconds``. Pick and lease are one atomic step, so two
-        claimers never get the same command while its lease lives.
+        A command is claimable when ``finished_at`` is unset, ``lease_until`` is unset
+        or ``<= now``, and no earlier unfinished command of its task has a live lease.
+        Picked in the order the store received them (never by ``created_at``: that is
+        the sender's clock), at most ``limit``, and never a command without every
+        earlier unfinished one of its task; each gets ``lease_until = now +
+        lease_seconds``. Pick and lease are one atomic step, so two claimers never get
+        the same command while its lease lives.
         """
         ...
 

@@ -14,6 +14,7 @@ from unittest import SkipTest
 from .. import states
 from ..errors import ConcurrencyConflict, TaskAlreadyExists
 from ..model import (
+    CommandAction,
     Failure,
     FailureKind,
     NodeRecord,
@@ -32,6 +33,7 @@ from ..stores.capabilities import (
     SupportsMarkExpired,
     SupportsMarkLost,
     SupportsNodeRegistry,
+    SupportsPendingCommands,
     SupportsPipelineRegistry,
     SupportsRenewLeases,
     SupportsScheduleRegistry,
@@ -414,6 +416,23 @@ class CapabilityContract(ContractBase):
             assert done[0].finished_at == at(20) and done[0].outcome == "paused"
             assert [c.command_id for c in store.finished_commands(after=at(20))] == ["c1"]
             assert [c.command_id for c in store.finished_commands(after=at(0), limit=1)] == ["c2"]
+
+    def test_capability_pending_commands_lists_a_tasks_open_commands_in_arrival_order(
+        self,
+    ) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPendingCommands, "pending commands")
+            assert isinstance(store, SupportsPendingCommands)
+            assert store.pending_commands("t1") == []
+            for cid, created, task in (("c2", 2, "t1"), ("x", 0, "t2"), ("c1", 1, "t1")):
+                store.submit_command(self.command(cid, created, task))
+            assert [c.command_id for c in store.pending_commands("t1")] == ["c2", "c1"]
+            store.claim_commands(now=at(10), lease_seconds=30, limit=1)  # c2: leased
+            assert [c.command_id for c in store.pending_commands("t1")] == ["c2", "c1"]
+            store.complete_command("c2", now=at(11), outcome="pausing")
+            pending = store.pending_commands("t1")
+            assert [c.command_id for c in pending] == ["c1"]
+            assert pending[0].action is CommandAction.STOP and pending[0].issued_by == "tester"
 
     def test_capability_storage_clock_tells_aware_forward_time(self) -> None:
         with self._store() as store:

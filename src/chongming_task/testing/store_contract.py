@@ -435,16 +435,49 @@ class StoreContract(CapabilityContract):
 
     # -- commands --------------------------------------------------------------------------------
 
-    def test_claim_leases_commands_in_created_order_with_limit(self) -> None:
+    def test_claim_leases_commands_in_arrival_order_with_limit(self) -> None:
         with self._store() as store:
-            for cid, created in (("c3", 3), ("c1", 1), ("c2", 2)):
-                store.submit_command(self.command(cid, created))
+            # Stored in the order c3, c1, c2; their senders' clocks disagree with it.
+            for cid, created, task in (("c3", 3, "t3"), ("c1", 1, "t1"), ("c2", 2, "t2")):
+                store.submit_command(self.command(cid, created, task))
             first = store.claim_commands(now=at(10), lease_seconds=30, limit=2)
-            assert [c.command_id for c in first] == ["c1", "c2"]
+            assert [c.command_id for c in first] == ["c3", "c1"]
             assert all(c.lease_until == at(40) for c in first)
             assert first[0].issued_by == "tester" and first[0].action == CommandAction.STOP
             rest = store.claim_commands(now=at(11), lease_seconds=30)
-            assert [c.command_id for c in rest] == ["c3"]
+            assert [c.command_id for c in rest] == ["c2"]
+
+    def test_a_command_sent_from_a_slow_clock_stays_behind_the_earlier_one(self) -> None:
+        with self._store() as store:
+            store.submit_command(self.command("stop", 100))
+            store.submit_command(self.command("cancel", 40))  # its sender is 60 s behind
+            got = store.claim_commands(now=at(101), lease_seconds=30)
+            assert [c.command_id for c in got] == ["stop", "cancel"]
+
+    def test_a_leased_command_holds_back_the_later_ones_of_its_task(self) -> None:
+        with self._store() as store:
+            store.submit_command(self.command("c1", 1, "t1"))
+            assert [c.command_id for c in store.claim_commands(now=at(10), lease_seconds=30)] == [
+                "c1"
+            ]
+            store.submit_command(self.command("c2", 2, "t1"))
+            store.submit_command(self.command("other", 3, "t2"))
+            # c1 is leased by another claimer: c2 must not overtake it, t2's may go.
+            got = store.claim_commands(now=at(11), lease_seconds=30)
+            assert [c.command_id for c in got] == ["other"]
+            store.release_command("c1", now=at(12))
+            got = store.claim_commands(now=at(12), lease_seconds=30)
+            assert [c.command_id for c in got] == ["c1", "c2"]
+
+    def test_a_limit_never_lets_a_later_command_of_a_task_pass(self) -> None:
+        with self._store() as store:
+            for cid, task in (("a1", "ta"), ("b1", "tb"), ("a2", "ta")):
+                store.submit_command(self.command(cid, 1, task))
+            got = store.claim_commands(now=at(10), lease_seconds=30, limit=1)
+            assert [c.command_id for c in got] == ["a1"]
+            store.complete_command("a1", now=at(10), outcome="stopping")
+            got = store.claim_commands(now=at(10), lease_seconds=30)
+            assert [c.command_id for c in got] == ["b1", "a2"]
 
     def test_a_leased_command_is_not_claimed_again_until_expiry(self) -> None:
         with self._store() as store:

@@ -65,19 +65,30 @@ INSERT INTO commands (
     outcome
 ) VALUES (%s, %s, %s, %s, %s::timestamptz, %s, %s::timestamptz, %s::timestamptz, %s)
 
--- Pick and lease in one statement; SKIP LOCKED: concurrent pollers never wait for each
--- other, and never take the same command.
--- name: claim_commands
-WITH picked AS (
-    SELECT command_id FROM commands
-    WHERE finished_at IS NULL AND (lease_until IS NULL OR lease_until <= %s::timestamptz)
-    ORDER BY created_at, seq LIMIT %s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE commands AS c SET lease_until = %s::timestamptz FROM picked
-WHERE c.command_id = picked.command_id
-RETURNING c.seq, c.command_id, c.task_id, c.action, c.issued_by, c.created_at, c.reason,
-    c.lease_until, c.finished_at, c.outcome
+-- Every open command in arrival order (seq: assigned at insert), with whether a claim's
+-- lease still holds it; the claim picks from them, then locks what it picked.
+-- name: open_commands
+SELECT lease_until IS NOT NULL AND lease_until > %s::timestamptz AS leased, command_id,
+    task_id, action, issued_by, created_at, reason, lease_until, finished_at, outcome
+FROM commands WHERE finished_at IS NULL
+ORDER BY seq LIMIT %s
+
+-- SKIP LOCKED: a command another claimer is taking right now is not waited for; the
+-- claim leaves it, and every later command of its task, to the next claim.
+-- name: lock_commands
+SELECT command_id FROM commands
+WHERE command_id = ANY(%s) AND finished_at IS NULL
+    AND (lease_until IS NULL OR lease_until <= %s::timestamptz)
+FOR UPDATE SKIP LOCKED
+
+-- name: lease_command
+UPDATE commands SET lease_until = %s::timestamptz WHERE command_id = %s
+
+-- name: pending_commands
+SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
+    finished_at, outcome
+FROM commands WHERE task_id = %s AND finished_at IS NULL
+ORDER BY seq
 
 -- name: complete_command
 UPDATE commands SET finished_at = %s::timestamptz, outcome = %s, lease_until = NULL

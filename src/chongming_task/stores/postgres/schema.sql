@@ -106,6 +106,10 @@ CREATE TABLE IF NOT EXISTS {schema}.pipelines (
 );
 CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON {schema}.pipelines (created_at);
 
+-- A task's open commands (a control judged after the ones before it).
+CREATE INDEX IF NOT EXISTS idx_commands_pending ON {schema}.commands (task_id, seq)
+    WHERE finished_at IS NULL;
+
 -- Finished commands by finish time (the dashboard's command latency).
 CREATE INDEX IF NOT EXISTS idx_commands_finished ON {schema}.commands (finished_at)
     WHERE finished_at IS NOT NULL;

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
@@ -44,9 +44,11 @@ from ...model import (
 )
 from ...values import STRICT
 from .. import codec
+from .._commands import CommandQueueSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
     Dialect,
+    Executor,
     TaskScanSQL,
     encoded_tag,
     load_named,
@@ -107,7 +109,9 @@ _ANNOUNCE_EVERY = 0.1
 """Seconds between two notifications of writes, at least."""
 
 
-class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
+class PostgresTaskStore(
+    CommandQueueSQL, NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL
+):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
 
     _sql = _SQL
@@ -220,6 +224,11 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
         self, what: str, *, write: bool
     ) -> contextlib.AbstractContextManager[Cursor[Any]]:
         return self._cursor(what, transaction=write)
+
+    def _lock_commands(self, cur: Executor, ids: list[str], now: str) -> set[str]:
+        """Claimers run side by side: lock the commands picked, skipping those another
+        claimer is taking (``CommandQueueSQL``)."""
+        return {row[0] for row in cur.execute(_SQL["lock_commands"], [ids, now]).fetchall()}
 
     def _node_time(self, given: datetime) -> datetime:
         return self.storage_now()  # one clock for every node's liveness
@@ -534,26 +543,6 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
                 raise StoreError(f"command {command.command_id} already exists") from None
             raise
 
-    def claim_commands(
-        self, *, now: datetime, lease_seconds: float, limit: int = 50
-    ) -> list[Command]:
-        now = utc(now, "now")
-        until = now + timedelta(seconds=lease_seconds)
-        with self._cursor("claim_commands") as cur:
-            cur.execute(
-                _SQL["claim_commands"], [codec.encode_dt(now), limit, codec.encode_dt(until)]
-            )
-            rows = cur.fetchall()
-        rows.sort(key=lambda r: (r[5], r[0]))  # created_at, then insertion order
-        return [codec.values_to_command(r[1:]) for r in rows]
-
-    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
-        """Optional capability (``SupportsCommandLog``)."""
-        with self._cursor("finished_commands") as cur:
-            cur.execute(_SQL["finished_commands"], [codec.encode_dt(utc(after, "after")), limit])
-            rows = cur.fetchall()
-        return [codec.values_to_command(r) for r in rows]
-
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
         any process submits a command, so a poller can claim it before its next interval.
@@ -571,16 +560,6 @@ class PostgresTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQ
             wake,
             name=f"chongming-follow[{self.where}]",
         )
-
-    def complete_command(
-        self, command_id: str, *, now: datetime, outcome: str | None = None
-    ) -> None:
-        with self._cursor("complete_command") as cur:
-            cur.execute(_SQL["complete_command"], [codec.encode_dt(now), outcome, command_id])
-
-    def release_command(self, command_id: str, *, now: datetime) -> None:
-        with self._cursor("release_command") as cur:
-            cur.execute(_SQL["release_command"], [command_id])
 
     # -- operations -------------------------------------------------------------------------------
 

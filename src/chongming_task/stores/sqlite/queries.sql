@@ -116,6 +116,10 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE INDEX IF NOT EXISTS idx_commands_open ON commands (created_at)
     WHERE finished_at IS NULL
 
+-- name: schema_idx_commands_pending
+CREATE INDEX IF NOT EXISTS idx_commands_pending ON commands (task_id)
+    WHERE finished_at IS NULL
+
 -- name: schema_idx_commands_finished
 CREATE INDEX IF NOT EXISTS idx_commands_finished ON commands (finished_at)
     WHERE finished_at IS NOT NULL
@@ -379,12 +383,19 @@ INSERT INTO commands (
     outcome
 ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 
--- name: claimable_commands
+-- Every open command in arrival order (rowid: assigned at insert, above every row kept),
+-- with whether a claim's lease still holds it; the claim picks from them.
+-- name: open_commands
+SELECT lease_until IS NOT NULL AND lease_until > ? AS leased, command_id, task_id, action,
+    issued_by, created_at, reason, lease_until, finished_at, outcome
+FROM commands WHERE finished_at IS NULL
+ORDER BY rowid LIMIT ?
+
+-- name: pending_commands
 SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
     finished_at, outcome
-FROM commands
-WHERE finished_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)
-ORDER BY created_at, rowid LIMIT ?
+FROM commands WHERE task_id = ? AND finished_at IS NULL
+ORDER BY rowid
 
 -- name: lease_command
 UPDATE commands SET lease_until = ? WHERE command_id = ?

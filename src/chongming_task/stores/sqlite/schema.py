@@ -119,10 +119,11 @@ def _schema_is_current(link: SqliteConnection) -> bool:
     (found,) = link.conn.execute(
         "SELECT COUNT(*) FROM sqlite_master "
         "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
-        "'idx_commands_finished', 'idx_tasks_owner', 'loose_transitions')"
+        "'idx_commands_finished', 'idx_commands_pending', 'idx_tasks_owner', "
+        "'loose_transitions')"
     ).fetchone()
     mode = link.conn.execute("PRAGMA journal_mode").fetchone()[0]
-    return found == 7 and (link.path == ":memory:" or mode == "wal")
+    return found == 8 and (link.path == ":memory:" or mode == "wal")
 
 
 def _has_tables(link: SqliteConnection) -> bool:

@@ -20,7 +20,7 @@ import sqlite3
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,10 @@ from ...model import (
     TaskSnapshot,
     TaskStatus,
     Transition,
-    utc,
 )
 from ...values import ValueRules
 from .. import codec
+from .._commands import CommandQueueSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
     Dialect,
@@ -84,7 +84,9 @@ _DIALECT = Dialect(
 )
 
 
-class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL):
+class SqliteTaskStore(
+    CommandQueueSQL, NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL
+):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 
     ``create=False`` refuses to create a missing file: read-only tools should say "no
@@ -263,43 +265,6 @@ class SqliteTaskStore(NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL,
         values = codec.command_to_values(command)  # encoded before the lock is taken
         with self._write("submit_command") as conn:
             conn.execute(_SQL["insert_command"], values)
-
-    def claim_commands(
-        self, *, now: datetime, lease_seconds: float, limit: int = 50
-    ) -> list[Command]:
-        now = utc(now, "now")
-        until = codec.encode_dt(now + timedelta(seconds=lease_seconds))
-        with self._write("claim_commands") as conn:
-            rows = conn.execute(
-                _SQL["claimable_commands"], (codec.encode_dt(now), limit)
-            ).fetchall()
-            conn.executemany(_SQL["lease_command"], [(until, r[0]) for r in rows])
-        claimed = []
-        for r in rows:
-            row = dict(zip(codec.COMMAND_COLUMNS, r, strict=True))
-            row["lease_until"] = until
-            claimed.append(codec.row_to_command(row))
-        return claimed
-
-    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
-        """Optional capability (``SupportsCommandLog``)."""
-        with self._locked("finished_commands") as conn:
-            rows = conn.execute(
-                _SQL["finished_commands"], (codec.encode_dt(utc(after, "after")), limit)
-            ).fetchall()
-        return [
-            codec.row_to_command(dict(zip(codec.COMMAND_COLUMNS, r, strict=True))) for r in rows
-        ]
-
-    def complete_command(
-        self, command_id: str, *, now: datetime, outcome: str | None = None
-    ) -> None:
-        with self._write("complete_command") as conn:
-            conn.execute(_SQL["complete_command"], (codec.encode_dt(now), outcome, command_id))
-
-    def release_command(self, command_id: str, *, now: datetime) -> None:
-        with self._write("release_command") as conn:
-            conn.execute(_SQL["release_command"], (command_id,))
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
         """Optional capability (not part of ``TaskStore``), used by ``submit``,
