@@ -141,8 +141,8 @@ class JsonFileTaskStore:
         with self._lock:
             data = self._read()
             row = data["tasks"].get(task_id)
-            if row is None:
-                return
+            if row is None or row["status"] in {s.value for s in TERMINAL}:
+                return  # a late heartbeat or lease never lands on a finished task
             if progress is not None:
                 row["progress"] = codec.encode_progress(progress)
             if heartbeat_at is not None:

@@ -479,7 +479,8 @@ def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: li
             ]
             assert [c for c in found if c != "seq"] == list(columns)
     statements = load_named("chongming_task.stores.postgres")
-    assert set(re.findall(r"'(\w+)'", statements["prune"])) == {s.value for s in TERMINAL}
+    for name in ("prune", "touch_task", "renew_lease", "write_activity"):
+        assert set(re.findall(r"'(\w+)'", statements[name])) == {s.value for s in TERMINAL}
     selected = statements["get_task"].split("FROM")[0].replace("SELECT", "")
     assert [c.strip().removesuffix("::text") for c in selected.split(",")] == list(
         codec.TASK_COLUMNS

@@ -24,6 +24,8 @@ from ..model import Failure, FailureKind, TaskScan
 from .services import LoopService, NodeContext, Pass
 
 if TYPE_CHECKING:
+    from ..run.handle import TaskRun
+    from ..stores._activity import Activity
     from .dispatch import Dispatcher
 
 __all__ = [
@@ -99,7 +101,9 @@ class LeaseRenewal:
         store, owner = self._store, self._owner
         renewed = due
         try:
-            self._caps.renew_leases([run.task_id for run in due], owner=owner, until=until)
+            granted = self._caps.renew_leases(
+                [run.task_id for run in due], owner=owner, until=until
+            )
         except StoreUnavailable:
             raise
         except Exception:
@@ -113,6 +117,12 @@ class LeaseRenewal:
                     log.exception("task %s: lease not renewed; will retry", run.task_id)
                 else:
                     renewed.append(run)
+        else:
+            if granted is not None:  # the store said which: the others are not ours now
+                renewed = [run for run in due if run.task_id in granted]
+                for run in due:
+                    if run.task_id not in granted:
+                        run.refused("lease renewal")
         self._reachable()
         for run in renewed:
             run.lease_renewed(mono + self._lease_ttl / 3)
@@ -133,17 +143,21 @@ class RetryRelease:
 
 
 class ActivityFlush:
-    """Progress and heartbeats go to the store through ``touch``, never ``save``."""
+    """Progress and heartbeats go to the store beside the version (never ``save``), all
+    of a pass in one call where the store can. A task whose row the store refuses
+    (finished, or another node's) is desynced at once."""
 
     name = "activity flush"
 
     def __init__(self, node: NodeContext, *, reachable: Callable[[], None]) -> None:
         self._registry = node.registry
-        self._store = node.capabilities.store
+        self._owner = node.owner
+        self._caps = node.capabilities
         self._reachable = reachable
 
     def run_once(self, now: float) -> Pass:
-        flushed = 0
+        readings: list[tuple[TaskRun, int]] = []
+        items: list[Activity] = []
         for run in self._registry.active():
             if run.desynced:
                 continue
@@ -151,18 +165,42 @@ class ActivityFlush:
             if activity is None:
                 continue
             seq, progress, heartbeat = activity
-            try:
-                self._store.touch(run.task_id, progress=progress, heartbeat_at=heartbeat)
-                self._reachable()
-                flushed += 1
-            except StoreUnavailable:
-                raise  # nobody's activity can be written now: end the step
-            except Exception:
-                # This task's values cannot be written (checkpoint() checks them, so this
-                # is a store fault): drop this reading, keep flushing the others.
-                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
+            readings.append((run, seq))
+            items.append((run.task_id, progress, heartbeat))
+        if not items:
+            return Pass()
+        try:
+            written = self._caps.write_activity(items, owner=self._owner)
+        except StoreUnavailable:
+            raise  # nobody's activity can be written now: end the step
+        except Exception:
+            refused = self._one_by_one(readings, items)
+        else:
+            refused = set() if written is None else {i[0] for i in items} - written
+        self._reachable()
+        for run, seq in readings:
+            if run.task_id in refused:
+                run.refused("progress/heartbeat write")
             run.activity_flushed(seq)
-        return Pass(done=flushed)
+        return Pass(done=len(items) - len(refused))
+
+    def _one_by_one(self, readings: list[tuple[TaskRun, int]], items: list[Activity]) -> set[str]:
+        """After a failed batch: each task's activity on its own, so one task's values
+        cost the others nothing. Returns the ids the store refused."""
+        refused: set[str] = set()
+        for (run, _), item in zip(readings, items, strict=True):
+            try:
+                written = self._caps.write_activity([item], owner=self._owner)
+            except StoreUnavailable:
+                raise
+            except Exception:
+                # checkpoint() checks the values, so this is a store fault: drop this
+                # reading, keep flushing the others.
+                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
+            else:
+                if written is not None and run.task_id not in written:
+                    refused.add(run.task_id)
+        return refused
 
 
 class TimeoutCheck:

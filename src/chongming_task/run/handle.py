@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import states
 from ..clock import Clock
-from ..errors import StopRequested, TaskUnsuccessful, WaitTimeout
+from ..errors import ConcurrencyConflict, StopRequested, TaskUnsuccessful, WaitTimeout
 from ..model import (
     TRAIL_WIDTH,
     Failure,
@@ -545,6 +545,19 @@ class TaskRun:
             S.STOPPING, lambda: self.token.request_stop("timeout", f"timed out after {timeout}s")
         )
         return True
+
+    def refused(self, what: str) -> bool:
+        """The store refused this run's ``what`` (a lease renewal, its activity): its row
+        is finished or held by another node. Desynced at once, unless the run has ended
+        here meanwhile (its own end is what the store holds then). Returns whether it
+        desynced."""
+        if self.writes.desynced:
+            return False
+        return self.writes.refuse(
+            ConcurrencyConflict(
+                f"{what} refused: the stored task is finished or held by another node"
+            )
+        )
 
     def lease_due(self, mono: float) -> bool:
         """Whether the run's lease has used a third of its TTL (monotonic time)."""

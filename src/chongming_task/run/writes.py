@@ -467,6 +467,32 @@ class RunWrites:
         buffer.extend(pending)
         return self._flush(snapshot)
 
+    def desync(self, exc: ConcurrencyConflict) -> None:
+        """Another writer changed the task in the store (``exc`` says how it showed):
+        nothing of this run is written any more."""
+        if self._desynced:
+            return
+        self._desynced = True
+        self._buffer = None
+        self._host.desynced(self.task_id, exc)
+
+    def refuse(self, exc: ConcurrencyConflict) -> bool:
+        """The store refused a write beside the write-through (a lease renewal, the
+        run's activity): desynced, unless the run has ended here meanwhile (its own end
+        is then what the store holds). Takes the write lock, so no write is in flight.
+        Returns whether it desynced."""
+        self._write_lock.acquire()
+        try:
+            with self._lock:
+                ended = self.snapshot.is_terminal
+            if not ended:
+                self.desync(exc)
+        finally:
+            taken = self._let_go()
+        if taken is not None:
+            self.write_taken(taken)
+        return not ended
+
     def keep(self, pending: tuple[Transition, ...]) -> bool:
         """After a failed write of ``pending`` (nothing buffered before it): keep them
         for the catch-up, unless the task is desynced. Returns ``False``."""
@@ -493,9 +519,7 @@ class RunWrites:
             # stays buffered (appends are idempotent, so rewriting them is harmless).
             self._written = snapshot.status_version
         elif isinstance(exc, ConcurrencyConflict):
-            self._desynced = True
-            self._buffer = None
-            self._host.desynced(self.task_id, exc)
+            self.desync(exc)
             return False
         self._error = exc
         # An outage is reported once, by the supervisor; other failures per task.

@@ -17,6 +17,7 @@ from ..model import (
     Failure,
     NodeRecord,
     PipelineRecord,
+    Progress,
     ScheduleRecord,
     TaskScan,
     TaskSnapshot,
@@ -48,6 +49,7 @@ __all__ = [
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsTransitionWakeups",
+    "SupportsWriteActivity",
     "SupportsWriteBehind",
     "SupportsWriteTogether",
     "SupportsWriteTransitions",
@@ -150,10 +152,22 @@ class SupportsWriteBehind(Protocol):
 
 @runtime_checkable
 class SupportsRenewLeases(Protocol):
-    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> None:
+    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> list[str]:
         """Set ``lease_owner`` and ``lease_until`` of every task in ``task_ids`` (as
-        ``touch`` does; nothing else), in one statement: all or nothing. Ids not stored
-        are skipped."""
+        ``touch`` does; nothing else), in one transaction: all or nothing. A task not
+        stored, finished (a terminal status) or held by another owner (``lease_owner``
+        set and not ``owner``) is left as is. Returns the ids renewed."""
+        ...
+
+
+@runtime_checkable
+class SupportsWriteActivity(Protocol):
+    def write_activity(
+        self, items: Sequence[tuple[str, Progress | None, datetime | None]], *, owner: str
+    ) -> list[str]:
+        """For each ``(task_id, progress, heartbeat_at)``: set the given columns
+        (``None``: as is), as ``touch`` does, in one transaction. A task not stored,
+        finished or held by another owner is left as is. Returns the ids written."""
         ...
 
 

@@ -23,6 +23,7 @@ from ..model import (
     Command,
     NodeRecord,
     PipelineRecord,
+    Progress,
     ScheduleRecord,
     TaskQuery,
     TaskScan,
@@ -55,6 +56,7 @@ from ._supports import (
     SupportsStorageClock,
     SupportsTaskScan,
     SupportsTransitionWakeups,
+    SupportsWriteActivity,
     SupportsWriteBehind,
     SupportsWriteTogether,
     SupportsWriteTransitions,
@@ -85,6 +87,7 @@ __all__ = [
     "SupportsStorageClock",
     "SupportsTaskScan",
     "SupportsTransitionWakeups",
+    "SupportsWriteActivity",
     "SupportsWriteBehind",
     "SupportsWriteTogether",
     "SupportsWriteTransitions",
@@ -113,6 +116,7 @@ class Capabilities:
         "_storage_now",
         "_subscribe",
         "_subscribe_transitions",
+        "_write_activity",
         "_write_together",
         "_write_transitions",
         "compare_and_write",
@@ -149,6 +153,9 @@ class Capabilities:
         workers queue their writes with it and go on (``BehindWriter``)."""
         self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
         self._renew_leases = store.renew_leases if isinstance(store, SupportsRenewLeases) else None
+        self._write_activity = (
+            store.write_activity if isinstance(store, SupportsWriteActivity) else None
+        )
         self._mark_expired = (
             store.mark_expired_lost if isinstance(store, SupportsMarkExpired) else None
         )
@@ -188,6 +195,7 @@ class Capabilities:
                 ("write_transitions", self._write_transitions),
                 ("mark_lost", self._mark_lost),
                 ("renew_leases", self._renew_leases),
+                ("write_activity", self._write_activity),
                 ("mark_expired_lost", self._mark_expired),
                 ("subscribe_commands", self._subscribe),
                 ("subscribe_transitions", self._subscribe_transitions),
@@ -293,16 +301,33 @@ class Capabilities:
         except Exception as exc:
             raise PartialWrite(f"saved task {snapshot.task_id}, trail behind: {exc}") from exc
 
-    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> None:
-        """The supervisor's lease renewal: one statement where the store has one, else
-        a ``touch`` per task in one transaction where the store can."""
+    def renew_leases(
+        self, task_ids: Sequence[str], *, owner: str, until: datetime
+    ) -> set[str] | None:
+        """The supervisor's lease renewal: the ids renewed (a task finished or held by
+        another owner is not), in one transaction where the store can. ``None`` where
+        the store cannot tell (a ``touch`` per task: never on a finished row)."""
         if self._renew_leases is not None:
-            self._renew_leases(task_ids, owner=owner, until=until)
-            return
+            return set(self._renew_leases(task_ids, owner=owner, until=until))
         store = self.store
         with self.atomic():
             for task_id in task_ids:
                 store.touch(task_id, lease_owner=owner, lease_until=until)
+        return None
+
+    def write_activity(
+        self, items: Sequence[tuple[str, Progress | None, datetime | None]], *, owner: str
+    ) -> set[str] | None:
+        """Progress and heartbeats of many tasks: the ids written (a task finished or
+        held by another owner is not), in one transaction where the store can. ``None``
+        where the store cannot tell (a ``touch`` per task: never on a finished row)."""
+        if self._write_activity is not None:
+            return set(self._write_activity(items, owner=owner))
+        store = self.store
+        with self.atomic():
+            for task_id, progress, heartbeat in items:
+                store.touch(task_id, progress=progress, heartbeat_at=heartbeat)
+        return None
 
     def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
         """``reconcile()``'s writes: each task its own compare-and-set (in one

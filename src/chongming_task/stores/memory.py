@@ -218,7 +218,7 @@ class InMemoryTaskStore:
         self._check_open()
         with self._stripe(task_id):
             current = self._tasks.get(task_id)
-            if current is None:
+            if current is None or current.status in TERMINAL:
                 return
             self._tasks[task_id] = current.evolve(
                 progress=current.progress if progress is None else progress,
@@ -228,6 +228,43 @@ class InMemoryTaskStore:
                 lease_owner=current.lease_owner if lease_owner is None else lease_owner,
                 lease_until=current.lease_until if lease_until is None else lease_until,
             )
+
+    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> list[str]:
+        """Optional capability (``SupportsRenewLeases``)."""
+        return self._activity([(t, None, None) for t in task_ids], owner, until)
+
+    def write_activity(
+        self, items: Sequence[tuple[str, Progress | None, datetime | None]], *, owner: str
+    ) -> list[str]:
+        """Optional capability (``SupportsWriteActivity``)."""
+        return self._activity(items, owner, None)
+
+    def _activity(
+        self,
+        items: Sequence[tuple[str, Progress | None, datetime | None]],
+        owner: str,
+        until: datetime | None,
+    ) -> list[str]:
+        """Touch the tasks that are unfinished and not held by another owner."""
+        self._check_open()
+        written: list[str] = []
+        for task_id, progress, heartbeat in items:
+            with self._stripe(task_id):
+                current = self._tasks.get(task_id)
+                if current is None or current.status in TERMINAL:
+                    continue
+                if current.lease_owner not in (None, owner):
+                    continue
+                self._tasks[task_id] = current.evolve(
+                    progress=current.progress if progress is None else progress,
+                    last_heartbeat_at=(
+                        current.last_heartbeat_at if heartbeat is None else heartbeat
+                    ),
+                    lease_owner=current.lease_owner if until is None else owner,
+                    lease_until=current.lease_until if until is None else until,
+                )
+            written.append(task_id)
+        return written
 
     def submit_command(self, command: Command) -> None:
         with self._lock:

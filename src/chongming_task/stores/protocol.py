@@ -88,9 +88,10 @@ class TaskStore(Protocol):
     ) -> None:
         """Update only the given columns; ``None`` means "leave as is".
 
-        Does not check or bump ``status_version``. A missing task is silently ignored (a
-        late heartbeat is not an error). Heartbeat and lease are stored exactly as given,
-        never derived from each other.
+        Does not check or bump ``status_version``. A missing task, or one in a terminal
+        status, is silently left as is (a late heartbeat is not an error, and a finished
+        task's lease and heartbeat stay what they were when it ended). Heartbeat and
+        lease are stored exactly as given, never derived from each other.
         """
         ...
 

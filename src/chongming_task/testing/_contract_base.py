@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import SkipTest
 
 from ..model import Command, CommandAction, TaskSnapshot, TaskStatus, Transition
 from ..stores.protocol import TaskStore
@@ -45,6 +46,12 @@ class ContractBase:
             yield store
         finally:
             store.close()
+
+    @staticmethod
+    def _declares(store: TaskStore, capability: type, name: str) -> None:
+        """Skip the test where the store does not declare ``capability``."""
+        if not isinstance(store, capability):
+            raise SkipTest(f"{type(store).__name__} does not declare {name} (optional)")
 
     @staticmethod
     def snapshot(task_id: str = "t1", **changes: Any) -> TaskSnapshot:

@@ -415,6 +415,23 @@ class StoreContract(CapabilityContract):
             store.touch("ghost", lease_owner="x", lease_until=at(1))
             assert store.get("ghost") is None
 
+    def test_touch_never_lands_on_a_finished_task(self) -> None:
+        with self._store() as store:
+            for status in (TaskStatus.SUCCEEDED, TaskStatus.LOST):
+                task_id = f"ended-{status.value}"
+                store.create(self.snapshot(task_id, status=status))
+                store.touch(task_id, heartbeat_at=at(3), lease_owner="node-a", lease_until=at(9))
+                before = store.get(task_id)
+                assert before is not None
+                store.touch(
+                    task_id,
+                    progress=Progress(current=9),
+                    heartbeat_at=at(50),
+                    lease_owner="late",
+                    lease_until=at(99),
+                )
+                assert store.get(task_id) == before, f"a touch landed on a {status.value} task"
+
     def test_touch_parameters_are_independent(self) -> None:
         with self._store() as store:
             store.create(self.snapshot())

@@ -39,6 +39,7 @@ FROM tasks WHERE task_id = %s
 -- name: counts
 SELECT status, COUNT(*) FROM tasks GROUP BY status
 
+-- Not on a finished row (the terminal statuses, as below).
 -- name: touch_task
 UPDATE tasks SET
     progress = COALESCE(%s::jsonb, progress),
@@ -46,9 +47,24 @@ UPDATE tasks SET
     lease_owner = COALESCE(%s, lease_owner),
     lease_until = COALESCE(%s::timestamptz, lease_until)
 WHERE task_id = %s
+    AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
 
--- name: renew_leases
-UPDATE tasks SET lease_owner = %s, lease_until = %s::timestamptz WHERE task_id = ANY(%s)
+-- The terminal statuses (chongming_task.states.TERMINAL; a test keeps them equal):
+-- progress, heartbeats and leases never land on a finished row, nor on one another node
+-- holds. RETURNING: what was refused is what is missing.
+-- name: renew_lease
+UPDATE tasks SET lease_owner = %s, lease_until = %s::timestamptz
+WHERE task_id = %s AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+    AND (lease_owner IS NULL OR lease_owner = %s)
+RETURNING task_id
+
+-- name: write_activity
+UPDATE tasks SET
+    progress = COALESCE(%s::jsonb, progress),
+    last_heartbeat_at = COALESCE(%s::timestamptz, last_heartbeat_at)
+WHERE task_id = %s AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+    AND (lease_owner IS NULL OR lease_owner = %s)
+RETURNING task_id
 
 -- name: append
 INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)

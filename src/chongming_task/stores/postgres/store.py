@@ -29,7 +29,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ...model import (
@@ -44,6 +44,7 @@ from ...model import (
 )
 from ...values import STRICT
 from .. import codec
+from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
@@ -110,7 +111,12 @@ _ANNOUNCE_EVERY = 0.1
 
 
 class PostgresTaskStore(
-    CommandQueueSQL, NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL
+    ActivitySQL,
+    CommandQueueSQL,
+    NodeRegistrySQL,
+    ScheduleRegistrySQL,
+    PipelineRegistrySQL,
+    TaskScanSQL,
 ):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
 
@@ -229,6 +235,18 @@ class PostgresTaskStore(
         """Claimers run side by side: lock the commands picked, skipping those another
         claimer is taking (``CommandQueueSQL``)."""
         return {row[0] for row in cur.execute(_SQL["lock_commands"], [ids, now]).fetchall()}
+
+    def _each_returning(self, cur: Executor, sql: str, rows: list[list[Any]]) -> list[str]:
+        """One pipelined batch for the renewals or activity of many tasks
+        (``ActivitySQL``): a supervisor pass renewing a hundred leases was a hundred
+        round trips."""
+        pg = cast("Cursor[Any]", cur)  # this store's scopes give psycopg cursors
+        pg.executemany(sql, rows, returning=True)
+        written: list[str] = []
+        while True:
+            written.extend(row[0] for row in pg.fetchall())
+            if not pg.nextset():
+                return written
 
     def _node_time(self, given: datetime) -> datetime:
         return self.storage_now()  # one clock for every node's liveness
@@ -517,16 +535,6 @@ class PostgresTaskStore(
             return
         with self._cursor("touch") as cur:
             cur.execute(_SQL["touch_task"], params)
-
-    def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> None:
-        """Optional capability (``SupportsRenewLeases``): every lease in one statement
-        (a supervisor pass renewing a hundred leases was a hundred round trips)."""
-        if not task_ids:
-            return
-        with self._cursor("renew_leases") as cur:
-            cur.execute(
-                _SQL["renew_leases"], [owner, codec.encode_dt(utc(until, "until")), list(task_ids)]
-            )
 
     # -- commands ---------------------------------------------------------------------------------
 

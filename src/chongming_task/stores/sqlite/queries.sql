@@ -326,6 +326,7 @@ SELECT bucket, COUNT(*) FROM tasks WHERE bucket IS NOT NULL GROUP BY bucket
 UNION ALL
 SELECT NULL, (SELECT COUNT(*) FROM tasks) - (SELECT COUNT(*) FROM tasks WHERE bucket IS NOT NULL)
 
+-- Not on a finished row (the terminal statuses, as below).
 -- name: touch_task
 UPDATE tasks SET
     progress = COALESCE(?, progress),
@@ -333,6 +334,24 @@ UPDATE tasks SET
     lease_owner = COALESCE(?, lease_owner),
     lease_until = COALESCE(?, lease_until)
 WHERE task_id = ?
+    AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+
+-- The terminal statuses (chongming_task.states.TERMINAL; a test keeps them equal):
+-- progress, heartbeats and leases never land on a finished row, nor on one another node
+-- holds. RETURNING: what was refused is what is missing.
+-- name: renew_lease
+UPDATE tasks SET lease_owner = ?, lease_until = ?
+WHERE task_id = ? AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+    AND (lease_owner IS NULL OR lease_owner = ?)
+RETURNING task_id
+
+-- name: write_activity
+UPDATE tasks SET
+    progress = COALESCE(?, progress),
+    last_heartbeat_at = COALESCE(?, last_heartbeat_at)
+WHERE task_id = ? AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+    AND (lease_owner IS NULL OR lease_owner = ?)
+RETURNING task_id
 
 -- A task's trail rows are found by (seq, task_id); a task not in tasks has its rows in
 -- loose_transitions. append writes a row of a task the store holds (no row changed: the

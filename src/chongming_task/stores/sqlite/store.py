@@ -36,6 +36,7 @@ from ...model import (
 )
 from ...values import ValueRules
 from .. import codec
+from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
@@ -85,7 +86,12 @@ _DIALECT = Dialect(
 
 
 class SqliteTaskStore(
-    CommandQueueSQL, NodeRegistrySQL, ScheduleRegistrySQL, PipelineRegistrySQL, TaskScanSQL
+    ActivitySQL,
+    CommandQueueSQL,
+    NodeRegistrySQL,
+    ScheduleRegistrySQL,
+    PipelineRegistrySQL,
+    TaskScanSQL,
 ):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 

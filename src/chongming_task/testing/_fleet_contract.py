@@ -1,0 +1,224 @@
+"""The capability contract's fleet half: what a store keeps for the nodes and tools of a
+fleet (declarations, schedules, pipeline shapes, the command log, pending commands, the
+store's clock, wake-ups), each run only where the store declares it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from ..model import (
+    CommandAction,
+    NodeRecord,
+    PipelineRecord,
+    ScheduleRecord,
+    TaskStatus,
+)
+from ..stores.capabilities import (
+    SupportsCommandLog,
+    SupportsCommandWakeups,
+    SupportsNodeRegistry,
+    SupportsPendingCommands,
+    SupportsPipelineRegistry,
+    SupportsScheduleRegistry,
+    SupportsStorageClock,
+    SupportsTransitionWakeups,
+)
+from ._contract_base import ContractBase, at
+
+__all__ = ["FleetCapabilityContract"]
+
+
+class FleetCapabilityContract(ContractBase):
+    def test_capability_command_wakeups_wake_a_subscriber(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsCommandWakeups, "subscribe_commands()")
+            assert isinstance(store, SupportsCommandWakeups)
+            woke = threading.Event()
+            unsubscribe = store.subscribe_commands(woke.set)
+            try:
+                # The subscription may take a moment to start: keep submitting a while.
+                for i in range(40):
+                    store.submit_command(self.command(f"wake-{i}", i))
+                    if woke.wait(0.25):
+                        break
+                assert woke.is_set(), "no wake-up within 10 s of submitting commands"
+            finally:
+                unsubscribe()
+
+    def test_capability_transition_wakeups_wake_a_subscriber(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsTransitionWakeups, "subscribe_transitions()")
+            assert isinstance(store, SupportsTransitionWakeups)
+            woke = threading.Event()
+            unsubscribe = store.subscribe_transitions(woke.set)
+            try:
+                # The subscription may take a moment to start: keep appending a while.
+                for i in range(40):
+                    store.create(self.snapshot(f"woken-{i}"))
+                    store.append(self.transition(f"woken-{i}", 1, TaskStatus.QUEUED))
+                    if woke.wait(0.25):
+                        break
+                assert woke.is_set(), "no wake-up within 10 s of appending transitions"
+                time.sleep(0.5)  # wake-ups of the appends above still on their way
+                woke.clear()
+                # Once subscribed, a single append is enough.
+                store.append(
+                    self.transition(
+                        "woken-0", 2, TaskStatus.STARTING, from_status=TaskStatus.QUEUED
+                    )
+                )
+                assert woke.wait(5), "no wake-up within 5 s of one append"
+            finally:
+                unsubscribe()
+
+    def test_capability_node_registry_keeps_declarations(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsNodeRegistry, "the node registry")
+            assert isinstance(store, SupportsNodeRegistry)
+            clock = store.storage_now if isinstance(store, SupportsStorageClock) else None
+
+            def seen_near(record: NodeRecord, given: datetime) -> bool:
+                # A store with its own clock writes its time, not the caller's.
+                if clock is None:
+                    return record.seen_at == given
+                return abs((clock() - record.seen_at).total_seconds()) < 60
+
+            def node(name: str) -> NodeRecord:
+                found = [n for n in store.nodes() if n.node == name]
+                assert len(found) == 1, f"{name}: {found}"
+                return found[0]
+
+            a = NodeRecord(
+                node="node-a",
+                buckets=frozenset({1, 2, 3}),
+                num_buckets=64,
+                ttl_seconds=30.0,
+                started_at=at(0),
+                seen_at=at(0),
+                host="host-a",
+                pid=101,
+            )
+            store.declare_node(a)
+            store.declare_node(replace(a, node="node-b", buckets=None, num_buckets=8, pid=102))
+            assert sorted(n.node for n in store.nodes()) == ["node-a", "node-b"]
+            got = node("node-a")
+            assert got.buckets == frozenset({1, 2, 3}) and got.num_buckets == 64
+            assert got.ttl_seconds == 30.0 and got.host == "host-a" and got.pid == 101
+            assert got.stopped_at is None and seen_near(got, at(0))
+            b = node("node-b")
+            assert b.buckets is None and b.num_buckets == 8  # no partition: every bucket
+            store.declare_node(replace(a, buckets=frozenset({4})))  # buckets replaced
+            assert node("node-a").buckets == frozenset({4})
+            assert store.refresh_node("node-a", now=at(10)) is True
+            assert seen_near(node("node-a"), at(10))
+            assert store.refresh_node("nobody", now=at(10)) is False
+            store.retire_node("node-a", now=at(20))
+            retired = node("node-a")
+            assert retired.stopped_at is not None and not retired.is_live(retired.seen_at)
+            assert store.refresh_node("node-a", now=at(30)) is False  # declare again
+            store.declare_node(replace(a, seen_at=at(40)))
+            again = node("node-a")
+            assert again.stopped_at is None and again.buckets == frozenset({1, 2, 3})
+
+    def test_capability_schedule_registry_keeps_records(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsScheduleRegistry, "the schedule registry")
+            assert isinstance(store, SupportsScheduleRegistry)
+
+            def keys() -> list[tuple[str, str]]:
+                return [(r.node, r.name) for r in store.schedules()]
+
+            a = ScheduleRecord(
+                node="node-a",
+                name="nightly",
+                task="etl.load",
+                trigger="cron '0 2 * * *' (UTC)",
+                updated_at=at(0),
+                next_fire_at=at(100),
+            )
+            store.declare_schedule(a)
+            store.declare_schedule(replace(a, node="node-b"))
+            store.declare_schedule(replace(a, name="hourly", next_fire_at=None))
+            assert keys() == [("node-a", "hourly"), ("node-a", "nightly"), ("node-b", "nightly")]
+            fired = replace(
+                a,
+                next_fire_at=at(200),
+                last_fired_at=at(100),
+                last_task_id="t-1",
+                fired=1,
+                skipped=2,
+                updated_at=at(100),
+            )
+            store.declare_schedule(fired)  # replaces node-a's record of that name
+            assert [r for r in store.schedules() if r.name == "nightly"] == [
+                fired,
+                replace(a, node="node-b"),
+            ]
+            store.forget_schedule("node-a", "nightly")
+            store.forget_schedule("node-a", "never-declared")
+            assert keys() == [("node-a", "hourly"), ("node-b", "nightly")]
+
+    def test_capability_pipeline_registry_keeps_run_shapes(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPipelineRegistry, "the pipeline registry")
+            assert isinstance(store, SupportsPipelineRegistry)
+            first = PipelineRecord(
+                pipeline_run_id="run-1",
+                name="etl",
+                node="node-a",
+                created_at=at(0),
+                tasks={"extract": "t1", "transform": "t2", "load": "t3"},
+                depends_on={"transform": ("extract",), "load": ("transform", "extract")},
+            )
+            second = replace(first, pipeline_run_id="run-2", name="étl ✓", created_at=at(5))
+            store.record_pipeline(first)
+            store.record_pipeline(second)
+            got = store.pipeline_record("run-1")
+            assert got is not None and got.tasks == first.tasks
+            assert got.depends_on.get("load") == ("transform", "extract")
+            assert got.depends_on.get("extract", ()) == ()
+            assert got.created_at == at(0) and got.node == "node-a"
+            assert store.pipeline_record("run-3") is None
+            assert [r.pipeline_run_id for r in store.pipeline_records()] == ["run-2", "run-1"]
+            assert [r.name for r in store.pipeline_records(limit=1)] == ["étl ✓"]
+
+    def test_capability_command_log_lists_finished_commands_by_finish(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsCommandLog, "a command log")
+            assert isinstance(store, SupportsCommandLog)
+            for name in ("c1", "c2", "c3"):
+                store.submit_command(self.command(name, 0))
+            store.complete_command("c2", now=at(20), outcome="paused")
+            store.complete_command("c1", now=at(30), outcome="already-terminal")
+            done = store.finished_commands(after=at(0))
+            assert [c.command_id for c in done] == ["c2", "c1"]  # c3 is still open
+            assert done[0].finished_at == at(20) and done[0].outcome == "paused"
+            assert [c.command_id for c in store.finished_commands(after=at(20))] == ["c1"]
+            assert [c.command_id for c in store.finished_commands(after=at(0), limit=1)] == ["c2"]
+
+    def test_capability_pending_commands_lists_a_tasks_open_commands_in_arrival_order(
+        self,
+    ) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPendingCommands, "pending commands")
+            assert isinstance(store, SupportsPendingCommands)
+            assert store.pending_commands("t1") == []
+            for cid, created, task in (("c2", 2, "t1"), ("x", 0, "t2"), ("c1", 1, "t1")):
+                store.submit_command(self.command(cid, created, task))
+            assert [c.command_id for c in store.pending_commands("t1")] == ["c2", "c1"]
+            store.claim_commands(now=at(10), lease_seconds=30, limit=1)  # c2: leased
+            assert [c.command_id for c in store.pending_commands("t1")] == ["c2", "c1"]
+            store.complete_command("c2", now=at(11), outcome="pausing")
+            pending = store.pending_commands("t1")
+            assert [c.command_id for c in pending] == ["c1"]
+            assert pending[0].action is CommandAction.STOP and pending[0].issued_by == "tester"
+
+    def test_capability_storage_clock_tells_aware_forward_time(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsStorageClock, "a storage clock")
+            assert isinstance(store, SupportsStorageClock)
+            first, second = store.storage_now(), store.storage_now()
+            assert first.tzinfo is UTC and second >= first
