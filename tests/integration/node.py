@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
     parser.add_argument("--claim-on", default=None)
     parser.add_argument("--poll-on", default=None)
+    parser.add_argument("--no-reconcile", action="store_true", help="never reconcile alone")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schema", default=None, help="PostgreSQL schema, with a DSN")
     parser.add_argument(
@@ -65,6 +66,7 @@ def main() -> None:
         max_workers=args.workers,
         clock=OffsetClock(args.clock_offset),
         poll_commands=False if args.poll_on else None,
+        reconcile_interval=None if args.no_reconcile else "lease_ttl",
     )
 
     @node.task(name="loop")

@@ -274,8 +274,13 @@ def test_each_node_reconciles_only_its_own_buckets(db: Path) -> None:
     past = datetime.now(UTC) - timedelta(minutes=5)
     mine = [_dead_task(store, b, past, i) for i, b in enumerate([0, 5, 31])]
     theirs = [_dead_task(store, b, past, i) for i, b in enumerate([32, 40, 63])]
-    low = Controller(SqliteTaskStore(db), owner="low", owned_buckets=range(0, 32))
-    high = Controller(SqliteTaskStore(db), owner="high", owned_buckets=range(32, 64))
+    # Reconciled by hand here (the nodes' own reconcile is tested apart).
+    low = Controller(
+        SqliteTaskStore(db), owner="low", owned_buckets=range(0, 32), reconcile_interval=None
+    )
+    high = Controller(
+        SqliteTaskStore(db), owner="high", owned_buckets=range(32, 64), reconcile_interval=None
+    )
     try:
         counts = low.bucket_counts()
         assert counts == {0: 1, 5: 1, 31: 1, 32: 1, 40: 1, 63: 1}
@@ -398,3 +403,60 @@ def test_a_pure_query_client_never_polls_commands(db: Path) -> None:
     finally:
         client.close()
         store.close()
+
+
+def test_a_replacement_node_marks_the_dead_nodes_tasks_lost_on_its_own(
+    db: Path, nodes: list[Node]
+) -> None:
+    """kill -9 a node; a replacement started with its buckets reconciles them itself once
+    their leases expire. It never touches another node's buckets, nor a live node's
+    tasks, and the doctor's lease alarm clears with no ``reconcile`` by hand."""
+    low_key, high_key = _key_in(0, 31), _key_in(32, 63)
+    ttl = "1.5"
+    a = Node(db, "--owner", "node-a", "--owned", "0-31", "--lease-ttl", ttl,
+             "--submit", f"loop@{low_key}", "--submit", f"loop@{low_key}")  # fmt: skip
+    nodes.append(a)
+    # A live node beside them, reconciling nothing itself: a dead task in its buckets
+    # must stay for it to judge.
+    c = Node(db, "--owner", "node-c", "--owned", "32-63", "--lease-ttl", ttl,
+             "--no-reconcile", "--submit", f"loop@{high_key}")  # fmt: skip
+    nodes.append(c)
+    store = SqliteTaskStore(db)
+    try:
+        past = datetime.now(UTC) - timedelta(minutes=5)
+        orphan = _dead_task(store, 40, past, 0)
+        dead, live = a.task_ids, c.task_ids
+        wait_until(lambda: all(store.get(t).status is S.RUNNING for t in dead + live))  # type: ignore[union-attr]
+        a.kill()
+        a2 = Node(db, "--owner", "node-a2", "--owned", "0-31", "--lease-ttl", ttl)
+        nodes.append(a2)
+        wait_until(
+            lambda: all(store.get(t).status is S.LOST for t in dead),  # type: ignore[union-attr]
+            timeout=20,
+            what="the replacement's own reconcile",
+        )
+        for task_id in dead:
+            lost = store.get(task_id)
+            assert lost is not None and lost.failure is not None
+            assert "node-a expired" in lost.failure.message
+            assert store.history(task_id)[-1].actor == "node-a2"
+        assert store.get(orphan).status is S.RUNNING  # type: ignore[union-attr]
+        assert all(store.get(t).status is S.RUNNING for t in live)  # type: ignore[union-attr]
+        doctor = subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), "--json", "doctor"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        report = json.loads(doctor.stdout)
+        expired = [a for a in report["alarms"] if a["kind"] == "lease-expired"]
+        assert [a["task_ids"] for a in expired] == [[orphan]], expired
+    finally:
+        store.close()
+
+
+def _key_in(low: int, high: int) -> str:
+    policy = BucketPolicy(64)
+    return next(
+        k for k in (f"key{i}" for i in range(10_000)) if low <= policy.bucket_for(k) <= high
+    )

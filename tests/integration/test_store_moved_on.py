@@ -69,7 +69,6 @@ def test_a_renewal_or_heartbeat_refused_by_a_finished_row_desyncs_the_run_at_onc
         assert ended is not None and ended.status is S.LOST
         wait_until(lambda: run.desynced, timeout=10, what="the refused write desyncs the run")
         assert run.task_id in node.desynced_tasks
-        before = theirs.get(run.task_id)
         # Nothing lands on the finished row afterwards: neither lease nor heartbeat.
         threading.Event().wait(0.5)
         assert theirs.get(run.task_id) == ended

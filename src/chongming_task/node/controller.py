@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from ..clock import Clock, SystemClock
 from ..definitions import Definitions, TaskDefinition, TaskRef
@@ -130,6 +130,7 @@ class Controller:
         seed: int | None = None,
         poll_commands: bool | None = None,
         run_schedules: bool = True,
+        reconcile_interval: float | Literal["lease_ttl"] | None = "lease_ttl",
     ) -> None:
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
@@ -143,6 +144,12 @@ class Controller:
             lease_ttl=lease_ttl,
             activity_interval=activity_interval,
         )
+        if reconcile_interval == "lease_ttl":
+            reconcile_interval = lease_ttl
+        elif reconcile_interval is not None and reconcile_interval <= 0:
+            raise ConfigurationError(
+                f"reconcile_interval must be > 0 or None, got {reconcile_interval}"
+            )
         if isinstance(store, TaskStore):
             self.store: TaskStore = store
             self._owns_store = False
@@ -181,6 +188,9 @@ class Controller:
             capabilities=self.capabilities,
             leases=LeaseClock(self.capabilities, self._now),
         )
+        self._reconciler = Reconciler(
+            node, buckets=None if self._ownership.owns_all else self.owned_buckets
+        )
         # None: the default rule (NodeServices); False: never poll commands, for tools
         # that act for a node without being one.
         self._services = services = NodeServices(
@@ -197,6 +207,8 @@ class Controller:
             fire=self._fire,
             polling=poll_commands is not False,
             started=lambda: _running.add(self),
+            reconciler=self._reconciler,
+            reconcile_interval=reconcile_interval,
         )
         # What each run needs from this node: settings, and where it reports.
         host = NodeHost(
@@ -224,9 +236,6 @@ class Controller:
         self._router = ControlRouter(node)
         if services.polling:
             self._router.wake = services.poller.wake
-        self._reconciler = Reconciler(
-            node, buckets=None if self._ownership.owns_all else self.owned_buckets
-        )
         # Schedules fire from the scheduler's thread, or only through tick_schedules()
         # when run_schedules=False (tests with a fake clock drive them that way).
         self._run_schedules = run_schedules

@@ -26,7 +26,7 @@ from .beacon import NodeBeacon
 from .commands import CommandPoller
 from .dispatch import Dispatcher
 from .services import NodeContext, NodeState, Service
-from .supervision import Supervisor
+from .supervision import ReconcileLoop, Reconciler, Supervisor
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -57,10 +57,14 @@ class NodeServices:
         fire: Callable[[Schedule], TaskRun],
         polling: bool,
         started: Callable[[], None],
+        reconciler: Reconciler,
+        reconcile_interval: float | None,
     ) -> None:
         """``fire`` submits a schedule's run; ``polling`` is false for a node that must
         never poll commands; ``started`` is called whenever a service starts (the node
-        is then closed at interpreter exit if its program does not close it)."""
+        is then closed at interpreter exit if its program does not close it);
+        ``reconcile_interval`` is how often the node reconciles its buckets on its own
+        (``None``: never)."""
         capabilities = node.capabilities
         self.state = NodeState.OPEN
         self._lock = threading.Lock()
@@ -93,8 +97,13 @@ class NodeServices:
         self.poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
         self.beacon = NodeBeacon(node, buckets=buckets, num_buckets=num_buckets, ttl=lease_ttl)
         self.scheduler = ScheduleRunner(node, rng=rng, submit=fire, accepting=self.accepting)
+        self.reconciling = (
+            None
+            if reconcile_interval is None
+            else ReconcileLoop(node, reconciler, interval=reconcile_interval, rng=rng)
+        )
         if buckets is not None and polling:
-            self.start(self.poller, self.beacon)
+            self.start(*self._fleet())
 
     def accepting(self) -> bool:
         """Whether the node takes work (every submit asks: a global, not an attribute)."""
@@ -119,7 +128,15 @@ class NodeServices:
                 self.start(self.writer)
             self.start(self.workers, self.supervisor)
         if self.polling and not self.poller.started:
-            self.start(self.poller, self.beacon)
+            self.start(*self._fleet())
+
+    def _fleet(self) -> list[Service]:
+        """What a node that takes part in the fleet runs from its start: command
+        polling, its declaration, and reconciling its own buckets."""
+        services: list[Service] = [self.poller, self.beacon]
+        if self.reconciling is not None:
+            services.append(self.reconciling)
+        return services
 
     def begin_close(self) -> bool:
         """Stop taking work; ``False`` if closing had begun already."""
@@ -141,6 +158,7 @@ class NodeServices:
             self.poller,
             self.pipelines,
             self.beacon,
+            *([] if self.reconciling is None else [self.reconciling]),
         ]
         for service in services:
             service.stop()

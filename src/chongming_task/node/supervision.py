@@ -13,6 +13,7 @@ its collaborators handed in.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +33,7 @@ __all__ = [
     "ActivityFlush",
     "Duty",
     "LeaseRenewal",
+    "ReconcileLoop",
     "ReconcileReport",
     "Reconciler",
     "RetryRelease",
@@ -319,6 +321,13 @@ class Reconciler:
         self._buckets = buckets
         self._verdicts: dict[str | None, tuple[Failure, str]] = {}
 
+    @property
+    def scope(self) -> str:
+        """The buckets reconciled, in words."""
+        if self._buckets is None:
+            return "every bucket"
+        return f"{len(self._buckets)} owned bucket(s)"
+
     def run(self, *, dry_run: bool = False) -> ReconcileReport:
         """Never re-executes anything (the store holds states, not arguments). A version
         conflict means the supervisor came back: reconcile lets go of that task."""
@@ -361,3 +370,37 @@ class Reconciler:
             )
             found = self._verdicts[owner] = (failure, f"reconcile: {expired}")
         return found
+
+
+class ReconcileLoop(LoopService):
+    """Each node's own restart recovery: ``reconcile()`` of its buckets at start, then
+    about once every ``interval`` seconds (a tenth either way, so a fleet started
+    together does not scan together). A replacement node started with a dead node's
+    buckets marks its tasks ``lost`` once their leases expire, with no human; the lease
+    rules keep it off every live node's tasks (docs/design.md, "Reconcile")."""
+
+    def __init__(
+        self, node: NodeContext, reconciler: Reconciler, *, interval: float, rng: random.Random
+    ) -> None:
+        super().__init__()
+        self.name = f"chongming-reconcile[{node.owner}]"
+        self.interval = interval
+        self._reconciler = reconciler
+        self._rng = rng
+
+    def run_once(self, now: float | None = None) -> Pass:
+        wait = self.interval * self._rng.uniform(0.9, 1.1)
+        try:
+            report = self._reconciler.run()
+        except StoreUnavailable as exc:
+            log.debug("reconcile: %s", exc)  # the supervisor reports the outage
+            return Pass(wait=wait)
+        if report.lost:
+            shown = ", ".join(report.lost[:5]) + (" ..." if len(report.lost) > 5 else "")
+            log.warning(
+                "reconcile of %s: %d task(s) lost, their supervisor's lease expired: %s",
+                self._reconciler.scope,
+                len(report.lost),
+                shown,
+            )
+        return Pass(done=len(report.lost), wait=wait)
