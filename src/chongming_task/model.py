@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ._fast_records import make_builder, make_changer, make_evolver
 from ._text import utf8_fault
 from .errors import InvalidValue
+from .health import NodeHealth
 
 __all__ = [
     "Command",
@@ -346,6 +347,8 @@ class NodeRecord:
     stopped_at: datetime | None = None
     host: str = ""
     pid: int = 0
+    health: NodeHealth | None = None
+    """What the node last said of its health (``None``: it said nothing)."""
 
     def __post_init__(self) -> None:
         _normalise(self, ("started_at", "seen_at", "stopped_at"))

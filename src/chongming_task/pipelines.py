@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import states
 from .definitions import TaskRef
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
-from .loops import Pass
+from .loops import Pass, ThreadWatch, keep_running
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
@@ -255,6 +255,9 @@ class PipelineRunner:
         self._events: queue.SimpleQueue[TaskRun | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.thread_watch: ThreadWatch | None = None
+        """Told when the thread dies and is started again (a node's health)."""
 
     def node_ended(self, run: TaskRun) -> None:
         """Called by the run's transition to a terminal status (any thread)."""
@@ -290,7 +293,13 @@ class PipelineRunner:
         with self._lock:
             if self._thread is None:
                 # Daemon, as every service thread: see LoopService.
-                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                target = keep_running(
+                    "pipelines",
+                    self._loop,
+                    stopping=lambda: self._stopping,
+                    watch=self.thread_watch,
+                )
+                self._thread = threading.Thread(target=target, name=self.name, daemon=True)
                 self._thread.start()
 
     def _loop(self) -> None:
@@ -301,6 +310,7 @@ class PipelineRunner:
             self._react(run)
 
     def stop(self) -> None:
+        self._stopping = True
         self._events.put(None)
 
     def join(self, timeout: float | None) -> None:

@@ -433,21 +433,42 @@ def test_a_schema_records_its_version_and_a_newer_one_is_refused(
         assert conn.execute(f"SELECT task_id FROM {schema}.tasks").fetchall() == [("kept",)]
 
 
-def test_a_schema_made_before_its_version_was_recorded_opens_and_gets_one(
+def test_a_schema_an_older_release_made_is_refused_in_one_line_until_migrated(
     pg_dsn: str, schemas: list[str]
 ) -> None:
     from chongming_task.stores.postgres import SCHEMA_VERSION, PostgresTaskStore
 
-    # As the releases before the table made it.
-    schema = schema_then(pg_dsn, schemas, "older", "DROP TABLE {schema}.schema_version")
+    # As the releases before the version table made it: version 1, none of version 2's
+    # columns and tables.
+    schema = schema_then(
+        pg_dsn,
+        schemas,
+        "older",
+        "DROP TABLE {schema}.schema_version; DROP TABLE {schema}.late_reports; "
+        "ALTER TABLE {schema}.nodes DROP COLUMN health",
+    )
     store = PostgresTaskStore(pg_dsn, schema=schema)
     try:
-        assert store.get("older") is not None
-        store.create_schema()  # migrate: the version is recorded, nothing else changes
-        assert store.get("older") is not None
+        with pytest.raises(StoreError) as refused:
+            store.get("older")
+        message = str(refused.value)
+        assert "version 1, made by an older release" in message
+        assert "run `chongming-task migrate`" in message and "\n" not in message
+        # The CLI says the same, in one line, and migrate upgrades it.
+        cli = [sys.executable, "-m", "chongming_task", "--db", pg_dsn, "--pg-schema", schema]
+        shown = subprocess.run([*cli, "ps"], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 1 and "made by an older release" in shown.stderr
+        assert "Traceback" not in shown.stderr
+        migrated = subprocess.run([*cli, "migrate"], capture_output=True, text=True, timeout=60)
+        assert migrated.returncode == 0, migrated.stderr
     finally:
         store.close()
     assert stored_version(pg_dsn, schema) == [(SCHEMA_VERSION,)]
+    again = PostgresTaskStore(pg_dsn, schema=schema)
+    try:
+        assert again.get("older") is not None  # nothing else changed
+    finally:
+        again.close()
 
 
 def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: list[str]) -> None:

@@ -3,6 +3,7 @@ sleep, time from a fake clock."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from chongming_task import (
     SystemClock,
     TaskStatus,
 )
+from chongming_task.health import HealthMonitor
 from chongming_task.node.commands import CommandPoller
 from chongming_task.node.leaseclock import LeaseClock
 from chongming_task.node.registry import RunRegistry
@@ -88,6 +90,7 @@ def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:
                 registry=RunRegistry(),
                 capabilities=caps,
                 leases=LeaseClock(caps, clock.now),
+                health=HealthMonitor(logging.getLogger("test"), now=clock.now),
             ),
             lease=30,
             interval=1,

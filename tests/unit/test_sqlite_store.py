@@ -958,14 +958,18 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened = SqliteTaskStore(path, create=False)
     # The rebuild takes a while on a large file: it says so, once, with the count.
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: upgrading to schema 11, which rebuilds the trail of its 2 tasks once "
+        f"{path}: upgrading to schema {SCHEMA_VERSION}, which rebuilds the trail of its 2 "
+        "tasks once "
         "(about 40 s a million tasks); other processes wait for the file"
     ]
     try:
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = sql(reopened).execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 11
+        assert now == SCHEMA_VERSION == 12
+        # Schema 12: what nodes say of their health, and the late reports beside tasks.
+        assert "health" in [r[1] for r in sql(reopened).execute("PRAGMA table_info(nodes)")]
+        assert reopened.late_reports() == []
         fresh = sqlite3.connect(":memory:")  # the copy's own settings were undone
         for pragma in ("PRAGMA cache_size", "PRAGMA secure_delete"):
             assert sql(reopened).execute(pragma).fetchone() == fresh.execute(pragma).fetchone()
@@ -1106,7 +1110,8 @@ def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
         store = SqliteTaskStore(path, create=False)
     try:
         assert [r.getMessage() for r in caplog.records] == [
-            f"{path}: upgrading to schema 11, which rebuilds the trail of its 2 tasks once "
+            f"{path}: upgrading to schema {SCHEMA_VERSION}, which rebuilds the trail of its 2 "
+            "tasks once "
             "(about 40 s a million tasks); other processes wait for the file"
         ]
         assert sql(store).execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

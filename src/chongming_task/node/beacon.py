@@ -21,6 +21,7 @@ from datetime import datetime
 
 from ..errors import StoreError
 from ..fleet import AlarmKind, bucket_alarms
+from ..health import NodeHealth
 from ..model import NodeRecord
 from .services import LoopService, NodeContext, Pass
 
@@ -49,8 +50,13 @@ class NodeBeacon(LoopService):
         self._buckets = buckets
         self._num_buckets = num_buckets
         self._ttl = ttl
+        self._health = node.health
+        self._registry = node.registry
         self._declared = False
-        self._warned = False
+
+    def health(self) -> NodeHealth:
+        """What the node says of itself now (written with every refresh)."""
+        return self._health.report(desynced=len(self._registry.desynced()))
 
     def record(self, now: datetime) -> NodeRecord:
         return NodeRecord(
@@ -62,6 +68,7 @@ class NodeBeacon(LoopService):
             seen_at=now,
             host=socket.gethostname(),
             pid=os.getpid(),
+            health=self.health(),
         )
 
     def run_once(self, now: float | None = None) -> Pass:
@@ -70,15 +77,16 @@ class NodeBeacon(LoopService):
         if not caps.has_node_registry:
             return Pass(wait=3600.0)  # nothing to declare to; stop() still ends the loop
         try:
-            if self._declared and caps.refresh_node(self._owner, now=self._now()):
-                self._warned = False
+            if self._declared and caps.refresh_node(
+                self._owner, now=self._now(), health=self.health()
+            ):
+                self._health.faults.succeeded()
                 return Pass(done=1)
             self._declare()
-        except StoreError as exc:
-            if not self._warned:
-                self._warned = True
-                log.warning("node %s: declaration not written (%s); retrying", self._owner, exc)
+        except StoreError as exc:  # one line an episode, with the node's other faults
+            self._health.faults.failed("node declaration", exc)
             return Pass(wait=min(self.interval, 1.0))
+        self._health.faults.succeeded()
         return Pass(done=1)
 
     def _declare(self) -> None:

@@ -25,6 +25,7 @@ from ..errors import (
     ConfigurationError,
     TaskNotFound,
 )
+from ..health import HealthMonitor, NodeHealth
 from ..model import (
     CommandAction,
     ControlReceipt,
@@ -187,7 +188,13 @@ class Controller:
             registry=self._registry,
             capabilities=self.capabilities,
             leases=LeaseClock(self.capabilities, self._now),
+            health=HealthMonitor(
+                logging.getLogger("chongming_task.health"),
+                now=self._now,
+                monotonic=self.clock.monotonic,
+            ),
         )
+        self._health = node.health
         self._reconciler = Reconciler(
             node, buckets=None if self._ownership.owns_all else self.owned_buckets
         )
@@ -222,6 +229,7 @@ class Controller:
             workers=services.workers,
             pipelines=services.pipelines,
             writer=services.writer,
+            faults=node.health.faults,
         )
         self._submitter = Submitter(
             node,
@@ -471,6 +479,12 @@ class Controller:
         For tasks held anywhere, e.g. to see the effect of an accepted command.
         """
         return self._router.store.wait_for(task_id, predicate, timeout=timeout, poll=poll)
+
+    def health(self) -> NodeHealth:
+        """What this node says of itself (also written in its declaration, for ``nodes``,
+        ``doctor`` and the dashboard): store writes failing, service threads that died,
+        runs the store has moved on from."""
+        return self._health.report(desynced=len(self.desynced_tasks))
 
     @property
     def desynced_tasks(self) -> frozenset[str]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..clock import Clock
 from ..errors import ConcurrencyConflict
+from ..health import FaultLog
 from ..stores.capabilities import Capabilities
 from ..values import ValueRules
 
@@ -35,6 +36,7 @@ class NodeHost:
         "_workers",
         "capabilities",
         "clock",
+        "faults",
         "owner",
         "rng",
         "value_rules",
@@ -55,8 +57,10 @@ class NodeHost:
         workers: WorkerPool,
         pipelines: PipelineRunner,
         writer: Writer | BehindWriter | None,
+        faults: FaultLog,
     ) -> None:
         self.owner = owner
+        self.faults = faults
         self.clock = clock
         self.rng = rng
         self.capabilities = capabilities
@@ -91,3 +95,6 @@ class NodeHost:
 
     def behind(self, task_id: str) -> None:
         self._registry.mark_behind(task_id)
+
+    def write_failed(self, task_id: str, exc: BaseException) -> None:
+        self.faults.failed(f"write of task {task_id}", exc)

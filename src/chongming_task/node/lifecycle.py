@@ -25,7 +25,7 @@ from ..schedules import ScheduleRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
 from .dispatch import Dispatcher
-from .services import NodeContext, NodeState, Service
+from .services import LoopService, NodeContext, NodeState, Service
 from .supervision import ReconcileLoop, Reconciler, Supervisor
 from .workers import WorkerPool
 
@@ -102,8 +102,31 @@ class NodeServices:
             if reconcile_interval is None
             else ReconcileLoop(node, reconciler, interval=reconcile_interval, rng=rng)
         )
+        self._watched(node)
         if buckets is not None and polling:
             self.start(*self._fleet())
+
+    def _watched(self, node: NodeContext) -> None:
+        """Every service reports to the node's health: a thread that dies (started
+        again, and said at CRITICAL), a pass that fails on a store fault (one line an
+        episode, not one a pass)."""
+        health = node.health
+        loops: list[tuple[LoopService | None, str]] = [
+            (self.supervisor, "supervisor"),
+            (self.poller, "commands"),
+            (self.beacon, "beacon"),
+            (self.scheduler, "schedules"),
+            (self.reconciling, "reconcile"),
+        ]
+        for loop, label in loops:
+            if loop is not None:
+                loop.service = label
+                loop.thread_watch = health.watch
+                loop.faults = health.faults
+        self.workers.thread_watch = health.watch
+        self.pipelines.thread_watch = health.watch
+        if self.writer is not None:
+            self.writer.thread_watch = health.watch
 
     def accepting(self) -> bool:
         """Whether the node takes work (every submit asks: a global, not an attribute)."""

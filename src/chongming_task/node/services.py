@@ -16,6 +16,7 @@ from ..loops import Service as Service
 
 if TYPE_CHECKING:
     from ..clock import Clock
+    from ..health import HealthMonitor
     from ..stores.capabilities import Capabilities
     from .leaseclock import LeaseClock
     from .registry import RunRegistry
@@ -45,3 +46,5 @@ class NodeContext:
     capabilities: Capabilities
     leases: LeaseClock
     """The time lease decisions use (the store's clock where it has one)."""
+    health: HealthMonitor
+    """Where the services report store faults and thread deaths."""

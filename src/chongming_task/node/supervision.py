@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from .. import states
-from ..errors import StoreUnavailable
+from ..errors import StoreError, StoreUnavailable
 from ..model import Failure, FailureKind, TaskScan
 from .services import LoopService, NodeContext, Pass
 
@@ -71,6 +71,7 @@ class LeaseRenewal:
         self._leases = node.leases
         self._lease_ttl = lease_ttl
         self._reachable = reachable
+        self._faults = node.health.faults
         self._next = 0.0  # monotonic time of the next renewal
 
     def run_once(self, now: float) -> Pass:
@@ -115,6 +116,8 @@ class LeaseRenewal:
                     store.touch(run.task_id, lease_owner=owner, lease_until=until)
                 except StoreUnavailable:
                     raise
+                except StoreError as exc:
+                    self._faults.failed(f"lease of task {run.task_id}", exc)
                 except Exception:
                     log.exception("task %s: lease not renewed; will retry", run.task_id)
                 else:
@@ -156,6 +159,7 @@ class ActivityFlush:
         self._owner = node.owner
         self._caps = node.capabilities
         self._reachable = reachable
+        self._faults = node.health.faults
 
     def run_once(self, now: float) -> Pass:
         readings: list[tuple[TaskRun, int]] = []
@@ -195,10 +199,10 @@ class ActivityFlush:
                 written = self._caps.write_activity([item], owner=self._owner)
             except StoreUnavailable:
                 raise
-            except Exception:
+            except Exception as exc:
                 # checkpoint() checks the values, so this is a store fault: drop this
                 # reading, keep flushing the others.
-                log.exception("task %s: progress/heartbeat not written; skipped", run.task_id)
+                self._faults.failed(f"progress of task {run.task_id}", exc)
             else:
                 if written is not None and run.task_id not in written:
                     refused.add(run.task_id)
@@ -263,7 +267,7 @@ class Supervisor(LoopService):
         self.name = f"chongming-supervisor[{node.owner}]"
         self.interval = interval
         self._clock = node.clock
-        self._unreachable = False
+        self._faults = node.health.faults
         self.duties: tuple[Duty, ...] = (
             LeaseRenewal(node, lease_ttl=lease_ttl, reachable=self._reachable),
             RetryRelease(dispatcher),
@@ -284,18 +288,17 @@ class Supervisor(LoopService):
         for duty in self.duties:
             try:
                 done += duty.run_once(now).done
-            except StoreUnavailable as exc:
-                if not self._unreachable:
-                    self._unreachable = True
-                    log.warning("store unreachable (%s); leases, progress and writes wait", exc)
+            except StoreError as exc:  # unreachable, full, read-only...: one line
+                self._faults.failed(duty.name, exc)
             except Exception:
                 log.exception("supervisor %s failed; continuing", duty.name)
+        self._faults.check()
         return Pass(done=done)
 
     def _reachable(self) -> None:
-        if self._unreachable:
-            self._unreachable = False
-            log.warning("store reachable again; leases renewed first")
+        """A store write of a duty succeeded (the fault, if any, ends once none fails
+        for a few seconds: ``FaultLog``)."""
+        self._faults.succeeded()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..loops import Pass
+from ..loops import Pass, ThreadWatch, keep_running
 from .registry import RunRegistry
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._seq = 0
         self._stopping = False
+        self.thread_watch: ThreadWatch | None = None
+        """Told when a worker thread dies and is started again (a node's health)."""
 
     @property
     def started(self) -> bool:
@@ -64,9 +66,10 @@ class WorkerPool:
         self._seq += 1
         # Daemon: a carrier stuck in a task that ignores stop must not hang the
         # interpreter's exit; close() still joins every carrier it can.
-        thread = threading.Thread(
-            target=self._work, name=f"chongming-worker-{self._seq}", daemon=True
+        target = keep_running(
+            "workers", self._work, stopping=lambda: self._stopping, watch=self.thread_watch
         )
+        thread = threading.Thread(target=target, name=f"chongming-worker-{self._seq}", daemon=True)
         self._threads.append(thread)
         thread.start()
 

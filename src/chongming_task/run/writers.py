@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..loops import Pass
+from ..loops import Pass, ThreadWatch, keep_running
 from ..stores._hints import let_writes_wait
 from .writes import RunWrites, Taken
 
@@ -53,6 +53,8 @@ class _WriterThread:
     """What both writers share: their thread's start, stop and join."""
 
     name = "chongming-writer"
+    thread_watch: ThreadWatch | None = None
+    """Told when the thread dies and is started again (a node's health)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -70,7 +72,10 @@ class _WriterThread:
                 return
             # Daemon, like every service thread: the exit hook closes the node, which
             # drains and joins it first.
-            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            target = keep_running(
+                "writer", self._loop, stopping=lambda: self._stopping, watch=self.thread_watch
+            )
+            self._thread = threading.Thread(target=target, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from .. import states
 from ..clock import Clock
-from ..errors import ConcurrencyConflict, StoreUnavailable
+from ..errors import ConcurrencyConflict
 from ..model import (
     JSONValue,
     TaskSnapshot,
@@ -98,6 +98,10 @@ class WritesHost(Protocol):
     def desynced(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
 
     def behind(self, task_id: str) -> None: ...
+
+    def write_failed(self, task_id: str, exc: BaseException) -> None:
+        """A write of the task failed and was buffered (a store fault: reported as an
+        episode, not a line each)."""
 
 
 class RunWrites:
@@ -522,9 +526,10 @@ class RunWrites:
             self.desync(exc)
             return False
         self._error = exc
-        # An outage is reported once, by the supervisor; other failures per task.
-        log.log(
-            logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
+        # A store fault is one episode for the node (one line when it starts, one when
+        # it ends), however many tasks' writes it fails.
+        self._host.write_failed(self.task_id, exc)
+        log.debug(
             "task %s: write-through failed (%s: %s); %d transition(s) buffered, will catch up",
             self.task_id,
             type(exc).__name__,

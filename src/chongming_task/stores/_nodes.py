@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
+from ..health import NodeHealth
 from ..model import NodeRecord, PipelineRecord, ScheduleRecord
 from . import codec
 from ._sql import Executor
@@ -46,6 +47,7 @@ class NodeRegistrySQL:
                     seen,
                     record.host,
                     record.pid,
+                    None if record.health is None else record.health.to_json(),
                 ],
             )
             c.execute(self._sql["forget_node_buckets"], [record.node])
@@ -55,10 +57,11 @@ class NodeRegistrySQL:
                     [[b, record.node, seen] for b in sorted(record.buckets)],
                 )
 
-    def refresh_node(self, node: str, *, now: datetime) -> bool:
+    def refresh_node(self, node: str, *, now: datetime, health: NodeHealth | None = None) -> bool:
         seen = codec.encode_dt(self._node_time(now))
+        said = None if health is None else health.to_json()
         with self._sql_scope("refresh_node", write=True) as c:
-            if c.execute(self._sql["refresh_node"], [seen, node]).rowcount == 0:
+            if c.execute(self._sql["refresh_node"], [seen, said, node]).rowcount == 0:
                 return False
             c.execute(self._sql["refresh_node_buckets"], [seen, node])
         return True
@@ -75,7 +78,7 @@ class NodeRegistrySQL:
         for node, bucket in pairs:
             declared.setdefault(node, set()).add(bucket)
         out = []
-        for node, num, every, ttl, started, seen, stopped, host, pid in rows:
+        for node, num, every, ttl, started, seen, stopped, host, pid, health in rows:
             out.append(
                 NodeRecord(
                     node=node,
@@ -87,6 +90,7 @@ class NodeRegistrySQL:
                     stopped_at=codec.decode_dt(stopped),
                     host=host,
                     pid=pid,
+                    health=NodeHealth.from_json(health),
                 )
             )
         return out

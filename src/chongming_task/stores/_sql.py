@@ -24,6 +24,7 @@ __all__ = [
     "count_sql",
     "load_named",
     "newer_schema",
+    "older_schema",
     "query_sql",
     "scan_sql",
     "scan_where",
@@ -40,6 +41,16 @@ def newer_schema(holder: str, found: int, understood: int) -> StoreError:
     return StoreError(
         f"{holder} has schema version {found}, made by a newer release; this chongming-task "
         f"reads version {understood}: upgrade chongming-task"
+    )
+
+
+def older_schema(holder: str, found: int, understood: int) -> StoreError:
+    """The refusal of a schema an older release made (``found`` before ``understood``):
+    its tables lack what this release writes, until it is migrated."""
+    return StoreError(
+        f"{holder} has schema version {found}, made by an older release; this "
+        f"chongming-task reads version {understood}: run `chongming-task migrate` (DDL "
+        "rights, once)"
     )
 
 

@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import StoreError
+from ..health import NodeHealth
+from ..late import LateReport
 from ..model import (
     Command,
     Failure,
@@ -39,6 +41,7 @@ __all__ = [
     "SupportsCommandWakeups",
     "SupportsCreateMany",
     "SupportsCreateSchema",
+    "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
@@ -232,9 +235,10 @@ class SupportsNodeRegistry(Protocol):
         buckets replaced, ``stopped_at`` cleared."""
         ...
 
-    def refresh_node(self, node: str, *, now: datetime) -> bool:
+    def refresh_node(self, node: str, *, now: datetime, health: NodeHealth | None = None) -> bool:
         """Set the node's ``seen_at`` to ``now`` (the store's own clock where it has
-        one). ``False`` if the node has no declaration or has stopped (declare again)."""
+        one), and its ``health`` where given (``None``: as it was). ``False`` if the node
+        has no declaration or has stopped (declare again)."""
         ...
 
     def retire_node(self, node: str, *, now: datetime) -> None:
@@ -299,6 +303,26 @@ class SupportsPendingCommands(Protocol):
         """The unfinished commands of ``task_id`` (claimed or not), in the order the
         store received them."""
         ...
+
+
+@runtime_checkable
+class SupportsLateReports(Protocol):
+    """What a node reported of a task after the store had ended it without it
+    (docs/design.md, "Late truth"): kept beside the task, never changing it."""
+
+    def record_late_report(self, report: LateReport) -> None:
+        """Keep ``report`` (one per task: a later report of the task replaces it);
+        pruned with its task."""
+        ...
+
+    def late_reports(
+        self, *, task_ids: Sequence[str] | None = None, limit: int = 100
+    ) -> list[LateReport]:
+        """The reports of ``task_ids`` (``None``: of every task), the newest first, at
+        most ``limit``."""
+        ...
+
+    def count_late_reports(self) -> int: ...
 
 
 @runtime_checkable

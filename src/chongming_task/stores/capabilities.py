@@ -19,6 +19,8 @@ from typing import Any
 
 from .. import states
 from ..errors import ConcurrencyConflict, StoreError
+from ..health import NodeHealth
+from ..late import LateReport
 from ..model import (
     Command,
     NodeRecord,
@@ -46,6 +48,7 @@ from ._supports import (
     SupportsCommandWakeups,
     SupportsCreateMany,
     SupportsCreateSchema,
+    SupportsLateReports,
     SupportsMarkExpired,
     SupportsMarkLost,
     SupportsNodeRegistry,
@@ -77,6 +80,7 @@ __all__ = [
     "SupportsCommandWakeups",
     "SupportsCreateMany",
     "SupportsCreateSchema",
+    "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
     "SupportsNodeRegistry",
@@ -104,6 +108,7 @@ class Capabilities:
         "_atomic",
         "_command_log",
         "_create_many",
+        "_late",
         "_mark_expired",
         "_mark_lost",
         "_nodes",
@@ -180,6 +185,9 @@ class Capabilities:
         self._pending = (
             store.pending_commands if isinstance(store, SupportsPendingCommands) else None
         )
+        self._late: SupportsLateReports | None = (
+            store if isinstance(store, SupportsLateReports) else None
+        )
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
@@ -204,6 +212,7 @@ class Capabilities:
                 ("pipeline registry", self._pipelines),
                 ("command log", self._command_log),
                 ("pending commands", self._pending),
+                ("late reports", self._late),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
@@ -405,8 +414,10 @@ class Capabilities:
         if self._nodes is not None:
             self._nodes.declare_node(record)
 
-    def refresh_node(self, node: str, *, now: datetime) -> bool:
-        return self._nodes.refresh_node(node, now=now) if self._nodes is not None else True
+    def refresh_node(self, node: str, *, now: datetime, health: NodeHealth | None = None) -> bool:
+        if self._nodes is None:
+            return True
+        return self._nodes.refresh_node(node, now=now, health=health)
 
     def retire_node(self, node: str, *, now: datetime) -> None:
         if self._nodes is not None:
@@ -460,6 +471,30 @@ class Capabilities:
         """The task's unfinished commands in arrival order; ``None`` where the store
         cannot tell (then any control may be behind one: send it as a command)."""
         return None if self._pending is None else self._pending(task_id)
+
+    @property
+    def has_late_reports(self) -> bool:
+        return self._late is not None
+
+    def record_late_report(self, report: LateReport) -> bool:
+        """Keep ``report`` beside its task; ``False`` where the store keeps none (the
+        node's log line is then the only record)."""
+        if self._late is None:
+            return False
+        self._late.record_late_report(report)
+        return True
+
+    def late_reports(
+        self, *, task_ids: Sequence[str] | None = None, limit: int = 100
+    ) -> list[LateReport]:
+        """The reports of ``task_ids`` (``None``: every task's), newest first; empty
+        where the store keeps none."""
+        if self._late is None:
+            return []
+        return self._late.late_reports(task_ids=task_ids, limit=limit)
+
+    def count_late_reports(self) -> int:
+        return 0 if self._late is None else self._late.count_late_reports()
 
     @property
     def has_storage_clock(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
+from ..late import LateReport
 from ..model import (
     STATUS_TEXT,
     Command,
@@ -473,3 +474,34 @@ def values_to_transition(values: Sequence[Any]) -> Transition:
 
 def values_to_command(values: Sequence[Any]) -> Command:
     return row_to_command(dict(zip(COMMAND_COLUMNS, values, strict=True)))
+
+
+def late_report_to_values(report: LateReport) -> list[Any]:
+    """A late report's row, in ``late_reports``' column order."""
+    return [
+        report.task_id,
+        report.reported_by,
+        encode_dt(report.reported_at),
+        report.status.value,
+        encode_dt(report.ended_at),
+        None if report.outcome is None else encode_json(report.outcome),
+        encode_failure(report.failure),
+        report.stored_status.value,
+    ]
+
+
+def values_to_late_report(values: Sequence[Any]) -> LateReport:
+    task_id, by, at, status, ended, outcome, failure, stored = values
+    reported_at = decode_dt(at)
+    if reported_at is None:
+        raise ValueError(f"late report of {task_id} has no time")
+    return LateReport(
+        task_id=task_id,
+        reported_by=by,
+        reported_at=reported_at,
+        status=TaskStatus(status),
+        stored_status=TaskStatus(stored),
+        ended_at=decode_dt(ended),
+        outcome=None if outcome is None else decode_json(outcome),
+        failure=decode_failure(failure),
+    )

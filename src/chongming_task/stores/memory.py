@@ -12,6 +12,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ..health import NodeHealth
+from ..late import LateReport
 from ..model import (
     TRAIL_TEXT,
     TRAIL_WIDTH,
@@ -62,6 +64,7 @@ class InMemoryTaskStore:
         self._nodes: dict[str, NodeRecord] = {}
         self._schedules: dict[tuple[str, str], ScheduleRecord] = {}
         self._pipelines: dict[str, PipelineRecord] = {}
+        self._late: dict[str, LateReport] = {}
         self._closed = False
 
     value_rules = ValueRules(nul_in_text=True)
@@ -326,13 +329,15 @@ class InMemoryTaskStore:
             self._check_open()
             self._nodes[record.node] = replace(record, stopped_at=None)
 
-    def refresh_node(self, node: str, *, now: datetime) -> bool:
+    def refresh_node(self, node: str, *, now: datetime, health: NodeHealth | None = None) -> bool:
         with self._lock:
             self._check_open()
             record = self._nodes.get(node)
             if record is None or record.stopped_at is not None:
                 return False
-            self._nodes[node] = replace(record, seen_at=now)
+            self._nodes[node] = replace(
+                record, seen_at=now, health=record.health if health is None else health
+            )
             return True
 
     def retire_node(self, node: str, *, now: datetime) -> None:
@@ -371,6 +376,28 @@ class InMemoryTaskStore:
         done.sort(key=lambda c: c.finished_at or after)
         return done[:limit]
 
+    # -- late reports (SupportsLateReports) ------------------------------------------------------
+
+    def record_late_report(self, report: LateReport) -> None:
+        with self._lock:
+            self._check_open()
+            self._late.pop(report.task_id, None)
+            self._late[report.task_id] = report
+
+    def late_reports(
+        self, *, task_ids: Sequence[str] | None = None, limit: int = 100
+    ) -> list[LateReport]:
+        with self._lock:
+            self._check_open()
+            found = [r for r in self._late.values() if task_ids is None or r.task_id in task_ids]
+        found.sort(key=lambda r: r.reported_at, reverse=True)
+        return found[:limit]
+
+    def count_late_reports(self) -> int:
+        with self._lock:
+            self._check_open()
+            return len(self._late)
+
     # -- pipeline shapes (SupportsPipelineRegistry) ---------------------------------------------
 
     def record_pipeline(self, record: PipelineRecord) -> None:
@@ -406,6 +433,7 @@ class InMemoryTaskStore:
                         continue  # written since the scan: no longer the row we judged
                     del self._tasks[task_id]
                 self._history.pop(task_id, None)
+                self._late.pop(task_id, None)
                 pruned += 1
             return pruned
 

@@ -9,8 +9,12 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from ..health import NodeHealth, ServiceFault
+from ..late import LateReport
 from ..model import (
     CommandAction,
+    Failure,
+    FailureKind,
     NodeRecord,
     PipelineRecord,
     ScheduleRecord,
@@ -19,6 +23,7 @@ from ..model import (
 from ..stores.capabilities import (
     SupportsCommandLog,
     SupportsCommandWakeups,
+    SupportsLateReports,
     SupportsNodeRegistry,
     SupportsPendingCommands,
     SupportsPipelineRegistry,
@@ -122,6 +127,84 @@ class FleetCapabilityContract(ContractBase):
             store.declare_node(replace(a, seen_at=at(40)))
             again = node("node-a")
             assert again.stopped_at is None and again.buckets == frozenset({1, 2, 3})
+
+    def test_capability_node_registry_keeps_what_a_node_says_of_its_health(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsNodeRegistry, "a node registry")
+            assert isinstance(store, SupportsNodeRegistry)
+            sick = NodeHealth(
+                store_failing_since=at(3),
+                store_failures=7,
+                store_error="StoreError: database or disk is full",
+                services=(ServiceFault(service="writer", deaths=2, error="OSError: x", at=at(4)),),
+                unhealthy_services=("writer",),
+                desynced=1,
+            )
+            record = NodeRecord(
+                node="node-a",
+                buckets=None,
+                num_buckets=64,
+                ttl_seconds=30.0,
+                started_at=at(0),
+                seen_at=at(0),
+                host="h",
+                pid=1,
+                health=sick,
+            )
+            store.declare_node(record)
+
+            def health() -> NodeHealth | None:
+                (got,) = store.nodes()
+                return got.health
+
+            assert health() == sick and not sick.healthy
+            assert store.refresh_node("node-a", now=at(10)) is True
+            assert health() == sick  # no health given: as it was
+            assert store.refresh_node("node-a", now=at(20), health=NodeHealth()) is True
+            assert health() == NodeHealth()
+
+    def test_capability_late_reports_are_kept_beside_the_task_and_pruned_with_it(
+        self,
+    ) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsLateReports, "late reports")
+            assert isinstance(store, SupportsLateReports)
+            failure = Failure(kind=FailureKind.EXCEPTION, message="ValueError: no")
+            for task_id in ("done", "broke"):
+                store.create(self.snapshot(task_id, status=TaskStatus.LOST, created_at=at(0)))
+            assert store.late_reports() == [] and store.count_late_reports() == 0
+            done = LateReport(
+                task_id="done",
+                reported_by="node-a",
+                reported_at=at(10),
+                status=TaskStatus.SUCCEEDED,
+                stored_status=TaskStatus.LOST,
+                ended_at=at(9),
+                outcome={"rows": 3, "name": "é ✓"},
+            )
+            broke = LateReport(
+                task_id="broke",
+                reported_by="node-a",
+                reported_at=at(20),
+                status=TaskStatus.FAILED,
+                stored_status=TaskStatus.LOST,
+                ended_at=at(19),
+                failure=failure,
+            )
+            store.record_late_report(done)
+            store.record_late_report(broke)
+            assert store.late_reports() == [broke, done]  # newest first
+            assert store.late_reports(task_ids=["done", "ghost"]) == [done]
+            assert store.late_reports(task_ids=[]) == []
+            assert store.late_reports(limit=1) == [broke]
+            assert store.count_late_reports() == 2
+            again = replace(done, reported_at=at(30), outcome=[1, 2])
+            store.record_late_report(again)  # one per task: replaced
+            assert store.late_reports(task_ids=["done"]) == [again]
+            kept = store.get("done")
+            assert kept is not None and kept.status is TaskStatus.LOST  # never a change
+            assert store.prune(keep_terminal=0) == 2
+            assert store.late_reports() == [] and store.count_late_reports() == 0
 
     def test_capability_schedule_registry_keeps_records(self) -> None:
         with self._store() as store:

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from .. import fleet
 from .._feed import TransitionFeed
 from ..errors import ChongmingTaskError
-from ..loops import Pass
+from ..loops import Pass, keep_running
 from ..model import TaskScan, TaskStatus
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores.capabilities import Capabilities
@@ -126,7 +126,9 @@ class Follower:
         self.refresh()
         self._unsubscribe = self._caps.subscribe_transitions(self._wake.set)
         self.notified = self._unsubscribe is not None
-        self._thread = threading.Thread(target=self._run, name="chongming-web-follow", daemon=True)
+        name = "chongming-web-follow"
+        target = keep_running(name, self._run, stopping=self._stop.is_set)
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
         self._thread.start()
 
     @property

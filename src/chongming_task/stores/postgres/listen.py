@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from ...loops import Pass
+from ...loops import Pass, keep_running
 
 __all__ = ["Announcer", "Listener", "listen"]
 
@@ -34,7 +34,8 @@ class Listener:
         self._wake = wake
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        target = keep_running(name, self._run, stopping=self._stop.is_set)
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -111,7 +112,8 @@ class Announcer:
         with self._lock:
             self._due.set()
             if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                target = keep_running(self._name, self._run, stopping=self._stop.is_set)
+                self._thread = threading.Thread(target=target, name=self._name, daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:

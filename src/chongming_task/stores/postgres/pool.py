@@ -17,7 +17,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import StoreError, StoreUnavailable
-from ...loops import Pass
+from ...loops import Pass, keep_running
 from .errors import TRANSIENT, first_line, server_reason, translated
 
 __all__ = ["ServerPool"]
@@ -157,9 +157,9 @@ class ServerPool:
             if self._down_since is not None or self.closed:
                 return
             self._down_since = time.monotonic()
-            threading.Thread(
-                target=self._probe, name=f"chongming-pg-probe[{self.where}]", daemon=True
-            ).start()
+            name = f"chongming-pg-probe[{self.where}]"
+            target = keep_running(name, self._probe, stopping=self._stopped.is_set)
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def _probe(self) -> None:
         """Connect directly every ``_PROBE_INTERVAL`` seconds until the server answers

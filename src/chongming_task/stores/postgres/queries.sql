@@ -27,6 +27,9 @@ WHERE task_id = %s AND status_version = %s
 -- name: schema_version
 SELECT version FROM schema_version
 
+-- name: tasks_table
+SELECT to_regclass('tasks')
+
 -- name: stored_version
 SELECT status_version FROM tasks WHERE task_id = %s
 
@@ -121,6 +124,7 @@ WITH doomed AS (
     ORDER BY created_at DESC, seq DESC OFFSET %s
 ),
 gone_history AS (DELETE FROM transitions WHERE task_id IN (SELECT task_id FROM doomed)),
+gone_reports AS (DELETE FROM late_reports WHERE task_id IN (SELECT task_id FROM doomed)),
 gone_commands AS (
     DELETE FROM commands WHERE finished_at IS NOT NULL
     AND task_id IN (SELECT task_id FROM doomed)
@@ -130,12 +134,13 @@ DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)
 -- Node declarations (docs/design.md, "Fleet declarations"); times come from storage_now().
 -- name: upsert_node
 INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
-                   stopped_at, host, pid)
-VALUES (%s, %s, %s, %s, %s::timestamptz, %s::timestamptz, NULL, %s, %s)
+                   stopped_at, host, pid, health)
+VALUES (%s, %s, %s, %s, %s::timestamptz, %s::timestamptz, NULL, %s, %s, %s)
 ON CONFLICT (node) DO UPDATE SET
     num_buckets = excluded.num_buckets, all_buckets = excluded.all_buckets,
     ttl_seconds = excluded.ttl_seconds, started_at = excluded.started_at,
-    seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid
+    seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid,
+    health = excluded.health
 
 -- name: forget_node_buckets
 DELETE FROM node_buckets WHERE node = %s
@@ -144,7 +149,8 @@ DELETE FROM node_buckets WHERE node = %s
 INSERT INTO node_buckets (bucket, node, updated_at) VALUES (%s, %s, %s::timestamptz)
 
 -- name: refresh_node
-UPDATE nodes SET seen_at = %s::timestamptz WHERE node = %s AND stopped_at IS NULL
+UPDATE nodes SET seen_at = %s::timestamptz, health = COALESCE(%s, health)
+WHERE node = %s AND stopped_at IS NULL
 
 -- name: refresh_node_buckets
 UPDATE node_buckets SET updated_at = %s::timestamptz WHERE node = %s
@@ -154,8 +160,31 @@ UPDATE nodes SET stopped_at = %s::timestamptz WHERE node = %s
 
 -- name: nodes
 SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
-       pid
+       pid, health
 FROM nodes
+
+-- name: record_late_report
+INSERT INTO late_reports (task_id, reported_by, reported_at, status, ended_at, outcome,
+                          failure, stored_status)
+VALUES (%s, %s, %s::timestamptz, %s, %s::timestamptz, %s::jsonb, %s::jsonb, %s)
+ON CONFLICT (task_id) DO UPDATE SET
+    reported_by = excluded.reported_by, reported_at = excluded.reported_at,
+    status = excluded.status, ended_at = excluded.ended_at, outcome = excluded.outcome,
+    failure = excluded.failure, stored_status = excluded.stored_status
+
+-- name: late_reports_of
+SELECT task_id, reported_by, reported_at, status, ended_at, outcome::text, failure::text,
+       stored_status
+FROM late_reports WHERE task_id = ANY(%s::text[])
+ORDER BY reported_at DESC
+
+-- name: late_reports
+SELECT task_id, reported_by, reported_at, status, ended_at, outcome::text, failure::text,
+       stored_status
+FROM late_reports ORDER BY reported_at DESC LIMIT %s
+
+-- name: count_late_reports
+SELECT COUNT(*) FROM late_reports
 
 -- name: node_buckets
 SELECT node, bucket FROM node_buckets ORDER BY node, bucket

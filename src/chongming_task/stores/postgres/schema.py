@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Mapping
 from importlib import resources
+from typing import Any
 
-__all__ = ["IDENTIFIER", "SCHEMA_VERSION", "schema_ddl", "schema_lock_key"]
+__all__ = ["IDENTIFIER", "SCHEMA_VERSION", "schema_ddl", "schema_lock_key", "stored_version"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the tables this release makes and reads (``schema_version``). A schema
-made before that table existed holds the tables of version 1."""
+made before that table existed holds the tables of version 1. 2: ``nodes.health`` and
+``late_reports``."""
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """What a schema name must match (it is written into statements)."""
 _SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks
@@ -27,3 +30,16 @@ def schema_ddl(schema: str) -> bytes:
     """schema.sql for ``schema`` (a validated identifier), as one query."""
     ddl = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
     return ddl.replace("{schema}", schema).replace("{version}", str(SCHEMA_VERSION)).encode()
+
+
+def stored_version(conn: Any, sql: Mapping[str, str]) -> int | None:
+    """The version of the schema ``conn`` is on (its ``search_path``): ``None`` if it
+    is not made yet (migrate makes it); 1 for tables made before the version table."""
+    from psycopg import errors
+
+    try:
+        row = conn.execute(sql["schema_version"]).fetchone()
+    except errors.UndefinedTable:
+        made = conn.execute(sql["tasks_table"]).fetchone()
+        return 1 if made is not None and made[0] is not None else None
+    return None if row is None else int(row[0])

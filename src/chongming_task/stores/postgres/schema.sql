@@ -74,6 +74,22 @@ CREATE TABLE IF NOT EXISTS {schema}.nodes (
     host        TEXT NOT NULL,
     pid         INTEGER NOT NULL
 );
+-- Version 2: what the node says of its own health (docs/design.md, "Health").
+ALTER TABLE {schema}.nodes ADD COLUMN IF NOT EXISTS health TEXT;
+
+-- Version 2: what a node reported of a task after the store had ended it without it
+-- (docs/design.md, "Late truth"): a record beside the final status, never a change of it.
+CREATE TABLE IF NOT EXISTS {schema}.late_reports (
+    task_id       TEXT PRIMARY KEY,
+    reported_by   TEXT NOT NULL,
+    reported_at   TIMESTAMPTZ NOT NULL,
+    status        TEXT NOT NULL,
+    ended_at      TIMESTAMPTZ,
+    outcome       JSONB,
+    failure       JSONB,
+    stored_status TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_late_reports_at ON {schema}.late_reports (reported_at);
 CREATE TABLE IF NOT EXISTS {schema}.node_buckets (
     bucket     INTEGER NOT NULL,
     node       TEXT NOT NULL,

@@ -46,6 +46,7 @@ from ...values import STRICT
 from .. import codec
 from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
+from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
     Dialect,
@@ -54,12 +55,13 @@ from .._sql import (
     encoded_tag,
     load_named,
     newer_schema,
+    older_schema,
     query_sql,
     verdicts_of_expired,
 )
 from .._supports import LifeWrite
 from ..capabilities import Verdict
-from .schema import IDENTIFIER, SCHEMA_VERSION, schema_ddl, schema_lock_key
+from .schema import IDENTIFIER, SCHEMA_VERSION, schema_ddl, schema_lock_key, stored_version
 
 try:
     import psycopg
@@ -113,6 +115,7 @@ _ANNOUNCE_EVERY = 0.1
 class PostgresTaskStore(
     ActivitySQL,
     CommandQueueSQL,
+    LateReportsSQL,
     NodeRegistrySQL,
     ScheduleRegistrySQL,
     PipelineRegistrySQL,
@@ -160,6 +163,8 @@ class PostgresTaskStore(
             application_name=application_name,
         )
         self.where = self._server.where
+        self._older: StoreError | None = None
+        """The refusal of a schema an older release made, until it is migrated."""
         try:
             self._check_version()
         except BaseException:
@@ -175,13 +180,12 @@ class PostgresTaskStore(
             translated("open", self.where, self.schema, lambda: None),
             self._server.opening().connection() as conn,
         ):
-            try:
-                row = conn.execute(_SQL["schema_version"]).fetchone()
-            except pg_errors.UndefinedTable:
-                return  # not made yet (migrate makes it), or made before the table: 1
-        if row is not None and row[0] > SCHEMA_VERSION:
-            holder = f"chongming-task schema {self.schema!r} at {self.where}"
-            raise newer_schema(holder, row[0], SCHEMA_VERSION)
+            found = stored_version(conn, _SQL)
+        holder = f"chongming-task schema {self.schema!r} at {self.where}"
+        if found is not None and found > SCHEMA_VERSION:
+            raise newer_schema(holder, found, SCHEMA_VERSION)
+        if found is not None and found < SCHEMA_VERSION:
+            self._older = older_schema(holder, found, SCHEMA_VERSION)
 
     group_commit = True
     """Writes made side by side share a statement (``group.GroupCommit``)."""
@@ -198,7 +202,10 @@ class PostgresTaskStore(
         return self._server.errors(what)
 
     def _live_pool(self, what: str) -> ConnectionPool:
-        """The pool, or at once ``StoreUnavailable`` during an outage (``ServerPool``)."""
+        """The pool, or at once ``StoreUnavailable`` during an outage (``ServerPool``);
+        a schema an older release made is refused until it is migrated."""
+        if self._older is not None and what != "create_schema":
+            raise self._older
         return self._server.live(what, f"{self!r} is closed")
 
     @contextlib.contextmanager
@@ -235,6 +242,10 @@ class PostgresTaskStore(
         """Claimers run side by side: lock the commands picked, skipping those another
         claimer is taking (``CommandQueueSQL``)."""
         return {row[0] for row in cur.execute(_SQL["lock_commands"], [ids, now]).fetchall()}
+
+    @staticmethod
+    def _id_list(task_ids: Sequence[str]) -> object:
+        return list(task_ids)  # a text[] (``LateReportsSQL``)
 
     def _each_returning(self, cur: Executor, sql: str, rows: list[list[Any]]) -> list[str]:
         """One pipelined batch for the renewals or activity of many tasks
@@ -301,6 +312,7 @@ class PostgresTaskStore(
         with self._cursor("create_schema", transaction=True) as cur:
             cur.execute(_SQL["ddl_lock"], schema_lock_key(self.schema))
             cur.execute(schema_ddl(self.schema))
+        self._older = None
 
     @staticmethod
     def _snapshot(row: Sequence[Any]) -> TaskSnapshot:

@@ -40,7 +40,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ...errors import StoreError
-from ...loops import Pass
+from ...loops import Pass, keep_running
 
 __all__ = ["Checkpointer"]
 
@@ -117,7 +117,8 @@ class Checkpointer:
                 if self._thread is None and not self._closed:
                     # Daemon: a store nobody closes must not hold the interpreter at exit
                     # (SQLite needs no checkpoint to stay consistent).
-                    self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    target = keep_running(self.name, self._run, stopping=lambda: self._closed)
+                    self._thread = threading.Thread(target=target, name=self.name, daemon=True)
                     self._thread.start()
                     return
         self._wake.set()

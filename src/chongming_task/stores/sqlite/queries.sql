@@ -138,8 +138,26 @@ CREATE TABLE IF NOT EXISTS nodes (
     seen_at     TEXT NOT NULL,
     stopped_at  TEXT,
     host        TEXT NOT NULL,
-    pid         INTEGER NOT NULL
+    pid         INTEGER NOT NULL,
+    health      TEXT
 )
+
+-- What a node reported of a task after the store had ended it without it (docs/design.md,
+-- "Late truth"): a record beside the final status, never a change of it.
+-- name: schema_late_reports
+CREATE TABLE IF NOT EXISTS late_reports (
+    task_id       TEXT PRIMARY KEY,
+    reported_by   TEXT NOT NULL,
+    reported_at   TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    ended_at      TEXT,
+    outcome       TEXT,
+    failure       TEXT,
+    stored_status TEXT NOT NULL
+)
+
+-- name: schema_idx_late_reports_at
+CREATE INDEX IF NOT EXISTS idx_late_reports_at ON late_reports (reported_at)
 
 -- name: schema_node_buckets
 CREATE TABLE IF NOT EXISTS node_buckets (
@@ -444,12 +462,13 @@ DELETE FROM tasks WHERE task_id = ?
 
 -- name: upsert_node
 INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
-                   stopped_at, host, pid)
-VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)
+                   stopped_at, host, pid, health)
+VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)
 ON CONFLICT (node) DO UPDATE SET
     num_buckets = excluded.num_buckets, all_buckets = excluded.all_buckets,
     ttl_seconds = excluded.ttl_seconds, started_at = excluded.started_at,
-    seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid
+    seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid,
+    health = excluded.health
 
 -- name: forget_node_buckets
 DELETE FROM node_buckets WHERE node = ?
@@ -458,7 +477,7 @@ DELETE FROM node_buckets WHERE node = ?
 INSERT INTO node_buckets (bucket, node, updated_at) VALUES (?, ?, ?)
 
 -- name: refresh_node
-UPDATE nodes SET seen_at = ? WHERE node = ? AND stopped_at IS NULL
+UPDATE nodes SET seen_at = ?, health = COALESCE(?, health) WHERE node = ? AND stopped_at IS NULL
 
 -- name: refresh_node_buckets
 UPDATE node_buckets SET updated_at = ? WHERE node = ?
@@ -468,8 +487,32 @@ UPDATE nodes SET stopped_at = ? WHERE node = ?
 
 -- name: nodes
 SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
-       pid
+       pid, health
 FROM nodes
+
+-- name: record_late_report
+INSERT INTO late_reports (task_id, reported_by, reported_at, status, ended_at, outcome,
+                          failure, stored_status)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (task_id) DO UPDATE SET
+    reported_by = excluded.reported_by, reported_at = excluded.reported_at,
+    status = excluded.status, ended_at = excluded.ended_at, outcome = excluded.outcome,
+    failure = excluded.failure, stored_status = excluded.stored_status
+
+-- name: late_reports_of
+SELECT task_id, reported_by, reported_at, status, ended_at, outcome, failure, stored_status
+FROM late_reports WHERE task_id IN (SELECT value FROM json_each(?))
+ORDER BY reported_at DESC
+
+-- name: late_reports
+SELECT task_id, reported_by, reported_at, status, ended_at, outcome, failure, stored_status
+FROM late_reports ORDER BY reported_at DESC LIMIT ?
+
+-- name: count_late_reports
+SELECT COUNT(*) FROM late_reports
+
+-- name: prune_late_report
+DELETE FROM late_reports WHERE task_id = ?
 
 -- name: node_buckets
 SELECT node, bucket FROM node_buckets ORDER BY node, bucket

@@ -23,12 +23,12 @@ __all__ = [
     "pragma_value",
 ]
 
-SCHEMA_VERSION = 11  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 12  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
 # (task_writes_life); 9: tasks.seq, the trail keyed by it (_rebuild_trail); 10: the
 # trail of tasks not held in loose_transitions; 11: the trail keyed by rowid, seq * 2^24 +
-# version (_rebuild_trail)
+# version (_rebuild_trail); 12: nodes.health, late_reports, idx_commands_pending
 PAGE_SIZE = 1024  # for new files; see open_schema
 AUTOCHECKPOINT = 8192
 """Pages in the WAL past which a commit checkpoints, where commits do (without the
@@ -120,10 +120,10 @@ def _schema_is_current(link: SqliteConnection) -> bool:
         "SELECT COUNT(*) FROM sqlite_master "
         "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
         "'idx_commands_finished', 'idx_commands_pending', 'idx_tasks_owner', "
-        "'loose_transitions')"
+        "'loose_transitions', 'late_reports')"
     ).fetchone()
     mode = link.conn.execute("PRAGMA journal_mode").fetchone()[0]
-    return found == 8 and (link.path == ":memory:" or mode == "wal")
+    return found == 9 and (link.path == ":memory:" or mode == "wal")
 
 
 def _has_tables(link: SqliteConnection) -> bool:
@@ -154,6 +154,8 @@ def migrate(link: SqliteConnection) -> None:
             _rebuild_trail(conn)
         for statement in _SCHEMA:
             conn.execute(statement)
+        if "health" not in _columns(conn, "nodes"):  # a file made before schema 12
+            conn.execute("ALTER TABLE nodes ADD COLUMN health TEXT")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         conn.execute("ROLLBACK")

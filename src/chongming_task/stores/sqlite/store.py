@@ -38,6 +38,7 @@ from ...values import ValueRules
 from .. import codec
 from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
+from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
     Dialect,
@@ -88,6 +89,7 @@ _DIALECT = Dialect(
 class SqliteTaskStore(
     ActivitySQL,
     CommandQueueSQL,
+    LateReportsSQL,
     NodeRegistrySQL,
     ScheduleRegistrySQL,
     PipelineRegistrySQL,
@@ -455,6 +457,7 @@ class SqliteTaskStore(
             doomed = [(task_id,) for task_id, _ in keyed]
             conn.executemany(_SQL["prune_history"], keyed)
             conn.executemany(_SQL["prune_commands"], doomed)
+            conn.executemany(_SQL["prune_late_report"], doomed)
             conn.executemany(_SQL["prune_task"], doomed)
         return len(doomed)
 
