@@ -21,6 +21,7 @@ from .errors import StopRequested as StopRequested
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TaskAlreadyExists as TaskAlreadyExists
+from .errors import TaskDesynced as TaskDesynced
 from .errors import TaskNotFound as TaskNotFound
 from .errors import TaskUnsuccessful as TaskUnsuccessful
 from .errors import UnknownTask as UnknownTask
@@ -89,6 +90,7 @@ __all__ = [
     "SystemClock",
     "TaskAlreadyExists",
     "TaskDefinition",
+    "TaskDesynced",
     "TaskNotFound",
     "TaskQuery",
     "TaskRun",

@@ -19,6 +19,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TaskAlreadyExists",
+    "TaskDesynced",
     "TaskNotFound",
     "TaskUnsuccessful",
     "UnknownTask",
@@ -124,6 +125,22 @@ class TaskUnsuccessful(ChongmingTaskError, Generic[_Ended]):
             f"task {snapshot.task_id} ({snapshot.name}) ended {snapshot.status}{failure}"
         )
         self.snapshot: _Ended = snapshot
+
+
+class TaskDesynced(TaskUnsuccessful[_Ended]):
+    """``TaskRun.result()`` of a run whose stored task another writer ended (its
+    buckets' owner marked it ``lost`` while this node was cut off): ``snapshot`` is what
+    the store holds, ``local`` what the task came to here, which was not recorded (a
+    late report is kept beside the task instead)."""
+
+    def __init__(self, snapshot: _Ended, local: _Ended) -> None:
+        super().__init__(snapshot)
+        self.local: _Ended = local
+        self.args = (
+            f"task {snapshot.task_id} ({snapshot.name}): the store holds {snapshot.status}; "
+            f"here it ended {local.status}, which was not recorded (a late report is kept "
+            "beside the task)",
+        )
 
 
 class StopRequested(ChongmingTaskError):

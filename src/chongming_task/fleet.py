@@ -14,7 +14,12 @@ and raises these alarms:
 * ``stale-queued``: a task queued and unchanged for ``stale_after`` seconds, whoever
   covers it: the symptom every misconfiguration ends in;
 * ``lease-expired``: a task not finished whose supervisor lease ran out: its node stopped
-  renewing it, and ``reconcile`` would mark it ``lost``.
+  renewing it, and ``reconcile`` would mark it ``lost``;
+* ``node-unhealthy``: a live node says its store writes are failing or a service thread
+  of it died (``NodeHealth``);
+* ``desynced-runs``: a live node holds runs whose stored task another writer ended;
+* ``late-report``: a task the store holds as ``lost`` (or otherwise ended) whose node
+  later reported it finished: its work may be done, so do not simply re-run it.
 
 A node's long task that never checkpoints is none of these: its node renews its lease
 and its bucket is covered. The declarations never decide who runs what.
@@ -44,6 +49,7 @@ __all__ = [
     "declared_buckets",
     "examine",
     "lease_expired",
+    "node_alarms",
     "node_statuses",
 ]
 
@@ -60,6 +66,9 @@ class AlarmKind(enum.StrEnum):
     ORPHAN = "orphan"
     STALE_QUEUED = "stale-queued"
     LEASE_EXPIRED = "lease-expired"
+    NODE_UNHEALTHY = "node-unhealthy"
+    DESYNCED_RUNS = "desynced-runs"
+    LATE_REPORT = "late-report"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,6 +236,21 @@ def examine(
         "whose supervisor lease expired: their node stopped renewing it (reconcile marks "
         "them lost)",
     )
+    alarms += node_alarms(live)
+    reports = caps.late_reports(limit=limit)
+    if reports:
+        count = caps.count_late_reports()
+        alarms.append(
+            Alarm(
+                kind=AlarmKind.LATE_REPORT,
+                message=f"{count} task(s) the store ended without their node were later "
+                "reported finished by it (`show` says how): the work may be done, do not "
+                "simply re-run it",
+                nodes=tuple(sorted({r.reported_by for r in reports})),
+                task_ids=tuple(r.task_id for r in reports),
+                count=count,
+            )
+        )
     return FleetReport(
         checked_at=now,
         num_buckets=num_buckets,
@@ -234,6 +258,35 @@ def examine(
         alarms=tuple(alarms),
         registry=caps.has_node_registry,
     )
+
+
+def node_alarms(live: list[NodeRecord]) -> list[Alarm]:
+    """What live nodes say of their own health: failing store writes or dead service
+    threads, and runs the store has moved on from."""
+    alarms: list[Alarm] = []
+    for r in live:
+        health = r.health
+        if health is None:
+            continue
+        if not health.healthy:
+            alarms.append(
+                Alarm(
+                    kind=AlarmKind.NODE_UNHEALTHY,
+                    message=f"node {r.node}: " + "; ".join(health.problems()),
+                    nodes=(r.node,),
+                )
+            )
+        if health.desynced:
+            alarms.append(
+                Alarm(
+                    kind=AlarmKind.DESYNCED_RUNS,
+                    message=f"node {r.node} holds {health.desynced} run(s) whose stored task "
+                    "another writer ended (lost by a reconcile while it was cut off, say)",
+                    nodes=(r.node,),
+                    count=health.desynced,
+                )
+            )
+    return alarms
 
 
 def _task_alarm(kind: AlarmKind, found: tuple[int, list[TaskSnapshot]], why: str) -> list[Alarm]:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from .fleet import Alarm, FleetReport, NodeStatus, lease_expired
+from .late import LateReport
 from .model import (
     ControlOutcome,
     ControlReceipt,
@@ -262,11 +263,27 @@ def node_json(n: NodeStatus) -> dict[str, Any]:
         "host": r.host,
         "pid": r.pid,
         "active_tasks": n.active_tasks,
+        "health": None if r.health is None else r.health.as_dict(),
     }
 
 
+def node_health(n: NodeStatus) -> str:
+    """What a node says of its health, in a few words (``-``: it said nothing)."""
+    health = n.record.health
+    if health is None:
+        return "-"
+    words = []
+    if health.store_failing_since is not None:
+        words.append(f"store writes failing ({health.store_failures})")
+    if health.unhealthy_services:
+        words.append("died: " + ", ".join(health.unhealthy_services))
+    if health.desynced:
+        words.append(f"{health.desynced} desynced")
+    return "; ".join(words) or "ok"
+
+
 def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
-    headers = ["NODE", "STATE", "BUCKETS", "LAST SEEN", "ACTIVE", "HOST", "PID"]
+    headers = ["NODE", "STATE", "BUCKETS", "LAST SEEN", "ACTIVE", "HEALTH", "HOST", "PID"]
     rows = [
         [
             n.record.node,
@@ -274,6 +291,7 @@ def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
             "all" if n.record.buckets is None else format_buckets(n.record.buckets) or "none",
             f"{age(n.seen_age)} ago",
             str(n.active_tasks),
+            node_health(n),
             n.record.host,
             str(n.record.pid),
         ]
@@ -382,7 +400,19 @@ def doctor_text(report: FleetReport) -> str:
     return "\n".join(lines)
 
 
-def show_text(s: TaskSnapshot, now: datetime) -> str:
+def late_report_json(r: LateReport) -> dict[str, Any]:
+    return {
+        "reported_by": r.reported_by,
+        "reported_at": ts(r.reported_at),
+        "status": r.status.value,
+        "stored_status": r.stored_status.value,
+        "ended_at": ts(r.ended_at),
+        "outcome": r.outcome,
+        "failure": None if r.failure is None else r.failure.message,
+    }
+
+
+def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) -> str:
     fields: list[tuple[str, str]] = [
         ("task", s.task_id),
         ("name", s.name),
@@ -408,6 +438,8 @@ def show_text(s: TaskSnapshot, now: datetime) -> str:
         fields.append(("failure", f"{f.kind.value}: {f.message}{note}"))
     if s.status is TaskStatus.SUCCEEDED:
         fields.append(("outcome", repr(s.outcome)))
+    if late is not None:
+        fields.append(("late report", late.summary()))
     width = max(len(k) for k, _ in fields)
     text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in fields)
     if s.failure is not None and s.failure.traceback:

@@ -458,3 +458,90 @@ def test_the_event_stream_says_change_after_a_transition(
         assert stream.readline().startswith(b"data: ")
     finally:
         stream.close()
+
+
+def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
+    tmp_path: Path,
+) -> None:
+    """What a node says of its health (store writes failing, a dead thread, runs
+    desynced) and a late report beside a lost task reach every view of the dashboard."""
+    from datetime import UTC, datetime, timedelta
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from chongming_task import TaskSnapshot
+    from chongming_task.health import NodeHealth, ServiceFault
+    from chongming_task.late import LateReport
+    from chongming_task.model import NodeRecord
+
+    db = tmp_path / "web.db"
+    store = SqliteTaskStore(db)
+    now = datetime.now(UTC)
+    store.declare_node(
+        NodeRecord(
+            node="node-a",
+            buckets=None,
+            num_buckets=64,
+            ttl_seconds=3600.0,
+            started_at=now,
+            seen_at=now,
+            host="h",
+            pid=1,
+            health=NodeHealth(
+                store_failing_since=now - timedelta(seconds=20),
+                store_failures=41,
+                store_error="StoreError: database or disk is full",
+                services=(ServiceFault(service="writer", deaths=2, error="OSError: x", at=now),),
+                unhealthy_services=("writer",),
+                desynced=1,
+            ),
+        )
+    )
+    store.create(
+        TaskSnapshot(
+            task_id="late0001",
+            name="job",
+            status=TaskStatus.LOST,
+            status_version=4,
+            created_at=now,
+            ended_at=now,
+        )
+    )
+    store.record_late_report(
+        LateReport(
+            task_id="late0001",
+            reported_by="node-a",
+            reported_at=now,
+            status=TaskStatus.SUCCEEDED,
+            stored_status=TaskStatus.LOST,
+            ended_at=now,
+            outcome={"rows": 3},
+        )
+    )
+    store.close()
+    web = Web(db)
+    try:
+        health = json.loads(web.get("/healthz")[1])
+        assert health["ok"] is True and health["nodes_healthy"] is False
+        (sick,) = health["unhealthy_nodes"]
+        assert sick["node"] == "node-a"
+        assert any("store writes failing" in p for p in sick["problems"])
+        assert any("service writer died 2 time(s)" in p for p in sick["problems"])
+        page = web.get("/tasks/late0001")[1]
+        assert "Late report" in page and "node-a reported it succeeded" in page
+        assert "store writes failing (41)" in web.get("/nodes")[1]
+        families = {f.name: f for f in text_string_to_metric_families(web.get("/metrics")[1])}
+
+        def value(name: str, **labels: str) -> float:
+            (sample,) = [s for s in families[name].samples if s.labels == labels]
+            return float(sample.value)
+
+        assert value("chongming_node_healthy", node="node-a") == 0
+        assert value("chongming_node_store_write_failures", node="node-a") == 41
+        assert value("chongming_node_service_deaths", node="node-a", service="writer") == 2
+        assert value("chongming_node_desynced_runs", node="node-a") == 1
+        assert value("chongming_late_reports") == 1
+        assert value("chongming_alarms", kind="late-report") == 1
+        assert value("chongming_alarms", kind="node-unhealthy") == 1
+    finally:
+        web.close()

@@ -8,11 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from chongming_task import (
     CancellationToken,
     Controller,
     InMemoryTaskStore,
     SqliteTaskStore,
+    TaskDesynced,
     TaskSnapshot,
     TaskStatus,
 )
@@ -155,7 +158,10 @@ def test_an_external_writer_desyncs_the_task_instead_of_being_overwritten(
     foreign = replace(stored, status=S.LOST, status_version=stored.status_version + 1)
     store.save(foreign, expect_version=stored.status_version)  # someone else wrote it
     gate.set()
-    assert run.result(5) == 1
+    with pytest.raises(TaskDesynced) as told:
+        run.result(5)  # the caller hears the store's word, and its outcome's fate
+    assert told.value.snapshot.status is S.LOST and told.value.local.outcome == 1
+    assert run.wait(5).status is S.LOST
     assert c.desynced_tasks == frozenset({run.task_id})
     after = store.get(run.task_id)
     assert after is not None and after.status is S.LOST  # not clobbered

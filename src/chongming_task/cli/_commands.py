@@ -41,19 +41,30 @@ def cmd_ps(ctx: Context) -> int:
 
 def cmd_show(ctx: Context) -> int:
     snapshot = get_task(ctx, ctx.args.task_id)
-    now = Capabilities(ctx.store()).now()
+    caps = Capabilities(ctx.store())
+    now = caps.now()
+    late = next(iter(caps.late_reports(task_ids=[snapshot.task_id])), None)
     ctx.emit(
-        {**present.snapshot_json(snapshot), **present.health_json(snapshot, now)},
-        present.show_text(snapshot, now),
+        {
+            **present.snapshot_json(snapshot),
+            **present.health_json(snapshot, now),
+            "late_report": None if late is None else present.late_report_json(late),
+        },
+        present.show_text(snapshot, now, late),
     )
     return 0
 
 
 def cmd_history(ctx: Context) -> int:
     task_id = get_task(ctx, ctx.args.task_id).task_id
-    trail = ctx.store().history(task_id, since_version=ctx.args.since)
+    store = ctx.store()
+    trail = store.history(task_id, since_version=ctx.args.since)
     headers, rows = present.history_rows(trail)
-    ctx.emit([present.transition_json(t) for t in trail], present.table(headers, rows))
+    text = present.table(headers, rows)
+    late = next(iter(Capabilities(store).late_reports(task_ids=[task_id])), None)
+    if late is not None:  # beside the trail, never in it: the store's status stands
+        text += f"\nlate report: {late.summary()}"
+    ctx.emit([present.transition_json(t) for t in trail], text)
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..clock import Clock
 from ..errors import ConcurrencyConflict
 from ..health import FaultLog
+from ..model import TaskSnapshot, TaskStatus
 from ..stores.capabilities import Capabilities
 from ..values import ValueRules
 
@@ -84,17 +85,39 @@ class NodeHost:
     def abandon(self, run: TaskRun) -> None:
         self._workers.abandon(run)
 
-    def desynced(self, task_id: str, exc: ConcurrencyConflict) -> None:
+    def desynced(
+        self,
+        task_id: str,
+        exc: ConcurrencyConflict,
+        local: TaskSnapshot,
+        stored: TaskSnapshot | None,
+    ) -> None:
+        holds = "another version" if stored is None else stored.status.value
         log.error(
-            "task %s: another writer changed it in the store (%s); write-through stopped "
-            "for this task",
+            "task %s: another writer changed it in the store (%s): the store holds %s, "
+            "here it is %s; write-through stopped for this task%s",
             task_id,
             exc,
+            holds,
+            describe_end(local),
+            ", and its end here is kept as a late report" if local.is_terminal else "",
         )
         self._registry.mark_desynced(task_id)
+
+    def report_late(self, ended: TaskSnapshot) -> None:
+        self._registry.report_late(ended)
 
     def behind(self, task_id: str) -> None:
         self._registry.mark_behind(task_id)
 
     def write_failed(self, task_id: str, exc: BaseException) -> None:
         self.faults.failed(f"write of task {task_id}", exc)
+
+
+def describe_end(snapshot: TaskSnapshot) -> str:
+    """A run's status here, with its result or error when it has ended."""
+    if snapshot.outcome is not None and snapshot.status is TaskStatus.SUCCEEDED:
+        return f"{snapshot.status.value} (result {snapshot.outcome!r:.200})"
+    if snapshot.failure is not None:
+        return f"{snapshot.status.value} ({snapshot.failure.message:.200})"
+    return snapshot.status.value

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..model import TaskSnapshot
     from ..run.handle import TaskRun
 
 __all__ = ["RunRegistry"]
@@ -32,6 +33,7 @@ class RunRegistry:
         self._active: dict[str, TaskRun] = {}
         self._behind: set[str] = set()
         self._desynced: set[str] = set()
+        self._late: list[TaskSnapshot] = []
 
     # -- held ---------------------------------------------------------------------------------
 
@@ -108,3 +110,14 @@ class RunRegistry:
     def desynced(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._desynced)
+
+    def report_late(self, ended: TaskSnapshot) -> None:
+        """A desynced run ended here (``ended``: how): its late report is to be kept
+        beside the task (the supervisor writes it, again after a failure)."""
+        with self._lock:
+            self._late.append(ended)
+
+    def take_late(self) -> list[TaskSnapshot]:
+        with self._lock:
+            taken, self._late = self._late, []
+            return taken

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .. import states
 from ..errors import StoreError, StoreUnavailable
+from ..late import LateReport
 from ..model import Failure, FailureKind, TaskScan
 from .services import LoopService, NodeContext, Pass
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ActivityFlush",
     "Duty",
+    "LateReporting",
     "LeaseRenewal",
     "ReconcileLoop",
     "ReconcileReport",
@@ -255,6 +257,54 @@ class WriteCatchUp:
         return Pass(done=caught)
 
 
+class LateReporting:
+    """Keep the late report of each desynced run that ended here beside its task: its
+    end as this process saw it, never a change of the stored status (docs/design.md,
+    "Late truth"). A report the store could not take is tried again next pass."""
+
+    name = "late reports"
+
+    def __init__(self, node: NodeContext) -> None:
+        self._owner = node.owner
+        self._now = node.now
+        self._registry = node.registry
+        self._caps = node.capabilities
+        self._faults = node.health.faults
+
+    def run_once(self, now: float) -> Pass:
+        ended = self._registry.take_late()
+        kept = 0
+        for i, local in enumerate(ended):
+            try:
+                stored = self._caps.store.get(local.task_id)
+                if stored is None:
+                    log.warning("task %s: ended here, no longer in the store", local.task_id)
+                    continue
+                report = LateReport(
+                    task_id=local.task_id,
+                    reported_by=self._owner,
+                    reported_at=self._now(),
+                    status=local.status,
+                    stored_status=stored.status,
+                    ended_at=local.ended_at,
+                    outcome=local.outcome,
+                    failure=local.failure,
+                )
+                recorded = self._caps.record_late_report(report)
+            except StoreError:
+                for rest in ended[i:]:
+                    self._registry.report_late(rest)
+                raise
+            kept += 1
+            log.warning(
+                "task %s: %s%s",
+                local.task_id,
+                report.summary(),
+                "; kept beside it as a late report" if recorded else "",
+            )
+        return Pass(done=kept)
+
+
 class Supervisor(LoopService):
     """One node's supervision: its duties, in order, every ``interval`` seconds, on one
     thread. Lease renewal comes first: after an outage these are the writes that keep
@@ -274,6 +324,7 @@ class Supervisor(LoopService):
             ActivityFlush(node, reachable=self._reachable),
             TimeoutCheck(node),
             WriteCatchUp(node),
+            LateReporting(node),
         )
 
     def run_once(self, now: float | None = None) -> Pass:

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import states
 from ..clock import Clock
-from ..errors import ConcurrencyConflict, StopRequested, TaskUnsuccessful, WaitTimeout
+from ..errors import (
+    ConcurrencyConflict,
+    StopRequested,
+    TaskDesynced,
+    TaskUnsuccessful,
+    WaitTimeout,
+)
 from ..model import (
     TRAIL_WIDTH,
     Failure,
@@ -174,12 +180,14 @@ class TaskRun:
         return self._finished
 
     def wait(self, timeout: float | None = None) -> TaskSnapshot:
-        """Block until the task is terminal; return its final snapshot.
+        """Block until the task is terminal; return its final snapshot: what the store
+        holds (a desynced run's store may hold ``lost`` while it ended otherwise here:
+        ``result()`` says both).
 
         Raises ``WaitTimeout`` if it is not terminal within ``timeout`` seconds.
         """
         if self._finished:
-            return self.snapshot()
+            return self._final()
         with self._lock:
             if self._done is None:
                 self._done = threading.Event()
@@ -188,11 +196,21 @@ class TaskRun:
             done = self._done
         if not done.wait(timeout):
             raise WaitTimeout(f"task {self.task_id} still {self.status.value} after {timeout}s")
+        return self._final()
+
+    def _final(self) -> TaskSnapshot:
+        """The ended run's snapshot, or what the store holds instead once desynced."""
+        if self.writes.desynced and self.writes.stored_instead is not None:
+            return self.writes.stored_instead
         return self.snapshot()
 
     def result(self, timeout: float | None = None) -> JSONValue:
-        """The task's return value; raises ``TaskUnsuccessful`` if it did not succeed."""
+        """The task's return value; raises ``TaskUnsuccessful`` if it did not succeed,
+        ``TaskDesynced`` (one) if the store ended it without this process, whatever it
+        came to here."""
         final = self.wait(timeout)
+        if self.writes.desynced:
+            raise TaskDesynced(final, self.snapshot())
         if final.status is not S.SUCCEEDED:
             raise TaskUnsuccessful(final)
         return final.outcome

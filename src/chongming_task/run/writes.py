@@ -29,10 +29,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from .. import states
-from ..clock import Clock
 from ..errors import ConcurrencyConflict
 from ..model import (
     JSONValue,
@@ -45,7 +44,8 @@ from ..model import (
     utc,
 )
 from ..model import TaskStatus as S
-from ..stores.capabilities import Capabilities, PartialWrite
+from ..stores.capabilities import PartialWrite
+from .host import Handoff, Taken, WritesHost
 
 __all__ = ["Handoff", "RunWrites", "Taken", "WritesHost"]
 
@@ -59,49 +59,6 @@ _STARTING, _RUNNING, _SUCCEEDED = S.STARTING, S.RUNNING, S.SUCCEEDED
 # What a start and a success change (``RunWrites.start``, ``RunWrites.succeed``).
 _START_CHANGES = snapshot_changer(("status", "status_version", "attempt", "started_at"))
 _SUCCESS_CHANGES = snapshot_changer(("status", "status_version", "ended_at", "outcome", "failure"))
-
-Taken = tuple[tuple[Transition, ...], TaskSnapshot]
-"""What a holder of the write lock took: the transitions to write, in order, and the
-snapshot they lead to."""
-
-
-class Handoff(Protocol):
-    """A thread that writes runs' writes behind their workers (``run.writers``)."""
-
-    joins_start: bool
-    """Whether a worker leaves a run's start queued to join its end (``watch``)."""
-
-    def put(self, writes: RunWrites, taken: Taken) -> None:
-        """Write ``taken``; the write lock is held and the writer lets go of it."""
-
-    def watch(self, writes: RunWrites) -> None:
-        """``writes`` has a start queued and its write lock free: write it if its worker
-        does not take it soon."""
-
-
-class WritesHost(Protocol):
-    """The node, as a run's writes see it: its clock and name, its store's capabilities
-    (resolved once, with fallbacks), the buffer's bound, where to hand writes over, and
-    where to report trouble."""
-
-    capabilities: Capabilities
-    writethrough_buffer: int
-    clock: Clock
-    owner: str
-    """The actor of the transitions the run makes itself."""
-
-    @property
-    def writer(self) -> Handoff | None:
-        """Where a worker's writes go on a store with group commit (``None``: the
-        worker writes them itself)."""
-
-    def desynced(self, task_id: str, exc: ConcurrencyConflict) -> None: ...
-
-    def behind(self, task_id: str) -> None: ...
-
-    def write_failed(self, task_id: str, exc: BaseException) -> None:
-        """A write of the task failed and was buffered (a store fault: reported as an
-        episode, not a line each)."""
 
 
 class RunWrites:
@@ -119,10 +76,12 @@ class RunWrites:
         "_host",
         "_lock",
         "_on_end",
+        "_reported",
         "_unwritten",
         "_write_lock",
         "_written",
         "snapshot",
+        "stored_instead",
         "task_id",
         "trail",
     )
@@ -154,6 +113,9 @@ class RunWrites:
         self._written = 0  # the version last actually written (``save`` expects it)
         self._buffer: deque[Transition] | None = None  # failed writes; made on the first
         self._desynced = False
+        self._reported = False  # a desynced run's end, reported late
+        self.stored_instead: TaskSnapshot | None = None
+        """Once desynced: what the store holds instead (``None``: not read)."""
         self._dropped = 0  # transitions dropped from a full buffer
         self._error: BaseException | None = None  # why the latest write failed
 
@@ -380,6 +342,8 @@ class RunWrites:
         go. Without a writer nobody leaves a write to the holder (a worker that finds
         the lock busy waits for it), so the lock is let go at once."""
         on_end = self._on_end
+        if self._desynced and snapshot.status in states.TERMINAL:
+            self._report_late()
         if on_end is not None and snapshot.status in states.TERMINAL:
             self._on_end = None  # once; and the run is no longer held from here
             try:
@@ -473,12 +437,25 @@ class RunWrites:
 
     def desync(self, exc: ConcurrencyConflict) -> None:
         """Another writer changed the task in the store (``exc`` says how it showed):
-        nothing of this run is written any more."""
+        nothing of this run is written any more. The store's view is read once (what
+        ``wait()`` then tells); a run that has ended here is reported late at once."""
         if self._desynced:
             return
         self._desynced = True
         self._buffer = None
-        self._host.desynced(self.task_id, exc)
+        try:
+            self.stored_instead = self._host.capabilities.store.get(self.task_id)
+        except Exception:  # the store's word is then unknown; the desync still holds
+            self.stored_instead = None
+        self._host.desynced(self.task_id, exc, self.snapshot, self.stored_instead)
+        if self.snapshot.is_terminal:
+            self._report_late()
+
+    def _report_late(self) -> None:
+        """Once: this run's end, for the late report kept beside the task."""
+        if not self._reported:
+            self._reported = True
+            self._host.report_late(self.snapshot)
 
     def refuse(self, exc: ConcurrencyConflict) -> bool:
         """The store refused a write beside the write-through (a lease renewal, the

@@ -236,12 +236,20 @@ def create_app(dashboard: Dashboard) -> Starlette:
         except ChongmingTaskError as exc:
             return JSONResponse({"ok": False, "store": d.where, "error": str(exc)}, 503)
         figures = d.follower.latest()
+        # The dashboard is fine; the nodes say how they are (store writes, threads).
+        sick = [
+            {"node": n.record.node, "problems": n.record.health.problems()}
+            for n in figures.report.nodes
+            if n.live and n.record.health is not None and not n.record.health.healthy
+        ]
         return JSONResponse(
             {
                 "ok": True,
                 "store": d.where,
                 "tasks": sum(figures.counts.values()),
                 "figures_age": round(max(0.0, (d.now() - figures.at).total_seconds()), 3),
+                "nodes_healthy": not sick,
+                "unhealthy_nodes": sick,
             }
         )
 

@@ -84,6 +84,16 @@ class StoreCollector(Collector):
         for kind, n in firing.items():
             alarms.add_metric([kind], n)
         yield alarms
+        yield from _node_health(report)
+        late = GaugeMetricFamily(
+            "chongming_late_reports",
+            "Tasks the store ended without their node that it later reported finished.",
+        )
+        late.add_metric(
+            [],
+            sum(a.count for a in report.alarms if a.kind is fleet.AlarmKind.LATE_REPORT),
+        )
+        yield late
         waited = GaugeMetricFamily(
             "chongming_oldest_queued_seconds", "Age of the oldest queued task (0: none)."
         )
@@ -97,6 +107,41 @@ class StoreCollector(Collector):
         )
         age.add_metric([], max(0.0, (d.now() - latest.at).total_seconds()))
         yield age
+
+
+def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
+    """What each live node says of its own health (nodes that say nothing: none)."""
+    healthy = GaugeMetricFamily(
+        "chongming_node_healthy",
+        "1 while a live node says its store writes succeed and no service of it died.",
+        labels=["node"],
+    )
+    failures = GaugeMetricFamily(
+        "chongming_node_store_write_failures",
+        "Store writes failed in a live node's current fault episode (0: none).",
+        labels=["node"],
+    )
+    deaths = GaugeMetricFamily(
+        "chongming_node_service_deaths",
+        "Times a live node's service thread died and was started again.",
+        labels=["node", "service"],
+    )
+    desynced = GaugeMetricFamily(
+        "chongming_node_desynced_runs",
+        "Runs a live node holds whose stored task another writer ended.",
+        labels=["node"],
+    )
+    for n in report.nodes:
+        health = n.record.health
+        if not n.live or health is None:
+            continue
+        node = n.record.node
+        healthy.add_metric([node], 1 if health.healthy else 0)
+        failures.add_metric([node], health.store_failures)
+        desynced.add_metric([node], health.desynced)
+        for fault in health.services:
+            deaths.add_metric([node, fault.service], fault.deaths)
+    yield from (healthy, failures, deaths, desynced)
 
 
 def _label(bucket: int | None) -> str:

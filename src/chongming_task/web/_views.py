@@ -113,9 +113,11 @@ def _chart(d: Dashboard) -> dict[str, Any]:
 
 def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
     now = d.now()
+    late = next(iter(d.caps.late_reports(task_ids=[s.task_id])), None)
     return {
         "now": now,
         "t": s,
+        "late": None if late is None else late.summary(),
         "trail": d.store.history(s.task_id),
         "health": present.health(s, now),
         "took": present.took(s, now),
@@ -161,7 +163,9 @@ def nodes(d: Dashboard) -> dict[str, Any]:
     statuses = fleet.node_statuses(d.caps, now)
     return {
         "now": now,
-        "nodes": [present.node_json(n) for n in statuses],
+        "nodes": [
+            {**present.node_json(n), "said": present.node_health(n)} for n in statuses
+        ],
         "has_registry": d.caps.has_node_registry,
     }
 

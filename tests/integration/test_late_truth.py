@@ -1,0 +1,123 @@
+"""A late truth kept: one node cut off from Postgres (a TCP proxy, the others stay
+connected) while its tasks run; its buckets' owner reconciles them ``lost``; they finish
+on the cut-off node; after the heal the store keeps ``lost`` and, beside it, the node's
+late report of how each ended. The node itself tells its callers the same."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from chongming_task import CancellationToken, Controller, TaskDesynced, TaskStatus
+from chongming_task.stores.capabilities import Capabilities
+from chongming_task.stores.postgres import PostgresTaskStore
+from tests.conftest import wait_until
+from tests.integration.postgres_support import pg_dsn as pg_dsn
+from tests.integration.postgres_support import schema as schema
+from tests.integration.proxy import Proxy
+
+S = TaskStatus
+
+
+def test_a_cut_off_nodes_tasks_finish_lost_in_the_store_with_their_late_report(
+    pg_dsn: str,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = Proxy(("127.0.0.1", 5432))
+    via_proxy = pg_dsn.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    assert via_proxy != pg_dsn
+    a_store = PostgresTaskStore(via_proxy, schema=schema, connect_timeout=2)
+    b_store = PostgresTaskStore(pg_dsn, schema=schema)
+    a = Controller(a_store, owner="node-a", lease_ttl=1.5, reconcile_interval=None)
+    b = Controller(b_store, owner="node-b", reconcile_interval=None)
+    finish = threading.Event()
+
+    @a.task(name="work")
+    def work(token: CancellationToken, n: int) -> dict[str, int]:
+        while not finish.is_set():
+            token.checkpoint()
+            token.sleep(0.02)
+        return {"n": n}
+
+    try:
+        runs = [a.submit("work", n) for n in range(3)]
+        ids = [r.task_id for r in runs]
+        wait_until(lambda: all(b.get(t).status is S.RUNNING for t in ids), what="running")
+        proxy.cut()
+        # The owner of the buckets, still connected, judges by the store's clock.
+        wait_until(
+            lambda: (
+                set(b.reconcile().lost) == set(ids) or all(b.get(t).status is S.LOST for t in ids)
+            ),
+            timeout=20,
+            what="the owner's reconcile after the leases expired",
+        )
+        lost = {t: b.get(t) for t in ids}
+        finish.set()  # the work finishes, on the cut-off node
+        for run in runs:
+            wait_until(lambda run=run: run.done(), what="ended on node-a")
+        proxy.heal()
+        caps = Capabilities(b_store)
+        wait_until(
+            lambda: len(caps.late_reports(task_ids=ids)) == 3,
+            timeout=30,
+            what="node-a's late reports after the heal",
+        )
+        reports = {r.task_id: r for r in caps.late_reports(task_ids=ids)}
+        for n, task_id in enumerate(ids):
+            stored = b.get(task_id)
+            assert stored.status is S.LOST  # final: never rewritten
+            assert stored == lost[task_id], "a lease or heartbeat landed on the lost row"
+            report = reports[task_id]
+            assert report.status is S.SUCCEEDED and report.outcome == {"n": n}
+            assert report.stored_status is S.LOST and report.reported_by == "node-a"
+            assert report.ended_at is not None
+        # In node-a, the callers hear the store's word and their outcome's fate.
+        for run in runs:
+            wait_until(lambda run=run: run.desynced, what="desynced in node-a")
+            assert run.wait(timeout=5).status is S.LOST
+            with pytest.raises(TaskDesynced) as told:
+                run.result(timeout=5)
+            assert told.value.local.status is S.SUCCEEDED
+            assert "the store holds lost" in str(told.value)
+        assert a.health().desynced == 3
+        desync_lines = [
+            r.getMessage() for r in caplog.records if "another writer" in r.getMessage()
+        ]
+        assert desync_lines and all("the store holds lost" in m for m in desync_lines)
+        assert all("succeeded (result" in m for m in desync_lines)
+        # The operator's views say it.
+        cli = [sys.executable, "-m", "chongming_task", "--db", pg_dsn, "--pg-schema", schema]
+        shown = subprocess.run(
+            [*cli, "--json", "show", ids[0]], capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0, shown.stderr
+        data = json.loads(shown.stdout)
+        assert data["status"] == "lost"
+        assert data["late_report"]["status"] == "succeeded"
+        assert data["late_report"]["outcome"] == {"n": 0}
+        text = subprocess.run([*cli, "show", ids[0]], capture_output=True, text=True, timeout=60)
+        assert "reported it succeeded" in text.stdout
+        history = subprocess.run(
+            [*cli, "history", ids[0]], capture_output=True, text=True, timeout=60
+        )
+        assert "late report" in history.stdout and "node-a" in history.stdout
+        doctor = subprocess.run(
+            [*cli, "--json", "doctor"], capture_output=True, text=True, timeout=60
+        )
+        kinds = {alarm["kind"] for alarm in json.loads(doctor.stdout)["alarms"]}
+        assert {"late-report", "desynced-runs"} <= kinds, kinds
+    finally:
+        finish.set()
+        a.close(timeout=5)
+        b.close()
+        a_store.close()
+        b_store.close()
+        proxy.close()
+        time.sleep(0)
