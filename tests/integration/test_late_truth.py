@@ -16,10 +16,10 @@ import pytest
 from chongming_task import CancellationToken, Controller, TaskDesynced, TaskStatus
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.stores.postgres import PostgresTaskStore
+from chongming_task.testing.proxy import Proxy
 from tests.conftest import wait_until
 from tests.integration.postgres_support import pg_dsn as pg_dsn
 from tests.integration.postgres_support import schema as schema
-from tests.integration.proxy import Proxy
 
 S = TaskStatus
 
