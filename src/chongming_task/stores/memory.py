@@ -223,13 +223,8 @@ class InMemoryTaskStore:
             current = self._tasks.get(task_id)
             if current is None or current.status in TERMINAL:
                 return
-            self._tasks[task_id] = current.evolve(
-                progress=current.progress if progress is None else progress,
-                last_heartbeat_at=(
-                    current.last_heartbeat_at if heartbeat_at is None else heartbeat_at
-                ),
-                lease_owner=current.lease_owner if lease_owner is None else lease_owner,
-                lease_until=current.lease_until if lease_until is None else lease_until,
+            self._tasks[task_id] = _touched(
+                current, progress, heartbeat_at, lease_owner, lease_until
             )
 
     def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> list[str]:
@@ -258,13 +253,8 @@ class InMemoryTaskStore:
                     continue
                 if current.lease_owner not in (None, owner):
                     continue
-                self._tasks[task_id] = current.evolve(
-                    progress=current.progress if progress is None else progress,
-                    last_heartbeat_at=(
-                        current.last_heartbeat_at if heartbeat is None else heartbeat
-                    ),
-                    lease_owner=current.lease_owner if until is None else owner,
-                    lease_until=current.lease_until if until is None else until,
+                self._tasks[task_id] = _touched(
+                    current, progress, heartbeat, None if until is None else owner, until
                 )
             written.append(task_id)
         return written
@@ -439,3 +429,19 @@ class InMemoryTaskStore:
 
     def close(self) -> None:
         self._closed = True
+
+
+def _touched(
+    current: TaskSnapshot,
+    progress: Progress | None,
+    heartbeat_at: datetime | None,
+    lease_owner: str | None,
+    lease_until: datetime | None,
+) -> TaskSnapshot:
+    """``current`` with the given side-channel columns (``None``: as is)."""
+    return current.evolve(
+        progress=current.progress if progress is None else progress,
+        last_heartbeat_at=current.last_heartbeat_at if heartbeat_at is None else heartbeat_at,
+        lease_owner=current.lease_owner if lease_owner is None else lease_owner,
+        lease_until=current.lease_until if lease_until is None else lease_until,
+    )

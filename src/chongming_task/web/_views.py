@@ -163,9 +163,7 @@ def nodes(d: Dashboard) -> dict[str, Any]:
     statuses = fleet.node_statuses(d.caps, now)
     return {
         "now": now,
-        "nodes": [
-            {**present.node_json(n), "said": present.node_health(n)} for n in statuses
-        ],
+        "nodes": [{**present.node_json(n), "said": present.node_health(n)} for n in statuses],
         "has_registry": d.caps.has_node_registry,
     }
 
