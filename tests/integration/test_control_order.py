@@ -145,3 +145,30 @@ def test_commands_are_carried_out_in_arrival_order_not_by_the_senders_clocks(
     assert final.status is S.STOPPED
     ends = [t for t in console.history(h.task_id) if t.to_status in (S.STOPPING, S.CANCELLED)]
     assert [(t.to_status, t.actor) for t in ends] == [(S.STOPPING, "operator")]
+
+
+def test_a_waited_resume_behind_a_pending_pause_waits_for_both(
+    place: Place, holder: tuple[Holder, Controller]
+) -> None:
+    """``resume --wait`` queued behind a pause returns once the holder has carried out
+    both, not at once because the task is still running before the pause."""
+    h, _ = holder
+    cli(place, "pause", h.task_id)
+    waited = subprocess.Popen(
+        [sys.executable, "-m", "chongming_task", *place.cli, "resume", h.task_id, "--wait", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waited.wait(2)  # nothing carried out yet: it waits
+        assert h.poll() == 2
+        out, err = waited.communicate(timeout=30)
+        assert waited.returncode == 0, err
+        assert "after the pending pause" in out or "now running" in out, out
+        assert out.rstrip().endswith("now running"), out
+    finally:
+        if waited.poll() is None:
+            waited.kill()
+            waited.communicate()

@@ -7,12 +7,13 @@ import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
 from ..errors import StoreError, WaitTimeout
-from ..model import CommandAction, TaskStatus
+from ..model import CommandAction, ControlReceipt, TaskSnapshot, TaskStatus
 from ..node.signals import NotedSignals
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
@@ -192,7 +193,9 @@ def _control(
     queued = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
     try:
         ctrl_c.release()  # a Ctrl-C held meanwhile is heard here
-        final = control.wait_for(task_id, _WAIT_UNTIL[action], timeout=ctx.args.wait)
+        final = control.wait_for(
+            task_id, _carried_out(control, receipt, _WAIT_UNTIL[action]), timeout=ctx.args.wait
+        )
     except WaitTimeout as exc:
         raise WaitTimeout(f"{queued} and stays queued; {exc}") from None
     except KeyboardInterrupt:
@@ -201,6 +204,24 @@ def _control(
     data["status"] = final.status.value
     ctx.emit(data, f"{queued}; now {final.status.value}")
     return 0
+
+
+def _carried_out(
+    control: StoreControl, receipt: ControlReceipt, effect: Callable[[TaskSnapshot], bool]
+) -> Callable[[TaskSnapshot], bool]:
+    """``effect`` of an accepted command, looked for only once its holder has carried it
+    out (a resume queued behind a pending pause must not count the status before it)."""
+    caps = Capabilities(control.store)
+
+    def done(snapshot: TaskSnapshot) -> bool:
+        if snapshot.is_terminal:
+            return True
+        pending = caps.pending_commands(snapshot.task_id)
+        if pending is not None and any(c.command_id == receipt.command_id for c in pending):
+            return False
+        return effect(snapshot)
+
+    return done
 
 
 def cmd_reconcile(ctx: Context) -> int:

@@ -441,13 +441,14 @@ class RunWrites:
         ``wait()`` then tells); a run that has ended here is reported late at once."""
         if self._desynced:
             return
-        self._desynced = True
         self._buffer = None
         try:
             self.stored_instead = self._host.capabilities.store.get(self.task_id)
         except Exception:  # the store's word is then unknown; the desync still holds
             self.stored_instead = None
+        # The node lists it before the run says so: whoever sees ``desynced`` sees both.
         self._host.desynced(self.task_id, exc, self.snapshot, self.stored_instead)
+        self._desynced = True
         if self.snapshot.is_terminal:
             self._report_late()
 
