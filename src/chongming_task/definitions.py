@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,8 +31,11 @@ class TaskDefinition:
     timeout: float | None = None
     timeout_grace: float = 5.0
     tags: frozenset[str] = frozenset()
+    is_async: bool = field(init=False, default=False)
+    """An ``async def`` function: it runs on the node's event loop, not a worker thread."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.func))
         if not self.name:
             raise ConfigurationError("a task definition needs a non-empty name")
         if self.timeout is not None and self.timeout <= 0:

@@ -75,6 +75,12 @@ def main() -> None:
             token.checkpoint()
             token.sleep(0.010)
 
+    @node.task(name="aloop")
+    async def aloop(token: CancellationToken) -> str:
+        while True:
+            await token.acheckpoint()
+            await token.asleep(0.010)
+
     @node.task(name="silent")
     def silent(token: CancellationToken, seconds: str) -> str:
         time.sleep(float(seconds))  # pure work: no checkpoint at all

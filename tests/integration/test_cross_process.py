@@ -460,3 +460,34 @@ def _key_in(low: int, high: int) -> str:
     return next(
         k for k in (f"key{i}" for i in range(10_000)) if low <= policy.bucket_for(k) <= high
     )
+
+
+def test_another_process_pauses_resumes_and_stops_an_async_task(
+    db: Path, nodes: list[Node]
+) -> None:
+    """An ``async def`` task on a node's event loop is a task like any other for the
+    CLI: paused, resumed and stopped from another process."""
+    a = Node(db, "--owner", "node-a", "--submit", "aloop")
+    nodes.append(a)
+    (task_id,) = a.task_ids
+    store = SqliteTaskStore(db)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    try:
+        wait_until(lambda: store.get(task_id).status is S.RUNNING)  # type: ignore[union-attr]
+        assert "now paused" in cli("pause", task_id, "--wait", "10")
+        assert "now running" in cli("resume", task_id, "--wait", "10")
+        assert "now stopped" in cli("stop", task_id, "--wait", "10")
+        trail = [t.to_status for t in store.history(task_id)]
+        assert trail[-5:] == [S.PAUSING, S.PAUSED, S.RUNNING, S.STOPPING, S.STOPPED]
+    finally:
+        store.close()

@@ -282,7 +282,7 @@ def test_a_crash_of_the_runtime_itself_ends_the_task(
     def broken(self: TaskRun, result: Any, *rest: Any) -> None:
         raise RuntimeError("settle broke")
 
-    monkeypatch.setattr(TaskRun, "_settle", broken)
+    monkeypatch.setattr(TaskRun, "settle", broken)
     run = c.submit(c.task(lambda token: 1, name="one"))
     final = run.wait(5)
     assert final.status is S.FAILED and final.failure is not None

@@ -8,7 +8,9 @@ other task writes a ``Command`` to the store for the holder's poller.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import functools
 import logging
 import os
 import random
@@ -132,6 +134,7 @@ class Controller:
         poll_commands: bool | None = None,
         run_schedules: bool = True,
         reconcile_interval: float | Literal["lease_ttl"] | None = "lease_ttl",
+        max_async: int = 1000,
     ) -> None:
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
@@ -145,6 +148,8 @@ class Controller:
             lease_ttl=lease_ttl,
             activity_interval=activity_interval,
         )
+        if max_async < 1:
+            raise ConfigurationError(f"max_async must be >= 1, got {max_async}")
         if reconcile_interval == "lease_ttl":
             reconcile_interval = lease_ttl
         elif reconcile_interval is not None and reconcile_interval <= 0:
@@ -216,6 +221,7 @@ class Controller:
             started=lambda: _running.add(self),
             reconciler=self._reconciler,
             reconcile_interval=reconcile_interval,
+            max_async=max_async,
         )
         # What each run needs from this node: settings, and where it reports.
         host = NodeHost(
@@ -230,6 +236,7 @@ class Controller:
             pipelines=services.pipelines,
             writer=services.writer,
             faults=node.health.faults,
+            aio=services.aio,
         )
         self._submitter = Submitter(
             node,
@@ -253,6 +260,29 @@ class Controller:
 
     def __enter__(self) -> Controller:
         return self
+
+    async def __aenter__(self) -> Controller:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
+        """``submit`` for a program that runs an event loop: the store write happens on a
+        thread, never blocking the caller's loop."""
+        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
+
+    async def astop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.stop, task_id, reason=reason)
+
+    async def apause(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.pause, task_id, reason=reason)
+
+    async def aresume(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.resume, task_id, reason=reason)
+
+    async def acancel(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.cancel, task_id, reason=reason)
 
     def __exit__(
         self,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..pipelines import PipelineRunner
     from ..run.handle import TaskRun
     from ..run.writers import BehindWriter, Writer
+    from .aio import AsyncRunner
     from .dispatch import Dispatcher
     from .registry import RunRegistry
     from .workers import WorkerPool
@@ -31,6 +32,7 @@ class NodeHost:
     """A node's side of its runs: settings they read, and where they report."""
 
     __slots__ = (
+        "_aio",
         "_dispatcher",
         "_pipelines",
         "_registry",
@@ -59,9 +61,11 @@ class NodeHost:
         pipelines: PipelineRunner,
         writer: Writer | BehindWriter | None,
         faults: FaultLog,
+        aio: AsyncRunner,
     ) -> None:
         self.owner = owner
         self.faults = faults
+        self._aio = aio
         self.clock = clock
         self.rng = rng
         self.capabilities = capabilities
@@ -83,7 +87,12 @@ class NodeHost:
         self._dispatcher.schedule(run, delay)
 
     def abandon(self, run: TaskRun) -> None:
+        if run.definition.is_async:
+            return  # it holds no thread: its slot is freed when its coroutine ends
         self._workers.abandon(run)
+
+    def cancel_async(self, run: TaskRun, *, after: float) -> None:
+        self._aio.cancel(run, after=after)
 
     def desynced(
         self,

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING
 from ..pipelines import PipelineRunner
 from ..run.writers import BehindWriter, Writer
 from ..schedules import ScheduleRunner
+from .aio import AsyncRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
 from .dispatch import Dispatcher
 from .services import LoopService, NodeContext, NodeState, Service
 from .supervision import ReconcileLoop, Reconciler, Supervisor
-from .workers import WorkerPool
+from .workers import WorkerPool, crashed
 
 if TYPE_CHECKING:
     from ..run.handle import TaskRun
@@ -59,6 +60,7 @@ class NodeServices:
         started: Callable[[], None],
         reconciler: Reconciler,
         reconcile_interval: float | None,
+        max_async: int,
     ) -> None:
         """``fire`` submits a schedule's run; ``polling`` is false for a node that must
         never poll commands; ``started`` is called whenever a service starts (the node
@@ -90,6 +92,16 @@ class NodeServices:
             size=workers,
             woken=self.writer.complete if isinstance(self.writer, BehindWriter) else None,
         )
+        registry = node.registry
+
+        def released(run: TaskRun) -> None:
+            registry.finished(run)
+            dispatcher.done(run)
+
+        self.aio = AsyncRunner(
+            owner=node.owner, max_async=max_async, released=released, crashed=crashed
+        )
+        self.workers.hand_async = self.aio.hand
         self.pipelines = PipelineRunner(owner=node.owner)
         self.supervisor = Supervisor(
             node, dispatcher=dispatcher, lease_ttl=lease_ttl, interval=activity_interval
@@ -124,6 +136,7 @@ class NodeServices:
                 loop.thread_watch = health.watch
                 loop.faults = health.faults
         self.workers.thread_watch = health.watch
+        self.aio.thread_watch = health.watch
         self.pipelines.thread_watch = health.watch
         if self.writer is not None:
             self.writer.thread_watch = health.watch
@@ -176,6 +189,7 @@ class NodeServices:
         services: list[Service] = [
             self.scheduler,
             self.workers,
+            self.aio,  # after the workers (no more hand-overs), before the writer
             *([] if self.writer is None else [self.writer]),
             self.supervisor,
             self.poller,

@@ -129,7 +129,7 @@ class LeaseRenewal:
                 renewed = [run for run in due if run.task_id in granted]
                 for run in due:
                     if run.task_id not in granted:
-                        run.refused("lease renewal")
+                        run.writes.refuse("lease renewal")
         self._reachable()
         for run in renewed:
             run.lease_renewed(mono + self._lease_ttl / 3)
@@ -188,7 +188,7 @@ class ActivityFlush:
         self._reachable()
         for run, seq in readings:
             if run.task_id in refused:
-                run.refused("progress/heartbeat write")
+                run.writes.refuse("progress/heartbeat write")
             run.activity_flushed(seq)
         return Pass(done=len(items) - len(refused))
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..run.handle import TaskRun
     from .dispatch import Dispatcher
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "crashed"]
 
 log = logging.getLogger("chongming_task.workers")
 
@@ -49,6 +49,8 @@ class WorkerPool:
         self._stopping = False
         self.thread_watch: ThreadWatch | None = None
         """Told when a worker thread dies and is started again (a node's health)."""
+        self.hand_async: Callable[[TaskRun], None] | None = None
+        """Where an ``async def`` task's attempt goes (the node's event loop)."""
 
     @property
     def started(self) -> bool:
@@ -117,10 +119,14 @@ class WorkerPool:
         if self._woken is not None:
             self._woken()
         self._registry.started(run)
+        hand = self.hand_async
+        if hand is not None and run.definition.is_async:
+            hand(run)  # the node's event loop carries it; its slot is freed at its end
+            return True
         try:
             run.execute()
         except BaseException as exc:
-            _crashed(run, exc)
+            crashed(run, exc)
         if run.abandoned:
             return False
         self._registry.finished(run)
@@ -128,7 +134,7 @@ class WorkerPool:
         return True
 
 
-def _crashed(run: TaskRun, exc: BaseException) -> None:
+def crashed(run: TaskRun, exc: BaseException) -> None:
     """The runtime itself failed while carrying ``run``: the task is ended ``failed``,
     never left active with nobody to finish it."""
     log.exception("task %s: carrier crashed", run.task_id)

@@ -33,6 +33,16 @@ def result_outcome(result: Any, rules: ValueRules) -> tuple[JSONValue, Failure |
     (docs/design.md, "Results")."""
     if result is None:
         return None, None
+    if hasattr(result, "__await__"):  # a sync function that returned a coroutine, say
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # never awaited: no "was never awaited" warning later
+        return None, Failure(
+            kind=FailureKind.RESULT_INVALID,
+            message=f"the function returned an awaitable ({type(result).__name__}), not a "
+            "result: define the task with `async def` so the node awaits it",
+            exception_type="builtins.TypeError",
+        )
     try:
         return storable_result(result, rules), None
     except Exception as exc:  # InvalidValue, or anything the check itself hit

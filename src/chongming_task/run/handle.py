@@ -15,17 +15,16 @@ never needs them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from _thread import RLock as _RLock
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import states
-from ..clock import Clock
 from ..errors import (
-    ConcurrencyConflict,
     StopRequested,
     TaskDesynced,
     TaskUnsuccessful,
@@ -42,14 +41,13 @@ from ..model import (
 )
 from ..model import ControlOutcome as O
 from ..model import TaskStatus as S
-from ..values import ValueRules, check_text
+from ..values import check_text
 from . import attempt
+from .host import RunGroup, RunHost
 from .token import CancellationToken, StopKind
-from .writes import RunWrites, WritesHost
+from .writes import RunWrites
 
 if TYPE_CHECKING:
-    import random
-
     from ..definitions import TaskDefinition
 
 __all__ = ["RunGroup", "RunHost", "TaskRun"]
@@ -58,27 +56,6 @@ log = logging.getLogger("chongming_task.run")
 
 # The statuses an attempt's hot path names, as module globals (the reason: ``writes``).
 _QUEUED, _RUNNING, _SUCCEEDED = S.QUEUED, S.RUNNING, S.SUCCEEDED
-
-
-class RunHost(WritesHost, Protocol):
-    """What a run needs from its node."""
-
-    clock: Clock
-    owner: str
-    rng: random.Random
-    value_rules: ValueRules
-
-    def ended(self, run: TaskRun) -> None: ...
-
-    def requeue(self, run: TaskRun, delay: float) -> None: ...
-
-    def abandon(self, run: TaskRun) -> None: ...
-
-
-class RunGroup(Protocol):
-    """What a run may belong to (a pipeline run): told when a member has ended."""
-
-    def node_finished(self, run: TaskRun) -> None: ...
 
 
 class TaskRun:
@@ -99,6 +76,7 @@ class TaskRun:
         "_lock",
         "_paused_at",
         "abandoned",
+        "cancel_asked",
         "definition",
         "node_key",
         "pipeline",
@@ -138,7 +116,11 @@ class TaskRun:
             lock=self._lock,
             rules=host.value_rules,
         )
+        if definition.is_async:
+            self.token.make_async()
         self.abandoned = False
+        self.cancel_asked = False
+        """An async attempt's cancellation was asked (a stop's grace ran out, a timeout)."""
         self.pipeline: RunGroup | None = None  # set for pipeline nodes
         self.node_key: str | None = None
         self._deadline: float | None = None
@@ -203,6 +185,14 @@ class TaskRun:
         if self.writes.desynced and self.writes.stored_instead is not None:
             return self.writes.stored_instead
         return self.snapshot()
+
+    async def wait_async(self, timeout: float | None = None) -> TaskSnapshot:
+        """``wait()``, awaited on a thread: the caller's loop never blocks."""
+        return self._final() if self._finished else await asyncio.to_thread(self.wait, timeout)
+
+    async def aresult(self, timeout: float | None = None) -> JSONValue:
+        """``result()`` for a program that runs an event loop."""
+        return await asyncio.to_thread(self.result, timeout)
 
     def result(self, timeout: float | None = None) -> JSONValue:
         """The task's return value; raises ``TaskUnsuccessful`` if it did not succeed,
@@ -316,6 +306,8 @@ class TaskRun:
             return O.CANCELLED
         # The token hears it only once the transition is legal and in the store.
         self._tell_token(S.STOPPING, lambda: self.token.request_stop(kind, reason))
+        if self.definition.is_async:  # asked first; cancelled once its grace runs out
+            self._host.cancel_async(self, after=self.definition.timeout_grace)
         return O.STOPPING
 
     def stop(self, reason: str | None = None, actor: str | None = None) -> O:
@@ -373,20 +365,33 @@ class TaskRun:
             if self.writes.snapshot.status is S.PAUSING:
                 self._paused_at = self._host.clock.monotonic()
                 self._apply(S.PAUSED, reason="acknowledged at a checkpoint")
-        self.writes.write()
+        self.writes.write(soon=self.definition.is_async)
 
     # -- the node's side: one attempt, on a worker thread --------------------------------------
 
     def execute(self) -> None:
-        """One attempt, on the calling (worker) thread. The start is written before the
-        function is called, or handed to the node's writer (the function runs while it
-        is written), or left queued to join a quick task's end in one write (a writer
-        that ``joins_start``)."""
+        """One attempt, on the calling (worker) thread."""  # async ones: ``node.aio``
+        if not self.begin_attempt():
+            return
+        try:
+            result = self.definition.func(self.token, *self._args, **self._kwargs)
+        except BaseException as exc:
+            self.ended_by(exc)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: recorded, then on their way
+        else:
+            self.settle(result)
+
+    def begin_attempt(self) -> bool:
+        """Start an attempt; whether to call the function. The start is written before
+        the function is called, or handed to the node's writer (the function runs while
+        it is written), or left queued to join a quick task's end in one write (a
+        writer that ``joins_start``)."""
         writer = self._host.writer
         joins = writer is not None and writer.joins_start
         with self._lock:
             if self.writes.snapshot.status is not _QUEUED:
-                return  # cancelled or stopped while it waited
+                return False  # cancelled or stopped while it waited
             attempt_no = self.writes.snapshot.attempt + 1
             self.token.attempt = attempt_no
             stopped = self.token.stop_requested
@@ -406,24 +411,25 @@ class TaskRun:
             writer.watch(self.writes)
         else:
             self.writes.hand_off(taken)
-        if stopped:
-            return
-        try:
-            result = self.definition.func(self.token, *self._args, **self._kwargs)
-        except StopRequested:
+        return not stopped
+
+    def call(self) -> Any:
+        """The task's function called with its arguments (an ``async def`` one gives its
+        coroutine, for the node's event loop to await)."""
+        return self.definition.func(self.token, *self._args, **self._kwargs)
+
+    def ended_by(self, exc: BaseException, *, soon: bool = False) -> None:
+        """Record what the function raised: a stop obeyed, an exception (retried by the
+        policy), a ``BaseException`` (never retried). ``soon``: handed to the writer."""
+        if isinstance(exc, StopRequested):
             with self._lock:
                 if not self.writes.snapshot.is_terminal:
                     self._finish_stopped()
-            self.writes.write()
-        except Exception as exc:
-            self._failed(exc, retry=True)
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit: record, then re-raise
-            self._failed(exc, retry=False)
-            raise
+            self.writes.write(soon=soon)
         else:
-            self._settle(result)
+            self._failed(exc, retry=isinstance(exc, Exception), soon=soon)
 
-    def _settle(self, result: Any) -> None:
+    def settle(self, result: Any) -> None:
         """Record a return value (``attempt.result_outcome``: checked against what the
         store can hold before it is a success)."""
         with self._lock:
@@ -444,7 +450,7 @@ class TaskRun:
             taken = self.writes.take_if_free()
         self.writes.hand_off(taken)
 
-    def _failed(self, exc: BaseException, *, retry: bool) -> None:
+    def _failed(self, exc: BaseException, *, retry: bool, soon: bool = False) -> None:
         """Record an exception: back to ``queued`` for a retry after its backoff, or
         ``failed``."""
         delay: float | None = None
@@ -464,7 +470,7 @@ class TaskRun:
                     )
                 else:
                     self._apply(S.FAILED, failure=failure, reason=failure.message)
-        self.writes.write()
+        self.writes.write(soon=soon)
         if delay is not None:
             self._host.requeue(self, delay)
 
@@ -482,6 +488,15 @@ class TaskRun:
             self._apply(to, reason=reason)
         else:
             self._apply(to, failure=failure, reason=reason)
+
+    def cancelled(self) -> None:
+        """An async attempt was cancelled: it ends as its stop or timeout says."""
+        with self._lock:
+            if not self.writes.snapshot.is_terminal:
+                if self.token.stop_kind is None:  # cancelled from outside the runtime
+                    self.token.request_stop("stop", "cancelled")
+                self._finish_stopped()
+        self.writes.write(soon=True)
 
     def crashed(self, exc: BaseException) -> None:
         """Last resort, when the runtime itself failed while carrying this task: end the
@@ -562,20 +577,9 @@ class TaskRun:
         self._tell_token(
             S.STOPPING, lambda: self.token.request_stop("timeout", f"timed out after {timeout}s")
         )
+        if self.definition.is_async:  # a coroutine can really be cancelled: at once
+            self._host.cancel_async(self, after=0.0)
         return True
-
-    def refused(self, what: str) -> bool:
-        """The store refused this run's ``what`` (a lease renewal, its activity): its row
-        is finished or held by another node. Desynced at once, unless the run has ended
-        here meanwhile (its own end is what the store holds then). Returns whether it
-        desynced."""
-        if self.writes.desynced:
-            return False
-        return self.writes.refuse(
-            ConcurrencyConflict(
-                f"{what} refused: the stored task is finished or held by another node"
-            )
-        )
 
     def lease_due(self, mono: float) -> bool:
         """Whether the run's lease has used a third of its TTL (monotonic time)."""

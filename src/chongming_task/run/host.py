@@ -1,19 +1,23 @@
-"""The node as a run's writes see it (``WritesHost``), and where a worker's writes go
-(``Handoff``): protocols, so a run never holds the node itself."""
+"""The node as a run sees it (``RunHost``; ``WritesHost``, its writes' part), where a
+worker's writes go (``Handoff``), and what a run may belong to (``RunGroup``):
+protocols, so a run never holds the node itself."""
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Protocol
 
 from ..clock import Clock
 from ..errors import ConcurrencyConflict
 from ..model import TaskSnapshot, Transition
 from ..stores.capabilities import Capabilities
+from ..values import ValueRules
 
 if TYPE_CHECKING:
+    from .handle import TaskRun
     from .writes import RunWrites
 
-__all__ = ["Handoff", "Taken", "WritesHost"]
+__all__ = ["Handoff", "RunGroup", "RunHost", "Taken", "WritesHost"]
 
 Taken = tuple[tuple[Transition, ...], TaskSnapshot]
 """What a holder of the write lock took: the transitions to write, in order, and the
@@ -68,3 +72,27 @@ class WritesHost(Protocol):
     def write_failed(self, task_id: str, exc: BaseException) -> None:
         """A write of the task failed and was buffered (a store fault: reported as an
         episode, not a line each)."""
+
+
+class RunHost(WritesHost, Protocol):
+    """What a run needs from its node."""
+
+    clock: Clock
+    owner: str
+    rng: random.Random
+    value_rules: ValueRules
+
+    def ended(self, run: TaskRun) -> None: ...
+
+    def requeue(self, run: TaskRun, delay: float) -> None: ...
+
+    def abandon(self, run: TaskRun) -> None: ...
+
+    def cancel_async(self, run: TaskRun, *, after: float) -> None:
+        """Cancel an async run's attempt ``after`` seconds unless it has ended."""
+
+
+class RunGroup(Protocol):
+    """What a run may belong to (a pipeline run): told when a member has ended."""
+
+    def node_finished(self, run: TaskRun) -> None: ...

@@ -11,6 +11,8 @@ acknowledged too (the old ``_ack`` defect left the second pause unacknowledged f
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -39,6 +41,7 @@ class CancellationToken:
     __slots__ = (
         "_acked_generation",
         "_activity",
+        "_async",
         "_clock",
         "_cond_or_none",
         "_heartbeat",
@@ -50,6 +53,7 @@ class CancellationToken:
         "_rules",
         "_stop_kind",
         "_stop_reason",
+        "_waker",
         "attempt",
         "task_id",
         "upstream",
@@ -84,6 +88,8 @@ class CancellationToken:
         self._progress: Progress | None = None
         self._heartbeat: datetime | None = None
         self._activity = 0  # bumped on every checkpoint; the flusher compares it
+        self._async = False  # an ``async def`` task's token: the awaited twins only
+        self._waker: Callable[[], None] | None = None  # an awaiting twin's wake-up
 
     @property
     def _cond(self) -> threading.Condition:
@@ -98,6 +104,8 @@ class CancellationToken:
         the same lock before waiting, so no wake-up is lost."""
         if self._cond_or_none is not None:
             self._cond_or_none.notify_all()
+        if self._waker is not None:
+            self._waker()
 
     # -- what the task calls ---------------------------------------------------------------------
 
@@ -111,6 +119,16 @@ class CancellationToken:
         this task's fault, reported in this task's thread, and never reaches the
         supervisor that renews every task's lease.
         """
+        if self._async:
+            raise TypeError(
+                f"task {self.task_id} is async: `await token.acheckpoint()` (checkpoint() "
+                "would block the event loop)"
+            )
+        if self._record(progress):
+            self._wait_while_paused()
+
+    def _record(self, progress: Progress | float | None) -> bool:
+        """A checkpoint's record; raises on a stop; whether a pause is to be obeyed."""
         if progress is not None:
             progress = check_progress(progress, self._rules)
         now = self._clock.now()
@@ -121,18 +139,83 @@ class CancellationToken:
             self._activity += 1
             if self._stop_kind is not None:
                 raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
-            if not self._pause_requested:
-                return
-        self._wait_while_paused()
+            return self._pause_requested
 
     def sleep(self, seconds: float) -> None:
         """Sleep up to ``seconds`` of real time, waking at once to raise on a stop request.
 
         Ends with a ``checkpoint()``, so a pause requested meanwhile is honoured too.
         """
+        if self._async:
+            raise TypeError(
+                f"task {self.task_id} is async: `await token.asleep(seconds)` (sleep() "
+                "would block the event loop)"
+            )
         with self._cond:
             self._cond.wait_for(lambda: self._stop_kind is not None, timeout=seconds)
         self.checkpoint()
+
+    # -- what an ``async def`` task awaits (the node's event loop never blocks) --------------------
+
+    async def acheckpoint(self, progress: Progress | float | None = None) -> None:
+        """``checkpoint()`` for an ``async def`` task: records the heartbeat (and
+        progress), raises ``StopRequested`` when asked to stop, and *awaits* while the
+        task is paused. ``InvalidValue`` for progress the store could not hold."""
+        if self._record(progress):
+            await self._await_while_paused()
+
+    async def asleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds`` without blocking the loop; a stop ends it at once
+        (``StopRequested``), a pause holds it (awaited) and the rest is slept after the
+        resume. Ends with an ``acheckpoint()``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (left := deadline - loop.time()) > 0:
+            await self._changed(lambda: self._stop_kind is not None or self._pause_requested, left)
+            if self._stop_kind is not None or self._pause_requested:
+                await self.acheckpoint()
+        await self.acheckpoint()
+
+    async def _await_while_paused(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop_kind is not None:
+                    raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
+                if not self._pause_requested:
+                    return
+                generation = self._pause_generation
+            self._on_pause_ack()  # pausing -> paused, outside our lock (it takes the run's)
+            with self._lock:
+                self._acked_generation = generation
+            await self._changed(
+                lambda: (
+                    self._stop_kind is not None
+                    or not self._pause_requested
+                    or self._pause_generation != self._acked_generation
+                ),
+                None,
+            )
+
+    async def _changed(self, done: Callable[[], bool], timeout: float | None) -> None:
+        """Await until ``done()`` holds (as the requests leave it), or ``timeout``."""
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(event.set)
+
+        with self._lock:
+            if done():
+                return
+            self._waker = wake
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._waker = None
 
     @property
     def checkpointed(self) -> bool:
@@ -178,6 +261,11 @@ class CancellationToken:
         with self._lock:
             self._pause_requested = False
             self._notify()
+
+    def make_async(self) -> None:
+        """The runtime's: this is an ``async def`` task's token (only the awaited twins
+        may be called: the blocking ones would stall the node's event loop)."""
+        self._async = True
 
     def detach(self) -> None:
         """The runtime's: the task ended; no pause will be acknowledged any more. Drops the

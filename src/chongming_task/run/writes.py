@@ -237,10 +237,15 @@ class RunWrites:
         unwritten = self._unwritten
         self._unwritten = transitions if unwritten is None else unwritten + transitions
 
-    def write(self) -> None:
+    def write(self, *, soon: bool = False) -> None:
         """Write what is queued and return once it is in the store (or buffered after a
         failed write). If another thread holds the write lock, it writes the queue before
-        it lets go, and this returns once it has. Never called holding the state lock."""
+        it lets go, and this returns once it has. Never called holding the state lock.
+        ``soon``: hand it to the node's writer where it has one, without waiting (the
+        event loop of async tasks never waits on the store)."""
+        if soon:
+            self.hand_off(self.take())
+            return
         self._write_lock.acquire()
         taken = self._let_go()
         if taken is not None:
@@ -458,17 +463,24 @@ class RunWrites:
             self._reported = True
             self._host.report_late(self.snapshot)
 
-    def refuse(self, exc: ConcurrencyConflict) -> bool:
-        """The store refused a write beside the write-through (a lease renewal, the
-        run's activity): desynced, unless the run has ended here meanwhile (its own end
-        is then what the store holds). Takes the write lock, so no write is in flight.
-        Returns whether it desynced."""
+    def refuse(self, what: str) -> bool:
+        """The store refused ``what`` (a lease renewal, the run's activity), a write
+        beside the write-through: its row is finished or held by another node. Desynced
+        at once, unless the run has ended here meanwhile (its own end is then what the
+        store holds). Takes the write lock, so no write is in flight. Returns whether it
+        desynced."""
+        if self._desynced:
+            return False
         self._write_lock.acquire()
         try:
             with self._lock:
                 ended = self.snapshot.is_terminal
             if not ended:
-                self.desync(exc)
+                self.desync(
+                    ConcurrencyConflict(
+                        f"{what} refused: the stored task is finished or held by another node"
+                    )
+                )
         finally:
             taken = self._let_go()
         if taken is not None:

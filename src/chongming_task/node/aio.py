@@ -1,0 +1,170 @@
+"""``AsyncRunner``: the node's event loop, where ``async def`` tasks run (docs/design.md,
+"Async tasks").
+
+One loop thread, started with the node's first async run, carries up to ``max_async``
+attempts at once, apart from the worker threads. A worker that takes an async run from
+the dispatcher hands it here at once and goes back for the next; the run's dispatcher
+slot (and its bucket's count) is released when the attempt ends, so per-bucket limits
+count both kinds. A stop asks the task first (``acheckpoint`` raises); once its grace
+runs out, or at once for a timeout, the runner *cancels* the attempt: ``CancelledError``
+at its current ``await``, and the task ends as the stop or timeout says with
+``carrier_may_run=False``: it cannot run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..loops import ThreadWatch, keep_running
+
+if TYPE_CHECKING:
+    from ..run.handle import TaskRun
+
+__all__ = ["AsyncRunner", "attempt"]
+
+log = logging.getLogger("chongming_task.aio")
+
+
+async def attempt(run: TaskRun) -> None:
+    """One attempt of an ``async def`` task, on the node's loop: the sync path's steps,
+    its function awaited, its writes handed to the node's writer."""
+    if not run.begin_attempt():
+        return
+    try:
+        result = await run.call()
+    except asyncio.CancelledError:
+        run.cancelled()
+        return  # the attempt is over; the runner's own task ends here
+    except BaseException as exc:
+        run.ended_by(exc, soon=True)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    if run.cancel_asked:  # it swallowed the cancellation and returned
+        log.warning(
+            "task %s (%s) swallowed its cancellation and returned; it ends as its stop or "
+            "timeout said",
+            run.task_id,
+            run.name,
+        )
+        run.cancelled()
+        return
+    run.settle(result)
+
+
+class AsyncRunner:
+    """The loop thread and the attempts on it. ``hand`` is called from worker threads;
+    ``released(run)`` is called once per run when its attempt is over (the dispatcher's
+    slot and the registry's active set)."""
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        max_async: int,
+        released: Callable[[TaskRun], None],
+        crashed: Callable[[TaskRun, BaseException], None],
+    ) -> None:
+        self.name = f"chongming-async[{owner}]"
+        self.thread_watch: ThreadWatch | None = None
+        self._max = max_async
+        self._released = released
+        self._crashed = crashed
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Nothing until the first async run: a node that never has one has no loop."""
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._thread is None:
+                target = keep_running(
+                    "async", self._run, stopping=lambda: self._stopping, watch=self.thread_watch
+                )
+                self._thread = threading.Thread(target=target, name=self.name, daemon=True)
+                self._thread.start()
+        self._ready.wait()
+        assert self._loop is not None
+        return self._loop
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._slots = asyncio.Semaphore(self._max)
+        self._loop = loop
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+    def hand(self, run: TaskRun) -> None:
+        """Carry ``run``'s attempt on the loop (from any thread, never waiting for it)."""
+        loop = self._ensure_loop()
+        loop.call_soon_threadsafe(self._spawn, run)
+
+    def _spawn(self, run: TaskRun) -> None:
+        self._tasks[run.task_id] = asyncio.get_running_loop().create_task(self._carry(run))
+
+    async def _carry(self, run: TaskRun) -> None:
+        assert self._slots is not None
+        try:
+            async with self._slots:
+                await attempt(run)
+        except BaseException as exc:
+            self._crashed(run, exc)
+        finally:
+            self._tasks.pop(run.task_id, None)
+            self._released(run)
+
+    def cancel(self, run: TaskRun, *, after: float = 0.0) -> None:
+        """Cancel ``run``'s attempt now, or ``after`` seconds if it has not ended by then
+        (a stop's grace). Nothing if it runs on no loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if after > 0:
+                loop.call_soon_threadsafe(loop.call_later, after, self._cancel_now, run)
+            else:
+                loop.call_soon_threadsafe(self._cancel_now, run)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+
+    def _cancel_now(self, run: TaskRun) -> None:
+        task = self._tasks.get(run.task_id)
+        if task is not None and not task.done() and not run.done():
+            run.cancel_asked = True
+            task.cancel()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(loop.stop)
+
+    def join(self, timeout: float | None) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

@@ -1,0 +1,232 @@
+"""``async def`` tasks: run on the node's event loop beside thread tasks, with the
+awaited token (``acheckpoint``, ``asleep``), stops and timeouts that really cancel, and
+the async faces of the node and the run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from chongming_task import (
+    CancellationToken,
+    Controller,
+    FailureKind,
+    InvalidValue,
+    Progress,
+    TaskStatus,
+    TaskStore,
+    TaskUnsuccessful,
+)
+from tests.conftest import wait_until
+
+S = TaskStatus
+Make = Callable[..., Controller]
+
+
+def test_async_and_sync_tasks_share_a_node(store: TaskStore, make_controller: Make) -> None:
+    c = make_controller(store)
+
+    @c.task(name="double")
+    async def double(token: CancellationToken, n: int) -> int:
+        await asyncio.sleep(0.01)
+        await token.acheckpoint(Progress(current=1, total=1))
+        return n * 2
+
+    @c.task(name="triple")
+    def triple(token: CancellationToken, n: int) -> int:
+        return n * 3
+
+    runs = [c.submit("double", n) for n in range(20)] + [c.submit("triple", 5)]
+    assert [r.result(timeout=10) for r in runs] == [n * 2 for n in range(20)] + [15]
+    stored = store.get(runs[0].task_id)
+    assert stored is not None and stored.status is S.SUCCEEDED and stored.outcome == 0
+    assert stored.progress == Progress(current=1, total=1)
+
+
+def test_many_async_tasks_run_at_once_on_one_loop(make_controller: Make) -> None:
+    c = make_controller(max_workers=2)
+
+    @c.task(name="nap")
+    async def nap(token: CancellationToken) -> str:
+        await token.asleep(0.5)
+        return "rested"
+
+    started = time.monotonic()
+    runs = [c.submit("nap") for _ in range(200)]
+    assert all(r.result(timeout=30) == "rested" for r in runs)
+    # Two worker threads, 200 naps of 0.5 s: together, not one after another.
+    assert time.monotonic() - started < 10
+
+
+def test_a_stop_wakes_asleep_at_once(store: TaskStore, make_controller: Make) -> None:
+    c = make_controller(store)
+
+    @c.task(name="long")
+    async def long(token: CancellationToken) -> None:
+        await token.asleep(60)
+
+    run = c.submit("long")
+    wait_until(lambda: run.status is S.RUNNING)
+    asked = time.monotonic()
+    c.stop(run.task_id)
+    assert run.wait(timeout=10).status is S.STOPPED
+    assert time.monotonic() - asked < 2
+
+
+def test_pause_and_resume_an_async_task(make_controller: Make) -> None:
+    c = make_controller()
+    steps: list[int] = []
+
+    @c.task(name="steps")
+    async def stepper(token: CancellationToken) -> int:
+        for i in range(200):
+            steps.append(i)
+            await token.asleep(0.01)
+        return len(steps)
+
+    run = c.submit("steps")
+    wait_until(lambda: len(steps) > 3)
+    c.pause(run.task_id)
+    wait_until(lambda: run.status is S.PAUSED, what="paused at an awaited checkpoint")
+    held = len(steps)
+    time.sleep(0.2)
+    assert len(steps) <= held + 1  # it waits, and the loop is not blocked meanwhile
+    c.resume(run.task_id)
+    assert run.result(timeout=20) == 200
+    trail = [t.to_status for t in c.history(run.task_id)]
+    assert trail[-4:] == [S.PAUSING, S.PAUSED, S.RUNNING, S.SUCCEEDED]
+
+
+def test_a_timeout_cancels_the_coroutine_for_real(store: TaskStore, make_controller: Make) -> None:
+    c = make_controller(store)
+    cancelled: list[bool] = []
+
+    @c.task(name="stuck", timeout=0.3, timeout_grace=30)
+    async def stuck(token: CancellationToken) -> None:
+        try:
+            await asyncio.sleep(60)  # never checks its token
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    run = c.submit("stuck")
+    final = run.wait(timeout=10)  # long before the 30 s grace
+    assert cancelled == [True]
+    assert final.status is S.FAILED and final.failure is not None
+    assert final.failure.kind is FailureKind.TIMEOUT
+    assert final.failure.carrier_may_run is False  # it cannot run on
+
+
+def test_a_stop_whose_grace_runs_out_cancels(make_controller: Make) -> None:
+    c = make_controller()
+
+    @c.task(name="deaf", timeout_grace=0.2)
+    async def deaf(token: CancellationToken) -> None:
+        await asyncio.sleep(60)
+
+    run = c.submit("deaf")
+    wait_until(lambda: run.status is S.RUNNING)
+    c.stop(run.task_id)
+    final = run.wait(timeout=10)
+    assert final.status is S.STOPPED
+
+
+def test_a_task_that_swallows_its_cancellation_still_ends_as_the_timeout_says(
+    make_controller: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make_controller()
+
+    @c.task(name="stubborn", timeout=0.2)
+    async def stubborn(token: CancellationToken) -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "ignored it"
+        return "slept"
+
+    with caplog.at_level(logging.WARNING, logger="chongming_task.aio"):
+        final = c.submit("stubborn").wait(timeout=10)
+    assert final.status is S.FAILED and final.failure is not None
+    assert final.failure.kind is FailureKind.TIMEOUT
+    assert any("swallowed its cancellation" in r.getMessage() for r in caplog.records)
+
+
+def test_the_blocking_token_calls_in_an_async_task_name_their_twins(
+    make_controller: Make,
+) -> None:
+    c = make_controller()
+
+    @c.task(name="blocks")
+    async def blocks(token: CancellationToken) -> None:
+        token.checkpoint()
+
+    @c.task(name="sleeps")
+    async def sleeps(token: CancellationToken) -> None:
+        token.sleep(1)
+
+    for name, twin in (("blocks", "acheckpoint"), ("sleeps", "asleep")):
+        final = c.submit(name).wait(timeout=10)
+        assert final.status is S.FAILED and final.failure is not None
+        assert twin in final.failure.message
+
+
+def test_bad_input_gets_what_the_sync_path_gives(make_controller: Make) -> None:
+    c = make_controller()
+    refused: list[str] = []
+
+    @c.task(name="nan")
+    async def nan(token: CancellationToken) -> str:
+        try:
+            await token.acheckpoint(Progress(current=float("nan")))
+        except InvalidValue as exc:
+            refused.append(str(exc))
+        return "went on"
+
+    @c.task(name="unstorable")
+    async def unstorable(token: CancellationToken) -> object:
+        return {"bad": "\udcff"}
+
+    async def coro() -> int:
+        return 1
+
+    @c.task(name="forgot")
+    def forgot(token: CancellationToken) -> object:
+        return coro()  # a sync function handing back an awaitable
+
+    assert c.submit("nan").result(timeout=10) == "went on" and refused
+    for name, words in (("unstorable", ""), ("forgot", "async def")):
+        final = c.submit(name).wait(timeout=10)
+        assert final.failure is not None and final.failure.kind is FailureKind.RESULT_INVALID
+        assert words in final.failure.message
+
+
+def test_the_async_faces_of_node_and_run(store: TaskStore) -> None:
+    async def main() -> None:
+        async with Controller(store, activity_interval=0.02) as c:
+
+            @c.task(name="hello")
+            async def hello(token: CancellationToken, who: str) -> str:
+                await token.asleep(0.01)
+                return f"hello {who}"
+
+            @c.task(name="long")
+            async def long(token: CancellationToken) -> None:
+                await token.asleep(60)
+
+            run = await c.asubmit("hello", "async")
+            assert await run.aresult(timeout=10) == "hello async"
+            assert (await run.wait_async(timeout=10)).status is S.SUCCEEDED
+            stuck = await c.asubmit("long")
+            while stuck.status is not S.RUNNING:
+                await asyncio.sleep(0.01)
+            assert (await c.apause(stuck.task_id)).outcome in ("pausing", "paused")
+            assert (await c.aresume(stuck.task_id)).outcome == "resumed"
+            await c.astop(stuck.task_id)
+            with pytest.raises(TaskUnsuccessful):
+                await stuck.aresult(timeout=10)
+
+    asyncio.run(main())
