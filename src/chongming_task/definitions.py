@@ -32,10 +32,13 @@ class TaskDefinition:
     timeout_grace: float = 5.0
     tags: frozenset[str] = frozenset()
     is_async: bool = field(init=False, default=False)
-    """An ``async def`` function: it runs on the node's event loop, not a worker thread."""
+    """An ``async def`` function: it runs on the node's event loop, not a worker thread.
+    Its tasks carry the tag ``async`` (``show`` says it, ``ps --tag async`` finds them)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.func))
+        if inspect.iscoroutinefunction(self.func):
+            object.__setattr__(self, "is_async", True)
+            object.__setattr__(self, "tags", self.tags | {"async"})
         if not self.name:
             raise ConfigurationError("a task definition needs a non-empty name")
         if self.timeout is not None and self.timeout <= 0:

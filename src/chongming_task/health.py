@@ -53,6 +53,8 @@ class NodeHealth:
     """Those that died in the last minute (or are not running again yet)."""
     desynced: int = 0
     """Runs whose stored task another writer ended (``lost`` by a reconcile, say)."""
+    loop_stalls: int = 0
+    """Times an async task blocked the node's event loop (sync work in ``async def``)."""
 
     @property
     def healthy(self) -> bool:
@@ -85,6 +87,7 @@ class NodeHealth:
             ],
             "unhealthy_services": list(self.unhealthy_services),
             "desynced": self.desynced,
+            "loop_stalls": self.loop_stalls,
         }
         return json.dumps(data, separators=(",", ":"))
 
@@ -111,6 +114,7 @@ class NodeHealth:
                 ),
                 unhealthy_services=tuple(str(s) for s in data.get("unhealthy_services", ())),
                 desynced=int(data.get("desynced", 0)),
+                loop_stalls=int(data.get("loop_stalls", 0)),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -266,6 +270,10 @@ class HealthMonitor:
     ) -> None:
         self.faults = FaultLog(logger, now=now, monotonic=monotonic)
         self.watch = ServiceWatch(now=now, monotonic=monotonic)
+        self.loop_stalls = 0
+
+    def loop_stalled(self) -> None:
+        self.loop_stalls += 1
 
     def report(self, *, desynced: int) -> NodeHealth:
         self.faults.check()
@@ -277,4 +285,5 @@ class HealthMonitor:
             services=services,
             unhealthy_services=unhealthy,
             desynced=desynced,
+            loop_stalls=self.loop_stalls,
         )

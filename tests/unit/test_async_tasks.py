@@ -230,3 +230,39 @@ def test_the_async_faces_of_node_and_run(store: TaskStore) -> None:
                 await stuck.aresult(timeout=10)
 
     asyncio.run(main())
+
+
+def test_a_task_that_blocks_the_loop_is_named_and_counted(
+    make_controller: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make_controller()
+
+    @c.task(name="hog")
+    async def hog(token: CancellationToken) -> str:
+        await token.asleep(0.05)
+        time.sleep(0.4)  # sync work inside async def: every other async task waits
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="chongming_task.aio"):
+        run = c.submit("hog")
+        assert run.result(timeout=10) == "done"
+        wait_until(lambda: c.health().loop_stalls >= 1, what="the stall counted")
+    said = [
+        r.getMessage() for r in caplog.records if "blocked the node's event loop" in r.getMessage()
+    ]
+    assert said and f"task {run.task_id} (hog)" in said[0], said
+    seconds = float(said[0].split("for about ")[1].split(" s")[0])
+    assert 0.2 < seconds < 1.0
+
+
+def test_an_async_task_says_so_in_its_tags(store: TaskStore, make_controller: Make) -> None:
+    c = make_controller(store)
+
+    @c.task(name="tagged", tags=["io"])
+    async def tagged(token: CancellationToken) -> None:
+        return None
+
+    run = c.submit("tagged")
+    run.wait(10)
+    stored = store.get(run.task_id)
+    assert stored is not None and stored.tags == frozenset({"io", "async"})

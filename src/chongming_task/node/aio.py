@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,6 +30,11 @@ if TYPE_CHECKING:
 __all__ = ["AsyncRunner", "attempt"]
 
 log = logging.getLogger("chongming_task.aio")
+
+BEAT = 0.05
+"""Seconds between the loop's heartbeats (the watchdog compares)."""
+STALL = 0.1
+"""A loop that misses its heartbeat by this much is blocked (about 100 ms)."""
 
 
 async def attempt(run: TaskRun) -> None:
@@ -82,6 +89,11 @@ class AsyncRunner:
         self._stopping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._slots: asyncio.Semaphore | None = None
+        self._tick = 0.0  # monotonic time the loop last ran its heartbeat
+        self.stalls = 0
+        """Times a task blocked the loop for longer than ``STALL`` seconds."""
+        self.on_stall: Callable[[], None] | None = None
+        """Told of each (the node's health counts them)."""
 
     @property
     def started(self) -> bool:
@@ -107,6 +119,12 @@ class AsyncRunner:
         asyncio.set_event_loop(loop)
         self._slots = asyncio.Semaphore(self._max)
         self._loop = loop
+        self._tick = time.monotonic()
+        loop.call_soon(self._heartbeat)
+        watchdog = keep_running(
+            "async watchdog", self._watch, stopping=lambda: self._stopping, watch=self.thread_watch
+        )
+        threading.Thread(target=watchdog, name=f"{self.name}-watchdog", daemon=True).start()
         self._ready.set()
         try:
             loop.run_forever()
@@ -117,6 +135,49 @@ class AsyncRunner:
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+
+    def _heartbeat(self) -> None:
+        self._tick = time.monotonic()
+        loop = self._loop
+        if loop is not None and not self._stopping:
+            loop.call_later(BEAT, self._heartbeat)
+
+    def _watch(self) -> None:
+        """Notice a task that blocks the loop (sync work inside ``async def``): past
+        ``STALL`` seconds, name it and, once the loop runs again, say for how long."""
+        pause = threading.Event()
+        while not self._stopping:
+            pause.wait(BEAT)
+            last = self._tick
+            if time.monotonic() - last - BEAT <= STALL:
+                continue
+            who = self._blocking()
+            while not self._stopping and self._tick == last:
+                pause.wait(BEAT / 2)
+            blocked = (self._tick if self._tick != last else time.monotonic()) - last - BEAT
+            self.stalls += 1
+            if self.on_stall is not None:
+                self.on_stall()
+            log.warning(
+                "%s blocked the node's event loop for about %.2f s: blocking work inside "
+                "an async def task stalls every other one (await it, or make it a thread "
+                "task)",
+                who,
+                blocked,
+            )
+
+    def _blocking(self) -> str:
+        """Which task the loop thread is in, from its frames (a task's own frame holds
+        its ``token``)."""
+        thread = self._thread
+        frame = None if thread is None else sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            token = frame.f_locals.get("token")
+            task_id = getattr(token, "task_id", None)
+            if isinstance(task_id, str):
+                return f"task {task_id} ({frame.f_code.co_name})"
+            frame = frame.f_back
+        return "something"
 
     def hand(self, run: TaskRun) -> None:
         """Carry ``run``'s attempt on the loop (from any thread, never waiting for it)."""

@@ -137,6 +137,7 @@ class NodeServices:
                 loop.faults = health.faults
         self.workers.thread_watch = health.watch
         self.aio.thread_watch = health.watch
+        self.aio.on_stall = health.loop_stalled
         self.pipelines.thread_watch = health.watch
         if self.writer is not None:
             self.writer.thread_watch = health.watch

@@ -35,6 +35,11 @@ def _no_ack() -> None:
     pass
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class CancellationToken:
     """Cooperative control for one task; passed as the task function's first argument."""
 
@@ -197,23 +202,25 @@ class CancellationToken:
             )
 
     async def _changed(self, done: Callable[[], bool], timeout: float | None) -> None:
-        """Await until ``done()`` holds (as the requests leave it), or ``timeout``."""
+        """Await until a request changes what ``done()`` says, or ``timeout``. One bare
+        future and at most one timer: ten thousand sleeping tasks hold little."""
         loop = asyncio.get_running_loop()
-        event = asyncio.Event()
+        woken: asyncio.Future[None] = loop.create_future()
 
         def wake() -> None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-                loop.call_soon_threadsafe(event.set)
+                loop.call_soon_threadsafe(_resolve, woken)
 
         with self._lock:
             if done():
                 return
             self._waker = wake
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, woken)
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
+            await woken
         finally:
+            if timer is not None:
+                timer.cancel()
             with self._lock:
                 self._waker = None
 

@@ -131,6 +131,11 @@ def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
         "Runs a live node holds whose stored task another writer ended.",
         labels=["node"],
     )
+    stalls = GaugeMetricFamily(
+        "chongming_node_loop_stalls",
+        "Times an async task blocked a live node's event loop (over about 100 ms).",
+        labels=["node"],
+    )
     for n in report.nodes:
         health = n.record.health
         if not n.live or health is None:
@@ -139,9 +144,10 @@ def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
         healthy.add_metric([node], 1 if health.healthy else 0)
         failures.add_metric([node], health.store_failures)
         desynced.add_metric([node], health.desynced)
+        stalls.add_metric([node], health.loop_stalls)
         for fault in health.services:
             deaths.add_metric([node, fault.service], fault.deaths)
-    yield from (healthy, failures, deaths, desynced)
+    yield from (healthy, failures, deaths, desynced, stalls)
 
 
 def _label(bucket: int | None) -> str:
