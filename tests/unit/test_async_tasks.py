@@ -266,3 +266,34 @@ def test_an_async_task_says_so_in_its_tags(store: TaskStore, make_controller: Ma
     run.wait(10)
     stored = store.get(run.task_id)
     assert stored is not None and stored.tags == frozenset({"io", "async"})
+
+
+def test_a_buckets_limit_counts_async_and_thread_tasks_together(make_controller: Make) -> None:
+    c = make_controller(max_parallel_per_bucket=1, max_workers=4)
+    inside: list[str] = []
+    overlaps: list[str] = []
+
+    def enter(name: str) -> None:
+        if inside:
+            overlaps.append(f"{name} beside {inside}")
+        inside.append(name)
+
+    @c.task(name="athing")
+    async def athing(token: CancellationToken) -> None:
+        enter("async")
+        await token.asleep(0.05)
+        inside.remove("async")
+
+    @c.task(name="sthing")
+    def sthing(token: CancellationToken) -> None:
+        enter("sync")
+        token.sleep(0.05)
+        inside.remove("sync")
+
+    runs = []
+    for _ in range(5):
+        runs.append(c.submit("athing", bucket_key="tenant-1"))
+        runs.append(c.submit("sthing", bucket_key="tenant-1"))
+    for run in runs:
+        assert run.wait(timeout=20).status is S.SUCCEEDED
+    assert overlaps == []

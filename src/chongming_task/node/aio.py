@@ -88,6 +88,9 @@ class AsyncRunner:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._inbox: list[TaskRun] = []  # handed, not yet taken by the loop
+        self._waking = False  # a wake-up to take them is on its way
+        self._waiting = 0  # taken by the loop, not yet begun (the loop's thread only)
         self._slots: asyncio.Semaphore | None = None
         self._tick = 0.0  # monotonic time the loop last ran its heartbeat
         self.stalls = 0
@@ -180,17 +183,36 @@ class AsyncRunner:
         return "something"
 
     def hand(self, run: TaskRun) -> None:
-        """Carry ``run``'s attempt on the loop (from any thread, never waiting for it)."""
+        """Carry ``run``'s attempt on the loop (from any thread, never waiting for it).
+        Runs handed while the loop has not yet taken the earlier ones ride the same
+        wake-up (one write to the loop's self-pipe for a burst, not one a run)."""
         loop = self._ensure_loop()
-        loop.call_soon_threadsafe(self._spawn, run)
+        with self._lock:
+            self._inbox.append(run)
+            if self._waking:
+                return
+            self._waking = True
+        loop.call_soon_threadsafe(self._take)
 
-    def _spawn(self, run: TaskRun) -> None:
-        self._tasks[run.task_id] = asyncio.get_running_loop().create_task(self._carry(run))
+    def _take(self) -> None:
+        with self._lock:
+            runs, self._inbox = self._inbox, []
+            self._waking = False
+        create = asyncio.get_running_loop().create_task
+        self._waiting += len(runs)
+        for run in runs:
+            self._tasks[run.task_id] = create(self._carry(run))
+
+    def backlog(self) -> bool:
+        """Whether runs wait on the loop (handed, or not yet begun): a write queued
+        behind may then ride with theirs, as with the dispatcher's backlog."""
+        return self._waiting > 0 or bool(self._inbox)
 
     async def _carry(self, run: TaskRun) -> None:
         assert self._slots is not None
         try:
             async with self._slots:
+                self._waiting -= 1
                 await attempt(run)
         except BaseException as exc:
             self._crashed(run, exc)

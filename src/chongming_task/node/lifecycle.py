@@ -69,6 +69,7 @@ class NodeServices:
         (``None``: never)."""
         capabilities = node.capabilities
         self.state = NodeState.OPEN
+        self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._working = False
         self.polling = polling
@@ -80,7 +81,7 @@ class NodeServices:
         # queued in one store call.
         write_behind = capabilities.write_behind
         self.writer: Writer | BehindWriter | None = (
-            BehindWriter(write_behind, backlog=dispatcher.backlog)
+            BehindWriter(write_behind, backlog=self._backlog)
             if write_behind is not None
             else Writer()
             if capabilities.group_commit
@@ -141,6 +142,11 @@ class NodeServices:
         self.pipelines.thread_watch = health.watch
         if self.writer is not None:
             self.writer.thread_watch = health.watch
+
+    def _backlog(self) -> bool:
+        """Runs waiting for a worker or on the event loop: a write queued behind then
+        rides with theirs rather than commit alone."""
+        return self._dispatcher.backlog() or self.aio.backlog()
 
     def accepting(self) -> bool:
         """Whether the node takes work (every submit asks: a global, not an attribute)."""
