@@ -297,3 +297,34 @@ def test_a_buckets_limit_counts_async_and_thread_tasks_together(make_controller:
     for run in runs:
         assert run.wait(timeout=20).status is S.SUCCEEDED
     assert overlaps == []
+
+
+def test_async_tasks_in_pipelines_and_schedules(make_controller: Make) -> None:
+    from chongming_task import IntervalTrigger, Pipeline
+
+    c = make_controller()
+
+    @c.task(name="fetch")
+    async def fetch(token: CancellationToken) -> list[int]:
+        await token.asleep(0.01)
+        return [3, 1, 2]
+
+    @c.task(name="order")
+    def order(token: CancellationToken) -> list[int]:
+        return sorted(token.upstream["fetch"])
+
+    @c.task(name="count")
+    async def count(token: CancellationToken) -> int:
+        return len(token.upstream["order"])
+
+    flow = Pipeline("mixed")
+    flow.add("fetch", "fetch")
+    flow.add("order", "order", depends_on=["fetch"])
+    flow.add("count", "count", depends_on=["order"])
+    ended = c.submit_pipeline(flow).wait(timeout=10)
+    assert ended["order"].outcome == [1, 2, 3] and ended["count"].outcome == 3
+    c.schedule("tick", "fetch", IntervalTrigger(seconds=0.1))
+    wait_until(
+        lambda: sum(t.name == "fetch" and t.status is S.SUCCEEDED for t in c.list_tasks()) >= 3,
+        what="the schedule firing an async task",
+    )
