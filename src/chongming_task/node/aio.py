@@ -188,11 +188,26 @@ class AsyncRunner:
         wake-up (one write to the loop's self-pipe for a burst, not one a run)."""
         loop = self._ensure_loop()
         with self._lock:
-            self._inbox.append(run)
-            if self._waking:
-                return
-            self._waking = True
-        loop.call_soon_threadsafe(self._take)
+            gone = self._stopping or loop.is_closed()
+            if not gone:
+                self._inbox.append(run)
+                if self._waking:
+                    return
+                self._waking = True
+        if gone:  # handed after the node's close began: never left active
+            self._refuse([run])
+            return
+        try:
+            loop.call_soon_threadsafe(self._take)
+        except RuntimeError:  # the loop closed meanwhile
+            with self._lock:
+                runs, self._inbox = self._inbox, []
+            self._refuse(runs)
+
+    def _refuse(self, runs: list[TaskRun]) -> None:
+        for run in runs:
+            self._crashed(run, RuntimeError("the node's event loop has stopped"))
+            self._released(run)
 
     def _take(self) -> None:
         with self._lock:
