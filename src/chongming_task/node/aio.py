@@ -147,17 +147,24 @@ class AsyncRunner:
 
     def _watch(self) -> None:
         """Notice a task that blocks the loop (sync work inside ``async def``): past
-        ``STALL`` seconds, name it and, once the loop runs again, say for how long."""
+        ``STALL`` seconds, name it (found twice, a moment apart, in the same frame: the
+        loop busy with many tasks at once is not one task blocking it) and, once the loop
+        runs again, say for how long."""
         pause = threading.Event()
         while not self._stopping:
             pause.wait(BEAT)
             last = self._tick
             if time.monotonic() - last - BEAT <= STALL:
                 continue
-            who = self._blocking()
+            first = self._blocking()
+            pause.wait(BEAT / 2)
+            second = self._blocking() if self._tick == last else None
             while not self._stopping and self._tick == last:
                 pause.wait(BEAT / 2)
             blocked = (self._tick if self._tick != last else time.monotonic()) - last - BEAT
+            if first is None or first != second:
+                log.debug("the event loop ran %.2f s behind (many tasks at once)", blocked)
+                continue
             self.stalls += 1
             if self.on_stall is not None:
                 self.on_stall()
@@ -165,22 +172,22 @@ class AsyncRunner:
                 "%s blocked the node's event loop for about %.2f s: blocking work inside "
                 "an async def task stalls every other one (await it, or make it a thread "
                 "task)",
-                who,
+                first[0],
                 blocked,
             )
 
-    def _blocking(self) -> str:
-        """Which task the loop thread is in, from its frames (a task's own frame holds
-        its ``token``)."""
+    def _blocking(self) -> tuple[str, int] | None:
+        """The task the loop thread is in, and its frame, from the thread's frames (a
+        task's own frame holds its ``token``); ``None`` outside any task."""
         thread = self._thread
         frame = None if thread is None else sys._current_frames().get(thread.ident or -1)
         while frame is not None:
             token = frame.f_locals.get("token")
             task_id = getattr(token, "task_id", None)
             if isinstance(task_id, str):
-                return f"task {task_id} ({frame.f_code.co_name})"
+                return f"task {task_id} ({frame.f_code.co_name})", id(frame)
             frame = frame.f_back
-        return "something"
+        return None
 
     def hand(self, run: TaskRun) -> None:
         """Carry ``run``'s attempt on the loop (from any thread, never waiting for it).

@@ -19,6 +19,7 @@ import heapq
 import itertools
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..clock import Clock
@@ -99,8 +100,16 @@ class FifoDispatcher:
         self._own = threading.local()  # each worker's parking lock
         self._delayed = _DelayHeap(clock)
         self._tick = tick
+        self.direct: Callable[[TaskRun], None] | None = None
+        """Where an async run goes straight, skipping a worker's hand-over (this
+        dispatcher keeps no count a worker would have to release): one wake-up a run,
+        the loop's, not a worker's and then the loop's."""
 
     def put(self, run: TaskRun) -> None:
+        direct = self.direct
+        if direct is not None and run.definition.is_async:
+            direct(run)
+            return
         self._runs.append(run)
         self._wake_one()
 

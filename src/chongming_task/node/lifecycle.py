@@ -25,7 +25,7 @@ from ..schedules import ScheduleRunner
 from .aio import AsyncRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, FifoDispatcher
 from .services import LoopService, NodeContext, NodeState, Service
 from .supervision import ReconcileLoop, Reconciler, Supervisor
 from .workers import WorkerPool, crashed
@@ -103,6 +103,13 @@ class NodeServices:
             owner=node.owner, max_async=max_async, released=released, crashed=crashed
         )
         self.workers.hand_async = self.aio.hand
+        if isinstance(dispatcher, FifoDispatcher):
+
+            def direct(run: TaskRun) -> None:
+                registry.started(run)
+                self.aio.hand(run)
+
+            dispatcher.direct = direct
         self.pipelines = PipelineRunner(owner=node.owner)
         self.supervisor = Supervisor(
             node, dispatcher=dispatcher, lease_ttl=lease_ttl, interval=activity_interval
