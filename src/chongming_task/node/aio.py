@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ async def attempt(run: TaskRun) -> None:
     try:
         result = await run.call()
     except asyncio.CancelledError:
-        run.cancelled()
+        _ends_as_asked(run)
         return  # the attempt is over; the runner's own task ends here
     except BaseException as exc:
         run.ended_by(exc, soon=True)
@@ -59,9 +60,16 @@ async def attempt(run: TaskRun) -> None:
             run.task_id,
             run.name,
         )
-        run.cancelled()
+        _ends_as_asked(run)
         return
     run.settle(result)
+
+
+def _ends_as_asked(run: TaskRun) -> None:
+    """A cancelled attempt ends as the stop or timeout that cancelled it says (a stop,
+    should it have been cancelled from outside the runtime): it cannot run on."""
+    run.token.request_stop("stop", "cancelled")  # keeps a stop or timeout asked before
+    run.ended_by(StopRequested(f"task {run.task_id}: cancelled"), soon=True)
 
 
 class AsyncRunner:

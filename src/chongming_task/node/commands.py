@@ -124,13 +124,13 @@ class ControlRouter:
         run = self._registry.get(task_id)
         if run is None:
             return self.store.send(task_id, action, reason)
-        pending = None if self.wake is None else self._caps.pending_commands(task_id)
-        if pending and self.wake is not None:
+        wake = self.wake
+        if wake is not None and (pending := self._caps.pending_commands(task_id)):
             # Commands sent from elsewhere before this call are carried out first.
             receipt = self.store.queue(
                 task_id, action, reason, status=run.snapshot().status, behind=pending[-1]
             )
-            self.wake()
+            wake()
             return receipt
         outcome = act(run, action, reason, self._owner)
         return ControlReceipt(

@@ -489,15 +489,6 @@ class TaskRun:
         else:
             self._apply(to, failure=failure, reason=reason)
 
-    def cancelled(self) -> None:
-        """An async attempt was cancelled: it ends as its stop or timeout says."""
-        with self._lock:
-            if not self.writes.snapshot.is_terminal:
-                if self.token.stop_kind is None:  # cancelled from outside the runtime
-                    self.token.request_stop("stop", "cancelled")
-                self._finish_stopped()
-        self.writes.write(soon=True)
-
     def crashed(self, exc: BaseException) -> None:
         """Last resort, when the runtime itself failed while carrying this task: end the
         task ``failed`` (``cancelled`` if it never started) rather than leave it active

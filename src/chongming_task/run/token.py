@@ -182,24 +182,11 @@ class CancellationToken:
         await self.acheckpoint()
 
     async def _await_while_paused(self) -> None:
-        while True:
-            with self._lock:
-                if self._stop_kind is not None:
-                    raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
-                if not self._pause_requested:
-                    return
-                generation = self._pause_generation
+        while (generation := self._pause_to_ack()) is not None:
             self._on_pause_ack()  # pausing -> paused, outside our lock (it takes the run's)
             with self._lock:
                 self._acked_generation = generation
-            await self._changed(
-                lambda: (
-                    self._stop_kind is not None
-                    or not self._pause_requested
-                    or self._pause_generation != self._acked_generation
-                ),
-                None,
-            )
+            await self._changed(self._pause_over, None)
 
     async def _changed(self, done: Callable[[], bool], timeout: float | None) -> None:
         """Await until a request changes what ``done()`` says, or ``timeout``. One bare
@@ -286,20 +273,25 @@ class CancellationToken:
     # -- internals -------------------------------------------------------------------------------
 
     def _wait_while_paused(self) -> None:
-        while True:
-            with self._lock:
-                if self._stop_kind is not None:
-                    raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
-                if not self._pause_requested:
-                    return
-                generation = self._pause_generation
+        while (generation := self._pause_to_ack()) is not None:
             self._on_pause_ack()  # pausing -> paused, outside our lock (it takes the run's)
             with self._cond:
                 self._acked_generation = generation
-                self._cond.wait_for(
-                    lambda: (
-                        self._stop_kind is not None
-                        or not self._pause_requested
-                        or self._pause_generation != self._acked_generation
-                    )
-                )
+                self._cond.wait_for(self._pause_over)
+
+    def _pause_to_ack(self) -> int | None:
+        """While paused: the pause generation to acknowledge; ``None`` once resumed.
+        Raises ``StopRequested`` on a stop (paused or not)."""
+        with self._lock:
+            if self._stop_kind is not None:
+                raise StopRequested(self._stop_reason or f"task {self.task_id}: stop requested")
+            return self._pause_generation if self._pause_requested else None
+
+    def _pause_over(self) -> bool:
+        """Whether the pause being waited out has changed: a stop, a resume, or a pause
+        asked again (a new generation to acknowledge)."""
+        return (
+            self._stop_kind is not None
+            or not self._pause_requested
+            or self._pause_generation != self._acked_generation
+        )
