@@ -101,10 +101,9 @@ class AsyncRunner:
         self._waiting = 0  # taken by the loop, not yet begun (the loop's thread only)
         self._slots: asyncio.Semaphore | None = None
         self._tick = 0.0  # monotonic time the loop last ran its heartbeat
-        self.stalls = 0
-        """Times a task blocked the loop for longer than ``STALL`` seconds."""
         self.on_stall: Callable[[], None] | None = None
-        """Told of each (the node's health counts them)."""
+        """Told each time a task blocks the loop past ``STALL`` (the node's health
+        counts them)."""
 
     @property
     def started(self) -> bool:
@@ -173,7 +172,6 @@ class AsyncRunner:
             if first is None or first != second:
                 log.debug("the event loop ran %.2f s behind (many tasks at once)", blocked)
                 continue
-            self.stalls += 1
             if self.on_stall is not None:
                 self.on_stall()
             log.warning(

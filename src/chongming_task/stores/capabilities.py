@@ -472,10 +472,6 @@ class Capabilities:
         cannot tell (then any control may be behind one: send it as a command)."""
         return None if self._pending is None else self._pending(task_id)
 
-    @property
-    def has_late_reports(self) -> bool:
-        return self._late is not None
-
     def record_late_report(self, report: LateReport) -> bool:
         """Keep ``report`` beside its task; ``False`` where the store keeps none (the
         node's log line is then the only record)."""
