@@ -148,7 +148,9 @@ class Failure:
     """The exception's traceback as Python prints it (its last lines when very long)."""
 
 
-_SNAPSHOT_TIMES = ("created_at", "started_at", "ended_at", "last_heartbeat_at", "lease_until")
+_SNAPSHOT_TIMES = (
+    "created_at", "started_at", "ended_at", "last_heartbeat_at", "lease_until", "run_at"
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +182,17 @@ class TaskSnapshot:
     outcome: JSONValue = None
     lease_owner: str | None = None
     lease_until: datetime | None = None
+    # How it was submitted (``node.options``), fixed at create:
+    run_at: datetime | None = None
+    """Not started before this time (a delayed task); ``None``: as soon as it can."""
+    priority: int = 0
+    """Higher first in its node's queue; first come, first served within one priority."""
+    dedupe_key: str | None = None
+    """At most one unfinished task in the store holds it (``dedupe_window``: and a
+    success holds it that many seconds more)."""
+    dedupe_window: float | None = None
+    concurrency_key: str | None = None
+    """Its definition's ``max_per_key`` counts the running tasks sharing it."""
 
     def __post_init__(self) -> None:
         _normalise(self, _SNAPSHOT_TIMES)
@@ -228,12 +241,12 @@ submitted_snapshot: Callable[..., TaskSnapshot] = make_builder(
         "owner",
         "lease_until",
     ),
-    fixed={"status_version": "1", "attempt": "0", "lease_owner": "owner"},
+    fixed={"status_version": "1", "attempt": "0", "lease_owner": "owner", "priority": "0"},
 )
 """A new task's ``TaskSnapshot`` from already-normalised values (UTC times, frozenset
 tags), given positionally: ``task_id, name, status, created_at, tags, bucket,
 bucket_key, pipeline_run_id, owner, lease_until``. Version 1, attempt 0, leased by its
-owner, nothing started, reported or ended (the submit path)."""
+owner, nothing started, reported or ended, no options (the submit path)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -68,6 +68,8 @@ def snapshot_json(s: TaskSnapshot) -> dict[str, Any]:
         "started_at": ts(s.started_at),
         "ended_at": ts(s.ended_at),
         "last_heartbeat_at": ts(s.last_heartbeat_at),
+        "run_at": ts(s.run_at),
+        "priority": s.priority,
         "progress": None
         if s.progress is None
         else {
@@ -159,6 +161,15 @@ def health_json(s: TaskSnapshot, now: datetime) -> dict[str, Any]:
     }
 
 
+def status_text(s: TaskSnapshot, now: datetime) -> str:
+    """Its status, and when a delayed task that has not started runs:
+    ``queued (runs at 14:05:00, in 3m)``."""
+    if s.run_at is None or s.status.value not in ("queued", "pending") or s.run_at <= now:
+        return s.status.value
+    clock = s.run_at.astimezone().strftime("%H:%M:%S")
+    return f"{s.status.value} (runs at {clock}, in {age((s.run_at - now).total_seconds())})"
+
+
 def took(s: TaskSnapshot, now: datetime) -> str:
     """How long it ran: start to end once finished, start to now while running."""
     if s.started_at is None:
@@ -226,7 +237,7 @@ def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], li
         [
             short_id(s.task_id),
             s.name,
-            s.status.value,
+            status_text(s, now),
             str(s.attempt),
             "-" if s.bucket is None else str(s.bucket),
             s.owner or "-",
@@ -417,6 +428,8 @@ def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) ->
         ("task", s.task_id),
         ("name", s.name),
         ("status", f"{s.status.value} (version {s.status_version}, attempt {s.attempt})"),
+        *([("runs at", f"{ts(s.run_at)} ({status_text(s, now)})")] if s.run_at else []),
+        *([("priority", str(s.priority))] if s.priority else []),
         ("tags", ", ".join(sorted(s.tags)) or "-"),
         ("bucket", "-" if s.bucket is None else f"{s.bucket} (key {s.bucket_key!r})"),
         ("pipeline", s.pipeline_run_id or "-"),

@@ -88,6 +88,11 @@ def test_life_values_are_the_life_columns_of_the_row() -> None:
         owner="n1",
         lease_owner="n2",
         lease_until=at,
+        run_at=at,
+        priority=-3,
+        dedupe_key="d",
+        dedupe_window=1.5,
+        concurrency_key="c",
     )
     row = codec.snapshot_to_row(snapshot)
     assert codec.life_values(snapshot) == [row[c] for c in codec.LIFE_COLUMNS]

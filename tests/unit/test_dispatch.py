@@ -26,8 +26,16 @@ def _switches(thread: threading.Thread) -> int:
     raise AssertionError("no voluntary_ctxt_switches")
 
 
-def _run(n: int) -> TaskRun:
-    return cast("TaskRun", f"run-{n}")  # the dispatcher only hands runs over
+class _Run(str):
+    """A run as the dispatcher sees it: its priority (it only hands runs over)."""
+
+    priority = 0
+
+
+def _run(n: int, priority: int = 0) -> TaskRun:
+    run = _Run(f"run-{n}")
+    run.priority = priority
+    return cast("TaskRun", run)
 
 
 class _Workers:
@@ -192,6 +200,7 @@ def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
     class Bucketed:
         name: str
         bucket: int
+        priority: int = 0
 
     fair = FairDispatcher(SystemClock(), max_parallel_per_bucket=1)
     a1, a2, b1 = Bucketed("a1", 0), Bucketed("a2", 0), Bucketed("b1", 1)
@@ -203,3 +212,40 @@ def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
     assert fair.get_nowait() == a2
     fair.close()
     assert fair.get_nowait() is None
+
+
+def test_higher_priorities_go_first_and_each_priority_in_arrival_order() -> None:
+    from dataclasses import dataclass
+
+    from chongming_task.node.dispatch import FairDispatcher
+
+    fifo = FifoDispatcher(SystemClock())
+    for n, priority in [(1, 0), (2, 5), (3, 0), (4, -1), (5, 5), (6, 9), (7, -1)]:
+        fifo.put(_run(n, priority))
+    assert fifo.backlog()
+    taken = [fifo.get_nowait() for _ in range(8)]
+    assert taken == ["run-6", "run-2", "run-5", "run-1", "run-3", "run-4", "run-7", None]
+    assert not fifo.backlog()
+
+    @dataclass(frozen=True)
+    class Bucketed:
+        name: str
+        bucket: int
+        priority: int = 0
+
+    # Per bucket at most one running: the highest head among buckets below their limit.
+    fair = FairDispatcher(SystemClock(), max_parallel_per_bucket=1)
+    runs = [Bucketed("a-low", 0), Bucketed("b-mid", 1, 3), Bucketed("a-top", 0, 7)]
+    runs += [Bucketed("c-zero", 2), Bucketed("b-top", 1, 9)]
+    for run in runs:
+        fair.put(cast("TaskRun", run))
+    first = [fair.get_nowait() for _ in range(4)]
+    assert [r.name for r in first if r is not None] == ["b-top", "a-top", "c-zero"]
+    assert first[3] is None  # every bucket at its limit
+    for run in first[:3]:
+        fair.done(cast("TaskRun", run))
+    assert [getattr(fair.get_nowait(), "name", None) for _ in range(3)] == [
+        "b-mid",
+        "a-low",
+        None,
+    ]

@@ -144,6 +144,6 @@ def test_a_submitted_snapshot_is_a_new_task_leased_by_its_owner() -> None:
     given |= {"bucket", "bucket_key", "pipeline_run_id", "owner", "lease_owner", "lease_until"}
     for field in dataclasses.fields(TaskSnapshot):
         if field.name not in given:
-            assert getattr(made, field.name) is None, field.name
+            assert getattr(made, field.name) == field.default, field.name
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.status_version = 2  # type: ignore[misc]

@@ -8,9 +8,7 @@ other task writes a ``Command`` to the store for the holder's poller.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import functools
 import logging
 import os
 import random
@@ -23,10 +21,7 @@ from typing import Any, Literal
 
 from ..clock import Clock, SystemClock
 from ..definitions import Definitions, TaskDefinition, TaskRef
-from ..errors import (
-    ConfigurationError,
-    TaskNotFound,
-)
+from ..errors import ConfigurationError, InvalidValue, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
 from ..model import (
     CommandAction,
@@ -37,6 +32,7 @@ from ..model import (
     Transition,
     utc,
 )
+from ..options import OptionsSubmitter, SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
 from ..run.handle import TaskRun
@@ -45,6 +41,7 @@ from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from ..values import check_text
+from .aface import AsyncFace
 from .commands import ControlRouter
 from .dispatch import make_dispatcher
 from .host import NodeHost
@@ -112,7 +109,7 @@ def _check_settings(
     return max_workers
 
 
-class Controller:
+class Controller(AsyncFace):
     """A node: definitions, workers, ownership of buckets, and control routing."""
 
     def __init__(
@@ -261,29 +258,6 @@ class Controller:
     def __enter__(self) -> Controller:
         return self
 
-    async def __aenter__(self) -> Controller:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.close)
-
-    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
-        """``submit`` for a program that runs an event loop: the store write happens on a
-        thread, never blocking the caller's loop."""
-        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
-
-    async def astop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.stop, task_id, reason=reason)
-
-    async def apause(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.pause, task_id, reason=reason)
-
-    async def aresume(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.resume, task_id, reason=reason)
-
-    async def acancel(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.cancel, task_id, reason=reason)
-
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -345,6 +319,30 @@ class Controller:
         Raises ``StoreError`` if the store refuses the new task: then nothing was queued.
         """
         return self._submitter.submit(task, args, kwargs, bucket_key=bucket_key)
+
+    def options(
+        self,
+        *,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        bucket_key: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> OptionsSubmitter:
+        """A submitter whose ``submit`` and ``submit_many`` apply these options: start
+        ``delay`` seconds from now or at ``run_at`` (an aware datetime), ``priority``
+        (higher first in this node's queue), ``bucket_key``, extra ``tags``. A bad option
+        raises ``InvalidValue`` here; an unknown one, Python's ``TypeError``."""
+        if isinstance(tags, str):
+            raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
+        chosen = SubmitOptions(
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            bucket_key=bucket_key,
+            tags=frozenset(tags),
+        )
+        return OptionsSubmitter(self._submitter, chosen)
 
     def submit_many(
         self,

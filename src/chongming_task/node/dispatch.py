@@ -8,9 +8,13 @@ Two shapes, one interface:
   round-robin, at most N running per bucket, so one tenant's backlog in one bucket does not
   starve another bucket.
 
-Retries wait in a delay heap until their backoff has passed, read from the injectable
-clock. Due retries are released by the workers when they look for work and by the
-supervisor on every tick, so a fake clock is noticed too.
+Both serve higher priorities first, first come first served within one priority
+(``Lane``). Priority is strict: a steady stream of higher-priority runs holds lower ones
+back for as long as it lasts (docs/design.md, "When and in what order").
+
+Retries and delayed tasks wait in a delay heap until their time, read from the
+injectable clock. Due runs are released by the workers when they look for work and by
+the supervisor on every tick, so a fake clock is noticed too.
 """
 
 from __future__ import annotations
@@ -54,6 +58,51 @@ class Dispatcher(Protocol):
     def close(self) -> None: ...
 
 
+_ORDER = itertools.count()
+"""Arrival order across every lane (``next`` is atomic under the interpreter's lock)."""
+
+
+class Lane:
+    """Runs in priority order, first come first served within one priority. Runs of
+    priority 0, nearly all of them, go in a deque (a plain submit pays a deque append);
+    the others in a heap, ranked by ``(-priority, arrival)``. The caller guards it,
+    except ``Lane.plain`` that ``FifoDispatcher`` reads and writes without a lock."""
+
+    __slots__ = ("plain", "ranked")
+
+    def __init__(self) -> None:
+        self.plain: deque[TaskRun] = deque()
+        self.ranked: list[tuple[int, int, TaskRun]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.plain or self.ranked)
+
+    def push(self, run: TaskRun) -> None:
+        priority = run.priority
+        if priority:
+            heapq.heappush(self.ranked, (-priority, next(_ORDER), run))
+        else:
+            self.plain.append(run)
+
+    def head(self) -> int | None:
+        """The priority of the run ``pop`` takes next (``None``: empty)."""
+        ranked = self.ranked
+        if ranked and (ranked[0][0] < 0 or not self.plain):
+            return -ranked[0][0]
+        return 0 if self.plain else None
+
+    def pop(self) -> TaskRun | None:
+        """The next run (``None``: empty): a ranked run ahead of priority 0 if its
+        priority is higher, behind it if lower."""
+        ranked = self.ranked
+        if ranked and (ranked[0][0] < 0 or not self.plain):
+            return heapq.heappop(ranked)[2]
+        try:
+            return self.plain.popleft()
+        except IndexError:
+            return None
+
+
 class _DelayHeap:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -94,7 +143,9 @@ class FifoDispatcher:
     in-memory row 3k instructions a task (4 % of its rate)."""
 
     def __init__(self, clock: Clock, *, tick: float = 0.05) -> None:
-        self._runs: deque[TaskRun] = deque()
+        self._lane = Lane()
+        self._runs = self._lane.plain  # priority 0: lock-free, as above
+        self._ranked_lock = threading.Lock()  # the other priorities' heap
         self._parked: list[threading.Lock] = []  # each held; put() releases the last
         self._closed = False
         self._own = threading.local()  # each worker's parking lock
@@ -110,7 +161,11 @@ class FifoDispatcher:
         if direct is not None and run.definition.is_async:
             direct(run)
             return
-        self._runs.append(run)
+        if run.priority:
+            with self._ranked_lock:
+                self._lane.push(run)
+        else:
+            self._runs.append(run)
         self._wake_one()
 
     def _wake_one(self) -> None:
@@ -134,9 +189,15 @@ class FifoDispatcher:
         if park is None:
             park = self._own.park = threading.Lock()
             park.acquire()  # held while its worker is not parked
+        ranked = self._lane.ranked
         while True:
             if self._delayed.heap:
                 self.release_due()
+            if ranked:
+                with self._ranked_lock:
+                    run = self._lane.pop()
+                if run is not None:
+                    return run
             if runs:
                 try:
                     return runs.popleft()
@@ -147,7 +208,7 @@ class FifoDispatcher:
             parked.append(park)
             # A run put (or close()) between the look above and the append found nobody
             # to wake: look again, and unpark to take it.
-            if runs or self._closed:
+            if runs or ranked or self._closed:
                 self._unpark(park)
             elif not self._delayed.heap:
                 park.acquire()  # until put() (or close()) releases it
@@ -165,13 +226,16 @@ class FifoDispatcher:
     def get_nowait(self) -> TaskRun | None:
         if self._delayed.heap:
             self.release_due()
+        if self._lane.ranked:
+            with self._ranked_lock:
+                return self._lane.pop()
         try:
             return self._runs.popleft()
         except IndexError:
             return None
 
     def backlog(self) -> bool:
-        return bool(self._runs)
+        return bool(self._lane)
 
     def done(self, run: TaskRun) -> None:
         pass
@@ -194,7 +258,7 @@ class FairDispatcher:
         self._limit = max_parallel_per_bucket
         self._tick = tick
         self._cond = threading.Condition(threading.RLock())
-        self._queues: dict[int | None, deque[TaskRun]] = {}
+        self._queues: dict[int | None, Lane] = {}
         self._rotation: deque[int | None] = deque()  # buckets with queued runs
         self._running: dict[int | None, int] = {}
         self._delayed = _DelayHeap(clock)
@@ -260,24 +324,32 @@ class FairDispatcher:
         bucket = run.bucket
         runs = self._queues.get(bucket)
         if runs is None:
-            runs = self._queues[bucket] = deque()
+            runs = self._queues[bucket] = Lane()
         if not runs:
             self._rotation.append(bucket)
-        runs.append(run)
+        runs.push(run)
 
     def _pick(self) -> TaskRun | None:
-        for _ in range(len(self._rotation)):
-            bucket = self._rotation[0]
-            self._rotation.rotate(-1)
+        """The highest priority at the head of a bucket below its limit; among equal
+        heads, the next bucket in the rotation."""
+        rotation, best, best_at = self._rotation, None, 0
+        for at, bucket in enumerate(rotation):
             if self._running.get(bucket, 0) >= self._limit:
                 continue
-            runs = self._queues[bucket]
-            run = runs.popleft()
-            if not runs:
-                self._rotation.pop()  # the bucket just rotated to the end
-            self._running[bucket] = self._running.get(bucket, 0) + 1
-            return run
-        return None
+            head = self._queues[bucket].head()
+            if head is not None and (best is None or head > best):
+                best, best_at = head, at
+        if best is None:
+            return None
+        rotation.rotate(-best_at)
+        bucket = rotation.popleft()
+        runs = self._queues[bucket]
+        run = runs.pop()
+        assert run is not None
+        if runs:
+            rotation.append(bucket)  # its next run waits for the others' turn
+        self._running[bucket] = self._running.get(bucket, 0) + 1
+        return run
 
 
 def make_dispatcher(clock: Clock, *, max_parallel_per_bucket: int | None) -> Dispatcher:

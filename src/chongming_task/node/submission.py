@@ -23,9 +23,11 @@ from ..model import (
     PipelineRecord,
     TaskStatus,
     Transition,
+    snapshot_changer,
     submitted_snapshot,
     trusted_transition,
 )
+from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import BucketPolicy, format_buckets
 from ..run.handle import RunHost, TaskRun
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 
 Prepared = tuple[TaskRun, Transition]
+
+_WITH_OPTIONS = snapshot_changer(("run_at", "priority"))
 
 log = logging.getLogger("chongming_task.submit")
 
@@ -140,6 +144,43 @@ class Submitter:
         self._dispatcher.put(prepared[0])
         return prepared[0]
 
+    def submit_with(
+        self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> TaskRun:
+        """``submit`` with ``options`` (``node.options``)."""
+        return self.submit_many_with(options, task, [args], kwargs)[0]
+
+    def submit_many_with(
+        self,
+        options: SubmitOptions,
+        task: TaskRef,
+        calls: Iterable[tuple[Any, ...]],
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[TaskRun]:
+        """``submit_many`` with ``options``: a delayed run waits in the dispatcher's delay
+        heap until its time (it was stored ``queued`` with its ``run_at``)."""
+        prepared = [
+            self.prepare(
+                task,
+                tuple(args),
+                kwargs or {},
+                bucket_key=options.bucket_key,
+                tags=options.tags,
+                options=options,
+            )
+            for args in calls
+        ]
+        self.persist(prepared)
+        now = self._now()
+        for run, _ in prepared:
+            run_at = run.writes.snapshot.run_at
+            wait = 0.0 if run_at is None else (run_at - now).total_seconds()
+            if wait > 0:
+                self._dispatcher.schedule(run, wait)
+            else:
+                self._dispatcher.put(run)
+        return [run for run, _ in prepared]
+
     def submit_many(
         self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
     ) -> list[TaskRun]:
@@ -229,11 +270,16 @@ class Submitter:
         pipeline_run_id: str | None = None,
         status: TaskStatus = TaskStatus.QUEUED,
         tags: Iterable[str] = (),
+        options: SubmitOptions | None = None,
     ) -> Prepared:
         """Build and register a run and its creation transition; nothing stored yet."""
         host = self._host
-        definition, bucket = self.check(task, bucket_key)
+        definition, bucket = self.check(task, bucket_key, tags)
         now = self._now()
+        starts = None if options is None else options.starts_at(now)
+        # A delayed task's lease runs to its time and a TTL past it: nothing renews it
+        # while it waits, and a dead node's waiting task is judged lost once past it.
+        leased_from = now if starts is None else starts
         # Every value here is already normalised (UTC times, frozenset tags): the trusted
         # builder skips re-validation on this hot path.
         snapshot = submitted_snapshot(
@@ -248,8 +294,10 @@ class Submitter:
             host.owner,
             # Lease time is the store's clock where it has one (the offset is measured by
             # the supervisor, not per submit).
-            now + self._leases.offset + self._lease_delta,
+            leased_from + self._leases.offset + self._lease_delta,
         )
+        if options is not None:
+            snapshot = _WITH_OPTIONS(snapshot, starts or options.run_at, options.priority)
         created: Transition = trusted_transition(
             task_id=snapshot.task_id,
             version=1,
@@ -260,7 +308,8 @@ class Submitter:
             actor=host.owner,
         )
         run = TaskRun(host, definition, snapshot, args, kwargs, created=created)
-        run.lease_renewed(self._clock.monotonic() + self._lease_ttl / 3)
+        waits = 0.0 if starts is None else (starts - now).total_seconds()
+        run.lease_renewed(self._clock.monotonic() + waits + self._lease_ttl / 3)
         # Before create: a command may follow at once. One dict operation, atomic on its
         # own: the submitting thread takes no lock the workers take.
         self._registry.add(run)

@@ -147,6 +147,11 @@ class TaskRun:
     def bucket(self) -> int | None:
         return self.writes.snapshot.bucket
 
+    @property
+    def priority(self) -> int:
+        """Its place in the node's queue: higher first (fixed at submit)."""
+        return self.writes.snapshot.priority
+
     def snapshot(self) -> TaskSnapshot:
         """This process's view of the task, with the latest progress and heartbeat."""
         with self._lock:

@@ -33,6 +33,7 @@ __all__ = [
     "COMMAND_COLUMNS",
     "LEASE_COLUMNS",
     "LIFE_COLUMNS",
+    "OPTION_COLUMNS",
     "SAVE_COLUMNS",
     "STATUS_TEXT",
     "TASK_COLUMNS",
@@ -89,11 +90,19 @@ TASK_COLUMNS: tuple[str, ...] = (
     "outcome",
     "lease_owner",
     "lease_until",
+    "run_at",
+    "priority",
+    "dedupe_key",
+    "dedupe_window",
+    "concurrency_key",
 )
+OPTION_COLUMNS: tuple[str, ...] = TASK_COLUMNS[-5:]
+"""How a task was submitted (``node.options``): fixed at create, like its identity."""
+_OPTIONS = frozenset(OPTION_COLUMNS)
 LEASE_COLUMNS: tuple[str, ...] = ("lease_owner", "lease_until")
 _FIXED_AT_CREATE = frozenset(
     ("task_id", "name", "tags", "bucket", "bucket_key", "pipeline_run_id", "owner", "created_at")
-)
+).union(OPTION_COLUMNS)
 LIFE_COLUMNS: tuple[str, ...] = tuple(
     c for c in TASK_COLUMNS if c not in _FIXED_AT_CREATE and c not in LEASE_COLUMNS
 )
@@ -280,7 +289,9 @@ def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
 
 
 def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
-    return values_to_snapshot([row[c] for c in TASK_COLUMNS])
+    """A row as ``snapshot_to_row`` made it; a row written before the option columns
+    existed reads as submitted without options."""
+    return values_to_snapshot([row[c] if c not in _OPTIONS else row.get(c) for c in TASK_COLUMNS])
 
 
 def transition_to_row(transition: Transition) -> Row:
@@ -354,6 +365,11 @@ def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
         *lived,
         snapshot.lease_owner,
         encode_dt(snapshot.lease_until),
+        None if snapshot.run_at is None else encode_dt(snapshot.run_at),
+        snapshot.priority,
+        snapshot.dedupe_key,
+        snapshot.dedupe_window,
+        snapshot.concurrency_key,
     ]
 
 
@@ -441,6 +457,11 @@ def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
         outcome,
         lease_owner,
         lease_until,
+        run_at,
+        priority,
+        dedupe_key,
+        dedupe_window,
+        concurrency_key,
     ) = values
     created = decode_dt(created_at)
     assert created is not None, "created_at is NOT NULL in every store"
@@ -464,6 +485,11 @@ def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
         outcome=None if outcome is None else decode_json(outcome),
         lease_owner=lease_owner,
         lease_until=None if lease_until is None else decode_dt(lease_until),
+        run_at=None if run_at is None else decode_dt(run_at),
+        priority=int(priority or 0),
+        dedupe_key=dedupe_key,
+        dedupe_window=None if dedupe_window is None else float(dedupe_window),
+        concurrency_key=concurrency_key,
     )
     return snapshot
 

@@ -7,10 +7,12 @@
 INSERT INTO tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
-    failure, outcome, lease_owner, lease_until
+    failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
+    concurrency_key
 ) VALUES (
     %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::timestamptz,
-    %s::timestamptz, %s::timestamptz, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::timestamptz
+    %s::timestamptz, %s::timestamptz, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::timestamptz,
+    %s::timestamptz, %s, %s, %s, %s
 )
 ON CONFLICT (task_id) DO NOTHING
 
@@ -21,7 +23,8 @@ UPDATE tasks SET
     bucket = %s, bucket_key = %s, pipeline_run_id = %s, owner = %s,
     created_at = %s::timestamptz, started_at = %s::timestamptz, ended_at = %s::timestamptz,
     last_heartbeat_at = %s::timestamptz, progress = %s::jsonb, failure = %s::jsonb,
-    outcome = %s::jsonb
+    outcome = %s::jsonb, run_at = %s::timestamptz, priority = %s, dedupe_key = %s,
+    dedupe_window = %s, concurrency_key = %s
 WHERE task_id = %s AND status_version = %s
 
 -- name: schema_version
@@ -36,7 +39,8 @@ SELECT status_version FROM tasks WHERE task_id = %s
 -- name: get_task
 SELECT task_id, name, status, status_version, attempt, tags::text, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
-    progress::text, failure::text, outcome::text, lease_owner, lease_until
+    progress::text, failure::text, outcome::text, lease_owner, lease_until, run_at, priority,
+    dedupe_key, dedupe_window, concurrency_key
 FROM tasks WHERE task_id = %s
 
 -- name: counts
@@ -224,13 +228,15 @@ WITH new AS (
     INSERT INTO tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
-        progress, failure, outcome, lease_owner, lease_until
+        progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
+        dedupe_window, concurrency_key
     )
     SELECT * FROM unnest(
         %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], %b::jsonb[], %b::int[],
         %b::text[], %b::text[], %b::text[], %b::timestamptz[], %b::timestamptz[],
         %b::timestamptz[], %b::timestamptz[], %b::jsonb[], %b::jsonb[], %b::jsonb[],
-        %b::text[], %b::timestamptz[]
+        %b::text[], %b::timestamptz[], %b::timestamptz[], %b::int[], %b::text[],
+        %b::float8[], %b::text[]
     )
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id
@@ -336,12 +342,14 @@ new AS (
     INSERT INTO tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
-        progress, failure, outcome, lease_owner, lease_until
+        progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
+        dedupe_window, concurrency_key
     )
     SELECT e->>0, e->>1, e->>2, (e->>3)::int, (e->>4)::int, (e->>5)::jsonb, (e->>6)::int,
         e->>7, e->>8, e->>9, (e->>10)::timestamptz, (e->>11)::timestamptz,
         (e->>12)::timestamptz, (e->>13)::timestamptz, (e->>14)::jsonb, (e->>15)::jsonb,
-        (e->>16)::jsonb, e->>17, (e->>18)::timestamptz
+        (e->>16)::jsonb, e->>17, (e->>18)::timestamptz, (e->>19)::timestamptz,
+        (e->>20)::int, e->>21, (e->>22)::float8, e->>23
     FROM json_array_elements(%s::json) AS e
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id

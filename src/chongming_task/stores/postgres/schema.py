@@ -11,10 +11,11 @@ from typing import Any
 
 __all__ = ["IDENTIFIER", "SCHEMA_VERSION", "schema_ddl", "schema_lock_key", "stored_version"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the tables this release makes and reads (``schema_version``). A schema
 made before that table existed holds the tables of version 1. 2: ``nodes.health`` and
-``late_reports``."""
+``late_reports``; 3: the option columns of ``tasks`` (``run_at``, ``priority``,
+``dedupe_key``, ``dedupe_window``, ``concurrency_key``)."""
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """What a schema name must match (it is written into statements)."""
 _SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks

@@ -27,6 +27,14 @@ CREATE TABLE IF NOT EXISTS {schema}.tasks (
     lease_owner       TEXT,
     lease_until       TIMESTAMPTZ
 );
+-- Version 3: how a task was submitted (node.options), fixed at create.
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS run_at TIMESTAMPTZ;
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_key TEXT;
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_window DOUBLE PRECISION;
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS concurrency_key TEXT;
+CREATE INDEX IF NOT EXISTS idx_tasks_dedupe ON {schema}.tasks (dedupe_key)
+    WHERE dedupe_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS idx_tasks_status ON {schema}.tasks (status);
 CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON {schema}.tasks (bucket);
 CREATE INDEX IF NOT EXISTS idx_tasks_created_at ON {schema}.tasks (created_at, seq);

@@ -27,7 +27,12 @@ CREATE TABLE IF NOT EXISTS tasks (
     failure           TEXT,
     outcome           TEXT,
     lease_owner       TEXT,
-    lease_until       TEXT
+    lease_until       TEXT,
+    run_at            TEXT,
+    priority          INTEGER NOT NULL DEFAULT 0,
+    dedupe_key        TEXT,
+    dedupe_window     REAL,
+    concurrency_key   TEXT
 )
 
 -- name: schema_idx_tasks_status
@@ -50,6 +55,11 @@ CREATE INDEX IF NOT EXISTS idx_tasks_owner ON tasks (owner, created_at)
 -- name: schema_idx_tasks_pipeline
 CREATE INDEX IF NOT EXISTS idx_tasks_pipeline ON tasks (pipeline_run_id)
     WHERE pipeline_run_id IS NOT NULL
+
+-- A dedupe key's tasks (schema 13): what a deduplicated create looks up, one probe.
+-- name: schema_idx_tasks_dedupe
+CREATE INDEX IF NOT EXISTS idx_tasks_dedupe ON tasks (dedupe_key)
+    WHERE dedupe_key IS NOT NULL
 
 -- The trail, kept in the order of its tasks' seq (schema 9): task ids are random, and
 -- keyed by task_id a task's trail rows landed in a leaf anywhere in the tree, so each
@@ -208,6 +218,11 @@ CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON pipelines (created_at)
 -- raises, which undoes the whole statement. Columns: kind, the task's, expect, then the
 -- trail's after task_id.
 
+-- Made again at every migration (schema 13 added the option columns); dropping it drops
+-- its triggers, made again below.
+-- name: schema_task_writes_drop
+DROP VIEW IF EXISTS task_writes
+
 -- name: schema_task_writes
 CREATE VIEW IF NOT EXISTS task_writes AS SELECT
     NULL AS kind,
@@ -215,7 +230,8 @@ CREATE VIEW IF NOT EXISTS task_writes AS SELECT
     NULL AS attempt, NULL AS tags, NULL AS bucket, NULL AS bucket_key,
     NULL AS pipeline_run_id, NULL AS owner, NULL AS created_at, NULL AS started_at,
     NULL AS ended_at, NULL AS last_heartbeat_at, NULL AS progress, NULL AS failure,
-    NULL AS outcome, NULL AS lease_owner, NULL AS lease_until,
+    NULL AS outcome, NULL AS lease_owner, NULL AS lease_until, NULL AS run_at,
+    NULL AS priority, NULL AS dedupe_key, NULL AS dedupe_window, NULL AS concurrency_key,
     NULL AS expect,
     NULL AS version, NULL AS from_status, NULL AS to_status, NULL AS at, NULL AS reason,
     NULL AS actor
@@ -234,12 +250,14 @@ WHEN NEW.kind = 'new' BEGIN
     INSERT INTO tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
-        progress, failure, outcome, lease_owner, lease_until
+        progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
+        dedupe_window, concurrency_key
     ) VALUES (
         NEW.task_id, NEW.name, NEW.status, NEW.status_version, NEW.attempt, NEW.tags,
         NEW.bucket, NEW.bucket_key, NEW.pipeline_run_id, NEW.owner, NEW.created_at,
         NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
-        NEW.outcome, NEW.lease_owner, NEW.lease_until
+        NEW.outcome, NEW.lease_owner, NEW.lease_until, NEW.run_at, NEW.priority,
+        NEW.dedupe_key, NEW.dedupe_window, NEW.concurrency_key
     );
     INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason,
                              actor)
@@ -313,15 +331,17 @@ END
 INSERT INTO tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
-    failure, outcome, lease_owner, lease_until
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
+    concurrency_key
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- save writes every column but the lease (docs/design.md, "Leases are not heartbeats").
 -- name: save_task
 UPDATE tasks SET
     name = ?, status = ?, status_version = ?, attempt = ?, tags = ?, bucket = ?,
     bucket_key = ?, pipeline_run_id = ?, owner = ?, created_at = ?, started_at = ?,
-    ended_at = ?, last_heartbeat_at = ?, progress = ?, failure = ?, outcome = ?
+    ended_at = ?, last_heartbeat_at = ?, progress = ?, failure = ?, outcome = ?, run_at = ?,
+    priority = ?, dedupe_key = ?, dedupe_window = ?, concurrency_key = ?
 WHERE task_id = ? AND status_version = ?
 
 -- name: stored_version
@@ -330,7 +350,8 @@ SELECT status_version FROM tasks WHERE task_id = ?
 -- name: get_task
 SELECT task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
-    failure, outcome, lease_owner, lease_until
+    failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
+    concurrency_key
 FROM tasks WHERE task_id = ?
 
 -- name: counts

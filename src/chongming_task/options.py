@@ -1,0 +1,106 @@
+"""``node.options(...)``: when and in what order a task runs, checked where the user
+hands the options over (docs/design.md, "When and in what order").
+
+``SubmitOptions`` holds them, checked at once: a bad option is an ``InvalidValue`` naming
+it, and nothing is stored. ``OptionsSubmitter`` is what ``node.options`` returns: its
+``submit`` and ``submit_many`` take the task's own arguments only, so an option never
+collides with a keyword argument of the task.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import InvalidValue
+
+if TYPE_CHECKING:
+    from .definitions import TaskRef
+    from .run.handle import TaskRun
+
+__all__ = ["OptionsSubmitter", "SubmitOptions"]
+
+PRIORITY_RANGE = range(-(2**31), 2**31)
+"""What every store holds in its ``priority`` column (a 32-bit integer)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitOptions:
+    """How to submit: ``delay`` seconds from now or at ``run_at`` (an aware datetime),
+    ``priority`` (higher first), ``bucket_key`` and extra ``tags``."""
+
+    delay: float | None = None
+    run_at: datetime | None = None
+    priority: int = 0
+    bucket_key: str | None = None
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.delay is not None:
+            delay = self.delay
+            if isinstance(delay, bool) or not isinstance(delay, int | float):
+                raise InvalidValue(f"delay must be a number of seconds, got {delay!r}")
+            if not math.isfinite(delay) or delay < 0:
+                raise InvalidValue(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+            if self.run_at is not None:
+                raise InvalidValue("give delay or run_at, not both")
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime):
+                raise InvalidValue(f"run_at must be a datetime, got {self.run_at!r}")
+            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
+                raise InvalidValue(
+                    f"run_at must be an aware datetime (with a time zone), got naive "
+                    f"{self.run_at.isoformat()}"
+                )
+        priority = self.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidValue(f"priority must be an int, got {priority!r}")
+        if priority not in PRIORITY_RANGE:
+            raise InvalidValue(f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}")
+        if self.bucket_key is not None and not isinstance(self.bucket_key, str):
+            raise InvalidValue(f"bucket_key must be text, got {self.bucket_key!r}")
+        if isinstance(self.tags, str) or not all(isinstance(t, str) for t in self.tags):
+            raise InvalidValue(f"tags must be an iterable of text, got {self.tags!r}")
+        object.__setattr__(self, "tags", frozenset(self.tags))
+
+    def starts_at(self, now: datetime) -> datetime | None:
+        """The time the task may start, from ``now`` (the node's clock): ``None`` for at
+        once (no delay, or a time already past)."""
+        if self.delay is not None:
+            return now + timedelta(seconds=self.delay) if self.delay > 0 else None
+        if self.run_at is not None and self.run_at > now:
+            return self.run_at
+        return None
+
+
+class _Submits(Protocol):
+    def submit_with(
+        self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> TaskRun: ...
+
+    def submit_many_with(
+        self, options: SubmitOptions, task: TaskRef, calls: Iterable[tuple[Any, ...]]
+    ) -> list[TaskRun]: ...
+
+
+class OptionsSubmitter:
+    """``node.options(...)``: ``submit`` and ``submit_many`` with these options."""
+
+    __slots__ = ("_node", "options")
+
+    def __init__(self, node: _Submits, options: SubmitOptions) -> None:
+        self._node = node
+        self.options = options
+
+    def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
+        """Queue one run of ``task`` with ``args``/``kwargs`` (every keyword is the
+        task's own); return its handle."""
+        return self._node.submit_with(self.options, task, args, kwargs)
+
+    def submit_many(self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
+        """Queue one run of ``task`` per positional-argument tuple in ``calls``, all
+        with these options (stored together, or none, as ``node.submit_many``)."""
+        return self._node.submit_many_with(self.options, task, calls)

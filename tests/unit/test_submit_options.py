@@ -1,0 +1,205 @@
+"""``node.options(...)``: delayed and timed tasks and priorities, on every built-in
+store; bad options refused with nothing stored; an older SQLite file gains the option
+columns with its tasks kept."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from chongming_task import (
+    CancellationToken,
+    Controller,
+    InMemoryTaskStore,
+    InvalidValue,
+    SqliteTaskStore,
+    TaskStatus,
+)
+from chongming_task.present import ps_rows, show_text
+from chongming_task.stores import codec
+from chongming_task.stores.protocol import TaskStore
+
+S = TaskStatus
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> TaskStore:
+    if request.param == "memory":
+        return InMemoryTaskStore()
+    return SqliteTaskStore(tmp_path / "options.db")
+
+
+def echo(token: CancellationToken, x: str) -> str:
+    return x
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"run_at": datetime(2030, 1, 1)}, "aware datetime"),  # naive on purpose
+        ({"delay": -1}, ">= 0"),
+        ({"delay": float("nan")}, "finite"),
+        ({"delay": float("inf")}, "finite"),
+        ({"delay": "5"}, "number of seconds"),
+        ({"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),
+        ({"priority": 1.5}, "priority must be an int"),
+        ({"priority": True}, "priority must be an int"),
+        ({"priority": 2**31}, "32 bits"),
+        ({"tags": "urgent"}, "iterable of text"),
+        ({"tags": [1]}, "iterable of text"),
+    ],
+)
+def test_a_bad_option_is_refused_where_it_is_given_and_nothing_is_stored(
+    store: TaskStore, options: dict[str, object], says: str
+) -> None:
+    with Controller(store) as node:
+        node.task(echo, name="echo")
+        with pytest.raises(InvalidValue, match=says):
+            node.options(**options).submit("echo", "x")  # type: ignore[arg-type]
+        assert store.query() == []
+
+
+def test_an_unknown_option_is_pythons_own_type_error(store: TaskStore) -> None:
+    with Controller(store) as node:
+        with pytest.raises(TypeError, match="priorty"):
+            node.options(priorty=3)  # type: ignore[call-arg]
+        # The task's own keyword arguments never meet the options.
+        node.task(echo, name="echo")
+        assert node.options(priority=1).submit("echo", x="delay").result(10) == "delay"
+
+
+def test_a_delayed_task_waits_queued_with_its_time_then_runs(store: TaskStore) -> None:
+    with Controller(store, lease_ttl=2.0) as node:
+        node.task(echo, name="echo")
+        asked = datetime.now(UTC)
+        run = node.options(delay=0.6, priority=3, tags=["later"]).submit("echo", "done")
+        stored = store.get(run.task_id)
+        assert stored is not None and stored.status is S.QUEUED
+        assert stored.run_at is not None and stored.priority == 3 and "later" in stored.tags
+        assert timedelta(seconds=0.5) < stored.run_at - asked < timedelta(seconds=1)
+        # Its lease runs a TTL past its time: nothing renews it while it waits.
+        assert stored.lease_until is not None
+        leased = (stored.lease_until - stored.run_at).total_seconds()
+        assert leased == pytest.approx(2.0, abs=0.1)
+        now = datetime.now(UTC)
+        assert "runs at" in show_text(stored, now) and "priority" in show_text(stored, now)
+        (row,) = ps_rows([stored], now)[1]
+        assert row[2].startswith("queued (runs at ") and row[2].endswith("in 0s)"), row[2]
+        assert run.result(10) == "done"
+        started = store.get(run.task_id).started_at  # type: ignore[union-attr]
+        assert started is not None and started >= stored.run_at
+        assert codec.snapshot_to_row(store.get(run.task_id))["run_at"] is not None  # type: ignore[arg-type]
+
+
+def test_a_time_already_past_runs_at_once_and_submit_many_takes_options(
+    store: TaskStore,
+) -> None:
+    with Controller(store) as node:
+        node.task(echo, name="echo")
+        past = datetime.now(UTC) - timedelta(hours=1)
+        run = node.options(run_at=past.astimezone(timezone_east())).submit("echo", "now")
+        assert run.result(10) == "now"
+        assert store.get(run.task_id).run_at == past  # type: ignore[union-attr]
+        runs = node.options(priority=-2, delay=0.1).submit_many("echo", [("a",), ("b",)])
+        assert [r.result(10) for r in runs] == ["a", "b"]
+        assert {store.get(r.task_id).priority for r in runs} == {-2}  # type: ignore[union-attr]
+
+
+def timezone_east() -> object:
+    from datetime import timezone
+
+    return timezone(timedelta(hours=8))
+
+
+def test_a_delayed_task_cancelled_before_its_time_never_runs(store: TaskStore) -> None:
+    ran: list[str] = []
+
+    def record(token: CancellationToken) -> None:
+        ran.append(token.task_id)
+
+    with Controller(store) as node:
+        node.task(record, name="record")
+        run = node.options(delay=0.3).submit("record")
+        assert node.cancel(run.task_id).outcome.value == "cancelled"
+        time.sleep(0.6)  # past its time
+        assert run.status is S.CANCELLED and ran == []
+        assert store.get(run.task_id).status is S.CANCELLED  # type: ignore[union-attr]
+
+
+def test_higher_priorities_start_first_and_one_priority_in_arrival_order(
+    store: TaskStore,
+) -> None:
+    started: list[str] = []
+    gate = threading.Event()
+
+    def hold(token: CancellationToken) -> None:
+        gate.wait(10)
+
+    def note(token: CancellationToken, label: str) -> None:
+        started.append(label)
+
+    with Controller(store, max_workers=1) as node:
+        node.task(hold, name="hold")
+        node.task(note, name="note")
+        blocker = node.submit("hold")
+        while blocker.status is not S.RUNNING:
+            time.sleep(0.005)
+        for label, priority in [("low", -5), ("first-0", 0), ("top", 9), ("second-0", 0)]:
+            node.options(priority=priority).submit("note", label)
+        node.options(priority=9).submit("note", "top-later")
+        gate.set()
+        assert node.wait_idle(10)
+    assert started == ["top", "top-later", "first-0", "second-0", "low"]
+
+
+def test_a_schema_12_file_with_tasks_gains_the_option_columns(tmp_path: Path) -> None:
+    """A file as the release before the option columns made it, with a task and its
+    trail: opened, it is upgraded in place; the task reads as submitted without options
+    and a new one keeps its own."""
+    path = tmp_path / "v12.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.executescript((Path(__file__).parent / "data" / "sqlite_schema_12.sql").read_text())
+    old = [c for c in codec.TASK_COLUMNS if c not in codec.OPTION_COLUMNS]
+    trail = [c for c in codec.TRANSITION_COLUMNS if c != "task_id"]
+    at = codec.encode_dt(datetime(2026, 1, 1, tzinfo=UTC))
+    values = ["old", "echo", "succeeded", 1, 1, "[]", None, None, None, "n", at]
+    values += [at, at, None, None, None, '"kept"', None, None]
+    conn.execute(
+        f"INSERT INTO task_writes (kind, {', '.join(old)}, {', '.join(trail)}) "
+        f"VALUES ('new', {', '.join('?' * (len(old) + len(trail)))})",
+        [*values, 1, None, "succeeded", at, "made by the older release", "n"],
+    )
+    conn.execute("PRAGMA user_version = 12")
+    conn.commit()
+    conn.close()
+    store = SqliteTaskStore(path, create=False)
+    try:
+        kept = store.get("old")
+        assert kept is not None and kept.outcome == "kept" and kept.status is S.SUCCEEDED
+        assert (kept.run_at, kept.priority, kept.dedupe_key, kept.concurrency_key) == (
+            None,
+            0,
+            None,
+            None,
+        )
+        assert [t.reason for t in store.history("old")] == ["made by the older release"]
+        with Controller(store) as node:
+            node.task(echo, name="echo")
+            run = node.options(priority=4, delay=0.05).submit("echo", "new")
+            assert run.result(10) == "new"
+        assert store.get(run.task_id).priority == 4  # type: ignore[union-attr]
+    finally:
+        store.close()
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone() == (13,)
+    plan = check.execute(
+        "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE dedupe_key = 'k'"
+    ).fetchall()
+    check.close()
+    assert "idx_tasks_dedupe" in str(plan)
