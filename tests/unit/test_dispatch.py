@@ -99,7 +99,7 @@ def test_a_run_wakes_the_worker_that_parked_last_and_nobody_else() -> None:
 
 
 def test_a_retry_waits_out_its_delay_with_every_worker_parked() -> None:
-    dispatcher = FifoDispatcher(SystemClock(), tick=0.01)
+    dispatcher = FifoDispatcher(SystemClock())
     workers = _Workers(dispatcher, 2)
     workers.start_one_by_one()
     scheduled = time.monotonic()
@@ -107,8 +107,7 @@ def test_a_retry_waits_out_its_delay_with_every_worker_parked() -> None:
     assert not dispatcher.backlog()
     wait_until(lambda: workers.all() == ["run-1"], timeout=5)
     assert time.monotonic() - scheduled >= 0.1
-    # Parked with a tick while the retry waited, each worker took itself off the list
-    # when no put woke it; none was left holding a stale place.
+    # The timer released it to one parked worker; the other stayed parked throughout.
     wait_until(lambda: len(dispatcher._parked) == 2, timeout=5)
     dispatcher.put(_run(2))
     wait_until(lambda: sorted(map(str, workers.all())) == ["run-1", "run-2"], timeout=5)
@@ -120,12 +119,12 @@ def test_a_retry_waits_out_its_delay_with_every_worker_parked() -> None:
 
 def test_racing_producers_and_workers_lose_no_run_with_switches_every_microsecond() -> None:
     """No lock of its own: a worker looks at the runs again after it parks, so a put
-    that found nobody parked is still taken. Retries waiting put workers on the tick
-    path (park with a timeout, unpark) at the same time."""
+    that found nobody parked is still taken. Retries released by the timer thread put
+    runs at the same time."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        dispatcher = FifoDispatcher(SystemClock(), tick=0.001)
+        dispatcher = FifoDispatcher(SystemClock())
         workers = _Workers(dispatcher, 4)
         for thread in workers.threads:
             thread.start()
@@ -249,3 +248,26 @@ def test_higher_priorities_go_first_and_each_priority_in_arrival_order() -> None
         "a-low",
         None,
     ]
+
+
+def test_runs_waiting_for_their_time_cost_a_timer_not_a_poll() -> None:
+    """10,000 runs delayed an hour: the parked workers and the timer thread sleep (no
+    wake-up in half a second); one due sooner is released on time to one worker."""
+    dispatcher = FifoDispatcher(SystemClock())
+    workers = _Workers(dispatcher, 2)
+    workers.start_one_by_one()
+    for n in range(10_000):
+        dispatcher.schedule(_run(n), 3600)
+    timer = next(t for t in threading.enumerate() if t.name == "chongming-timer")
+    time.sleep(0.1)  # settled
+    before = [_switches(t) for t in (*workers.threads, timer)]
+    time.sleep(0.5)
+    assert [_switches(t) for t in (*workers.threads, timer)] == before
+    asked = time.monotonic()
+    dispatcher.schedule(_run(-1), 0.2)
+    wait_until(lambda: workers.all() == ["run--1"], timeout=5)
+    assert 0.2 <= time.monotonic() - asked < 2.0
+    dispatcher.close()
+    for thread in (*workers.threads, timer):
+        thread.join(5)
+        assert not thread.is_alive()

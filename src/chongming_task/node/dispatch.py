@@ -13,8 +13,10 @@ Both serve higher priorities first, first come first served within one priority
 back for as long as it lasts (docs/design.md, "When and in what order").
 
 Retries and delayed tasks wait in a delay heap until their time, read from the
-injectable clock. Due runs are released by the workers when they look for work and by
-the supervisor on every tick, so a fake clock is noticed too.
+injectable clock. One timer thread sleeps until the earliest is due and releases what is
+due: a waiting run costs a heap entry, not a poll, so an idle node with 100,000 waiting
+tasks stays idle. The supervisor releases due runs on every tick too, so a fake clock's
+advance is noticed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..clock import Clock
+from ..loops import keep_running
 
 if TYPE_CHECKING:
     from ..run.handle import TaskRun
@@ -104,26 +107,60 @@ class Lane:
 
 
 class _DelayHeap:
-    def __init__(self, clock: Clock) -> None:
+    """Runs waiting for their time, and the timer thread that hands them to ``release``
+    once due (started with the first; a node that never delays has none)."""
+
+    def __init__(self, clock: Clock, release: Callable[[list[TaskRun]], None]) -> None:
         self._clock = clock
-        self._lock = threading.Lock()
-        # Read by the dispatchers on every get (empty: no retry waits), without a call.
+        self._release = release
+        self._cond = threading.Condition(threading.Lock())
         self.heap: list[tuple[float, int, TaskRun]] = []
         self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def push(self, run: TaskRun, delay: float) -> None:
-        with self._lock:
+        with self._cond:
             heapq.heappush(self.heap, (self._clock.monotonic() + delay, next(self._seq), run))
+            if self.heap[0][2] is run:
+                self._cond.notify()  # the earliest now: the timer sleeps less
+            if self._thread is None and not self._closed:
+                target = keep_running("timer", self._watch, stopping=lambda: self._closed)
+                self._thread = threading.Thread(target=target, name="chongming-timer", daemon=True)
+                self._thread.start()
 
     def pop_due(self) -> list[TaskRun]:
         if not self.heap:
             return []
         now = self._clock.monotonic()
         due: list[TaskRun] = []
-        with self._lock:
+        with self._cond:
             while self.heap and self.heap[0][0] <= now:
                 due.append(heapq.heappop(self.heap)[2])
         return due
+
+    def release_due(self) -> int:
+        due = self.pop_due()
+        if due:
+            self._release(due)
+        return len(due)
+
+    def _watch(self) -> None:
+        """Sleep until the earliest run is due (woken sooner by an earlier one, or by
+        ``close``), release what is due, and again."""
+        heap, cond, clock = self.heap, self._cond, self._clock
+        while True:
+            with cond:
+                while not self._closed and (not heap or heap[0][0] > clock.monotonic()):
+                    cond.wait(heap[0][0] - clock.monotonic() if heap else None)
+                if self._closed:
+                    return
+            self.release_due()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
 
 
 class FifoDispatcher:
@@ -142,15 +179,14 @@ class FifoDispatcher:
     so a run put meanwhile is never left waiting (``get``). A mutex around them cost the
     in-memory row 3k instructions a task (4 % of its rate)."""
 
-    def __init__(self, clock: Clock, *, tick: float = 0.05) -> None:
+    def __init__(self, clock: Clock) -> None:
         self._lane = Lane()
         self._runs = self._lane.plain  # priority 0: lock-free, as above
         self._ranked_lock = threading.Lock()  # the other priorities' heap
         self._parked: list[threading.Lock] = []  # each held; put() releases the last
         self._closed = False
         self._own = threading.local()  # each worker's parking lock
-        self._delayed = _DelayHeap(clock)
-        self._tick = tick
+        self._delayed = _DelayHeap(clock, self._put_all)
         self.direct: Callable[[TaskRun], None] | None = None
         """Where an async run goes straight, skipping a worker's hand-over (this
         dispatcher keeps no count a worker would have to release): one wake-up a run,
@@ -176,12 +212,15 @@ class FifoDispatcher:
                 return
             parked.release()
 
+    def _put_all(self, runs: list[TaskRun]) -> None:
+        for run in runs:
+            self.put(run)
+
     def schedule(self, run: TaskRun, delay: float) -> None:
         if delay <= 0:
             self.put(run)
             return
         self._delayed.push(run, delay)
-        self._wake_one()  # a parked worker starts watching the delay heap
 
     def get(self) -> TaskRun | None:
         runs, parked = self._runs, self._parked
@@ -191,8 +230,6 @@ class FifoDispatcher:
             park.acquire()  # held while its worker is not parked
         ranked = self._lane.ranked
         while True:
-            if self._delayed.heap:
-                self.release_due()
             if ranked:
                 with self._ranked_lock:
                     run = self._lane.pop()
@@ -210,10 +247,8 @@ class FifoDispatcher:
             # to wake: look again, and unpark to take it.
             if runs or ranked or self._closed:
                 self._unpark(park)
-            elif not self._delayed.heap:
+            else:
                 park.acquire()  # until put() (or close()) releases it
-            elif not park.acquire(timeout=self._tick):
-                self._unpark(park)
 
     def _unpark(self, park: threading.Lock) -> None:
         """Off the list, or, if a ``put`` took ``park`` off meanwhile, hold the lock that
@@ -225,7 +260,7 @@ class FifoDispatcher:
 
     def get_nowait(self) -> TaskRun | None:
         if self._delayed.heap:
-            self.release_due()
+            self._delayed.release_due()
         if self._lane.ranked:
             with self._ranked_lock:
                 return self._lane.pop()
@@ -241,27 +276,24 @@ class FifoDispatcher:
         pass
 
     def release_due(self) -> int:
-        due = self._delayed.pop_due()
-        for run in due:
-            self.put(run)
-        return len(due)
+        return self._delayed.release_due()
 
     def close(self) -> None:
         """Every worker gets what is queued, then ``None``."""
         self._closed = True
+        self._delayed.close()
         while self._parked:
             self._wake_one()
 
 
 class FairDispatcher:
-    def __init__(self, clock: Clock, *, max_parallel_per_bucket: int, tick: float = 0.05) -> None:
+    def __init__(self, clock: Clock, *, max_parallel_per_bucket: int) -> None:
         self._limit = max_parallel_per_bucket
-        self._tick = tick
         self._cond = threading.Condition(threading.RLock())
         self._queues: dict[int | None, Lane] = {}
         self._rotation: deque[int | None] = deque()  # buckets with queued runs
         self._running: dict[int | None, int] = {}
-        self._delayed = _DelayHeap(clock)
+        self._delayed = _DelayHeap(clock, self._enqueue_all)
         self._closed = False
 
     def put(self, run: TaskRun) -> None:
@@ -274,25 +306,22 @@ class FairDispatcher:
             self.put(run)
             return
         self._delayed.push(run, delay)
-        with self._cond:
-            self._cond.notify()
 
     def get(self) -> TaskRun | None:
         with self._cond:
             while True:
                 if self._closed:
                     return None
-                self.release_due()
                 run = self._pick()
                 if run is not None:
                     return run
-                self._cond.wait(self._tick if self._delayed.heap else None)
+                self._cond.wait()
 
     def get_nowait(self) -> TaskRun | None:
         with self._cond:
             if self._closed:
                 return None
-            self.release_due()
+            self._delayed.release_due()
             return self._pick()
 
     def backlog(self) -> bool:
@@ -305,15 +334,16 @@ class FairDispatcher:
                 self._cond.notify()
 
     def release_due(self) -> int:
-        due = self._delayed.pop_due()
-        if due:
-            with self._cond:
-                for run in due:
-                    self._enqueue(run)
-                self._cond.notify(len(due))
-        return len(due)
+        return self._delayed.release_due()
+
+    def _enqueue_all(self, runs: list[TaskRun]) -> None:
+        with self._cond:
+            for run in runs:
+                self._enqueue(run)
+            self._cond.notify(len(runs))
 
     def close(self) -> None:
+        self._delayed.close()
         with self._cond:
             self._closed = True
             self._cond.notify_all()
