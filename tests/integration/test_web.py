@@ -545,3 +545,27 @@ def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
         assert value("chongming_alarms", kind="node-unhealthy") == 1
     finally:
         web.close()
+
+
+def test_a_delayed_task_shows_when_it_runs(tmp_path: Path) -> None:
+    """A task delayed on a node: the dashboard's list and its page say when it runs
+    (and its priority), from another process."""
+    from chongming_task import CancellationToken, Controller
+
+    db = tmp_path / "delayed.db"
+    with Controller(SqliteTaskStore(db), owner="later") as node:
+
+        @node.task(name="report")
+        def report(token: CancellationToken) -> None:
+            return None
+
+        run = node.options(delay=600, priority=4).submit("report")
+        web = Web(db)
+        try:
+            status, listed = web.get("/tasks")
+            assert status == 200 and "queued (runs at " in listed and "in 9m" in listed
+            status, page = web.get(f"/tasks/{run.task_id}/live")
+            assert status == 200 and "queued (runs at " in page and "priority 4" in page
+        finally:
+            web.close()
+        node.cancel(run.task_id)

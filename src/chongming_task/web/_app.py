@@ -66,7 +66,11 @@ def _templates() -> Jinja2Templates:
     folder = resources.files(__package__).joinpath("templates")
     templates = Jinja2Templates(directory=str(folder))
     templates.env.globals.update(
-        age=_views.age, short=_views.short, style=_views.status_style, ts=_views.clock
+        age=_views.age,
+        short=_views.short,
+        style=_views.status_style,
+        ts=_views.clock,
+        status_text=_views.status_text,
     )
     return templates
 

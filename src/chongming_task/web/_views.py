@@ -3,7 +3,7 @@ questions as the CLI asks (``GROUP BY``s the indexes answer), never a whole tabl
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
@@ -48,6 +48,11 @@ _STYLE = {
 
 def status_style(status: TaskStatus | str) -> str:
     return _STYLE.get(str(status), "")
+
+
+def status_text(t: TaskSnapshot) -> str:
+    """Its status, and when a delayed task that has not started runs."""
+    return present.status_text(t, datetime.now(UTC))
 
 
 def clock(at: datetime | None) -> str:
