@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from chongming_task.clock import SystemClock
@@ -30,6 +31,15 @@ class _Run(str):
     """A run as the dispatcher sees it: its priority (it only hands runs over)."""
 
     priority = 0
+
+
+@dataclass(frozen=True)
+class Bucketed:
+    """A run as the fair dispatcher sees it: its bucket and priority."""
+
+    name: str
+    bucket: int
+    priority: int = 0
 
 
 def _run(n: int, priority: int = 0) -> TaskRun:
@@ -181,8 +191,6 @@ def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
     """Both shapes: ``get_nowait`` gives the next run that may start, ``None`` when there
     is none, and the fair one keeps its per-bucket limit (a run of a busy bucket waits
     until its bucket's run is done)."""
-    from dataclasses import dataclass
-
     from chongming_task.node.dispatch import FairDispatcher
 
     fifo = FifoDispatcher(SystemClock())
@@ -194,12 +202,6 @@ def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
         _run(2),
         None,
     ]
-
-    @dataclass(frozen=True)
-    class Bucketed:
-        name: str
-        bucket: int
-        priority: int = 0
 
     fair = FairDispatcher(SystemClock(), max_parallel_per_bucket=1)
     a1, a2, b1 = Bucketed("a1", 0), Bucketed("a2", 0), Bucketed("b1", 1)
@@ -214,8 +216,6 @@ def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
 
 
 def test_higher_priorities_go_first_and_each_priority_in_arrival_order() -> None:
-    from dataclasses import dataclass
-
     from chongming_task.node.dispatch import FairDispatcher
 
     fifo = FifoDispatcher(SystemClock())
@@ -225,12 +225,6 @@ def test_higher_priorities_go_first_and_each_priority_in_arrival_order() -> None
     taken = [fifo.get_nowait() for _ in range(8)]
     assert taken == ["run-6", "run-2", "run-5", "run-1", "run-3", "run-4", "run-7", None]
     assert not fifo.backlog()
-
-    @dataclass(frozen=True)
-    class Bucketed:
-        name: str
-        bucket: int
-        priority: int = 0
 
     # Per bucket at most one running: the highest head among buckets below their limit.
     fair = FairDispatcher(SystemClock(), max_parallel_per_bucket=1)
