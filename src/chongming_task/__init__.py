@@ -45,6 +45,7 @@ from .pipelines import PipelineRun as PipelineRun
 from .policies import BucketPolicy as BucketPolicy
 from .policies import RetryPolicy as RetryPolicy
 from .run.handle import TaskRun as TaskRun
+from .run.stored import StoredTask as StoredTask
 from .run.token import CancellationToken as CancellationToken
 from .schedules import CronTrigger as CronTrigger
 from .schedules import IntervalTrigger as IntervalTrigger
@@ -87,6 +88,7 @@ __all__ = [
     "StopRequested",
     "StoreError",
     "StoreUnavailable",
+    "StoredTask",
     "SystemClock",
     "TaskAlreadyExists",
     "TaskDefinition",

@@ -31,6 +31,9 @@ class TaskDefinition:
     timeout: float | None = None
     timeout_grace: float = 5.0
     tags: frozenset[str] = frozenset()
+    max_per_key: int | None = None
+    """At most this many of its runs sharing one ``concurrency_key`` run at once on this
+    node; the others wait ``queued`` (``None``: no limit)."""
     is_async: bool = field(init=False, default=False)
     """An ``async def`` function: it runs on the node's event loop, not a worker thread.
     Its tasks carry the tag ``async`` (``show`` says it, ``ps --tag async`` finds them)."""
@@ -45,6 +48,11 @@ class TaskDefinition:
             raise ConfigurationError(f"task {self.name}: timeout must be > 0, got {self.timeout}")
         if self.timeout_grace < 0:
             raise ConfigurationError(f"task {self.name}: timeout_grace must be >= 0")
+        limit = self.max_per_key
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise ConfigurationError(f"task {self.name}: max_per_key must be an int, got {limit!r}")
+        if limit is not None and limit < 1:
+            raise ConfigurationError(f"task {self.name}: max_per_key must be >= 1, got {limit}")
 
 
 TaskRef: TypeAlias = TaskDefinition | TaskFunction | str
@@ -69,6 +77,7 @@ def define(
     timeout: float | None = None,
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
+    max_per_key: int | None = None,
 ) -> TaskDefinition:
     """Build a ``TaskDefinition``; ``backoff`` shapes the delays, ``retries`` counts them."""
     policy = backoff or RetryPolicy()
@@ -87,6 +96,7 @@ def define(
         timeout=timeout,
         timeout_grace=timeout_grace,
         tags=frozenset(tags),
+        max_per_key=max_per_key,
     )
 
 
@@ -146,7 +156,19 @@ class Definitions:
         return found
 
     @overload
-    def task(self, func: TaskFunction, /) -> TaskDefinition: ...
+    def task(
+        self,
+        func: TaskFunction,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+        max_per_key: int | None = None,
+    ) -> TaskDefinition: ...
 
     @overload
     def task(
@@ -160,6 +182,7 @@ class Definitions:
         timeout: float | None = None,
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
+        max_per_key: int | None = None,
     ) -> Callable[[TaskFunction], TaskDefinition]: ...
 
     def task(
@@ -173,8 +196,11 @@ class Definitions:
         timeout: float | None = None,
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
+        max_per_key: int | None = None,
     ) -> TaskDefinition | Callable[[TaskFunction], TaskDefinition]:
-        """Decorator defining a task on this node: ``@controller.task(retries=3)``.
+        """Define a task on this node: ``@node.task(retries=3)``, or ``node.task(fn,
+        max_per_key=2)``. ``max_per_key``: at most that many of its runs sharing one
+        ``concurrency_key`` (``node.options``) run at once here.
 
         The function is called as ``func(token, *args, **kwargs)``.
         """
@@ -189,6 +215,7 @@ class Definitions:
                     timeout=timeout,
                     timeout_grace=timeout_grace,
                     tags=tags,
+                    max_per_key=max_per_key,
                 )
             )
 

@@ -462,6 +462,7 @@ class TaskQuery:
     pipeline_run_id: str | None = None
     pipeline_prefix: str | None = None
     owner: str | None = None
+    dedupe_key: str | None = None
     created_until: datetime | None = None
     limit: int | None = None
     newest_first: bool = False
@@ -484,6 +485,7 @@ class TaskQuery:
             "pipeline_run_id",
             "pipeline_prefix",
             "owner",
+            "dedupe_key",
         )
         for name in texts:
             value = getattr(self, name)
@@ -505,6 +507,7 @@ class TaskQuery:
                 or (snapshot.pipeline_run_id or "").startswith(self.pipeline_prefix)
             )
             and (self.owner is None or snapshot.owner == self.owner)
+            and (self.dedupe_key is None or snapshot.dedupe_key == self.dedupe_key)
             and (self.created_until is None or snapshot.created_at <= self.created_until)
         )
 

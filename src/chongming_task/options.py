@@ -13,15 +13,20 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .errors import InvalidValue
 
 if TYPE_CHECKING:
     from .definitions import TaskRef
     from .run.handle import TaskRun
+    from .run.stored import StoredTask
 
-__all__ = ["OptionsSubmitter", "SubmitOptions"]
+
+__all__ = ["OnDuplicate", "OptionsSubmitter", "SubmitOptions"]
+
+OnDuplicate = Literal["return", "raise"]
+"""What a submit whose dedupe key is held gets: the holder's handle, or an error."""
 
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """What every store holds in its ``priority`` column (a 32-bit integer)."""
@@ -30,11 +35,17 @@ PRIORITY_RANGE = range(-(2**31), 2**31)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubmitOptions:
     """How to submit: ``delay`` seconds from now or at ``run_at`` (an aware datetime),
-    ``priority`` (higher first), ``bucket_key`` and extra ``tags``."""
+    ``priority`` (higher first), ``dedupe_key`` (with ``on_duplicate`` and
+    ``dedupe_window``), ``concurrency_key`` (its definition's ``max_per_key``),
+    ``bucket_key`` and extra ``tags``."""
 
     delay: float | None = None
     run_at: datetime | None = None
     priority: int = 0
+    dedupe_key: str | None = None
+    on_duplicate: OnDuplicate = "return"
+    dedupe_window: float | None = None
+    concurrency_key: str | None = None
     bucket_key: str | None = None
     tags: frozenset[str] = field(default_factory=frozenset)
 
@@ -60,6 +71,22 @@ class SubmitOptions:
             raise InvalidValue(f"priority must be an int, got {priority!r}")
         if priority not in PRIORITY_RANGE:
             raise InvalidValue(f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}")
+        if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
+            raise InvalidValue(f"dedupe_key must be text, got {self.dedupe_key!r}")
+        if self.on_duplicate not in ("return", "raise"):
+            raise InvalidValue(
+                f"on_duplicate must be 'return' or 'raise', got {self.on_duplicate!r}"
+            )
+        window = self.dedupe_window
+        if window is not None:
+            if isinstance(window, bool) or not isinstance(window, int | float):
+                raise InvalidValue(f"dedupe_window must be a number of seconds, got {window!r}")
+            if not math.isfinite(window) or window <= 0:
+                raise InvalidValue(f"dedupe_window must be finite and > 0, got {window!r}")
+            if self.dedupe_key is None:
+                raise InvalidValue("dedupe_window needs a dedupe_key")
+        if self.concurrency_key is not None and not isinstance(self.concurrency_key, str):
+            raise InvalidValue(f"concurrency_key must be text, got {self.concurrency_key!r}")
         if self.bucket_key is not None and not isinstance(self.bucket_key, str):
             raise InvalidValue(f"bucket_key must be text, got {self.bucket_key!r}")
         if isinstance(self.tags, str) or not all(isinstance(t, str) for t in self.tags):
@@ -79,11 +106,11 @@ class SubmitOptions:
 class _Submits(Protocol):
     def submit_with(
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> TaskRun: ...
+    ) -> TaskRun | StoredTask: ...
 
     def submit_many_with(
         self, options: SubmitOptions, task: TaskRef, calls: Iterable[tuple[Any, ...]]
-    ) -> list[TaskRun]: ...
+    ) -> list[TaskRun | StoredTask]: ...
 
 
 class OptionsSubmitter:
@@ -95,12 +122,18 @@ class OptionsSubmitter:
         self._node = node
         self.options = options
 
-    def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
+    def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun | StoredTask:
         """Queue one run of ``task`` with ``args``/``kwargs`` (every keyword is the
-        task's own); return its handle."""
+        task's own); return its handle. With a ``dedupe_key`` another task holds: that
+        task's handle (``on_duplicate="return"``: a ``TaskRun`` if this node holds it,
+        else a ``StoredTask`` following it in the store), or ``TaskAlreadyExists``
+        (``"raise"``)."""
         return self._node.submit_with(self.options, task, args, kwargs)
 
-    def submit_many(self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
+    def submit_many(
+        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /
+    ) -> list[TaskRun | StoredTask]:
         """Queue one run of ``task`` per positional-argument tuple in ``calls``, all
-        with these options (stored together, or none, as ``node.submit_many``)."""
+        with these options (stored together, or none, as ``node.submit_many``; with a
+        ``dedupe_key``, one by one, each as ``submit``)."""
         return self._node.submit_many_with(self.options, task, calls)

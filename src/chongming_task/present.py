@@ -70,6 +70,9 @@ def snapshot_json(s: TaskSnapshot) -> dict[str, Any]:
         "last_heartbeat_at": ts(s.last_heartbeat_at),
         "run_at": ts(s.run_at),
         "priority": s.priority,
+        "dedupe_key": s.dedupe_key,
+        "dedupe_window": s.dedupe_window,
+        "concurrency_key": s.concurrency_key,
         "progress": None
         if s.progress is None
         else {
@@ -159,6 +162,12 @@ def health_json(s: TaskSnapshot, now: datetime) -> dict[str, Any]:
         "lease_expired_for": _since(s.lease_until, now) if expired else None,
         "heartbeat_age": _since(s.last_heartbeat_at, now),
     }
+
+
+def dedupe(s: TaskSnapshot) -> str:
+    """Its dedupe key, and how long a success keeps it."""
+    kept = "" if s.dedupe_window is None else f" (kept {s.dedupe_window:g} s after a success)"
+    return f"{s.dedupe_key!r}{kept}"
 
 
 def status_text(s: TaskSnapshot, now: datetime) -> str:
@@ -430,6 +439,8 @@ def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) ->
         ("status", f"{s.status.value} (version {s.status_version}, attempt {s.attempt})"),
         *([("runs at", f"{ts(s.run_at)} ({status_text(s, now)})")] if s.run_at else []),
         *([("priority", str(s.priority))] if s.priority else []),
+        *([("dedupe key", dedupe(s))] if s.dedupe_key is not None else []),
+        *([("concurrency key", repr(s.concurrency_key))] if s.concurrency_key else []),
         ("tags", ", ".join(sorted(s.tags)) or "-"),
         ("bucket", "-" if s.bucket is None else f"{s.bucket} (key {s.bucket_key!r})"),
         ("pipeline", s.pipeline_run_id or "-"),

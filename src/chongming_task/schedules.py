@@ -33,6 +33,7 @@ from .node.services import LoopService, NodeContext, Pass
 if TYPE_CHECKING:
     from .definitions import TaskRef
     from .run.handle import TaskRun
+    from .run.stored import StoredTask
 
 __all__ = [
     "CronTrigger",
@@ -219,11 +220,14 @@ class Schedule:
     jitter: float = 0.0
     bucket_key: str | None = None
     tags: frozenset[str] = frozenset()
+    priority: int = 0
+    dedupe_key: str | None = None
+    """Each firing's: a firing whose key a task still holds answers with that task."""
     task_name: str | None = None
     """The name of the task it fires (set by the controller, which resolves ``task``)."""
     next_fire: datetime | None = None
     due: datetime | None = None
-    last_run: TaskRun | None = None
+    last_run: TaskRun | StoredTask | None = None
     last_fired: datetime | None = None
     fired: int = 0
     skipped_overlap: int = 0
@@ -245,7 +249,7 @@ def schedule_tags(name: str, tags: Iterable[str]) -> frozenset[str]:
     return frozenset(tags) | {f"schedule:{name}"}
 
 
-Submit = Callable[[Schedule], "TaskRun"]
+Submit = Callable[[Schedule], "TaskRun | StoredTask"]
 """Submits one firing of a schedule (the controller's ``submit``, with its tags)."""
 
 
@@ -339,12 +343,12 @@ class ScheduleRunner(LoopService):
         wait = min(1.0, max(0.01, (min(dues) - self._now()).total_seconds()))
         return Pass(done=fired, wait=wait)
 
-    def tick(self) -> list[TaskRun]:
+    def tick(self) -> list[TaskRun | StoredTask]:
         """Fire every schedule that is due now; return the runs submitted. A firing is
         skipped while the previous run is active (``overlap="skip"``) or when it is later
         than ``misfire_grace``; missed firings coalesce into one."""
         now = self._now()
-        fired: list[TaskRun] = []
+        fired: list[TaskRun | StoredTask] = []
         moved: list[Schedule] = []
         with self._lock:
             if not self._accepting():

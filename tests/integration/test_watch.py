@@ -129,3 +129,16 @@ def test_watch_on_a_terminal_redraws_a_live_table(tmp_path: Path) -> None:
     # A transition is printed above the table, named, with who asked.
     assert "running -> pausing (pause requested)" in text, text
     assert text.count("TASK ID") >= 1
+
+
+def test_watch_says_when_a_delayed_task_runs(tmp_path: Path) -> None:
+    db = tmp_path / "delayed.db"
+    with Controller(SqliteTaskStore(db), owner="node-d") as node:
+        node.task(quick, name="quick")
+        run = node.options(delay=300).submit("quick")
+        watch = _watch(db, "--interval", "0.2", "--count", "1")
+        out, err = watch.communicate(timeout=30)
+        assert watch.returncode == 0, err
+        (line,) = [x for x in out.splitlines() if run.task_id[:12] in x]
+        assert "queued (runs at " in line and "in 4m" in line, line
+        node.cancel(run.task_id)

@@ -27,10 +27,30 @@ def _switches(thread: threading.Thread) -> int:
     raise AssertionError("no voluntary_ctxt_switches")
 
 
+class _Plain:
+    """A definition as the dispatcher reads it: no per-key limit, a thread task."""
+
+    name = "plain"
+    max_per_key = None
+    is_async = False
+
+
+class _Unpaused:
+    """A token no pause was asked of."""
+
+    @staticmethod
+    def hold_while_paused(resumed: object) -> bool:
+        return False
+
+
 class _Run(str):
-    """A run as the dispatcher sees it: its priority (it only hands runs over)."""
+    """A run as the dispatcher sees it: its priority and definition (it only hands runs
+    over)."""
 
     priority = 0
+    definition = _Plain()
+    concurrency_key = None
+    token = _Unpaused()
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,9 @@ class Bucketed:
     name: str
     bucket: int
     priority: int = 0
+    definition: object = _Plain()
+    concurrency_key: str | None = None
+    token: object = _Unpaused()
 
 
 def _run(n: int, priority: int = 0) -> TaskRun:

@@ -15,6 +15,7 @@ from chongming_task import (
     CronTrigger,
     InMemoryTaskStore,
     IntervalTrigger,
+    InvalidValue,
     TaskQuery,
 )
 from chongming_task.testing import FakeClock
@@ -235,3 +236,31 @@ def test_the_scheduler_thread_starts_with_the_controller_and_stops_on_close() ->
     count = len(c.list_tasks())
     done.wait(0.2)
     assert len(c.list_tasks()) == count >= 2  # nothing fired after close
+
+
+def test_a_schedule_fires_with_its_priority_and_dedupe_key(make_controller: Make) -> None:
+    """Each firing carries the schedule's priority and dedupe key; a firing whose key a
+    task still holds answers with that task (overlap="allow" lets it fire at all)."""
+    clock = FakeClock(T0)
+    store = InMemoryTaskStore()
+    c = make_controller(store, clock=clock, run_schedules=False)
+    gate = threading.Event()
+    c.task(lambda token: gate.wait(10), name="hold")
+    c.schedule(
+        "nightly", "hold", IntervalTrigger(10), overlap="allow", priority=3, dedupe_key="night"
+    )
+    clock.advance(10)
+    (first,) = c.tick_schedules()
+    stored = store.get(first.task_id)
+    assert stored is not None and stored.priority == 3 and stored.dedupe_key == "night"
+    clock.advance(10)
+    (again,) = c.tick_schedules()
+    assert again is first  # the key is still held: no second task
+    assert len(store.query()) == 1
+    gate.set()
+    first.wait(10)
+    clock.advance(10)
+    (third,) = c.tick_schedules()
+    assert third.task_id != first.task_id and len(store.query()) == 2
+    with pytest.raises(InvalidValue, match="priority"):
+        c.schedule("bad", "hold", IntervalTrigger(10), priority=1.5)  # type: ignore[arg-type]

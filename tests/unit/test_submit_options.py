@@ -18,9 +18,11 @@ from chongming_task import (
     InMemoryTaskStore,
     InvalidValue,
     SqliteTaskStore,
+    TaskAlreadyExists,
     TaskStatus,
 )
 from chongming_task.present import ps_rows, show_text
+from chongming_task.run.stored import StoredTask
 from chongming_task.stores import codec
 from chongming_task.stores.protocol import TaskStore
 
@@ -52,6 +54,11 @@ def echo(token: CancellationToken, x: str) -> str:
         ({"priority": 2**31}, "32 bits"),
         ({"tags": "urgent"}, "iterable of text"),
         ({"tags": [1]}, "iterable of text"),
+        ({"dedupe_key": 5}, "dedupe_key must be text"),
+        ({"dedupe_key": "k", "on_duplicate": "skip"}, "on_duplicate"),
+        ({"dedupe_key": "k", "dedupe_window": 0}, "> 0"),
+        ({"dedupe_key": "k", "dedupe_window": float("nan")}, "finite"),
+        ({"dedupe_window": 5}, "needs a dedupe_key"),
     ],
 )
 def test_a_bad_option_is_refused_where_it_is_given_and_nothing_is_stored(
@@ -203,3 +210,126 @@ def test_a_schema_12_file_with_tasks_gains_the_option_columns(tmp_path: Path) ->
     ).fetchall()
     check.close()
     assert "idx_tasks_dedupe" in str(plan)
+
+
+def test_a_dedupe_key_answers_a_duplicate_with_the_task_that_holds_it(store: TaskStore) -> None:
+    gate = threading.Event()
+
+    def slow(token: CancellationToken, x: str) -> str:
+        gate.wait(10)
+        return x
+
+    with Controller(store) as node:
+        node.task(slow, name="slow")
+        first = node.options(dedupe_key="invoice-7").submit("slow", "a")
+        assert node.options(dedupe_key="invoice-7").submit("slow", "b") is first  # held here
+        with pytest.raises(TaskAlreadyExists, match="invoice-7"):
+            node.options(dedupe_key="invoice-7", on_duplicate="raise").submit("slow", "c")
+        assert [s.task_id for s in store.query() if s.dedupe_key == "invoice-7"] == [first.task_id]
+        gate.set()
+        assert first.result(10) == "a"
+        again = node.options(dedupe_key="invoice-7").submit("slow", "d")  # free once ended
+        assert again.task_id != first.task_id and again.result(10) == "d"
+        # A success with a window keeps its key that long.
+        daily = node.options(dedupe_key="daily", dedupe_window=30).submit("slow", "e")
+        assert daily.result(10) == "e"
+        assert node.options(dedupe_key="daily").submit("slow", "f").task_id == daily.task_id
+        assert store.get(daily.task_id).dedupe_window == 30  # type: ignore[union-attr]
+
+
+def test_a_duplicate_of_another_nodes_task_follows_it_in_the_store(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    def slow(token: CancellationToken) -> str:
+        gate.wait(10)
+        return "theirs"
+
+    path = tmp_path / "shared.db"
+    with (
+        Controller(SqliteTaskStore(path), owner="holder") as holder,
+        Controller(SqliteTaskStore(path), owner="other") as other,
+    ):
+        holder.task(slow, name="slow")
+        other.task(slow, name="slow")
+        held = holder.options(dedupe_key="nightly").submit("slow")
+        follow = other.options(dedupe_key="nightly").submit("slow")
+        assert isinstance(follow, StoredTask) and follow.task_id == held.task_id
+        assert follow.status is S.RUNNING or follow.status is S.QUEUED
+        gate.set()
+        assert follow.result(10) == "theirs" and follow.done()
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["fifo", "per-bucket limit"])
+def test_max_per_key_holds_back_runs_sharing_a_key(store: TaskStore, fair: bool) -> None:
+    lock = threading.Lock()
+    running: dict[str, int] = {"a": 0, "b": 0, "-": 0}
+    peak: dict[str, int] = {"a": 0, "b": 0, "-": 0}
+
+    def work(token: CancellationToken, key: str) -> None:
+        with lock:
+            running[key] += 1
+            peak[key] = max(peak[key], running[key])
+        time.sleep(0.05)
+        with lock:
+            running[key] -= 1
+
+    limit = {"max_parallel_per_bucket": 8} if fair else {}
+    with Controller(store, max_workers=8, **limit) as node:  # type: ignore[arg-type]
+        node.task(work, name="work", max_per_key=2)
+        runs = [node.options(concurrency_key=k).submit("work", k) for k in "aaaaaabbb"]
+        runs += [node.submit("work", "-") for _ in range(3)]  # no key: no limit
+        time.sleep(0.02)
+        waiting = [r for r in runs[:6] if r.status is S.QUEUED]
+        assert len(waiting) >= 4  # at most two of key a past the gate
+        assert all(r.wait(20).status is S.SUCCEEDED for r in runs)
+    assert peak == {"a": 2, "b": 2, "-": 3}
+    assert {store.get(r.task_id).concurrency_key for r in runs} == {"a", "b", None}  # type: ignore[union-attr]
+
+
+def test_max_per_key_counts_async_tasks_and_is_checked(store: TaskStore) -> None:
+    import asyncio
+
+    from chongming_task import ConfigurationError
+
+    active, peak = [0], [0]
+
+    async def call(token: CancellationToken) -> None:
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        await token.asleep(0.03)
+        active[0] -= 1
+
+    with Controller(store) as node:
+        node.task(call, name="call", max_per_key=1)
+        runs = [node.options(concurrency_key="api").submit("call") for _ in range(4)]
+        assert all(r.wait(20).status is S.SUCCEEDED for r in runs)
+        assert peak == [1]
+        for bad in (0, -1, True, 1.5):
+            with pytest.raises(ConfigurationError, match="max_per_key"):
+                node.task(call, name=f"bad-{bad}", max_per_key=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidValue, match="concurrency_key must be text"):
+            node.options(concurrency_key=7).submit("call")  # type: ignore[arg-type]
+        assert len(store.query()) == 4
+    assert asyncio.iscoroutinefunction(call)
+
+
+def test_a_pause_holds_a_delayed_task_past_its_time_until_it_is_resumed(
+    store: TaskStore,
+) -> None:
+    ran: list[float] = []
+
+    def note(token: CancellationToken) -> str:
+        ran.append(time.monotonic())
+        return "ran"
+
+    with Controller(store) as node:
+        node.task(note, name="note")
+        run = node.options(delay=0.2).submit("note")
+        assert node.pause(run.task_id).outcome.value == "pause-pending"
+        time.sleep(0.6)  # well past its time: held, never started
+        assert ran == [] and store.get(run.task_id).status is S.QUEUED  # type: ignore[union-attr]
+        resumed = time.monotonic()
+        assert node.resume(run.task_id).outcome.value == "resumed"
+        assert run.result(10) == "ran" and ran[0] >= resumed
+        trail = [t.to_status for t in store.history(run.task_id)]
+        assert S.PAUSING not in trail and trail[-1] is S.SUCCEEDED

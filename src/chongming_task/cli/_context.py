@@ -152,6 +152,7 @@ def task_query(ctx: Context) -> TaskQuery:
         buckets=buckets,
         pipeline_run_id=pipeline_run(ctx, a.pipeline),
         owner=a.node,
+        dedupe_key=a.dedupe_key,
         limit=a.limit if pattern is None else None,
         newest_first=True,
     )

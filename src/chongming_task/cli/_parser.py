@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--bucket", action="append", type=int)
         p.add_argument("--pipeline")
         p.add_argument("--node", help="only the tasks of this node (their owner)")
+        p.add_argument("--dedupe-key", help="only the tasks submitted with this dedupe key")
         p.add_argument("--limit", type=int)
 
     p = sub.add_parser("ps", help="list tasks (active ones unless --all)")

@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import present
@@ -60,7 +60,8 @@ def transition_line(t: Transition, name: str) -> str:
 def progress_line(s: TaskSnapshot) -> str:
     message = s.progress.message if s.progress and s.progress.message else ""
     shown = f"{present.bar(s)} {message}".strip() or "-"
-    return f"          {present.short_id(s.task_id)}  {s.name}  {s.status.value}  {shown}"
+    status = present.status_text(s, datetime.now(UTC))
+    return f"          {present.short_id(s.task_id)}  {s.name}  {status}  {shown}"
 
 
 def cmd_watch(ctx: Context) -> int:
@@ -206,7 +207,7 @@ def _screen(ctx: Context, change: Change) -> RenderableType:
         table.add_row(
             Text(present.short_id(s.task_id), style="magenta"),
             Text(s.name),
-            Text(s.status.value, style=_STYLE.get(s.status.value, "")),
+            Text(present.status_text(s, now), style=_STYLE.get(s.status.value, "")),
             gauge,
             Text("" if fraction is None else f"{fraction:.0%}"),
             Text((s.progress.message or "") if s.progress else ""),

@@ -8,9 +8,7 @@ other task writes a ``Command`` to the store for the holder's poller.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import random
 import threading
 from collections.abc import Callable, Iterable
@@ -32,15 +30,17 @@ from ..model import (
     Transition,
     utc,
 )
-from ..options import OptionsSubmitter, SubmitOptions
+from ..options import OnDuplicate, OptionsSubmitter, SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
 from ..run.handle import TaskRun
+from ..run.stored import StoredTask
 from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from ..values import check_text
+from ._process import OPEN, check_settings
 from .aface import AsyncFace
 from .commands import ControlRouter
 from .dispatch import make_dispatcher
@@ -56,57 +56,6 @@ from .supervision import Reconciler, ReconcileReport
 __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 
 log = logging.getLogger("chongming_task.controller")
-
-
-_running: set[Controller] = set()
-"""Controllers with a service started and not yet closed (their threads hold them)."""
-
-
-def _close_at_exit() -> None:
-    """A program that ends without ``close()`` still ends, and leaves its tasks true in
-    the store: each controller still open is closed as by ``close()`` (running tasks
-    asked to stop, waiting ones cancelled, every transition written). ``atexit`` runs
-    once the program's own non-daemon threads have ended, so a controller serves as
-    long as its program runs; its threads are daemon threads, so that the interpreter
-    reaches this point at all (concurrent.futures joins its workers at the same stage)."""
-    for controller in list(_running):
-        if controller.schedules:
-            log.warning(
-                "%r was not closed and has schedules: closing it at interpreter exit, so "
-                "they fire no more; to keep a node serving, end its program with "
-                "node.serve() (until Ctrl-C or SIGTERM)",
-                controller,
-            )
-        else:
-            log.info("%r was not closed: closing it at interpreter exit", controller)
-        try:
-            controller.close()
-        except Exception:
-            log.exception("closing %r at interpreter exit failed", controller)
-
-
-atexit.register(_close_at_exit)
-# A forked child holds copies of its parent's controllers, without their threads: closing
-# them at the child's exit would write "controller closed" over the parent's tasks.
-os.register_at_fork(after_in_child=_running.clear)
-
-
-def _check_settings(
-    max_workers: int | None, max_parallel_per_bucket: int | None, **positive: float
-) -> int:
-    """Refuse impossible settings at construction; return the worker count."""
-    if max_workers is None:
-        max_workers = min(32, (os.cpu_count() or 1) + 4)
-    if max_workers < 1:
-        raise ConfigurationError(f"max_workers must be >= 1, got {max_workers}")
-    if max_parallel_per_bucket is not None and max_parallel_per_bucket < 1:
-        raise ConfigurationError(
-            f"max_parallel_per_bucket must be >= 1 or None, got {max_parallel_per_bucket}"
-        )
-    for label, value in positive.items():
-        if value <= 0:
-            raise ConfigurationError(f"{label} must be > 0, got {value}")
-    return max_workers
 
 
 class Controller(AsyncFace):
@@ -137,7 +86,7 @@ class Controller(AsyncFace):
         self.owned_buckets: frozenset[int] | None = (
             None if owned_buckets is None else self.bucket_policy.validate(owned_buckets)
         )
-        max_workers = _check_settings(
+        max_workers = check_settings(
             max_workers,
             max_parallel_per_bucket,
             command_poll_interval=command_poll_interval,
@@ -215,7 +164,7 @@ class Controller(AsyncFace):
             rng=self.rng,
             fire=self._fire,
             polling=poll_commands is not False,
-            started=lambda: _running.add(self),
+            started=lambda: OPEN.add(self),
             reconciler=self._reconciler,
             reconcile_interval=reconcile_interval,
             max_async=max_async,
@@ -326,19 +275,32 @@ class Controller(AsyncFace):
         delay: float | None = None,
         run_at: datetime | None = None,
         priority: int = 0,
+        dedupe_key: str | None = None,
+        on_duplicate: OnDuplicate = "return",
+        dedupe_window: float | None = None,
+        concurrency_key: str | None = None,
         bucket_key: str | None = None,
         tags: Iterable[str] = (),
     ) -> OptionsSubmitter:
         """A submitter whose ``submit`` and ``submit_many`` apply these options: start
         ``delay`` seconds from now or at ``run_at`` (an aware datetime), ``priority``
-        (higher first in this node's queue), ``bucket_key``, extra ``tags``. A bad option
-        raises ``InvalidValue`` here; an unknown one, Python's ``TypeError``."""
+        (higher first in this node's queue), ``dedupe_key`` (at most one unfinished task
+        in the store holds it; a duplicate answers with that task, or raises with
+        ``on_duplicate="raise"``; ``dedupe_window``: a success keeps it that many seconds
+        more), ``concurrency_key`` (the task's ``max_per_key`` counts the runs sharing
+        it), ``bucket_key``, extra ``tags``. A bad option raises ``InvalidValue`` here;
+        an unknown one, Python's ``TypeError`` (docs/design.md, "When and in what
+        order")."""
         if isinstance(tags, str):
             raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
         chosen = SubmitOptions(
             delay=delay,
             run_at=run_at,
             priority=priority,
+            dedupe_key=dedupe_key,
+            on_duplicate=on_duplicate,
+            dedupe_window=dedupe_window,
+            concurrency_key=concurrency_key,
             bucket_key=bucket_key,
             tags=frozenset(tags),
         )
@@ -383,6 +345,8 @@ class Controller(AsyncFace):
         jitter: float = 0.0,
         bucket_key: str | None = None,
         tags: Iterable[str] = (),
+        priority: int = 0,
+        dedupe_key: str | None = None,
         **kwargs: Any,
     ) -> Schedule:
         """Fire ``task`` on ``trigger`` from this node.
@@ -392,10 +356,12 @@ class Controller(AsyncFace):
         run, skipped if the latest missed one is more than ``misfire_grace`` seconds old
         (``None``: never too late). ``jitter`` delays each firing by up to that many
         seconds. Ownership is checked now: a key in another node's bucket is refused.
+        ``priority`` and ``dedupe_key`` apply to each firing as ``node.options`` does.
         """
         # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
         # the first firing.
         definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
+        SubmitOptions(priority=priority, dedupe_key=dedupe_key)  # checked now too
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
             trigger.start_at = self._now()
         entry = Schedule(
@@ -409,6 +375,8 @@ class Controller(AsyncFace):
             jitter=jitter,
             bucket_key=bucket_key,
             tags=frozenset(tags),
+            priority=priority,
+            dedupe_key=dedupe_key,
             task_name=definition.name,
         )
         self._services.scheduler.add(entry)
@@ -423,7 +391,7 @@ class Controller(AsyncFace):
     def schedules(self) -> list[Schedule]:
         return self._services.scheduler.entries()
 
-    def tick_schedules(self) -> list[TaskRun]:
+    def tick_schedules(self) -> list[TaskRun | StoredTask]:
         """Fire every schedule that is due by the clock now; return the runs submitted.
 
         The scheduler thread calls this; with ``run_schedules=False`` it is the only way
@@ -431,14 +399,19 @@ class Controller(AsyncFace):
         """
         return self._services.scheduler.tick()
 
-    def _fire(self, entry: Schedule) -> TaskRun:
-        return self._submitter.submit(
-            entry.task,
-            entry.args,
-            dict(entry.kwargs),
+    def _fire(self, entry: Schedule) -> TaskRun | StoredTask:
+        tags = schedule_tags(entry.name, entry.tags)
+        if not entry.priority and entry.dedupe_key is None:
+            return self._submitter.submit(
+                entry.task, entry.args, dict(entry.kwargs), bucket_key=entry.bucket_key, tags=tags
+            )
+        chosen = SubmitOptions(
+            priority=entry.priority,
+            dedupe_key=entry.dedupe_key,
             bucket_key=entry.bucket_key,
-            tags=schedule_tags(entry.name, entry.tags),
+            tags=tags,
         )
+        return self._submitter.submit_with(chosen, entry.task, entry.args, dict(entry.kwargs))
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -582,4 +555,4 @@ class Controller(AsyncFace):
         self._services.retire()
         if self._owns_store:
             self.store.close()
-        _running.discard(self)
+        OPEN.discard(self)

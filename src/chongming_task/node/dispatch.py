@@ -12,15 +12,21 @@ Both serve higher priorities first, first come first served within one priority
 (``Lane``). Priority is strict: a steady stream of higher-priority runs holds lower ones
 back for as long as it lasts (docs/design.md, "When and in what order").
 
+Both keep a definition's ``max_per_key`` (``KeyGate``): at most that many of its runs
+sharing one concurrency key pass to the queue; the others wait at the gate, in priority
+order, until one of theirs is done. The limit is this node's alone.
+
 Retries and delayed tasks wait in a delay heap until their time, read from the
-injectable clock. One timer thread sleeps until the earliest is due and releases what is
-due: a waiting run costs a heap entry, not a poll, so an idle node with 100,000 waiting
-tasks stays idle. The supervisor releases due runs on every tick too, so a fake clock's
-advance is noticed.
+injectable clock; one due while a pause is asked of it waits, unstarted, until resumed.
+One timer thread sleeps until the earliest is due and releases what is due: a waiting
+run costs a heap entry, not a poll, so an idle node with 100,000 waiting tasks stays
+idle. The supervisor releases due runs on every tick too, so a fake clock's advance is
+noticed.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import threading
@@ -106,6 +112,58 @@ class Lane:
             return None
 
 
+class KeyGate:
+    """At most ``max_per_key`` runs of one definition sharing a ``concurrency_key`` are
+    past the gate (queued for a worker, or running); ``admit`` holds the others back,
+    and ``release`` (a run past the gate is done) lets the next one of its key through.
+    Runs without a limit or a key pass without a lock."""
+
+    __slots__ = ("_lock", "_passed", "_waiting")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._passed: dict[tuple[str, str], int] = {}
+        self._waiting: dict[tuple[str, str], Lane] = {}
+
+    @staticmethod
+    def _key(run: TaskRun) -> tuple[str, str] | None:
+        key = run.concurrency_key
+        return None if key is None else (run.definition.name, key)
+
+    def admit(self, run: TaskRun) -> bool:
+        """Whether ``run`` passes now; if not, it waits here for ``release``."""
+        limit = run.definition.max_per_key
+        key = None if limit is None else self._key(run)
+        if limit is None or key is None:
+            return True
+        with self._lock:
+            passed = self._passed.get(key, 0)
+            if passed < limit:
+                self._passed[key] = passed + 1
+                return True
+            self._waiting.setdefault(key, Lane()).push(run)
+            return False
+
+    def release(self, run: TaskRun) -> TaskRun | None:
+        """``run`` (past the gate) is done: the next run of its key, which takes its
+        place, or ``None``."""
+        if run.definition.max_per_key is None or (key := self._key(run)) is None:
+            return None
+        with self._lock:
+            waiting = self._waiting.get(key)
+            following = None if waiting is None else waiting.pop()
+            if following is not None:
+                if not waiting:
+                    del self._waiting[key]
+                return following
+            passed = self._passed.get(key, 0) - 1
+            if passed > 0:
+                self._passed[key] = passed
+            else:
+                self._passed.pop(key, None)
+            return None
+
+
 class _DelayHeap:
     """Runs waiting for their time, and the timer thread that hands them to ``release``
     once due (started with the first; a node that never delays has none)."""
@@ -187,12 +245,18 @@ class FifoDispatcher:
         self._closed = False
         self._own = threading.local()  # each worker's parking lock
         self._delayed = _DelayHeap(clock, self._put_all)
+        self._gate = KeyGate()
         self.direct: Callable[[TaskRun], None] | None = None
         """Where an async run goes straight, skipping a worker's hand-over (this
         dispatcher keeps no count a worker would have to release): one wake-up a run,
         the loop's, not a worker's and then the loop's."""
 
     def put(self, run: TaskRun) -> None:
+        if run.definition.max_per_key is not None and not self._gate.admit(run):
+            return  # waits at the gate for one of its key to be done
+        self._pass(run)
+
+    def _pass(self, run: TaskRun) -> None:
         direct = self.direct
         if direct is not None and run.definition.is_async:
             direct(run)
@@ -214,7 +278,8 @@ class FifoDispatcher:
 
     def _put_all(self, runs: list[TaskRun]) -> None:
         for run in runs:
-            self.put(run)
+            if not run.token.hold_while_paused(functools.partial(self.put, run)):
+                self.put(run)
 
     def schedule(self, run: TaskRun, delay: float) -> None:
         if delay <= 0:
@@ -273,7 +338,9 @@ class FifoDispatcher:
         return bool(self._lane)
 
     def done(self, run: TaskRun) -> None:
-        pass
+        following = self._gate.release(run)
+        if following is not None:
+            self._pass(following)
 
     def release_due(self) -> int:
         return self._delayed.release_due()
@@ -294,9 +361,12 @@ class FairDispatcher:
         self._rotation: deque[int | None] = deque()  # buckets with queued runs
         self._running: dict[int | None, int] = {}
         self._delayed = _DelayHeap(clock, self._enqueue_all)
+        self._gate = KeyGate()
         self._closed = False
 
     def put(self, run: TaskRun) -> None:
+        if run.definition.max_per_key is not None and not self._gate.admit(run):
+            return  # waits at the gate for one of its key to be done
         with self._cond:
             self._enqueue(run)
             self._cond.notify()
@@ -328,19 +398,21 @@ class FairDispatcher:
         return bool(self._rotation)  # a bucket at its limit counts: its runs wait too
 
     def done(self, run: TaskRun) -> None:
+        following = self._gate.release(run)
         with self._cond:
             self._running[run.bucket] -= 1
-            if self._queues.get(run.bucket):
+            if following is not None:
+                self._enqueue(following)
+            if self._queues.get(run.bucket) or following is not None:
                 self._cond.notify()
 
     def release_due(self) -> int:
         return self._delayed.release_due()
 
     def _enqueue_all(self, runs: list[TaskRun]) -> None:
-        with self._cond:
-            for run in runs:
-                self._enqueue(run)
-            self._cond.notify(len(runs))
+        for run in runs:
+            if not run.token.hold_while_paused(functools.partial(self.put, run)):
+                self.put(run)
 
     def close(self) -> None:
         self._delayed.close()

@@ -32,6 +32,7 @@ from .workers import WorkerPool, crashed
 
 if TYPE_CHECKING:
     from ..run.handle import TaskRun
+    from ..run.stored import StoredTask
     from ..schedules import Schedule
 
 __all__ = ["NodeServices"]
@@ -55,7 +56,7 @@ class NodeServices:
         buckets: frozenset[int] | None,
         num_buckets: int,
         rng: random.Random,
-        fire: Callable[[Schedule], TaskRun],
+        fire: Callable[[Schedule], TaskRun | StoredTask],
         polling: bool,
         started: Callable[[], None],
         reconciler: Reconciler,

@@ -15,10 +15,10 @@ import random
 import secrets
 import socket
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed
+from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed, TaskAlreadyExists
 from ..model import (
     PipelineRecord,
     TaskStatus,
@@ -31,6 +31,7 @@ from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import BucketPolicy, format_buckets
 from ..run.handle import RunHost, TaskRun
+from ..run.stored import StoredTask
 from ..stores.capabilities import PartialCreate
 from ..values import check_text, storable_text
 from .services import NodeContext
@@ -43,7 +44,9 @@ __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 
 Prepared = tuple[TaskRun, Transition]
 
-_WITH_OPTIONS = snapshot_changer(("run_at", "priority"))
+_WITH_OPTIONS = snapshot_changer(
+    ("run_at", "priority", "dedupe_key", "dedupe_window", "concurrency_key")
+)
 
 log = logging.getLogger("chongming_task.submit")
 
@@ -146,7 +149,7 @@ class Submitter:
 
     def submit_with(
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> TaskRun:
+    ) -> TaskRun | StoredTask:
         """``submit`` with ``options`` (``node.options``)."""
         return self.submit_many_with(options, task, [args], kwargs)[0]
 
@@ -156,9 +159,12 @@ class Submitter:
         task: TaskRef,
         calls: Iterable[tuple[Any, ...]],
         kwargs: dict[str, Any] | None = None,
-    ) -> list[TaskRun]:
+    ) -> list[TaskRun | StoredTask]:
         """``submit_many`` with ``options``: a delayed run waits in the dispatcher's delay
-        heap until its time (it was stored ``queued`` with its ``run_at``)."""
+        heap until its time (it was stored ``queued`` with its ``run_at``); with a dedupe
+        key, each call is created on its own, unless the key is held."""
+        if options.dedupe_key is not None:
+            return [self._deduped(options, task, tuple(args), kwargs or {}) for args in calls]
         prepared = [
             self.prepare(
                 task,
@@ -173,13 +179,41 @@ class Submitter:
         self.persist(prepared)
         now = self._now()
         for run, _ in prepared:
-            run_at = run.writes.snapshot.run_at
-            wait = 0.0 if run_at is None else (run_at - now).total_seconds()
-            if wait > 0:
-                self._dispatcher.schedule(run, wait)
-            else:
-                self._dispatcher.put(run)
+            self._queue(run, now)
         return [run for run, _ in prepared]
+
+    def _queue(self, run: TaskRun, now: datetime) -> None:
+        """To the dispatcher, or its delay heap until its ``run_at``."""
+        run_at = run.writes.snapshot.run_at
+        wait = 0.0 if run_at is None else (run_at - now).total_seconds()
+        if wait > 0:
+            self._dispatcher.schedule(run, wait)
+        else:
+            self._dispatcher.put(run)
+
+    def _deduped(
+        self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> TaskRun | StoredTask:
+        """One submit with a dedupe key: created in the store unless another task holds
+        the key, which then answers (docs/design.md, "When and in what order")."""
+        key = options.dedupe_key
+        run, created = self.prepare(
+            task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
+        )
+        try:
+            holder = self._caps.create_deduped(run.writes.snapshot, created, now=self._leases.now())
+        except BaseException:
+            self._registry.forget([run])
+            raise
+        if holder is None:
+            run.stored(created, appended=True)
+            self._stored()
+            self._queue(run, self._now())
+            return run
+        self._registry.forget([run])
+        if options.on_duplicate == "raise":
+            raise TaskAlreadyExists(f"dedupe key {key!r} is held by task {holder}")
+        return self._registry.get(holder) or StoredTask(holder, self._caps.store)
 
     def submit_many(
         self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
@@ -275,6 +309,13 @@ class Submitter:
         """Build and register a run and its creation transition; nothing stored yet."""
         host = self._host
         definition, bucket = self.check(task, bucket_key, tags)
+        if options is not None:
+            for text, what in (
+                (options.dedupe_key, "dedupe_key"),
+                (options.concurrency_key, "concurrency_key"),
+            ):
+                if text is not None:
+                    check_text(text, what, host.value_rules)
         now = self._now()
         starts = None if options is None else options.starts_at(now)
         # A delayed task's lease runs to its time and a TTL past it: nothing renews it
@@ -297,7 +338,14 @@ class Submitter:
             leased_from + self._leases.offset + self._lease_delta,
         )
         if options is not None:
-            snapshot = _WITH_OPTIONS(snapshot, starts or options.run_at, options.priority)
+            snapshot = _WITH_OPTIONS(
+                snapshot,
+                starts or options.run_at,
+                options.priority,
+                options.dedupe_key,
+                options.dedupe_window,
+                options.concurrency_key,
+            )
         created: Transition = trusted_transition(
             task_id=snapshot.task_id,
             version=1,
@@ -308,11 +356,16 @@ class Submitter:
             actor=host.owner,
         )
         run = TaskRun(host, definition, snapshot, args, kwargs, created=created)
-        waits = 0.0 if starts is None else (starts - now).total_seconds()
-        run.lease_renewed(self._clock.monotonic() + waits + self._lease_ttl / 3)
-        # Before create: a command may follow at once. One dict operation, atomic on its
-        # own: the submitting thread takes no lock the workers take.
-        self._registry.add(run)
+        renew_at = self._clock.monotonic() + self._lease_ttl / 3
+        if starts is None:
+            run.lease_renewed(renew_at)
+            # Before create: a command may follow at once. One dict operation, atomic on
+            # its own: the submitting thread takes no lock the workers take.
+            self._registry.add(run)
+        else:  # nothing renews its lease before its time
+            renew_at += (starts - now).total_seconds()
+            run.lease_renewed(renew_at)
+            self._registry.add(run, leased_from=renew_at)
         return run, created
 
     def persist(self, prepared: list[Prepared]) -> None:

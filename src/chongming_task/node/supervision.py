@@ -89,7 +89,7 @@ class LeaseRenewal:
         """(leases renewed, whether every due lease was)."""
         due = [
             run
-            for run in self._registry.held()
+            for run in self._registry.leased(mono)
             if not run.done() and not run.desynced and run.lease_due(mono)
         ]
         if not due:

@@ -152,6 +152,11 @@ class TaskRun:
         """Its place in the node's queue: higher first (fixed at submit)."""
         return self.writes.snapshot.priority
 
+    @property
+    def concurrency_key(self) -> str | None:
+        """What its definition's ``max_per_key`` counts (fixed at submit)."""
+        return self.writes.snapshot.concurrency_key
+
     def snapshot(self) -> TaskSnapshot:
         """This process's view of the task, with the latest progress and heartbeat."""
         with self._lock:

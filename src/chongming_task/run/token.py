@@ -50,6 +50,7 @@ class CancellationToken:
         "_clock",
         "_cond_or_none",
         "_heartbeat",
+        "_held",
         "_lock",
         "_on_pause_ack",
         "_pause_generation",
@@ -88,6 +89,7 @@ class CancellationToken:
         self._stop_kind: StopKind | None = None
         self._stop_reason: str | None = None
         self._pause_requested = False
+        self._held: Callable[[], None] | None = None  # a due run waiting for resume()
         self._pause_generation = 0
         self._acked_generation = 0
         self._progress: Progress | None = None
@@ -254,7 +256,20 @@ class CancellationToken:
     def resume(self) -> None:
         with self._lock:
             self._pause_requested = False
+            held, self._held = self._held, None
             self._notify()
+        if held is not None:
+            held()
+
+    def hold_while_paused(self, resumed: Callable[[], None]) -> bool:
+        """The runtime's: a run due from the delay heap (a delayed task, a retry) while a
+        pause is asked of it, before it started, is held: ``resume()`` then calls
+        ``resumed``. Whether it is held."""
+        with self._lock:
+            if not self._pause_requested:
+                return False
+            self._held = resumed
+            return True
 
     def make_async(self) -> None:
         """The runtime's: this is an ``async def`` task's token (only the awaited twins

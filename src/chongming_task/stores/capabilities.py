@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import states
-from ..errors import ConcurrencyConflict, StoreError
+from ..errors import ConcurrencyConflict, ConfigurationError, StoreError
 from ..health import NodeHealth
 from ..late import LateReport
 from ..model import (
@@ -48,6 +48,7 @@ from ._supports import (
     SupportsCommandWakeups,
     SupportsCreateMany,
     SupportsCreateSchema,
+    SupportsDedupe,
     SupportsLateReports,
     SupportsMarkExpired,
     SupportsMarkLost,
@@ -80,6 +81,7 @@ __all__ = [
     "SupportsCommandWakeups",
     "SupportsCreateMany",
     "SupportsCreateSchema",
+    "SupportsDedupe",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -108,6 +110,7 @@ class Capabilities:
         "_atomic",
         "_command_log",
         "_create_many",
+        "_dedupe",
         "_late",
         "_mark_expired",
         "_mark_lost",
@@ -185,6 +188,7 @@ class Capabilities:
         self._pending = (
             store.pending_commands if isinstance(store, SupportsPendingCommands) else None
         )
+        self._dedupe = store.create_deduped if isinstance(store, SupportsDedupe) else None
         self._late: SupportsLateReports | None = (
             store if isinstance(store, SupportsLateReports) else None
         )
@@ -205,6 +209,7 @@ class Capabilities:
                 ("renew_leases", self._renew_leases),
                 ("write_activity", self._write_activity),
                 ("mark_expired_lost", self._mark_expired),
+                ("create_deduped", self._dedupe),
                 ("subscribe_commands", self._subscribe),
                 ("subscribe_transitions", self._subscribe_transitions),
                 ("node registry", self._nodes),
@@ -471,6 +476,22 @@ class Capabilities:
         """The task's unfinished commands in arrival order; ``None`` where the store
         cannot tell (then any control may be behind one: send it as a command)."""
         return None if self._pending is None else self._pending(task_id)
+
+    @property
+    def has_dedupe(self) -> bool:
+        return self._dedupe is not None
+
+    def create_deduped(
+        self, snapshot: TaskSnapshot, created: Transition, *, now: datetime
+    ) -> str | None:
+        """``SupportsDedupe.create_deduped``; ``ConfigurationError`` where the store
+        enforces no dedupe key (a key nobody enforces would promise what is not kept)."""
+        if self._dedupe is None:
+            raise ConfigurationError(
+                f"{self.store!r} does not enforce dedupe keys (SupportsDedupe): submit "
+                "without dedupe_key, or use a store that does"
+            )
+        return self._dedupe(snapshot, created, now=now)
 
     def record_late_report(self, report: LateReport) -> bool:
         """Keep ``report`` beside its task; ``False`` where the store keeps none (the

@@ -34,6 +34,7 @@ from ..model import (
 from ..states import TERMINAL
 from ..values import ValueRules
 from ._commands import in_arrival_order
+from ._dedupe import holder
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -65,6 +66,8 @@ class InMemoryTaskStore:
         self._schedules: dict[tuple[str, str], ScheduleRecord] = {}
         self._pipelines: dict[str, PipelineRecord] = {}
         self._late: dict[str, LateReport] = {}
+        self._keyed: dict[str, str] = {}  # a dedupe key: the last task created with it
+        self._dedupe_lock = threading.Lock()
         self._closed = False
 
     value_rules = ValueRules(nul_in_text=True)
@@ -86,6 +89,28 @@ class InMemoryTaskStore:
         self._check_open()
         if self._tasks.setdefault(snapshot.task_id, snapshot) is not snapshot:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
+
+    def create_deduped(
+        self, snapshot: TaskSnapshot, created: Transition, *, now: datetime
+    ) -> str | None:
+        """Optional capability (``SupportsDedupe``): the last task created with the key
+        is the only one that can hold it (a task is created with it only when none
+        does)."""
+        key = snapshot.dedupe_key
+        if key is None:
+            raise ValueError(f"task {snapshot.task_id} has no dedupe_key")
+        with self._dedupe_lock:
+            last = self._tasks.get(self._keyed.get(key, ""))
+            if last is not None:
+                found = holder(
+                    [(last.task_id, last.status.value, last.ended_at, last.dedupe_window)],
+                    utc(now, "now"),
+                )
+                if found is not None:
+                    return found
+            self.create_many([(snapshot, created)])
+            self._keyed[key] = snapshot.task_id
+        return None
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
         """Optional capability (``SupportsCreateMany``): ``create`` each snapshot and

@@ -31,12 +31,13 @@ from ..stores.capabilities import (
     SupportsWriteTransitions,
 )
 from ._contract_base import at, raises
+from ._dedupe_contract import DedupeContract
 from ._fleet_contract import FleetCapabilityContract
 
 __all__ = ["CapabilityContract"]
 
 
-class CapabilityContract(FleetCapabilityContract):
+class CapabilityContract(FleetCapabilityContract, DedupeContract):
     # -- optional capabilities: each runs only where the store declares it -----------------
 
     def test_capability_atomic_commits_together_or_not_at_all(self) -> None:

@@ -463,3 +463,16 @@ SELECT 'l', task_id, NULL::int FROM life{n}
 UNION ALL
 SELECT 'v', task_id, status_version FROM tasks
 WHERE task_id = %s AND NOT EXISTS (SELECT FROM life{n})
+
+-- The tasks that may hold a dedupe key (DedupeSQL): the unfinished one, and successes
+-- that keep it for a window; one probe of idx_tasks_dedupe.
+-- name: dedupe_holders
+SELECT task_id, status, ended_at, dedupe_window FROM tasks
+WHERE dedupe_key = %s
+  AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+       OR (status = 'succeeded' AND dedupe_window IS NOT NULL))
+
+-- Callers racing with one dedupe key take turns (DedupeSQL): a lock held until the
+-- transaction ends ("chmd", then the key's hash; another key sharing the hash only waits).
+-- name: dedupe_lock
+SELECT pg_advisory_xact_lock(1667788132, hashtext(%s))

@@ -46,6 +46,7 @@ from ...values import STRICT
 from .. import codec
 from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
+from .._dedupe import DedupeSQL
 from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
@@ -115,6 +116,7 @@ _ANNOUNCE_EVERY = 0.1
 class PostgresTaskStore(
     ActivitySQL,
     CommandQueueSQL,
+    DedupeSQL,
     LateReportsSQL,
     NodeRegistrySQL,
     ScheduleRegistrySQL,

@@ -624,3 +624,11 @@ SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
     finished_at, outcome
 FROM commands WHERE finished_at > ?
 ORDER BY finished_at LIMIT ?
+
+-- The tasks that may hold a dedupe key (DedupeSQL): the unfinished one, and successes
+-- that keep it for a window; one probe of idx_tasks_dedupe.
+-- name: dedupe_holders
+SELECT task_id, status, ended_at, dedupe_window FROM tasks
+WHERE dedupe_key = ?
+  AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+       OR (status = 'succeeded' AND dedupe_window IS NOT NULL))

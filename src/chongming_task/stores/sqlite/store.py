@@ -38,6 +38,7 @@ from ...values import ValueRules
 from .. import codec
 from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
+from .._dedupe import DedupeSQL
 from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._sql import (
@@ -89,6 +90,7 @@ _DIALECT = Dialect(
 class SqliteTaskStore(
     ActivitySQL,
     CommandQueueSQL,
+    DedupeSQL,
     LateReportsSQL,
     NodeRegistrySQL,
     ScheduleRegistrySQL,

@@ -1,0 +1,111 @@
+"""Dedupe keys under a real race: processes that submit the same key at the same moment
+get one task between them, on SQLite (2 processes, one file) and on PostgreSQL (8)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from chongming_task.stores import open_store
+from chongming_task.stores.postgres import PostgresTaskStore
+from tests.integration.postgres_support import new_schema, pg_dsn, schemas
+
+__all__ = ["pg_dsn", "schemas"]  # fixtures
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _race(where: str, schema: str, racers: int) -> list[dict[str, str]]:
+    """``racers`` processes submitting key ``race`` at one moment; what each got."""
+    at = time.time() + 3.0 + 0.3 * racers  # after every interpreter has started
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.dedupe_racer",
+                where,
+                schema,
+                "race",
+                f"racer-{n}",
+                str(at),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(racers)
+    ]
+    got = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        got.append(json.loads(out.splitlines()[0]))
+    return got
+
+
+def _one_task(got: list[dict[str, str]], where: str, schema: str | None) -> None:
+    assert len({g["task_id"] for g in got}) == 1, got
+    assert sum(g["mine"] == "TaskRun" for g in got) >= 1  # the creator holds it
+    store = open_store(where, schema=schema)
+    try:
+        keyed = [s for s in store.query() if s.dedupe_key == "race"]
+        assert [s.task_id for s in keyed] == [got[0]["task_id"]]
+        assert keyed[0].status.value == "succeeded"
+    finally:
+        store.close()
+
+
+def test_two_processes_on_one_sqlite_file_get_one_task(tmp_path: Path) -> None:
+    where = str(tmp_path / "race.db")
+    open_store(where).close()  # made before the race
+    got = _race(where, "", 2)
+    _one_task(got, where, None)
+
+
+def test_eight_processes_on_postgres_get_one_task(pg_dsn: str, schemas: list[str]) -> None:
+    schema = new_schema()
+    schemas.append(schema)
+    made = PostgresTaskStore(pg_dsn, schema=schema)
+    made.create_schema()
+    made.close()
+    got = _race(pg_dsn, schema, 8)
+    _one_task(got, pg_dsn, schema)
+
+
+def test_ps_finds_a_dedupe_key_and_show_names_every_option(tmp_path: Path) -> None:
+    from chongming_task import CancellationToken, Controller, SqliteTaskStore
+
+    db = tmp_path / "keys.db"
+    with Controller(SqliteTaskStore(db), owner="keys") as node:
+
+        @node.task(name="bill")
+        def bill(token: CancellationToken, account: str) -> str:
+            return account
+
+        keyed = node.options(dedupe_key="acct-9", dedupe_window=3600, priority=2)
+        first = keyed.submit("bill", "9")
+        assert first.result(10) == "9"
+        node.options(dedupe_key="acct-10").submit("bill", "10").wait(10)
+        node.submit("bill", "plain").wait(10)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    rows = json.loads(cli("--json", "ps", "--all", "--dedupe-key", "acct-9"))
+    assert [r["task_id"] for r in rows] == [first.task_id]
+    assert rows[0]["dedupe_key"] == "acct-9" and rows[0]["dedupe_window"] == 3600
+    shown = cli("show", first.task_id)
+    assert "dedupe key" in shown and "'acct-9' (kept 3600 s after a success)" in shown
+    assert "priority" in shown and "2" in shown
