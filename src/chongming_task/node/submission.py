@@ -151,7 +151,18 @@ class Submitter:
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> TaskRun | StoredTask:
         """``submit`` with ``options`` (``node.options``)."""
-        return self.submit_many_with(options, task, [args], kwargs)[0]
+        if options.dedupe_key is not None:
+            return self._deduped(options, task, args, kwargs)
+        prepared = self.prepare(
+            task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
+        )
+        self.persist([prepared])
+        run = prepared[0]
+        if run.writes.snapshot.run_at is None:
+            self._dispatcher.put(run)
+        else:
+            self._queue(run, self._now())
+        return run
 
     def submit_many_with(
         self,
