@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
+    parser.add_argument("--delay", type=float, default=None, help="each submit this late")
     parser.add_argument("--claim-on", default=None)
     parser.add_argument("--poll-on", default=None)
     parser.add_argument("--no-reconcile", action="store_true", help="never reconcile alone")
@@ -89,7 +90,8 @@ def main() -> None:
     for spec in args.submit:
         spec, _, key = spec.partition("@")
         name, _, arg = spec.partition(":")
-        run = node.submit(name, *([arg] if arg else []), bucket_key=key or None)
+        submitter = node.options(delay=args.delay, bucket_key=key or None)
+        run = submitter.submit(name, *([arg] if arg else []))
         print(json.dumps({"task_id": run.task_id, "bucket": run.bucket}), flush=True)
     print(json.dumps({"ready": os.getpid()}), flush=True)
 

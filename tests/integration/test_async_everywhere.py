@@ -120,3 +120,34 @@ def test_an_async_task_is_listed_watched_leased_and_judged_like_any_other(
     finally:
         store.close()
         node.finish()
+
+
+def test_a_dead_nodes_delayed_task_is_judged_by_its_lease(tmp_path: Path) -> None:
+    """A delayed task waits in the node that submitted it; kill -9 that node and the task
+    is judged like any other unfinished task of a dead node: once its lease (its time
+    and a TTL) has run out, doctor names it and reconcile marks it lost."""
+    db = tmp_path / "delayed.db"
+    node = Node(db, "--owner", "node-d", "--lease-ttl", "1", "--delay", "3", "--submit", "loop")
+    store = SqliteTaskStore(db)
+    try:
+        (task_id,) = node.task_ids
+        waiting = store.get(task_id)
+        assert waiting is not None and waiting.status is S.QUEUED and waiting.run_at is not None
+        assert waiting.lease_until is not None and waiting.lease_until > waiting.run_at
+        node.kill()
+        assert "queued (runs at " in _cli(db, "ps")
+        wait_until(
+            lambda: any(
+                task_id in alarm["task_ids"]
+                for alarm in _json(db, "doctor", ok=(0, 3))["alarms"]
+                if alarm["kind"] == "lease-expired"
+            ),
+            timeout=20,
+            what="doctor naming the dead node's delayed task",
+        )
+        _cli(db, "reconcile")
+        lost = store.get(task_id)
+        assert lost is not None and lost.status is S.LOST and lost.started_at is None
+    finally:
+        store.close()
+        node.finish()

@@ -333,3 +333,35 @@ def test_a_pause_holds_a_delayed_task_past_its_time_until_it_is_resumed(
         assert run.result(10) == "ran" and ran[0] >= resumed
         trail = [t.to_status for t in store.history(run.task_id)]
         assert S.PAUSING not in trail and trail[-1] is S.SUCCEEDED
+
+
+def test_sqlite_refuses_a_held_key_in_a_batch_too_big_for_one_statement(tmp_path: Path) -> None:
+    """Past 64 rows a batch goes straight into the tables, not through the write view's
+    trigger: each key is checked there too, against the batch's own rows as well."""
+    from chongming_task.model import Transition
+
+    store = SqliteTaskStore(tmp_path / "big.db")
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def item(n: int, key: str | None) -> tuple[object, Transition]:
+        snap = codec.values_to_snapshot(
+            [f"b{n}", "job", "queued", 1, 0, "[]", None, None, None, "n", codec.encode_dt(at)]
+            + [None] * 8
+            + [None, 0, key, None, None]
+        )
+        return snap, Transition(
+            task_id=f"b{n}", version=1, from_status=None, to_status=S.QUEUED, at=at
+        )
+
+    try:
+        twice = [item(n, f"k{n % 69}") for n in range(70)]  # b0 and b69 share k0
+        with pytest.raises(TaskAlreadyExists):
+            store.create_many(twice)  # type: ignore[arg-type]
+        assert store.query() == []
+        store.create_many([item(n, f"k{n}") for n in range(70)])  # type: ignore[arg-type]
+        assert len(store.query()) == 70
+        with pytest.raises(TaskAlreadyExists):
+            store.create_many([item(100 + n, f"new{n}") for n in range(69)] + [item(200, "k5")])  # type: ignore[arg-type]
+        assert len(store.query()) == 70
+    finally:
+        store.close()

@@ -212,7 +212,7 @@ class Submitter:
             task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
         )
         try:
-            holder = self._caps.create_deduped(run.writes.snapshot, created, now=self._leases.now())
+            holder = self._caps.create_deduped(run.writes.snapshot, created)
         except BaseException:
             self._registry.forget([run])
             raise

@@ -1,9 +1,6 @@
 """Dedupe keys enforced by the store, written once for both SQL stores (docs/design.md,
-"When and in what order"): in one transaction, find who holds the key (one probe of the
-dedupe index), and create the task only if nobody does. SQLite's write transaction
-already excludes every other writer; Postgres takes a transaction lock on the key first
-(``dedupe_lock``), so two transactions racing with one key run one after the other and
-the second finds the first's task."""
+"When and in what order"): the store's create refuses a new task whose key is held, and
+only then is the holder looked up (one probe of the dedupe index)."""
 
 from __future__ import annotations
 
@@ -12,11 +9,24 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..model import TaskSnapshot, TaskStatus, Transition, utc
+from ..errors import StoreError, TaskAlreadyExists
+from ..model import TaskSnapshot, TaskStatus, Transition
 from . import codec
 from ._sql import Executor
 
-__all__ = ["DedupeSQL", "holder"]
+__all__ = ["DEDUPE_HELD", "UNFINISHED_KEYS", "DedupeSQL", "KeyHeld", "holder"]
+
+DEDUPE_HELD = "chongming-task: dedupe key held"
+UNFINISHED_KEYS = "idx_tasks_dedupe_open"
+"""Postgres's unique index on the dedupe keys of unfinished tasks."""
+"""What SQLite's write view raises for a new task whose dedupe key is held."""
+
+
+_SLACK = timedelta(milliseconds=5)
+
+
+class KeyHeld(TaskAlreadyExists):
+    """A create refused in the store: its dedupe key is held (the caller finds by whom)."""
 
 
 def holder(rows: Iterable[Sequence[Any]], now: datetime) -> str | None:
@@ -28,15 +38,20 @@ def holder(rows: Iterable[Sequence[Any]], now: datetime) -> str | None:
         ended = codec.decode_dt(ended_at)
         if status != "succeeded" or window is None or ended is None:
             continue
-        if ended + timedelta(seconds=float(window)) > now:  # kept after its success
+        # Kept after its success. The store judged the window in SQL (SQLite's julianday
+        # is good to about a millisecond): near its end, the success still answers.
+        if ended + timedelta(seconds=float(window)) + _SLACK > now:
             return str(task_id)
     return None
 
 
 class DedupeSQL:
-    """Mixin: ``create_deduped`` (``SupportsDedupe``) through a store's ``_sql``
-    (``dedupe_holders``; ``dedupe_lock`` where the store needs one), ``atomic``,
-    ``create`` and ``append``."""
+    """Mixin: ``create_deduped`` (``SupportsDedupe``) through the store's own
+    ``create_many``, which refuses a new task whose key an unfinished task holds, inside
+    its group commit (SQLite: the write view's trigger, under the write lock; Postgres:
+    a unique index on the keys of unfinished tasks, and the insert's own check of the
+    successes that keep theirs), so a deduplicated create rides the group commit like
+    any other; ``dedupe_holders`` finds the holder for a duplicate."""
 
     __slots__ = ()
 
@@ -47,26 +62,35 @@ class DedupeSQL:
 
     if TYPE_CHECKING:  # the store's own
 
-        def atomic(self) -> AbstractContextManager[None]: ...
-        def create(self, snapshot: TaskSnapshot) -> None: ...
-        def append(self, transition: Transition) -> None: ...
+        def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None: ...
 
-    def create_deduped(
-        self, snapshot: TaskSnapshot, created: Transition, *, now: datetime
-    ) -> str | None:
+    def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
         """Optional capability (``SupportsDedupe``)."""
         key = snapshot.dedupe_key
         if key is None:
             raise ValueError(f"task {snapshot.task_id} has no dedupe_key")
-        now = utc(now, "now")
-        with self.atomic():
-            with self._sql_scope("create_deduped", write=True) as cur:
-                lock = self._sql.get("dedupe_lock")
-                if lock is not None:
-                    cur.execute(lock, [key])
-                found = holder(cur.execute(self._sql["dedupe_holders"], [key]).fetchall(), now)
-            if found is not None:
+        now = snapshot.created_at
+        for _ in range(3):  # a holder that ends between the refusal and the read: again
+            try:
+                self.create_many([(snapshot, created)])
+            except TaskAlreadyExists:  # KeyHeld; or not inserted: a success keeps the key
+                pass
+            except StoreError as exc:
+                if not _held_in_index(exc):
+                    raise
+            else:
+                return None
+            if (found := self._holder(key, now)) is not None:
                 return found
-            self.create(snapshot)
-            self.append(created)
-        return None
+        raise StoreError(f"dedupe key {key!r}: refused as held, yet no holder was found")
+
+    def _holder(self, key: str, now: datetime) -> str | None:
+        with self._sql_scope("dedupe holder", write=False) as cur:
+            return holder(cur.execute(self._sql["dedupe_holders"], [key]).fetchall(), now)
+
+
+def _held_in_index(exc: BaseException) -> bool:
+    """A unique violation of the index on unfinished tasks' dedupe keys (Postgres)."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    return getattr(diag, "constraint_name", None) == UNFINISHED_KEYS

@@ -311,14 +311,13 @@ class SupportsDedupe(Protocol):
     """Dedupe keys the store enforces (docs/design.md, "When and in what order"): a key
     identifies at most one unfinished task in the store, whoever submits it."""
 
-    def create_deduped(
-        self, snapshot: TaskSnapshot, created: Transition, *, now: datetime
-    ) -> str | None:
+    def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
         """``create(snapshot)`` and ``append(created)`` in one transaction, unless
         ``snapshot.dedupe_key`` is held: by an unfinished task, or by one that succeeded
-        less than its own ``dedupe_window`` seconds before ``now``. Returns ``None`` once
-        created, else the id of the task holding the key (nothing written). Atomic
-        across processes: of any number of callers racing with one key, one creates."""
+        less than its own ``dedupe_window`` seconds before ``snapshot.created_at``.
+        Returns ``None`` once created, else the id of the task holding the key (nothing
+        written). Atomic across processes: of any number of callers racing with one
+        key, one creates."""
         ...
 
 

@@ -481,9 +481,7 @@ class Capabilities:
     def has_dedupe(self) -> bool:
         return self._dedupe is not None
 
-    def create_deduped(
-        self, snapshot: TaskSnapshot, created: Transition, *, now: datetime
-    ) -> str | None:
+    def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
         """``SupportsDedupe.create_deduped``; ``ConfigurationError`` where the store
         enforces no dedupe key (a key nobody enforces would promise what is not kept)."""
         if self._dedupe is None:
@@ -491,7 +489,7 @@ class Capabilities:
                 f"{self.store!r} does not enforce dedupe keys (SupportsDedupe): submit "
                 "without dedupe_key, or use a store that does"
             )
-        return self._dedupe(snapshot, created, now=now)
+        return self._dedupe(snapshot, created)
 
     def record_late_report(self, report: LateReport) -> bool:
         """Keep ``report`` beside its task; ``False`` where the store keeps none (the

@@ -90,9 +90,7 @@ class InMemoryTaskStore:
         if self._tasks.setdefault(snapshot.task_id, snapshot) is not snapshot:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
 
-    def create_deduped(
-        self, snapshot: TaskSnapshot, created: Transition, *, now: datetime
-    ) -> str | None:
+    def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
         """Optional capability (``SupportsDedupe``): the last task created with the key
         is the only one that can hold it (a task is created with it only when none
         does)."""
@@ -104,7 +102,7 @@ class InMemoryTaskStore:
             if last is not None:
                 found = holder(
                     [(last.task_id, last.status.value, last.ended_at, last.dedupe_window)],
-                    utc(now, "now"),
+                    snapshot.created_at,
                 )
                 if found is not None:
                     return found

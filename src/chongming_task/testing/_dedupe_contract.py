@@ -20,7 +20,7 @@ class DedupeContract(ContractBase):
             def submit(task_id: str, key: str, when: float) -> str | None:
                 made = self.snapshot(task_id, dedupe_key=key, created_at=at(when))
                 created = self.transition(task_id, 1, TaskStatus.QUEUED)
-                return store.create_deduped(made, created, now=at(when))
+                return store.create_deduped(made, created)
 
             assert submit("d1", "k", 1) is None  # created, with its first transition
             assert store.get("d1") is not None and len(store.history("d1")) == 1
@@ -43,19 +43,16 @@ class DedupeContract(ContractBase):
             self._declares(store, SupportsDedupe, "create_deduped()")
             assert isinstance(store, SupportsDedupe)
             made = self.snapshot("w1", dedupe_key="daily", dedupe_window=60.0)
-            assert (
-                store.create_deduped(made, self.transition("w1", 1, TaskStatus.QUEUED), now=at(0))
-                is None
-            )
+            assert store.create_deduped(made, self.transition("w1", 1, TaskStatus.QUEUED)) is None
             done = made.evolve(status=TaskStatus.SUCCEEDED, status_version=2, ended_at=at(10))
             store.save(done, expect_version=1)
             stored = store.get("w1")
             assert stored is not None and stored.dedupe_window == 60.0
 
             def again(task_id: str, when: float) -> str | None:
-                snapshot = self.snapshot(task_id, dedupe_key="daily")
+                snapshot = self.snapshot(task_id, dedupe_key="daily", created_at=at(when))
                 return store.create_deduped(
-                    snapshot, self.transition(task_id, 1, TaskStatus.QUEUED), now=at(when)
+                    snapshot, self.transition(task_id, 1, TaskStatus.QUEUED)
                 )
 
             assert again("w2", 30) == "w1"  # 20 s after its success: inside the window

@@ -3,16 +3,31 @@
 -- lists follow chongming_task.stores.codec; JSONB columns are read as text (the codec
 -- decodes JSON text) and written with ::jsonb, times with ::timestamptz.
 
+-- A new task whose dedupe key an unfinished task holds fails on idx_tasks_dedupe_open; one
+-- whose key a success keeps (its window from the new task's creation) is not inserted,
+-- as an existing id is not (DedupeSQL then finds the holder).
 -- name: insert_task
 INSERT INTO tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
     failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
     concurrency_key
-) VALUES (
-    %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::timestamptz, %s::timestamptz,
-    %s::timestamptz, %s::timestamptz, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::timestamptz,
-    %s::timestamptz, %s, %s, %s, %s
+)
+SELECT * FROM (VALUES (
+    %s::text, %s::text, %s::text, %s::int, %s::int, %s::jsonb, %s::int, %s::text, %s::text,
+    %s::text, %s::timestamptz, %s::timestamptz, %s::timestamptz, %s::timestamptz, %s::jsonb,
+    %s::jsonb, %s::jsonb, %s::text, %s::timestamptz, %s::timestamptz, %s::int, %s::text,
+    %s::float8, %s::text
+)) AS v (
+    task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
+    failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
+    concurrency_key
+)
+WHERE v.dedupe_key IS NULL OR NOT EXISTS (
+    SELECT FROM tasks t WHERE t.dedupe_key = v.dedupe_key AND t.status = 'succeeded'
+      AND t.dedupe_window IS NOT NULL
+      AND t.ended_at + t.dedupe_window * interval '1 second' > v.created_at
 )
 ON CONFLICT (task_id) DO NOTHING
 
@@ -351,6 +366,11 @@ new AS (
         (e->>16)::jsonb, e->>17, (e->>18)::timestamptz, (e->>19)::timestamptz,
         (e->>20)::int, e->>21, (e->>22)::float8, e->>23
     FROM json_array_elements(%s::json) AS e
+    WHERE e->>21 IS NULL OR NOT EXISTS (  -- a success keeps its key (as insert_task)
+        SELECT FROM tasks t WHERE t.dedupe_key = e->>21 AND t.status = 'succeeded'
+          AND t.dedupe_window IS NOT NULL
+          AND t.ended_at + t.dedupe_window * interval '1 second' > (e->>10)::timestamptz
+    )
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id
 )
@@ -471,8 +491,3 @@ SELECT task_id, status, ended_at, dedupe_window FROM tasks
 WHERE dedupe_key = %s
   AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
        OR (status = 'succeeded' AND dedupe_window IS NOT NULL))
-
--- Callers racing with one dedupe key take turns (DedupeSQL): a lock held until the
--- transaction ends ("chmd", then the key's hash; another key sharing the hash only waits).
--- name: dedupe_lock
-SELECT pg_advisory_xact_lock(1667788132, hashtext(%s))

@@ -35,6 +35,11 @@ ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_window DOUBLE PRECISI
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS concurrency_key TEXT;
 CREATE INDEX IF NOT EXISTS idx_tasks_dedupe ON {schema}.tasks (dedupe_key)
     WHERE dedupe_key IS NOT NULL;
+-- At most one unfinished task holds a dedupe key: a create that would make a second fails
+-- in the group commit it rides (a create racing with an uncommitted one waits for it).
+CREATE UNIQUE INDEX IF NOT EXISTS idx_tasks_dedupe_open ON {schema}.tasks (dedupe_key)
+    WHERE dedupe_key IS NOT NULL
+      AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost');
 CREATE INDEX IF NOT EXISTS idx_tasks_status ON {schema}.tasks (status);
 CREATE INDEX IF NOT EXISTS idx_tasks_bucket ON {schema}.tasks (bucket);
 CREATE INDEX IF NOT EXISTS idx_tasks_created_at ON {schema}.tasks (created_at, seq);

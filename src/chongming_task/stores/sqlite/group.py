@@ -33,6 +33,7 @@ from typing import Any
 
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from .. import codec
+from .._dedupe import DEDUPE_HELD, KeyHeld
 from .._hints import writes_can_wait
 from .._sql import load_named
 
@@ -65,6 +66,8 @@ NEW_FILLS = (*codec.TASK_COLUMNS, *_TRAIL_VALUES)
 """The values of a ``new`` row: the task's columns, then its first transition's after
 ``task_id`` (``None`` for a task without one): what ``task_writes_new`` reads."""
 _TASK_WIDTH = len(codec.TASK_COLUMNS)
+_DEDUPE_KEY = codec.TASK_COLUMNS.index("dedupe_key")
+_CREATED = codec.TASK_COLUMNS.index("created_at")
 
 # Which columns of the view each kind of row fills, in the view's order. The others are
 # NULL in the statement's text, not bound: Python's sqlite3 passes every bound value that
@@ -161,7 +164,13 @@ def _write_rows(
         return
     width, cas = _TASK_WIDTH, _LIFE_WIDTH
     if new:
-        conn.executemany(_INSERT_TASKS, [row[:width] for row in new])
+        conn.executemany(_INSERT_TASKS, [row[:width] for row in new if row[_DEDUPE_KEY] is None])
+        for row in new:  # one by one, each key checked as the write view's trigger does
+            key = row[_DEDUPE_KEY]
+            if key is not None:
+                if conn.execute(_SQL["dedupe_held"], (key, row[_CREATED])).fetchone():
+                    raise sqlite3.IntegrityError(DEDUPE_HELD)
+                conn.execute(_INSERT_TASKS, row[:width])
         adopt_loose(conn)
     if life and conn.executemany(_UPDATE_LIFE, [row[:cas] for row in life]).rowcount != len(life):
         raise _VersionMoved
@@ -236,6 +245,8 @@ class WriteRequest:
                 task_id, expected, None if found is None else found[0]
             ) from None
         except sqlite3.IntegrityError as exc:
+            if DEDUPE_HELD in str(exc):
+                raise KeyHeld(f"task {self.task_id}: its dedupe key is held") from None
             if "CHECK constraint failed" in str(exc):  # the trail's version (schema 11)
                 raise StoreError(
                     f"write of task {self.task_id} refused: a transition's version is past "

@@ -237,6 +237,10 @@ CREATE VIEW IF NOT EXISTS task_writes AS SELECT
     NULL AS actor
 WHERE 0
 
+-- A new task with a dedupe key whose holder is in the store (an unfinished task, or a
+-- success within its window of the new task's creation) aborts the statement: the key is
+-- checked inside the batch, under the write lock every creator takes, so a deduplicated
+-- create rides the group commit like any other (DedupeSQL finds the holder after).
 -- A new task's row carries its first transition (schema 7): one row, so one run of the
 -- view's three triggers, where a task and a trail row were two (a create through the
 -- view: 192k instructions, 130k). A row without one (version NULL) inserts the task only.
@@ -247,6 +251,13 @@ DROP TRIGGER IF EXISTS task_writes_new
 -- name: schema_task_writes_new
 CREATE TRIGGER task_writes_new INSTEAD OF INSERT ON task_writes
 WHEN NEW.kind = 'new' BEGIN
+    SELECT RAISE(ABORT, 'chongming-task: dedupe key held')
+    WHERE NEW.dedupe_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM tasks WHERE dedupe_key = NEW.dedupe_key
+        AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+             OR (status = 'succeeded' AND dedupe_window IS NOT NULL
+                 AND julianday(ended_at) + dedupe_window / 86400.0
+                     > julianday(NEW.created_at))));
     INSERT INTO tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
@@ -632,3 +643,11 @@ SELECT task_id, status, ended_at, dedupe_window FROM tasks
 WHERE dedupe_key = ?
   AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
        OR (status = 'succeeded' AND dedupe_window IS NOT NULL))
+
+-- A new task's dedupe key held, for a batch written straight into the tables (more rows
+-- than one statement takes), as the write view's trigger checks it.
+-- name: dedupe_held
+SELECT 1 FROM tasks WHERE dedupe_key = ?
+  AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+       OR (status = 'succeeded' AND dedupe_window IS NOT NULL
+           AND julianday(ended_at) + dedupe_window / 86400.0 > julianday(?)))
