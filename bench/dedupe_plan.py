@@ -87,7 +87,7 @@ def postgres_plan(tasks: int, dsn: str) -> None:
                 "created_at, ended_at, priority, dedupe_key, dedupe_window) "
                 "SELECT 't' || lpad(i::text, 9, '0'), 'job', 'succeeded', 4, 1, '[]', "
                 "%s::timestamptz, %s::timestamptz, 0, "
-                "CASE WHEN i % 10 = 0 THEN 'k' || i END, CASE WHEN i % 20 <> 0 THEN 60 END "
+                "CASE WHEN i %% 10 = 0 THEN 'k' || i END, CASE WHEN i %% 20 <> 0 THEN 60 END "
                 "FROM generate_series(0, %s - 1) AS i",
                 [ENDED, ENDED, tasks],
             )
