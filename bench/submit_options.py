@@ -10,6 +10,10 @@
   commits per task are printed beside the rates: a plain or prioritised submit rides the
   store's group commit; a deduplicated one is a transaction of its own (find the key's
   holder, then create), whatever else is committing.
+* **shared commits** (PostgreSQL, with ``--dsn``): eight threads submitting at once, as a
+  web service's request handlers do, against one thread submitting the same tasks:
+  tasks/s and the database's commits a task (its whole life), which the group commit
+  shares among concurrent writers.
 * **delayed** (SQLite): ``--delayed`` tasks (100,000) submitted in one batch with run-at
   times spread over ``--spread`` seconds from a few seconds ahead; each task notes when
   it started, and its lateness is that minus its run-at time (target: p99 at most 50 ms).
@@ -135,6 +139,67 @@ def options_rows(tasks: int, rounds: int, dsn: str | None, tmp: Path) -> None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE".encode())
 
 
+def shared_commits(dsn: str, tasks: int, threads: int) -> None:
+    """``threads`` threads submitting at once, as a web service's request handlers do,
+    against one thread submitting the same number: tasks/s, and the database's commits a
+    task (``pg_stat_database``, its own connections' included)."""
+    import psycopg
+
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    schema = f"chongming_shared_{os.getpid()}"
+    made = PostgresTaskStore(dsn, schema=schema)
+    made.create_schema()
+    made.close()
+
+    def commits() -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def one(submitters: int) -> tuple[float, float]:
+        store = PostgresTaskStore(dsn, schema=schema)
+        node = Controller(store, max_workers=WORKERS)
+        node.task(_noop, name="noop")
+        node.submit("noop").wait(10)
+        each = tasks // submitters
+        runs: list[Any] = []
+
+        def submit() -> None:
+            mine = [node.submit("noop") for _ in range(each)]
+            runs.extend(mine)
+
+        before = commits()
+        started = time.perf_counter()
+        pool = [threading.Thread(target=submit) for _ in range(submitters)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+        for run in runs:
+            run.wait(120)
+        took = time.perf_counter() - started
+        node.close()
+        store.close()
+        time.sleep(0.6)  # the statistics collector's flush
+        return len(runs) / took, (commits() - before) / len(runs)
+
+    try:
+        print(f"PostgreSQL, {tasks} no-op tasks submitted and run, {WORKERS} workers:")
+        for submitters in (1, threads):
+            rate, per = one(submitters)
+            print(
+                f"  {submitters:>2} submitting threads: {rate:>7,.0f} tasks/s, "
+                f"{per:.2f} commits a task"
+            )
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE".encode())
+
+
 def _cpu_over(seconds: float) -> float:
     before = time.process_time()
     time.sleep(seconds)
@@ -204,6 +269,8 @@ def main() -> int:
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="chongming-options-") as tmp:
         options_rows(a.tasks, a.rounds, a.dsn, Path(tmp))
+        if a.dsn:
+            shared_commits(a.dsn, a.tasks, 8)
         if a.delayed:
             delayed_rows(a.delayed, a.spread, Path(tmp))
     return 0

@@ -9,6 +9,8 @@ collides with a keyword argument of the task.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -129,6 +131,11 @@ class OptionsSubmitter:
         else a ``StoredTask`` following it in the store), or ``TaskAlreadyExists``
         (``"raise"``)."""
         return self._node.submit_with(self.options, task, args, kwargs)
+
+    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun | StoredTask:
+        """``submit`` for a program that runs an event loop: the store write happens on a
+        thread, never blocking the caller's loop."""
+        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
 
     def submit_many(
         self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /

@@ -16,6 +16,7 @@ import pytest
 
 from chongming_task import SqliteTaskStore, TaskStatus
 from tests.conftest import wait_until
+from tests.integration.test_cli import cli
 from tests.integration.test_cross_process import Node
 
 S = TaskStatus
@@ -23,12 +24,7 @@ WATCH = ["--interval", "0.1"]
 
 
 def _cli(db: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = cli(db, *args, check=False)
     assert done.returncode in ok, done.stderr
     return done.stdout
 

@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from chongming_task.stores import open_store
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.integration.postgres_support import new_schema, pg_dsn, schemas
+from tests.integration.test_cli import cli, cli_json
 
 __all__ = ["pg_dsn", "schemas"]  # fixtures
 
@@ -93,19 +95,9 @@ def test_ps_finds_a_dedupe_key_and_show_names_every_option(tmp_path: Path) -> No
         node.options(dedupe_key="acct-10").submit("bill", "10").wait(10)
         node.submit("bill", "plain").wait(10)
 
-    def cli(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "chongming_task", "--db", str(db), *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    rows = json.loads(cli("--json", "ps", "--all", "--dedupe-key", "acct-9"))
+    rows: Any = cli_json(db, "ps", "--all", "--dedupe-key", "acct-9")
     assert [r["task_id"] for r in rows] == [first.task_id]
     assert rows[0]["dedupe_key"] == "acct-9" and rows[0]["dedupe_window"] == 3600
-    shown = cli("show", first.task_id)
+    shown = cli(db, "show", first.task_id).stdout
     assert "dedupe key" in shown and "'acct-9' (kept 3600 s after a success)" in shown
     assert "priority" in shown and "2" in shown

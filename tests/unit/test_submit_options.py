@@ -365,3 +365,17 @@ def test_sqlite_refuses_a_held_key_in_a_batch_too_big_for_one_statement(tmp_path
         assert len(store.query()) == 70
     finally:
         store.close()
+
+
+def test_options_submit_from_an_event_loop(store: TaskStore) -> None:
+    import asyncio
+
+    async def main(node: Controller) -> object:
+        run = await node.options(priority=2, dedupe_key="from-loop").asubmit("echo", "hi")
+        again = await node.options(dedupe_key="from-loop").asubmit("echo", "other")
+        assert again.task_id == run.task_id or run.done()
+        return await run.aresult(10)
+
+    with Controller(store) as node:
+        node.task(echo, name="echo")
+        assert asyncio.run(main(node)) == "hi"
