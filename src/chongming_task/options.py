@@ -30,6 +30,8 @@ __all__ = ["OnDuplicate", "OptionsSubmitter", "SubmitOptions"]
 OnDuplicate = Literal["return", "raise"]
 """What a submit whose dedupe key is held gets: the holder's handle, or an error."""
 
+_NO_TAGS: frozenset[str] = frozenset()
+
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """What every store holds in its ``priority`` column (a 32-bit integer)."""
 
@@ -69,10 +71,13 @@ class SubmitOptions:
                     f"{self.run_at.isoformat()}"
                 )
         priority = self.priority
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidValue(f"priority must be an int, got {priority!r}")
-        if priority not in PRIORITY_RANGE:
-            raise InvalidValue(f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}")
+        if priority != 0 or type(priority) is not int:  # the default costs one comparison
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise InvalidValue(f"priority must be an int, got {priority!r}")
+            if priority not in PRIORITY_RANGE:
+                raise InvalidValue(
+                    f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}"
+                )
         if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
             raise InvalidValue(f"dedupe_key must be text, got {self.dedupe_key!r}")
         if self.on_duplicate not in ("return", "raise"):
@@ -91,9 +96,14 @@ class SubmitOptions:
             raise InvalidValue(f"concurrency_key must be text, got {self.concurrency_key!r}")
         if self.bucket_key is not None and not isinstance(self.bucket_key, str):
             raise InvalidValue(f"bucket_key must be text, got {self.bucket_key!r}")
-        if isinstance(self.tags, str) or not all(isinstance(t, str) for t in self.tags):
-            raise InvalidValue(f"tags must be an iterable of text, got {self.tags!r}")
-        object.__setattr__(self, "tags", frozenset(self.tags))
+        tags = self.tags
+        if tags:
+            if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+                raise InvalidValue(f"tags must be an iterable of text, got {tags!r}")
+            if type(tags) is not frozenset:
+                object.__setattr__(self, "tags", frozenset(tags))
+        elif type(tags) is not frozenset:
+            object.__setattr__(self, "tags", _NO_TAGS)
 
     def starts_at(self, now: datetime) -> datetime | None:
         """The time the task may start, from ``now`` (the node's clock): ``None`` for at

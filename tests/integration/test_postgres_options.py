@@ -77,7 +77,6 @@ def test_a_schema_of_the_release_before_the_options_is_migrated_with_its_tasks(
         assert kept.result(10) == "kept"
     store.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as version 2 made it
-        conn.execute(f"DROP INDEX {schema}.idx_tasks_dedupe".encode())
         for column in ("run_at", "priority", "dedupe_key", "dedupe_window", "concurrency_key"):
             conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN {column}".encode())
         conn.execute(f"UPDATE {schema}.schema_version SET version = 2".encode())

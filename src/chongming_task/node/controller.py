@@ -293,18 +293,20 @@ class Controller(AsyncFace):
         order")."""
         if isinstance(tags, str):
             raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
-        chosen = SubmitOptions(
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            dedupe_key=dedupe_key,
-            on_duplicate=on_duplicate,
-            dedupe_window=dedupe_window,
-            concurrency_key=concurrency_key,
-            bucket_key=bucket_key,
-            tags=frozenset(tags),
+        return OptionsSubmitter(
+            self._submitter,
+            SubmitOptions(
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                dedupe_key=dedupe_key,
+                on_duplicate=on_duplicate,
+                dedupe_window=dedupe_window,
+                concurrency_key=concurrency_key,
+                bucket_key=bucket_key,
+                tags=tags if type(tags) is frozenset else frozenset(tags),
+            ),
         )
-        return OptionsSubmitter(self._submitter, chosen)
 
     def submit_many(
         self,

@@ -219,7 +219,10 @@ class Submitter:
         if holder is None:
             run.stored(created, appended=True)
             self._stored()
-            self._queue(run, self._now())
+            if run.writes.snapshot.run_at is None:
+                self._dispatcher.put(run)
+            else:
+                self._queue(run, self._now())
             return run
         self._registry.forget([run])
         if options.on_duplicate == "raise":

@@ -142,7 +142,7 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
         add((f"pipeline_run_id = {p}", [query.pipeline_run_id]))
     if query.pipeline_prefix is not None:
         add(dialect.prefix("pipeline_run_id", query.pipeline_prefix))
-    if query.dedupe_key is not None:  # idx_tasks_dedupe
+    if query.dedupe_key is not None:  # SQLite: idx_tasks_dedupe; Postgres scans (schema.sql)
         add((f"dedupe_key = {p}", [query.dedupe_key]))
     if query.owner is not None:
         # Unfinished tasks are few: their status index finds a node's at once, where the

@@ -33,8 +33,12 @@ ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DE
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_key TEXT;
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_window DOUBLE PRECISION;
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS concurrency_key TEXT;
-CREATE INDEX IF NOT EXISTS idx_tasks_dedupe ON {schema}.tasks (dedupe_key)
-    WHERE dedupe_key IS NOT NULL;
+-- The successes that keep their dedupe key for a window (a task enters it once, as it
+-- ends): with the index below, what a create and a duplicate's lookup probe. A task's
+-- every status change writes an entry into each index it is in, so none covers every
+-- task with a key (ps --dedupe-key scans).
+CREATE INDEX IF NOT EXISTS idx_tasks_dedupe_kept ON {schema}.tasks (dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND status = 'succeeded' AND dedupe_window IS NOT NULL;
 -- At most one unfinished task holds a dedupe key: a create that would make a second fails
 -- in the group commit it rides (a create racing with an uncommitted one waits for it).
 CREATE UNIQUE INDEX IF NOT EXISTS idx_tasks_dedupe_open ON {schema}.tasks (dedupe_key)
