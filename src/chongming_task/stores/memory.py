@@ -447,6 +447,11 @@ class InMemoryTaskStore:
                     del self._tasks[task_id]
                 self._history.pop(task_id, None)
                 self._late.pop(task_id, None)
+                key = snapshot.dedupe_key
+                if key is not None:
+                    with self._dedupe_lock:  # a create with the key may be setting it
+                        if self._keyed.get(key) == task_id:
+                            del self._keyed[key]  # finished: the key was free either way
                 pruned += 1
             return pruned
 
