@@ -5,12 +5,11 @@
 
 * **options** (in memory, SQLite, and PostgreSQL with ``--dsn``): no-op tasks submitted
   one by one and waited for, from the first submit to the last end, plain against
-  ``options(priority=1)`` and ``options(dedupe_key=<one per task>)`` on the same store in
-  the same round, each run on an empty store of its own (a store that grew with the
-  runs before it would slow the later contenders of a round) (target: each at most 10 % slower, a ratio of at least 0.91). Rows and
-  commits per task are printed beside the rates: a plain or prioritised submit rides the
-  store's group commit; a deduplicated one is a transaction of its own (find the key's
-  holder, then create), whatever else is committing.
+  ``options(priority=1)`` and ``options(dedupe_key=<one per task>)``, each run on an empty
+  store of its own (a store grown by the runs before would slow a round's later
+  contenders), in rounds of one run each (target: each at most 10 % slower, a ratio of
+  at least 0.91). SQLite's group commits a task and writes a commit are printed beside:
+  a deduplicated create rides the group commit as a plain one does.
 * **shared commits** (PostgreSQL, with ``--dsn``): eight threads submitting at once, as a
   web service's request handlers do, against one thread submitting the same tasks:
   tasks/s and the database's commits a task (its whole life), which the group commit
