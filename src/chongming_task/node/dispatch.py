@@ -165,10 +165,11 @@ class KeyGate:
 
 
 class _DelayHeap:
-    """Runs waiting for their time, and the timer thread that hands them to ``release``
-    once due (started with the first; a node that never delays has none)."""
+    """Runs waiting for their time, and the timer thread that hands each to ``release``
+    once due (started with the first; a node that never delays has none). A run due
+    while a pause is asked of it is held by its token until resumed, then released."""
 
-    def __init__(self, clock: Clock, release: Callable[[list[TaskRun]], None]) -> None:
+    def __init__(self, clock: Clock, release: Callable[[TaskRun], None]) -> None:
         self._clock = clock
         self._release = release
         self._cond = threading.Condition(threading.Lock())
@@ -199,8 +200,10 @@ class _DelayHeap:
 
     def release_due(self) -> int:
         due = self.pop_due()
-        if due:
-            self._release(due)
+        release = self._release
+        for run in due:
+            if not run.token.hold_while_paused(functools.partial(release, run)):
+                release(run)
         return len(due)
 
     def _watch(self) -> None:
@@ -244,7 +247,7 @@ class FifoDispatcher:
         self._parked: list[threading.Lock] = []  # each held; put() releases the last
         self._closed = False
         self._own = threading.local()  # each worker's parking lock
-        self._delayed = _DelayHeap(clock, self._put_all)
+        self._delayed = _DelayHeap(clock, self.put)
         self._gate = KeyGate()
         self.direct: Callable[[TaskRun], None] | None = None
         """Where an async run goes straight, skipping a worker's hand-over (this
@@ -275,11 +278,6 @@ class FifoDispatcher:
             except IndexError:  # woken or gone meanwhile: each looks at the runs again
                 return
             parked.release()
-
-    def _put_all(self, runs: list[TaskRun]) -> None:
-        for run in runs:
-            if not run.token.hold_while_paused(functools.partial(self.put, run)):
-                self.put(run)
 
     def schedule(self, run: TaskRun, delay: float) -> None:
         if delay <= 0:
@@ -360,7 +358,7 @@ class FairDispatcher:
         self._queues: dict[int | None, Lane] = {}
         self._rotation: deque[int | None] = deque()  # buckets with queued runs
         self._running: dict[int | None, int] = {}
-        self._delayed = _DelayHeap(clock, self._enqueue_all)
+        self._delayed = _DelayHeap(clock, self.put)
         self._gate = KeyGate()
         self._closed = False
 
@@ -408,11 +406,6 @@ class FairDispatcher:
 
     def release_due(self) -> int:
         return self._delayed.release_due()
-
-    def _enqueue_all(self, runs: list[TaskRun]) -> None:
-        for run in runs:
-            if not run.token.hold_while_paused(functools.partial(self.put, run)):
-                self.put(run)
 
     def close(self) -> None:
         self._delayed.close()

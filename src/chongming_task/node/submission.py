@@ -15,7 +15,7 @@ import random
 import secrets
 import socket
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed, TaskAlreadyExists
@@ -151,18 +151,15 @@ class Submitter:
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> TaskRun | StoredTask:
         """``submit`` with ``options`` (``node.options``)."""
+        self._check_keys(options)
         if options.dedupe_key is not None:
             return self._deduped(options, task, args, kwargs)
         prepared = self.prepare(
             task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
         )
         self.persist([prepared])
-        run = prepared[0]
-        if run.writes.snapshot.run_at is None:
-            self._dispatcher.put(run)
-        else:
-            self._queue(run, self._now())
-        return run
+        self._queue(prepared[0])
+        return prepared[0]
 
     def submit_many_with(
         self,
@@ -174,6 +171,7 @@ class Submitter:
         """``submit_many`` with ``options``: a delayed run waits in the dispatcher's delay
         heap until its time (it was stored ``queued`` with its ``run_at``); with a dedupe
         key, each call is created on its own, unless the key is held."""
+        self._check_keys(options)
         if options.dedupe_key is not None:
             return [self._deduped(options, task, tuple(args), kwargs or {}) for args in calls]
         prepared = [
@@ -188,15 +186,25 @@ class Submitter:
             for args in calls
         ]
         self.persist(prepared)
-        now = self._now()
         for run, _ in prepared:
-            self._queue(run, now)
+            self._queue(run)
         return [run for run, _ in prepared]
 
-    def _queue(self, run: TaskRun, now: datetime) -> None:
-        """To the dispatcher, or its delay heap until its ``run_at``."""
+    def _check_keys(self, options: SubmitOptions) -> None:
+        """The options' keys are text the store can hold (once a call, not a task)."""
+        rules = self._host.value_rules
+        for text, what in (
+            (options.dedupe_key, "dedupe_key"),
+            (options.concurrency_key, "concurrency_key"),
+        ):
+            if text is not None:
+                check_text(text, what, rules)
+
+    def _queue(self, run: TaskRun) -> None:
+        """To the dispatcher, or its delay heap until its ``run_at`` (the clock is read
+        only for a run that has one)."""
         run_at = run.writes.snapshot.run_at
-        wait = 0.0 if run_at is None else (run_at - now).total_seconds()
+        wait = 0.0 if run_at is None else (run_at - self._now()).total_seconds()
         if wait > 0:
             self._dispatcher.schedule(run, wait)
         else:
@@ -219,10 +227,7 @@ class Submitter:
         if holder is None:
             run.stored(created, appended=True)
             self._stored()
-            if run.writes.snapshot.run_at is None:
-                self._dispatcher.put(run)
-            else:
-                self._queue(run, self._now())
+            self._queue(run)
             return run
         self._registry.forget([run])
         if options.on_duplicate == "raise":
@@ -323,13 +328,6 @@ class Submitter:
         """Build and register a run and its creation transition; nothing stored yet."""
         host = self._host
         definition, bucket = self.check(task, bucket_key, tags)
-        if options is not None:
-            for text, what in (
-                (options.dedupe_key, "dedupe_key"),
-                (options.concurrency_key, "concurrency_key"),
-            ):
-                if text is not None:
-                    check_text(text, what, host.value_rules)
         now = self._now()
         starts = None if options is None else options.starts_at(now)
         # A delayed task's lease runs to its time and a TTL past it: nothing renews it

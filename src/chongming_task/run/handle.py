@@ -384,7 +384,7 @@ class TaskRun:
         if not self.begin_attempt():
             return
         try:
-            result = self.definition.func(self.token, *self._args, **self._kwargs)
+            result = self.call()
         except BaseException as exc:
             self.ended_by(exc)
             if not isinstance(exc, Exception):

@@ -17,9 +17,9 @@ from ._sql import Executor
 __all__ = ["DEDUPE_HELD", "UNFINISHED_KEYS", "DedupeSQL", "KeyHeld", "holder"]
 
 DEDUPE_HELD = "chongming-task: dedupe key held"
+"""What SQLite's write view raises for a new task whose dedupe key is held."""
 UNFINISHED_KEYS = "idx_tasks_dedupe_open"
 """Postgres's unique index on the dedupe keys of unfinished tasks."""
-"""What SQLite's write view raises for a new task whose dedupe key is held."""
 
 
 _SLACK = timedelta(milliseconds=5)
