@@ -23,6 +23,21 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def database_writes(dsn: str) -> tuple[int, int]:
+    """Commits and rows written (inserted, updated, deleted) so far in the database
+    ``dsn`` names, from ``pg_stat_database``: a backend flushes its counts when it ends,
+    or every half second while it runs."""
+    import psycopg  # the Postgres benches only
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted "
+            "FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 def latency_row(name: str, seconds: list[float], width: int = 40) -> str:
     ms = [v * 1000 for v in seconds]
     return f"{name:{width}} {statistics.median(ms):8.2f} {percentile(ms, 99):8.2f} {max(ms):8.2f}"

@@ -36,27 +36,17 @@ from typing import Any
 
 import psycopg
 
-from _stats import in_rounds  # bench/ is on sys.path when run as a script
+from _stats import database_writes, in_rounds  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller
 from chongming_task.stores.postgres import PostgresTaskStore
 
 
-def _counters(dsn: str) -> tuple[int, int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted "
-            "FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
 def _counted(dsn: str, jobs: int, run: Callable[[], float]) -> tuple[float, float, float]:
     """(jobs/s, commits a job, rows a job)."""
-    commits, rows = _counters(dsn)
+    commits, rows = database_writes(dsn)
     rate = run()
     time.sleep(0.6)  # each backend flushes its counters when it ends, or every 0.5 s
-    after_commits, after_rows = _counters(dsn)
+    after_commits, after_rows = database_writes(dsn)
     return rate, (after_commits - commits - 1) / jobs, (after_rows - rows) / jobs
 
 

@@ -36,7 +36,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _stats import in_rounds, percentile  # bench/ is on sys.path when run as a script
+from _stats import (  # bench/ is on sys.path when run as a script
+    database_writes,
+    in_rounds,
+    percentile,
+)
 from chongming_task import CancellationToken, Controller, InMemoryTaskStore
 from chongming_task.stores import open_store
 from chongming_task.stores.sqlite import group
@@ -163,14 +167,6 @@ def shared_commits(dsn: str, tasks: int, threads: int) -> None:
     made.create_schema()
     made.close()
 
-    def commits() -> int:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_stat_clear_snapshot()")
-            row = conn.execute(
-                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-            ).fetchone()
-        return int(row[0]) if row else 0
-
     def one(submitters: int) -> tuple[float, float]:
         store = PostgresTaskStore(dsn, schema=schema)
         node = Controller(store, max_workers=WORKERS)
@@ -183,7 +179,7 @@ def shared_commits(dsn: str, tasks: int, threads: int) -> None:
             mine = [node.submit("noop") for _ in range(each)]
             runs.extend(mine)
 
-        before = commits()
+        before = database_writes(dsn)[0]
         started = time.perf_counter()
         pool = [threading.Thread(target=submit) for _ in range(submitters)]
         for thread in pool:
@@ -196,7 +192,7 @@ def shared_commits(dsn: str, tasks: int, threads: int) -> None:
         node.close()
         store.close()
         time.sleep(0.6)  # the statistics collector's flush
-        return len(runs) / took, (commits() - before) / len(runs)
+        return len(runs) / took, (database_writes(dsn)[0] - before) / len(runs)
 
     try:
         print(f"PostgreSQL, {tasks} no-op tasks submitted and run, {WORKERS} workers:")
