@@ -264,3 +264,7 @@ def test_a_schedule_fires_with_its_priority_and_dedupe_key(make_controller: Make
     assert third.task_id != first.task_id and len(store.query()) == 2
     with pytest.raises(InvalidValue, match="priority"):
         c.schedule("bad", "hold", IntervalTrigger(10), priority=1.5)  # type: ignore[arg-type]
+    # Checked when the schedule is made, not at its first firing.
+    with pytest.raises(InvalidValue, match="dedupe_key"):
+        c.schedule("bad", "hold", IntervalTrigger(10), dedupe_key="lone \ud800")
+    assert [e.name for e in c.schedules] == ["nightly"]

@@ -363,7 +363,7 @@ class Controller(AsyncFace):
         # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
         # the first firing.
         definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
-        SubmitOptions(priority=priority, dedupe_key=dedupe_key)  # checked now too
+        self._submitter.check_keys(SubmitOptions(priority=priority, dedupe_key=dedupe_key))
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
             trigger.start_at = self._now()
         entry = Schedule(

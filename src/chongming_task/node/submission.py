@@ -151,7 +151,7 @@ class Submitter:
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> TaskRun | StoredTask:
         """``submit`` with ``options`` (``node.options``)."""
-        self._check_keys(options)
+        self.check_keys(options)
         if options.dedupe_key is not None:
             return self._deduped(options, task, args, kwargs)
         prepared = self.prepare(
@@ -171,7 +171,7 @@ class Submitter:
         """``submit_many`` with ``options``: a delayed run waits in the dispatcher's delay
         heap until its time (it was stored ``queued`` with its ``run_at``); with a dedupe
         key, each call is created on its own, unless the key is held."""
-        self._check_keys(options)
+        self.check_keys(options)
         if options.dedupe_key is not None:
             return [self._deduped(options, task, tuple(args), kwargs or {}) for args in calls]
         prepared = [
@@ -190,7 +190,7 @@ class Submitter:
             self._queue(run)
         return [run for run, _ in prepared]
 
-    def _check_keys(self, options: SubmitOptions) -> None:
+    def check_keys(self, options: SubmitOptions) -> None:
         """The options' keys are text the store can hold (once a call, not a task)."""
         rules = self._host.value_rules
         for text, what in (
