@@ -18,6 +18,7 @@ from .model import (
     Transition,
 )
 from .policies import format_buckets
+from .states import WAITING
 
 __all__ = [
     "SCHEDULE_HEADERS",
@@ -170,13 +171,18 @@ def dedupe(s: TaskSnapshot) -> str:
     return f"{s.dedupe_key!r}{kept}"
 
 
+def clock(at: datetime) -> str:
+    """``at`` on this machine's clock, to the second."""
+    return at.astimezone().strftime("%H:%M:%S")
+
+
 def status_text(s: TaskSnapshot, now: datetime) -> str:
     """Its status, and when a delayed task that has not started runs:
     ``queued (runs at 14:05:00, in 3m)``."""
-    if s.run_at is None or s.status.value not in ("queued", "pending") or s.run_at <= now:
+    if s.run_at is None or s.status not in WAITING or s.run_at <= now:
         return s.status.value
-    clock = s.run_at.astimezone().strftime("%H:%M:%S")
-    return f"{s.status.value} (runs at {clock}, in {age((s.run_at - now).total_seconds())})"
+    left = age((s.run_at - now).total_seconds())
+    return f"{s.status.value} (runs at {clock(s.run_at)}, in {left})"
 
 
 def took(s: TaskSnapshot, now: datetime) -> str:

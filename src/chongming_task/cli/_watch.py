@@ -44,17 +44,12 @@ def _feed(ctx: Context) -> TransitionFeed:
     )
 
 
-def clock(at: datetime) -> str:
-    """A transition's time on this machine's clock, to the second."""
-    return at.astimezone().strftime("%H:%M:%S")
-
-
 def transition_line(t: Transition, name: str) -> str:
     source = t.from_status.value if t.from_status else "new"
     why = f" ({t.reason})" if t.reason else ""
     who = f" by {t.actor}" if t.actor else ""
     move = f"{source} -> {t.to_status.value}{why}{who}"
-    return f"{clock(t.at)}  {present.short_id(t.task_id)}  {name}  {move}"
+    return f"{present.clock(t.at)}  {present.short_id(t.task_id)}  {name}  {move}"
 
 
 def progress_line(s: TaskSnapshot) -> str:
@@ -172,7 +167,7 @@ _STYLE = {
 def _styled(t: Transition, name: str) -> RenderableType:
     from rich.text import Text
 
-    line = Text(f"{clock(t.at)}  ", style="dim")
+    line = Text(f"{present.clock(t.at)}  ", style="dim")
     line.append(present.short_id(t.task_id), style="magenta")
     line.append(f"  {name}  ", style="bold")
     line.append(f"{t.from_status.value if t.from_status else 'new'} -> ")
