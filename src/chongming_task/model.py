@@ -226,27 +226,21 @@ def snapshot_changer(changed: tuple[str, ...]) -> Callable[..., TaskSnapshot]:
     return make_changer(TaskSnapshot, _SNAPSHOT_FIELDS, changed, _SNAPSHOT_TIMES, utc=utc, zone=UTC)
 
 
+_UNSET_AT_SUBMIT = ("started_at", "ended_at", "last_heartbeat_at", "progress", "failure", "outcome")
+_SET_AT_SUBMIT = {"status_version": "1", "attempt": "0", "lease_owner": "owner"}
 submitted_snapshot: Callable[..., TaskSnapshot] = make_builder(
     TaskSnapshot,
     _SNAPSHOT_FIELDS,
-    positional=(
-        "task_id",
-        "name",
-        "status",
-        "created_at",
-        "tags",
-        "bucket",
-        "bucket_key",
-        "pipeline_run_id",
-        "owner",
-        "lease_until",
+    positional=tuple(
+        f for f in _SNAPSHOT_FIELDS if f not in _SET_AT_SUBMIT and f not in _UNSET_AT_SUBMIT
     ),
-    fixed={"status_version": "1", "attempt": "0", "lease_owner": "owner", "priority": "0"},
+    fixed=_SET_AT_SUBMIT,
 )
 """A new task's ``TaskSnapshot`` from already-normalised values (UTC times, frozenset
 tags), given positionally: ``task_id, name, status, created_at, tags, bucket,
-bucket_key, pipeline_run_id, owner, lease_until``. Version 1, attempt 0, leased by its
-owner, nothing started, reported or ended, no options (the submit path)."""
+bucket_key, pipeline_run_id, owner, lease_until, run_at, priority, dedupe_key,
+dedupe_window, concurrency_key``. Version 1, attempt 0, leased by its owner, nothing
+started, reported or ended (the submit path)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

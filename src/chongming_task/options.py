@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .errors import InvalidValue
@@ -72,6 +72,8 @@ class SubmitOptions:
                     f"run_at must be an aware datetime (with a time zone), got naive "
                     f"{self.run_at.isoformat()}"
                 )
+            if self.run_at.tzinfo is not UTC:  # stored as is: the snapshot's times are UTC
+                self.run_at = self.run_at.astimezone(UTC)
         priority = self.priority
         if priority != 0 or type(priority) is not int:  # the default costs one comparison
             if isinstance(priority, bool) or not isinstance(priority, int):
@@ -106,6 +108,20 @@ class SubmitOptions:
                 self.tags = frozenset(tags)
         elif type(tags) is not frozenset:
             self.tags = _NO_TAGS
+
+    def stored(
+        self, starts: datetime | None
+    ) -> tuple[datetime | None, int, str | None, float | None, str | None]:
+        """What a task submitted with these options stores: its run-at time (``starts``,
+        from ``starts_at``, or a ``run_at`` already past), priority, dedupe key and
+        window, and concurrency key."""
+        return (
+            starts or self.run_at,
+            self.priority,
+            self.dedupe_key,
+            self.dedupe_window,
+            self.concurrency_key,
+        )
 
     def starts_at(self, now: datetime) -> datetime | None:
         """The time the task may start, from ``now`` (the node's clock): ``None`` for at

@@ -121,8 +121,20 @@ def test_a_submitted_snapshot_is_a_new_task_leased_by_its_owner() -> None:
     lease = T0 + timedelta(seconds=30)
     tags = frozenset({"a", "b"})
     made = submitted_snapshot(
-        "t1", "job", TaskStatus.PENDING, T0, tags, 3, "key", "p1", "node-a", lease
+        "t1", "job", TaskStatus.PENDING, T0, tags, 3, "key", "p1", "node-a", lease,
+        *(None, 0, None, None, None),
+    )  # fmt: skip
+    with_options = submitted_snapshot(
+        "t2", "job", TaskStatus.QUEUED, T0, tags, None, None, None, "node-a", lease,
+        T0 + timedelta(minutes=5), 7, "dedupe", 60.0, "per-key",
+    )  # fmt: skip
+    assert (with_options.run_at, with_options.priority, with_options.dedupe_key) == (
+        T0 + timedelta(minutes=5),
+        7,
+        "dedupe",
     )
+    assert (with_options.dedupe_window, with_options.concurrency_key) == (60.0, "per-key")
+    assert (with_options.started_at, with_options.lease_owner) == (None, "node-a")
     expected = TaskSnapshot(
         task_id="t1",
         name="job",

@@ -111,7 +111,8 @@ def test_a_time_already_past_runs_at_once_and_submit_many_takes_options(
         past = datetime.now(UTC) - timedelta(hours=1)
         run = node.options(run_at=past.astimezone(timezone_east())).submit("echo", "now")
         assert run.result(10) == "now"
-        assert store.get(run.task_id).run_at == past  # type: ignore[union-attr]
+        stored_at = store.get(run.task_id).run_at  # type: ignore[union-attr]
+        assert stored_at == past and stored_at.tzinfo is UTC  # type: ignore[union-attr]
         runs = node.options(priority=-2, delay=0.1).submit_many("echo", [("a",), ("b",)])
         assert [r.result(10) for r in runs] == ["a", "b"]
         assert {store.get(r.task_id).priority for r in runs} == {-2}  # type: ignore[union-attr]

@@ -23,7 +23,6 @@ from ..model import (
     PipelineRecord,
     TaskStatus,
     Transition,
-    snapshot_changer,
     submitted_snapshot,
     trusted_transition,
 )
@@ -44,9 +43,7 @@ __all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
 
 Prepared = tuple[TaskRun, Transition]
 
-_WITH_OPTIONS = snapshot_changer(
-    ("run_at", "priority", "dedupe_key", "dedupe_window", "concurrency_key")
-)
+_NO_OPTIONS = (None, 0, None, None, None)
 
 log = logging.getLogger("chongming_task.submit")
 
@@ -192,13 +189,10 @@ class Submitter:
 
     def check_keys(self, options: SubmitOptions) -> None:
         """The options' keys are text the store can hold (once a call, not a task)."""
-        rules = self._host.value_rules
-        for text, what in (
-            (options.dedupe_key, "dedupe_key"),
-            (options.concurrency_key, "concurrency_key"),
-        ):
-            if text is not None:
-                check_text(text, what, rules)
+        if options.dedupe_key is not None:
+            check_text(options.dedupe_key, "dedupe_key", self._host.value_rules)
+        if options.concurrency_key is not None:
+            check_text(options.concurrency_key, "concurrency_key", self._host.value_rules)
 
     def _queue(self, run: TaskRun) -> None:
         """To the dispatcher, or its delay heap until its ``run_at`` (the clock is read
@@ -348,16 +342,8 @@ class Submitter:
             # Lease time is the store's clock where it has one (the offset is measured by
             # the supervisor, not per submit).
             leased_from + self._leases.offset + self._lease_delta,
+            *(_NO_OPTIONS if options is None else options.stored(starts)),
         )
-        if options is not None:
-            snapshot = _WITH_OPTIONS(
-                snapshot,
-                starts or options.run_at,
-                options.priority,
-                options.dedupe_key,
-                options.dedupe_window,
-                options.concurrency_key,
-            )
         created: Transition = trusted_transition(
             task_id=snapshot.task_id,
             version=1,
