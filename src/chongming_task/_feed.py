@@ -41,7 +41,7 @@ class Change:
 
 class TransitionFeed:
     """Reads what changed since the last refresh. ``query`` selects the unfinished tasks
-    to follow (default: all of them); ``keep`` filters what the store cannot (a glob)."""
+    to follow (default: all of them)."""
 
     def __init__(
         self,
@@ -49,13 +49,11 @@ class TransitionFeed:
         query: TaskQuery | None = None,
         *,
         any_status: bool = True,
-        keep: Callable[[TaskSnapshot], bool] = lambda s: True,
         active: Callable[[], list[TaskSnapshot]] | None = None,
     ) -> None:
         self._store = store
         query = query or TaskQuery(statuses=NON_TERMINAL)
-        self._active = active or (lambda: [s for s in store.query(query) if keep(s)])
-        self._keep = keep
+        self._active = active or (lambda: store.query(query))
         # The newest tasks, in whatever status (unless the caller asked for some).
         self._recent = dataclasses.replace(
             query, statuses=None if any_status else query.statuses, newest_first=True, limit=RECENT
@@ -68,7 +66,7 @@ class TransitionFeed:
     def poll(self) -> Change:
         store = self._store
         active = self._active()
-        recent = [s for s in store.query(self._recent) if self._keep(s)]
+        recent = store.query(self._recent)
         current = {s.task_id: s for s in recent}
         current.update((s.task_id, s) for s in active)
         for task_id in self._unfinished - current.keys():

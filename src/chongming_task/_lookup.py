@@ -1,5 +1,5 @@
 """Finding a task by what a person types: its full id, or a unique prefix of it (the CLI
-and the dashboard both take short ids)."""
+and the dashboard both take short ids), in either case."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def find_task(store: TaskStore, given: str, where: str, *, shown: int = 5) -> Ta
     snapshot = store.get(given)
     if snapshot is not None:
         return snapshot
+    if given != given.lower():  # the ids made here are lower-case hex; a person may shout
+        return find_task(store, given.lower(), where, shown=shown)
     if len(given) < MIN_PREFIX:
         raise LookupError(
             f"no task {given} in {where} (an id prefix needs {MIN_PREFIX}+ characters)"
@@ -47,6 +49,8 @@ def find_pipeline_run(store: TaskStore, given: str) -> str | None:
     when none does. A prefix several runs share is a ``LookupError`` naming them."""
     if store.query(TaskQuery(pipeline_run_id=given, limit=1)):
         return given
+    if given != given.lower():  # as find_task
+        return find_pipeline_run(store, given.lower())
     if len(given) < MIN_PREFIX:
         return None
     found = sorted(

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ._fast_records import make_builder, make_changer, make_evolver
@@ -438,7 +439,8 @@ class Command:
 class TaskQuery:
     """Filters for ``TaskStore.query``; every filter set must hold (AND).
 
-    ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` and
+    ``name_glob`` matches names as ``fnmatch.fnmatchcase`` (``etl.*``; without wildcards,
+    one name). ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` and
     ``pipeline_prefix`` select the tasks whose id, or pipeline run id, starts with the
     text (how the CLI resolves a short id). ``owner`` keeps the tasks of one node (the
     process that runs them). ``created_until`` keeps tasks created at or before that time
@@ -451,6 +453,7 @@ class TaskQuery:
     id_prefix: str | None = None
     name: str | None = None
     name_prefix: str | None = None
+    name_glob: str | None = None
     tag: str | None = None
     buckets: frozenset[int] | None = None
     pipeline_run_id: str | None = None
@@ -475,6 +478,7 @@ class TaskQuery:
             "id_prefix",
             "name",
             "name_prefix",
+            "name_glob",
             "tag",
             "pipeline_run_id",
             "pipeline_prefix",
@@ -493,6 +497,7 @@ class TaskQuery:
             and (self.id_prefix is None or snapshot.task_id.startswith(self.id_prefix))
             and (self.name is None or snapshot.name == self.name)
             and (self.name_prefix is None or snapshot.name.startswith(self.name_prefix))
+            and (self.name_glob is None or fnmatchcase(snapshot.name, self.name_glob))
             and (self.tag is None or self.tag in snapshot.tags)
             and (self.buckets is None or snapshot.bucket in self.buckets)
             and (self.pipeline_run_id is None or snapshot.pipeline_run_id == self.pipeline_run_id)

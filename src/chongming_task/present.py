@@ -438,6 +438,13 @@ def late_report_json(r: LateReport) -> dict[str, Any]:
     }
 
 
+def lease_text(s: TaskSnapshot) -> str:
+    """Who supervises ``s`` and until when; a finished task has no supervisor to judge."""
+    if s.is_terminal:
+        return "none (finished)"
+    return f"{s.lease_owner or '-'} until {ts(s.lease_until) or '-'}"
+
+
 def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) -> str:
     fields: list[tuple[str, str]] = [
         ("task", s.task_id),
@@ -455,7 +462,7 @@ def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) ->
         ("started", ts(s.started_at) or "-"),
         ("ended", ts(s.ended_at) or "-"),
         ("heartbeat", ts(s.last_heartbeat_at) or "-"),
-        ("lease", f"{s.lease_owner or '-'} until {ts(s.lease_until) or '-'}"),
+        ("lease", lease_text(s)),
         ("health", health(s, now)),
     ]
     if s.progress is not None:

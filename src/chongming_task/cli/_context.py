@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import re
@@ -28,7 +27,6 @@ __all__ = [
     "Context",
     "find_tasks",
     "get_task",
-    "matches_name",
     "pipeline_run",
     "program_words",
     "task_query",
@@ -141,19 +139,15 @@ def task_query(ctx: Context) -> TaskQuery:
         statuses = NON_TERMINAL
     if a.limit is not None and a.limit < 0:
         raise UsageError("--limit must be >= 0")
-    pattern = _glob(a.name)
     return TaskQuery(
         statuses=statuses,
-        name=a.name if pattern is None else None,
-        # A glob: its literal head narrows the query in the store, the rest is matched
-        # here (find_tasks), so the limit is applied after that match.
-        name_prefix=None if pattern is None else pattern[0],
+        name_glob=a.name,  # an exact name is the glob without wildcards
         tag=a.tag,
         buckets=buckets,
         pipeline_run_id=pipeline_run(ctx, a.pipeline),
         owner=a.node,
         dedupe_key=a.dedupe_key,
-        limit=a.limit if pattern is None else None,
+        limit=a.limit,
         newest_first=True,
     )
 
@@ -166,27 +160,9 @@ def pipeline_run(ctx: Context, given: str | None) -> str | None:
     return find_pipeline_run(ctx.store(), given) or given
 
 
-def _glob(name: str | None) -> tuple[str, str] | None:
-    """``(literal head, pattern)`` when ``--name`` is a glob (``*``, ``?``, ``[``)."""
-    if name is None:
-        return None
-    cut = min((i for i, ch in enumerate(name) if ch in "*?["), default=None)
-    return None if cut is None else (name[:cut], name)
-
-
-def matches_name(ctx: Context, s: TaskSnapshot) -> bool:
-    """Whether ``s`` passes a ``--name`` glob (the store applied the rest of the filter)."""
-    pattern = _glob(ctx.args.name)
-    return pattern is None or fnmatch.fnmatchcase(s.name, pattern[1])
-
-
 def find_tasks(ctx: Context) -> list[TaskSnapshot]:
-    """The tasks the filter flags select (``--name`` may be a glob)."""
-    found = ctx.store().query(task_query(ctx))
-    if _glob(ctx.args.name) is None:
-        return found
-    found = [s for s in found if matches_name(ctx, s)]
-    return found if ctx.args.limit is None else found[: ctx.args.limit]
+    """The tasks the filter flags select (``--name`` is a glob)."""
+    return ctx.store().query(task_query(ctx))
 
 
 def get_task(ctx: Context, given: str) -> TaskSnapshot:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from importlib import metadata
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import ChongmingTaskError
 from ..fleet import DEFAULT_ORPHAN_AFTER, DEFAULT_STALE_AFTER
@@ -58,37 +59,62 @@ def _text(raw: str) -> str:
     return raw
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="See and control chongming-task tasks.")
+def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The flags every command takes, before the command or after it. Given after it,
+    the subcommand's parser sets them; its defaults are left out (``SUPPRESS``), so the
+    main parser's stand when they are not given there."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
     parser.add_argument(
         "--db",
-        default=env("CHONGMING_DB", DEFAULT_DATABASE, _text),
+        default=default(env("CHONGMING_DB", DEFAULT_DATABASE, _text)),
         help=f"SQLite file or postgresql:// DSN (env CHONGMING_DB, default {DEFAULT_DATABASE})",
     )
     parser.add_argument(
         "--num-buckets",
         type=int,
-        default=env("CHONGMING_NUM_BUCKETS", DEFAULT_NUM_BUCKETS, _whole_number),
+        default=default(env("CHONGMING_NUM_BUCKETS", DEFAULT_NUM_BUCKETS, _whole_number)),
         help=f"deployment-wide bucket count (env CHONGMING_NUM_BUCKETS, default "
         f"{DEFAULT_NUM_BUCKETS})",
     )
     parser.add_argument(
         "--owned-buckets",
-        default=env("CHONGMING_OWNED_BUCKETS", None, _text),
+        default=default(env("CHONGMING_OWNED_BUCKETS", None, _text)),
         help="this node's buckets, e.g. 0-15,20 (env CHONGMING_OWNED_BUCKETS)",
     )
     parser.add_argument(
         "--pg-schema",
-        default=env("CHONGMING_PG_SCHEMA", None, _text),
+        default=default(env("CHONGMING_PG_SCHEMA", None, _text)),
         help="PostgreSQL schema (env CHONGMING_PG_SCHEMA, default chongming)",
     )
     parser.add_argument(
         "--json",
         action="store_true",
-        default=env("CHONGMING_JSON", False, _switch),
+        default=default(env("CHONGMING_JSON", False, _switch)),
         help="machine-readable output (env CHONGMING_JSON=1)",
     )
+
+
+def _version() -> str:
+    try:
+        return f"{PROG} {metadata.version(PROG)}"
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return f"{PROG} (version unknown: not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="See and control chongming-task tasks.")
+    parser.add_argument("--version", action="version", version=_version())
+    _global_flags(parser, defaults=True)
+    common = _Parser(add_help=False)
+    _global_flags(common, defaults=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kwargs)
+
     sub.required = True
 
     def filters(p: argparse.ArgumentParser) -> None:
@@ -103,22 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dedupe-key", help="only the tasks submitted with this dedupe key")
         p.add_argument("--limit", type=int)
 
-    p = sub.add_parser("ps", help="list tasks (active ones unless --all)")
+    p = command("ps", help="list tasks (active ones unless --all)")
     filters(p)
-    p = sub.add_parser("show", help="one task: snapshot, progress, failure")
+    p = command("show", help="one task: snapshot, progress, failure")
     p.add_argument("task_id")
-    p = sub.add_parser("history", help="one task's transitions")
+    p = command("history", help="one task's transitions")
     p.add_argument("task_id")
     p.add_argument("--since", type=int, default=0, metavar="VERSION")
-    p = sub.add_parser("watch", help="follow changes live")
+    p = command("watch", help="follow changes live")
     filters(p)
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--count", type=int, default=None, help="stop after N refreshes")
-    sub.add_parser("stats", help="tasks per status")
-    p = sub.add_parser("buckets", help="tasks per bucket; * marks owned buckets")
+    command("stats", help="tasks per status")
+    p = command("buckets", help="tasks per bucket; * marks owned buckets")
     p.add_argument("--all", action="store_true", help="list empty buckets too")
     for action in CommandAction:
-        p = sub.add_parser(action.value, help=f"{action.value} a task (request accepted)")
+        p = command(action.value, help=f"{action.value} a task (request accepted)")
         p.add_argument("task_id")
         p.add_argument("--reason")
         p.add_argument(
@@ -130,13 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="SECONDS",
             help="wait for the outcome (default 30 s)",
         )
-    p = sub.add_parser("reconcile", help="mark tasks of dead nodes lost (owned buckets)")
+    p = command("reconcile", help="mark tasks of dead nodes lost (owned buckets)")
     p.add_argument("--dry-run", action="store_true")
-    sub.add_parser("nodes", help="every declared node: buckets, last seen, live or not")
-    sub.add_parser(
-        "schedules", help="every node's schedules: trigger, next firing, last run, state"
-    )
-    p = sub.add_parser(
+    command("nodes", help="every declared node: buckets, last seen, live or not")
+    command("schedules", help="every node's schedules: trigger, next firing, last run, state")
+    p = command(
         "doctor",
         help="fleet alarms: duplicate and uncovered buckets, orphans, stale queued tasks, "
         "expired leases (exit 3 if any)",
@@ -156,11 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"queued and unchanged this long (default {DEFAULT_STALE_AFTER:g})",
     )
     p.add_argument("--limit", type=int, default=20, help="task ids listed per alarm")
-    p = sub.add_parser("prune", help="delete the oldest finished tasks")
+    p = command("prune", help="delete the oldest finished tasks")
     p.add_argument("--keep", type=int, required=True, metavar="N")
     p.add_argument("--dry-run", action="store_true", help="say how many, delete nothing")
-    sub.add_parser("migrate", help="create the store's schema (needs DDL rights once)")
-    p = sub.add_parser("web", help="the web dashboard and /metrics (the [web] extra)")
+    command("migrate", help="create the store's schema (needs DDL rights once)")
+    p = command("web", help="the web dashboard and /metrics (the [web] extra)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8484)
     p.add_argument("--read-only", action="store_true", help="no controls")
@@ -169,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("CHONGMING_WEB_TOKEN"),
         help="access token (env CHONGMING_WEB_TOKEN); required off loopback",
     )
-    p = sub.add_parser("demo", help="run a demo node with sample tasks until Ctrl-C")
+    p = command("demo", help="run a demo node with sample tasks until Ctrl-C")
     p.add_argument(
         "--duration", type=float, default=None, help="stop after S seconds (default: Ctrl-C)"
     )

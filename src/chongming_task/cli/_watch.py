@@ -20,7 +20,7 @@ from .._feed import RECENT, Change, TransitionFeed
 from ..model import TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
-from ._context import Context, find_tasks, matches_name, task_query
+from ._context import Context, find_tasks, task_query
 from ._parser import UsageError
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ def _feed(ctx: Context) -> TransitionFeed:
         ctx.store(),
         task_query(ctx),
         any_status=not ctx.args.status,
-        keep=lambda s: matches_name(ctx, s),
         active=lambda: find_tasks(ctx),
     )
 

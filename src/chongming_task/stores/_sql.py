@@ -13,6 +13,8 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from .. import states
+from .._glob import Glob
+from .._glob import parse as parse_glob
 from ..errors import StoreError
 from ..model import Failure, TaskQuery, TaskScan, TaskSnapshot, TaskStatus
 from . import codec
@@ -97,6 +99,8 @@ class Dialect:
     """``column`` starts with the text."""
     tag: Callable[[str], Fragment]
     """The tags hold exactly this tag."""
+    glob: Callable[[str, Glob], Fragment]
+    """``column`` matches the glob (one with a wildcard)."""
     insertion_order: str
     """The column that orders ties by insertion."""
     time: str
@@ -134,6 +138,14 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
         add((f"name = {p}", [query.name]))
     if query.name_prefix is not None:
         add(dialect.prefix("name", query.name_prefix))
+    if query.name_glob is not None:
+        glob = parse_glob(query.name_glob)
+        if glob.exact:
+            add((f"name = {p}", [query.name_glob]))
+        else:
+            if glob.head:
+                add(dialect.prefix("name", glob.head))
+            add(dialect.glob("name", glob))
     if query.tag is not None:
         add(dialect.tag(query.tag))
     if query.buckets is not None:

@@ -33,12 +33,13 @@ from ..model import (
 from ..stores.capabilities import rules_of
 from ..stores.protocol import TaskStore
 from ._contract_base import T0, at, raises
+from ._query_contract import QueryContract
 from .capability_contract import CapabilityContract
 
 __all__ = ["StoreContract"]
 
 
-class StoreContract(CapabilityContract):
+class StoreContract(CapabilityContract, QueryContract):
     """Every rule of the store contract (docs/stores.md) as a test. Subclasses provide
     ``make_store()``."""
 

@@ -348,7 +348,7 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
         except (ValueError, ChongmingTaskError) as exc:
             raise BadInput(f"bad bucket: {exc}") from None
     text = {key: (q.get(key) or None) for key in ("name", "tag", "pipeline", "node", "q")}
-    prefix = text["q"]
+    prefix = None if text["q"] is None else text["q"].lower()  # ids are lower-case hex
     if prefix is not None and len(prefix) < 2:
         raise BadInput("search an id by at least 2 characters")
     until, skip = None, 0
@@ -366,7 +366,7 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
     query = TaskQuery(
         statuses=statuses,
         id_prefix=prefix,
-        name_prefix=text["name"],
+        name_glob=text["name"],  # as the CLI: a glob, an exact name without wildcards
         tag=text["tag"],
         buckets=buckets,
         pipeline_run_id=pipeline,

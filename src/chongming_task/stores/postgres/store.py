@@ -94,6 +94,7 @@ _DIALECT = Dialect(
     placeholder="%s",
     one_of=lambda column, values: (f"{column} = ANY(%s)", [values]),
     prefix=lambda column, text: (f"starts_with({column}, %s)", [text]),
+    glob=lambda column, glob: (f"{column} ~ %s", [glob.regex()]),
     tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
     insertion_order="seq",
     time="%s::timestamptz",

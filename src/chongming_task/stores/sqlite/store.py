@@ -71,6 +71,7 @@ _DIALECT = Dialect(
     unindexed=lambda column: f"+{column}",
     one_of=lambda column, values: (f"{column} IN ({', '.join('?' * len(values))})", values),
     prefix=lambda column, text: (f"substr({column}, 1, ?) = ?", [len(text), text]),
+    glob=lambda column, glob: (f"{column} GLOB ?", [glob.sqlite()]),
     # Exact element match on the tags' JSON text: ",<encoded tag>," within the array with
     # its brackets turned into commas. Inside a JSON string every quote is escaped, so
     # '"' after a ',' only starts an element. (json_each cuts a string at an escaped

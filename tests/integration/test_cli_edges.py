@@ -1,0 +1,128 @@
+"""What a new user types and what they are shown: global flags after the command,
+``--version``, ids in upper case, a finished task's lease, one name glob in the CLI and
+the dashboard. The CLI and the dashboard run as real processes on a SQLite file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from chongming_task import SqliteTaskStore, TaskSnapshot, TaskStatus
+from tests.integration.test_web import Web
+
+NOW = datetime.now(UTC)
+NAMES = {"etl.load": "a1", "etl.extract": "b2", "etl": "c3", "report": "d4"}
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chongming_task", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def task(name: str, digit: str, status: TaskStatus) -> TaskSnapshot:
+    ended = NOW if status is TaskStatus.FAILED else None
+    return TaskSnapshot(
+        task_id=f"{digit}c0ffee{digit}" + "0" * 22,
+        name=name,
+        status=status,
+        status_version=1,
+        created_at=NOW - timedelta(minutes=5),
+        started_at=ended,
+        ended_at=ended,
+        owner="demo:1",
+        lease_owner="demo:1",
+        lease_until=NOW - timedelta(minutes=4),  # long past: a finished task's stale lease
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "edges.db"
+    store = SqliteTaskStore(path)
+    for name, digit in NAMES.items():
+        status = TaskStatus.FAILED if name == "report" else TaskStatus.QUEUED
+        store.create(task(name, digit, status))
+    store.close()
+    yield path
+
+
+def ids(out: str) -> list[str]:
+    return sorted(row["name"] for row in json.loads(out))
+
+
+def test_global_flags_work_after_the_command_and_version_answers(db: Path) -> None:
+    before = run("--db", str(db), "--json", "ps")
+    after = run("ps", "--db", str(db), "--json")
+    assert before.returncode == after.returncode == 0, after.stderr
+    assert ids(after.stdout) == ids(before.stdout) == ["etl", "etl.extract", "etl.load"]
+    mixed = run("--json", "ps", "--all", "--db", str(db), "--name", "report")
+    assert ids(mixed.stdout) == ["report"]
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("chongming-task ")
+    assert version.stdout.split()[1][0].isdigit(), version.stdout
+
+
+def test_an_id_in_upper_case_finds_its_task(db: Path) -> None:
+    full = task("report", "d4", TaskStatus.FAILED).task_id
+    for given in (full.upper(), full[:10].upper()):
+        shown = run("--db", str(db), "show", given)
+        assert shown.returncode == 0, shown.stderr
+        assert full in shown.stdout
+    missing = run("--db", str(db), "show", "FFFFFFFFFF")
+    assert missing.returncode == 1 and "no task" in missing.stderr
+
+
+def test_a_finished_task_shows_no_lease(db: Path) -> None:
+    finished = task("report", "d4", TaskStatus.FAILED).task_id
+    waiting = task("etl", "c3", TaskStatus.QUEUED).task_id
+    lease_line = [
+        line for line in run("--db", str(db), "show", finished).stdout.splitlines()
+        if line.startswith("lease")
+    ]  # fmt: skip
+    assert lease_line and lease_line[0].split(None, 1)[1] == "none (finished)"
+    unfinished = run("--db", str(db), "show", waiting).stdout
+    assert "demo:1 until" in unfinished  # an unfinished task's lease is still told
+    web = Web(db)
+    try:
+        status, page = web.get(f"/tasks/{finished}/live")
+        assert status == 200 and "none (finished)" in page and "EXPIRED" not in page
+        status, page = web.get(f"/tasks/{waiting}/live")
+        assert status == 200 and "EXPIRED" in page
+    finally:
+        web.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("etl", ["etl"]),
+        ("etl.*", ["etl.extract", "etl.load"]),
+        ("etl*", ["etl", "etl.extract", "etl.load"]),
+        ("*.load", ["etl.load"]),
+        ("ETL*", []),
+    ],
+)
+def test_one_name_glob_in_the_cli_and_the_dashboard(
+    db: Path, name: str, expected: list[str]
+) -> None:
+    listed = run("--db", str(db), "--json", "ps", "--all", "--name", name)
+    assert listed.returncode == 0, listed.stderr
+    assert ids(listed.stdout) == expected
+    web = Web(db)
+    try:
+        status, page = web.get(f"/tasks?status=all&name={name}")
+        assert status == 200
+        shown = sorted(n for n, digit in NAMES.items() if f"{digit}c0ffee{digit}" in page)
+        assert shown == expected, page
+    finally:
+        web.close()
