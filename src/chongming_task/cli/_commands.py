@@ -19,6 +19,7 @@ from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
+from ._bulk import SELECTION_FLAGS, cmd_bulk_control
 from ._context import Context, find_tasks, get_task
 from ._parser import PROG, UsageError
 from ._watch import cmd_watch
@@ -163,6 +164,17 @@ def cmd_control(ctx: Context) -> int:
     if ctx.args.wait is not None and ctx.args.wait < 0:
         raise UsageError("--wait must be >= 0 seconds")
     action = CommandAction(ctx.args.command)
+    picked = [f"--{f.replace('_', '-')}" for f in SELECTION_FLAGS if getattr(ctx.args, f)]
+    if ctx.args.task_id is None:
+        if not picked:
+            raise UsageError(
+                f"{action.value} needs a task id, or a selection as ps takes (--name, "
+                "--status, --tag, --bucket, --node, --pipeline, --older-than)"
+            )
+        return cmd_bulk_control(ctx, action)
+    if picked or ctx.args.dry_run or ctx.args.yes:
+        extra = picked or ["--dry-run" if ctx.args.dry_run else "--yes"]
+        raise UsageError(f"give a task id or a selection, not both ({' '.join(extra)})")
     task_id = get_task(ctx, ctx.args.task_id).task_id
     with _CtrlCHeld() as ctrl_c:
         return _control(ctx, ctx.control(), action, task_id, ctrl_c)

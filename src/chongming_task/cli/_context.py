@@ -10,6 +10,7 @@ import shlex
 import shutil
 import socket
 import sys
+from datetime import datetime
 from typing import Any
 
 from .._lookup import find_pipeline_run, find_task
@@ -20,6 +21,7 @@ from ..node.controller import Controller
 from ..policies import BucketPolicy, parse_buckets
 from ..states import NON_TERMINAL
 from ..stores import is_postgres_dsn, open_store
+from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from ._parser import PROG, UsageError
 
@@ -84,6 +86,10 @@ class Context:
             )
         return self._store
 
+    def now(self) -> datetime:
+        """Now by the store's clock where it has one (ages are judged by it)."""
+        return Capabilities(self.store()).now()
+
     @property
     def owner(self) -> str:
         """Who this command acts as: in the trail and in its commands' ``issued_by``."""
@@ -147,6 +153,7 @@ def task_query(ctx: Context) -> TaskQuery:
         pipeline_run_id=pipeline_run(ctx, a.pipeline),
         owner=a.node,
         dedupe_key=a.dedupe_key,
+        created_until=None if a.older_than is None else ctx.now() - a.older_than,
         limit=a.limit,
         newest_first=True,
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable
+from datetime import timedelta
 from importlib import metadata
 from typing import Any, NoReturn, TypeVar
 
@@ -15,7 +17,7 @@ from ..model import CommandAction, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS
 from ..stores import DEFAULT_DATABASE
 
-__all__ = ["PROG", "UsageError", "build_parser", "env"]
+__all__ = ["PROG", "UsageError", "age", "build_parser", "env"]
 
 PROG = "chongming-task"
 
@@ -49,6 +51,19 @@ def _whole_number(raw: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError("not a whole number") from None
+
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def age(raw: str) -> timedelta:
+    """A duration as people write it: ``90s``, ``15m``, ``2h``, ``7d``, ``2w`` (a bare
+    number is seconds)."""
+    found = _AGE.fullmatch(raw.strip())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{raw!r} is no duration (write 90s, 15m, 2h, 7d, 2w)")
+    return timedelta(seconds=float(found[1]) * _UNIT[found[2]])
 
 
 def _switch(raw: str) -> bool:
@@ -127,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--pipeline")
         p.add_argument("--node", help="only the tasks of this node (their owner)")
         p.add_argument("--dedupe-key", help="only the tasks submitted with this dedupe key")
+        p.add_argument(
+            "--older-than",
+            type=age,
+            metavar="AGE",
+            help="only the tasks created more than AGE ago: 90s, 15m, 2h, 7d, 2w",
+        )
         p.add_argument("--limit", type=int)
 
     p = command("ps", help="list tasks (active ones unless --all)")
@@ -144,8 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("buckets", help="tasks per bucket; * marks owned buckets")
     p.add_argument("--all", action="store_true", help="list empty buckets too")
     for action in CommandAction:
-        p = command(action.value, help=f"{action.value} a task (request accepted)")
-        p.add_argument("task_id")
+        p = command(
+            action.value,
+            help=f"{action.value} a task, or every task a selection (as ps's) picks",
+        )
+        p.add_argument("task_id", nargs="?", help="one task (else the selection flags)")
+        filters(p)
+        p.add_argument("--dry-run", action="store_true", help="list the selection; send nothing")
+        p.add_argument("--yes", action="store_true", help="no question for a selection")
         p.add_argument("--reason")
         p.add_argument(
             "--wait",
