@@ -48,6 +48,7 @@ __all__ = [
     "SupportsNodeRegistry",
     "SupportsPendingCommands",
     "SupportsPipelineRegistry",
+    "SupportsPruneByAge",
     "SupportsRenewLeases",
     "SupportsScheduleRegistry",
     "SupportsStorageClock",
@@ -318,6 +319,38 @@ class SupportsDedupe(Protocol):
         Returns ``None`` once created, else the id of the task holding the key (nothing
         written). Atomic across processes: of any number of callers racing with one
         key, one creates."""
+        ...
+
+
+@runtime_checkable
+class SupportsPruneByAge(Protocol):
+    """Finished tasks deleted by when they ended, in batches (retention; docs/design.md,
+    "Retention")."""
+
+    def prune_ended(
+        self,
+        *,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None = None,
+        buckets: frozenset[int] | None = None,
+        limit: int = 500,
+    ) -> int:
+        """Delete at most ``limit`` finished tasks that ended before ``before``, oldest
+        first, with their trail, late reports and finished commands; ``statuses``
+        (finished ones; default all) and ``buckets`` (default any) narrow the choice.
+        Returns how many went; fewer than ``limit``: none is left. One short
+        transaction a call: prune many in many calls. An unfinished status, a naive
+        ``before`` or a ``limit`` below 1 is a ``ValueError``."""
+        ...
+
+    def count_ended(
+        self,
+        *,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None = None,
+        buckets: frozenset[int] | None = None,
+    ) -> int:
+        """How many tasks ``prune_ended`` would delete, all batches together."""
         ...
 
 

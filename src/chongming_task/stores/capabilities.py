@@ -55,6 +55,7 @@ from ._supports import (
     SupportsNodeRegistry,
     SupportsPendingCommands,
     SupportsPipelineRegistry,
+    SupportsPruneByAge,
     SupportsRenewLeases,
     SupportsScheduleRegistry,
     SupportsStorageClock,
@@ -88,6 +89,7 @@ __all__ = [
     "SupportsNodeRegistry",
     "SupportsPendingCommands",
     "SupportsPipelineRegistry",
+    "SupportsPruneByAge",
     "SupportsRenewLeases",
     "SupportsScheduleRegistry",
     "SupportsStorageClock",
@@ -118,6 +120,7 @@ class Capabilities:
         "_pending",
         "_pipelines",
         "_renew_leases",
+        "_retention",
         "_scan",
         "_schedules",
         "_schema",
@@ -197,6 +200,7 @@ class Capabilities:
         self._schema: SupportsCreateSchema | None = (
             store if isinstance(store, SupportsCreateSchema) else None
         )
+        self._retention = store if isinstance(store, SupportsPruneByAge) else None
 
     def __repr__(self) -> str:
         found = [
@@ -221,6 +225,7 @@ class Capabilities:
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
+                ("prune by age", self._retention),
             )
             if present is not None
         ]
@@ -478,6 +483,15 @@ class Capabilities:
         return None if self._pending is None else self._pending(task_id)
 
     @property
+    @property
+    def prune_by_age(self) -> SupportsPruneByAge:
+        """``SupportsPruneByAge``; ``ConfigurationError`` where the store has none."""
+        if self._retention is None:
+            raise ConfigurationError(
+                f"{self.store!r} cannot prune by age (SupportsPruneByAge): prune --keep N"
+            )
+        return self._retention
+
     def has_dedupe(self) -> bool:
         return self._dedupe is not None
 

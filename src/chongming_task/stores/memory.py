@@ -35,6 +35,7 @@ from ..states import TERMINAL
 from ..values import ValueRules
 from ._commands import in_arrival_order
 from ._dedupe import holder
+from ._retention import check_retention_args
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -438,22 +439,69 @@ class InMemoryTaskStore:
             terminal = [s for s in list(self._tasks.values()) if s.status in TERMINAL]
             terminal.sort(key=lambda s: s.created_at)
             doomed = terminal[: max(0, len(terminal) - keep_terminal)]
-            pruned = 0
-            for snapshot in doomed:
-                task_id = snapshot.task_id
-                with self._stripe(task_id):  # against a racing save
-                    if self._tasks.get(task_id) is not snapshot:
-                        continue  # written since the scan: no longer the row we judged
-                    del self._tasks[task_id]
-                self._history.pop(task_id, None)
-                self._late.pop(task_id, None)
-                key = snapshot.dedupe_key
-                if key is not None:
-                    with self._dedupe_lock:  # a create with the key may be setting it
-                        if self._keyed.get(key) == task_id:
-                            del self._keyed[key]  # finished: the key was free either way
-                pruned += 1
-            return pruned
+            return sum(self._forget(snapshot) for snapshot in doomed)
+
+    def _ended(
+        self,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None,
+        buckets: frozenset[int] | None,
+        limit: int,
+    ) -> list[TaskSnapshot]:
+        chosen = check_retention_args(before, statuses, limit)
+        self._check_open()
+        return sorted(
+            (
+                s
+                for s in list(self._tasks.values())
+                if s.status in chosen
+                and s.ended_at is not None
+                and s.ended_at < before
+                and (buckets is None or s.bucket in buckets)
+            ),
+            key=lambda s: s.created_at,
+        )
+
+    def prune_ended(
+        self,
+        *,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None = None,
+        buckets: frozenset[int] | None = None,
+        limit: int = 500,
+    ) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        with self._lock:
+            doomed = self._ended(before, statuses, buckets, limit)[:limit]
+            return sum(self._forget(snapshot) for snapshot in doomed)
+
+    def count_ended(
+        self,
+        *,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None = None,
+        buckets: frozenset[int] | None = None,
+    ) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        with self._lock:
+            return len(self._ended(before, statuses, buckets, 1))
+
+    def _forget(self, snapshot: TaskSnapshot) -> int:
+        """Delete a finished task with its trail and late report: 1, or 0 if it was
+        written since it was judged (no longer the row judged)."""
+        task_id = snapshot.task_id
+        with self._stripe(task_id):  # against a racing save
+            if self._tasks.get(task_id) is not snapshot:
+                return 0
+            del self._tasks[task_id]
+        self._history.pop(task_id, None)
+        self._late.pop(task_id, None)
+        key = snapshot.dedupe_key
+        if key is not None:
+            with self._dedupe_lock:  # a create with the key may be setting it
+                if self._keyed.get(key) == task_id:
+                    del self._keyed[key]  # finished: the key was free either way
+        return 1
 
     def close(self) -> None:
         self._closed = True

@@ -33,11 +33,12 @@ from ..stores.capabilities import (
 from ._contract_base import at, raises
 from ._dedupe_contract import DedupeContract
 from ._fleet_contract import FleetCapabilityContract
+from ._retention_contract import RetentionContract
 
 __all__ = ["CapabilityContract"]
 
 
-class CapabilityContract(FleetCapabilityContract, DedupeContract):
+class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContract):
     # -- optional capabilities: each runs only where the store declares it -----------------
 
     def test_capability_atomic_commits_together_or_not_at_all(self) -> None:

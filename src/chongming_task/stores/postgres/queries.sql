@@ -491,3 +491,13 @@ SELECT task_id, status, ended_at, dedupe_window FROM tasks
 WHERE dedupe_key = %s
   AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
        OR (status = 'succeeded' AND dedupe_window IS NOT NULL))
+
+-- A batch of finished tasks pruned by age (RetentionSQL), the ids an array (each %s the
+-- same): their trail, late reports and finished commands with them.
+-- name: prune_ids
+WITH gone_history AS (DELETE FROM transitions WHERE task_id = ANY(%s)),
+gone_reports AS (DELETE FROM late_reports WHERE task_id = ANY(%s)),
+gone_commands AS (
+    DELETE FROM commands WHERE finished_at IS NOT NULL AND task_id = ANY(%s)
+)
+DELETE FROM tasks WHERE task_id = ANY(%s)

@@ -6,22 +6,21 @@ transaction (no transaction or row lock is ever held while a task runs). The poo
 a connection it hands out without asking the server anything (``pool``). The
 write-through's writes and single submits go through a group commit (``group``):
 concurrent callers share one statement and one commit, and each is told only about its
-own write. ``save`` is one conditional ``UPDATE``; ``claim_commands``
-picks with ``FOR UPDATE SKIP LOCKED`` and leases in the same statement; tags are
-``JSONB`` with a GIN index and exact ``@>`` matching; every time is ``TIMESTAMPTZ``.
+own write. ``save`` is one conditional ``UPDATE``; ``claim_commands`` picks with ``FOR
+UPDATE SKIP LOCKED`` and leases in the same statement; tags are ``JSONB`` with a GIN index
+and exact ``@>`` matching; every time is ``TIMESTAMPTZ``.
 
 Schema creation is separate from use: ``create_schema()`` (or ``chongming-task --db DSN
 migrate``) needs DDL rights once; the store itself only reads and writes, so a role
 without DDL rights can run nodes and the read-only CLI. The schema records its version
 (``SCHEMA_VERSION``); a store refuses, when it opens, a schema a newer release made.
 
-Lease decisions use the server's clock (docs/design.md, "Clocks"): ``storage_now()``
-is ``statement_timestamp()``, and the runtime's ``LeaseClock`` passes that time in as
-each method's ``now``, so the contract can still be tested with an injected clock.
+Lease decisions use the server's clock (docs/design.md, "Clocks"): ``storage_now()`` is
+``statement_timestamp()``, passed in by the runtime's ``LeaseClock`` as each method's
+``now`` (the contract can still be tested with an injected clock).
 
-The driver is optional: without ``pip install "chongming-task[postgres]"`` this module
-still imports, and constructing the store raises a ``StoreError`` naming that command.
-"""
+Without the driver (``pip install "chongming-task[postgres]"``) this module imports, and
+constructing the store raises a ``StoreError`` naming that command."""
 
 from __future__ import annotations
 
@@ -49,6 +48,7 @@ from .._commands import CommandQueueSQL
 from .._dedupe import DedupeSQL
 from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
+from .._retention import RetentionSQL
 from .._sql import (
     Dialect,
     Executor,
@@ -122,6 +122,7 @@ class PostgresTaskStore(
     NodeRegistrySQL,
     ScheduleRegistrySQL,
     PipelineRegistrySQL,
+    RetentionSQL,
     TaskScanSQL,
 ):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
@@ -583,8 +584,6 @@ class PostgresTaskStore(
             wake,
             name=f"chongming-follow[{self.where}]",
         )
-
-    # -- operations -------------------------------------------------------------------------------
 
     def prune(self, *, keep_terminal: int) -> int:
         if keep_terminal < 0:

@@ -41,6 +41,7 @@ from .._commands import CommandQueueSQL
 from .._dedupe import DedupeSQL
 from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
+from .._retention import RetentionSQL
 from .._sql import (
     Dialect,
     TaskScanSQL,
@@ -96,6 +97,7 @@ class SqliteTaskStore(
     NodeRegistrySQL,
     ScheduleRegistrySQL,
     PipelineRegistrySQL,
+    RetentionSQL,
     TaskScanSQL,
 ):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).

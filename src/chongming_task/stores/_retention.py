@@ -1,0 +1,123 @@
+"""Finished tasks deleted by age, for both SQL stores (``SupportsPruneByAge``; the rules:
+docs/design.md, "Retention").
+
+A task is judged by when it ended. The candidates are found through the ``created_at``
+index, oldest first, within the tasks created before the cut-off (a task ends after it
+is created, so none created since can have ended before it): no index is added for
+retention, and a batch reads about as many index entries as it deletes. Each call is
+one short write transaction of at most ``limit`` tasks, so that a node's own writes
+never wait behind a long delete."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..model import TaskStatus
+from ..states import TERMINAL
+from . import codec
+from ._sql import Dialect, Fragment
+
+__all__ = ["RetentionSQL", "check_retention_args"]
+
+
+class _Executor(Protocol):
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: Any, params: Any, /) -> Any: ...
+
+
+def check_retention_args(
+    before: datetime, statuses: frozenset[TaskStatus] | None, limit: int
+) -> frozenset[TaskStatus]:
+    """The finished statuses to prune (``statuses``, all of them by default); a
+    ``ValueError`` for an unfinished one, a naive ``before`` or a ``limit`` below 1."""
+    if before.tzinfo is None:
+        raise ValueError(f"before must be an aware datetime, got {before.isoformat()}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    chosen = TERMINAL if statuses is None else frozenset(statuses)
+    unfinished = sorted(s.value for s in chosen - TERMINAL)
+    if unfinished:
+        raise ValueError(f"only finished tasks are pruned, not {', '.join(unfinished)}")
+    return chosen
+
+
+def ended_where(
+    dialect: Dialect,
+    before: datetime,
+    statuses: frozenset[TaskStatus],
+    buckets: frozenset[int] | None,
+) -> Fragment:
+    """The condition of the finished tasks in ``statuses`` (and ``buckets``) that ended
+    before ``before``."""
+    at = codec.encode_dt(before)
+    in_status, params = dialect.one_of("status", sorted(s.value for s in statuses))
+    where = [f"created_at < {dialect.time}", f"ended_at < {dialect.time}", in_status]
+    params = [at, at, *params]
+    if buckets is not None:
+        in_bucket, more = dialect.one_of("bucket", sorted(buckets))
+        where.append(in_bucket)
+        params += more
+    return " AND ".join(where), params
+
+
+class RetentionSQL:
+    """Mixin: ``prune_ended`` and ``count_ended`` (``SupportsPruneByAge``). The store's
+    named statements delete a batch: ``prune_ids`` (one statement over an array of
+    ids, Postgres) or, per task, ``prune_history`` (id and ``seq``),
+    ``prune_commands``, ``prune_late_report`` and ``prune_task`` (SQLite)."""
+
+    __slots__ = ()
+
+    _sql: Mapping[str, str]
+    _dialect: Dialect
+
+    def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def prune_ended(
+        self,
+        *,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None = None,
+        buckets: frozenset[int] | None = None,
+        limit: int = 500,
+    ) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        chosen = check_retention_args(before, statuses, limit)
+        where, params = ended_where(self._dialect, before, chosen, buckets)
+        p = self._dialect.placeholder
+        select = f"SELECT task_id, seq FROM tasks WHERE {where} ORDER BY created_at LIMIT {p}"
+        with self._sql_scope("prune by age", write=True) as cur:
+            rows = [tuple(r) for r in cur.execute(select, [*params, limit]).fetchall()]
+            if rows:
+                self._delete_pruned(cur, rows)
+        return len(rows)
+
+    def _delete_pruned(self, cur: _Executor, rows: list[tuple[Any, ...]]) -> None:
+        ids = [row[0] for row in rows]
+        if "prune_ids" in self._sql:
+            cur.execute(self._sql["prune_ids"], [ids, ids, ids, ids])
+            return
+        cur.executemany(self._sql["prune_history"], rows)
+        single = [(task_id,) for task_id in ids]
+        for name in ("prune_commands", "prune_late_report", "prune_task"):
+            cur.executemany(self._sql[name], single)
+
+    def count_ended(
+        self,
+        *,
+        before: datetime,
+        statuses: frozenset[TaskStatus] | None = None,
+        buckets: frozenset[int] | None = None,
+    ) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        chosen = check_retention_args(before, statuses, 1)
+        where, params = ended_where(self._dialect, before, chosen, buckets)
+        with self._sql_scope("count by age", write=False) as cur:
+            return int(
+                cur.execute(f"SELECT COUNT(*) FROM tasks WHERE {where}", params).fetchone()[0]
+            )

@@ -1,0 +1,79 @@
+"""The retention section of the store contract (``SupportsPruneByAge``): finished tasks
+deleted by when they ended, in batches, oldest first, with their trail; unfinished ones
+never, whatever their age."""
+
+from __future__ import annotations
+
+from ..model import TaskStatus
+from ..stores.capabilities import SupportsPruneByAge
+from ..stores.protocol import TaskStore
+from ._contract_base import ContractBase, at, raises
+
+__all__ = ["RetentionContract"]
+
+S = TaskStatus
+
+
+class RetentionContract(ContractBase):
+    def _filled(self, store: TaskStore) -> None:
+        """Tasks created at 0..9 s: finished ones ended at created + 100 s (so ``o*``
+        ended at 100-104 s), one ended late (``late``: at 500 s), unfinished ones."""
+        rows = [
+            ("o0", S.SUCCEEDED, 0, 0),
+            ("o1", S.FAILED, 1, 1),
+            ("o2", S.STOPPED, 2, 0),
+            ("o3", S.CANCELLED, 3, 1),
+            ("o4", S.LOST, 4, None),
+            ("late", S.SUCCEEDED, 5, 0),
+            ("run", S.RUNNING, 6, 0),
+            ("wait", S.QUEUED, 7, 1),
+            ("held", S.PAUSED, 8, None),
+        ]
+        for task_id, status, created, bucket in rows:
+            finished = status in (S.SUCCEEDED, S.FAILED, S.STOPPED, S.CANCELLED, S.LOST)
+            ended = None if not finished else at(500 if task_id == "late" else created + 100)
+            snapshot = self.snapshot(
+                task_id, status=status, created_at=at(created), ended_at=ended, bucket=bucket
+            )
+            store.create(snapshot)
+            store.append(self.transition(task_id, 1, status))
+
+    def test_capability_prune_by_age_deletes_finished_tasks_that_ended_before(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPruneByAge, "prune_ended()")
+            assert isinstance(store, SupportsPruneByAge)
+            self._filled(store)
+            cutoff = at(1000)  # every task is older; only finished ones go
+            assert store.count_ended(before=at(103)) == 3  # o0, o1, o2 ended before it
+            assert store.count_ended(before=cutoff) == 6
+            assert store.count_ended(before=cutoff, statuses=frozenset({S.SUCCEEDED})) == 2
+            assert store.count_ended(before=cutoff, buckets=frozenset({1})) == 2
+            # Oldest first, in batches: fewer than the limit means none is left.
+            assert store.prune_ended(before=at(103), limit=2) == 2
+            assert self._ids(store.query()) == ["o2", "o3", "o4", "late", "run", "wait", "held"]
+            assert store.history("o0") == [] and store.history("o1") == []
+            assert store.prune_ended(before=at(103), limit=2) == 1  # o2; o3 ended at 103
+            assert store.prune_ended(before=at(103), limit=2) == 0
+            # Narrowed by status and bucket.
+            assert store.prune_ended(before=cutoff, statuses=frozenset({S.LOST})) == 1
+            assert store.prune_ended(before=cutoff, buckets=frozenset({0})) == 1  # late
+            assert self._ids(store.query()) == ["o3", "run", "wait", "held"]
+            assert store.prune_ended(before=cutoff) == 1
+            assert self._ids(store.query()) == ["run", "wait", "held"]  # never unfinished
+            assert len(store.history("run")) == 1
+            assert store.count_ended(before=cutoff) == 0
+
+    def test_capability_prune_by_age_refuses_what_it_cannot_mean(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPruneByAge, "prune_ended()")
+            assert isinstance(store, SupportsPruneByAge)
+            self._filled(store)
+            naive = at(1000).replace(tzinfo=None)
+            for call in (
+                lambda: store.prune_ended(before=naive),
+                lambda: store.prune_ended(before=at(1000), limit=0),
+                lambda: store.prune_ended(before=at(1000), statuses=frozenset({S.RUNNING})),
+                lambda: store.count_ended(before=at(1000), statuses=frozenset({S.QUEUED})),
+            ):
+                raises(ValueError, call)
+            assert len(store.query()) == 9  # nothing deleted
