@@ -441,7 +441,9 @@ def test_prune_keeps_the_newest_finished_tasks(tmp_path: Path) -> None:
             )
         )
     store.close()
-    assert cli_json(db, "prune", "--keep", "1") == {"pruned": 2}
+    said = cli_json(db, "prune", "--keep", "1")
+    assert isinstance(said, dict) and said["pruned"] == 2
+    assert said["file_bytes"] == db.stat().st_size  # with the file's free pages beside
     assert sorted(r["task_id"] for r in cli_json(db, "ps", "--all")) == ["t2", "t3"]  # type: ignore[union-attr,index]
 
 

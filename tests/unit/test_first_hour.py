@@ -163,7 +163,7 @@ def test_prune_dry_run_counts_and_deletes_nothing(tmp_path: Path) -> None:
     assert "would prune 3" in _cli(db, "prune", "--keep", "2", "--dry-run").stdout
     assert len(json.loads(_cli(db, "--json", "ps", "--all").stdout)) == 6  # all kept
     real = _cli(db, "--json", "prune", "--keep", "2")
-    assert json.loads(real.stdout) == {"pruned": 3}
+    assert json.loads(real.stdout)["pruned"] == 3
     assert len(json.loads(_cli(db, "--json", "ps", "--all").stdout)) == 3
 
 

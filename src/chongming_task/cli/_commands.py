@@ -22,6 +22,7 @@ from ..stores.capabilities import Capabilities
 from ._bulk import SELECTION_FLAGS, cmd_bulk_control
 from ._context import Context, find_tasks, get_task
 from ._parser import PROG, UsageError
+from ._prune import cmd_prune
 from ._watch import cmd_watch
 
 if TYPE_CHECKING:
@@ -323,22 +324,6 @@ def cmd_doctor(ctx: Context) -> int:
         present.doctor_text(report),
     )
     return 0 if report.healthy else DOCTOR_ALARMED
-
-
-def cmd_prune(ctx: Context) -> int:
-    if ctx.args.keep < 0:
-        raise UsageError("--keep must be >= 0")
-    if ctx.args.dry_run:
-        counts = Capabilities(ctx.store()).count_tasks("status", statuses=TERMINAL)
-        doomed = max(0, sum(counts.values()) - ctx.args.keep)
-        ctx.emit(
-            {"dry_run": True, "pruned": doomed},
-            f"would prune {doomed} finished task(s) and their history (nothing deleted)",
-        )
-        return 0
-    pruned = ctx.store().prune(keep_terminal=ctx.args.keep)
-    ctx.emit({"pruned": pruned}, f"pruned {pruned} finished task(s) and their history")
-    return 0
 
 
 def cmd_migrate(ctx: Context) -> int:

@@ -15,6 +15,7 @@ from ..errors import ChongmingTaskError
 from ..fleet import DEFAULT_ORPHAN_AFTER, DEFAULT_STALE_AFTER
 from ..model import CommandAction, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS
+from ..states import TERMINAL
 from ..stores import DEFAULT_DATABASE
 
 __all__ = ["PROG", "UsageError", "age", "build_parser", "env"]
@@ -207,9 +208,26 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"queued and unchanged this long (default {DEFAULT_STALE_AFTER:g})",
     )
     p.add_argument("--limit", type=int, default=20, help="task ids listed per alarm")
-    p = command("prune", help="delete the oldest finished tasks")
-    p.add_argument("--keep", type=int, required=True, metavar="N")
+    p = command(
+        "prune",
+        help="delete finished tasks: those that ended more than --older-than AGE ago, or "
+        "the oldest beyond the newest --keep N",
+    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--older-than", type=age, metavar="AGE", help="90s, 15m, 2h, 7d, 2w")
+    which.add_argument("--keep", type=int, metavar="N")
+    p.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in TaskStatus if s in TERMINAL],
+        help="only these finished statuses (with --older-than; repeatable)",
+    )
     p.add_argument("--dry-run", action="store_true", help="say how many, delete nothing")
+    p.add_argument(
+        "--compact",
+        action="store_true",
+        help="SQLite: give the freed space back to the disk (writers wait while it runs)",
+    )
     command("migrate", help="create the store's schema (needs DDL rights once)")
     p = command("web", help="the web dashboard and /metrics (the [web] extra)")
     p.add_argument("--host", default="127.0.0.1")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -48,6 +48,7 @@ from .host import NodeHost
 from .leaseclock import LeaseClock
 from .lifecycle import NodeServices
 from .registry import RunRegistry
+from .retention import retention_rules
 from .services import NodeContext
 from .signals import NotedSignals
 from .submission import Ownership, Submitter, default_owner, new_task_id
@@ -81,6 +82,7 @@ class Controller(AsyncFace):
         run_schedules: bool = True,
         reconcile_interval: float | Literal["lease_ttl"] | None = "lease_ttl",
         max_async: int = 1000,
+        retention: Mapping[str | TaskStatus, timedelta] | None = None,
     ) -> None:
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
@@ -168,6 +170,8 @@ class Controller(AsyncFace):
             reconciler=self._reconciler,
             reconcile_interval=reconcile_interval,
             max_async=max_async,
+            # How long its buckets' finished tasks are kept, by status ("*": the others).
+            retention=None if retention is None else retention_rules(retention),
         )
         # What each run needs from this node: settings, and where it reports.
         host = NodeHost(

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ..pipelines import PipelineRunner
@@ -26,11 +27,13 @@ from .aio import AsyncRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
 from .dispatch import Dispatcher, FifoDispatcher
+from .retention import RetentionLoop
 from .services import LoopService, NodeContext, NodeState, Service
 from .supervision import ReconcileLoop, Reconciler, Supervisor
 from .workers import WorkerPool, crashed
 
 if TYPE_CHECKING:
+    from ..model import TaskStatus
     from ..run.handle import TaskRun
     from ..run.stored import StoredTask
     from ..schedules import Schedule
@@ -62,12 +65,14 @@ class NodeServices:
         reconciler: Reconciler,
         reconcile_interval: float | None,
         max_async: int,
+        retention: Mapping[TaskStatus, timedelta] | None = None,
     ) -> None:
         """``fire`` submits a schedule's run; ``polling`` is false for a node that must
         never poll commands; ``started`` is called whenever a service starts (the node
         is then closed at interpreter exit if its program does not close it);
         ``reconcile_interval`` is how often the node reconciles its buckets on its own
-        (``None``: never)."""
+        (``None``: never); ``retention``, how long its finished tasks are kept, by status
+        (``None``: for ever)."""
         capabilities = node.capabilities
         self.state = NodeState.OPEN
         self._dispatcher = dispatcher
@@ -123,6 +128,9 @@ class NodeServices:
             if reconcile_interval is None
             else ReconcileLoop(node, reconciler, interval=reconcile_interval, rng=rng)
         )
+        self.retention = (
+            None if not retention else RetentionLoop(node, retention, buckets=reconciler.buckets)
+        )
         self._watched(node)
         if buckets is not None and polling:
             self.start(*self._fleet())
@@ -138,6 +146,7 @@ class NodeServices:
             (self.beacon, "beacon"),
             (self.scheduler, "schedules"),
             (self.reconciling, "reconcile"),
+            (self.retention, "retention"),
         ]
         for loop, label in loops:
             if loop is not None:
@@ -185,8 +194,7 @@ class NodeServices:
         """What a node that takes part in the fleet runs from its start: command
         polling, its declaration, and reconciling its own buckets."""
         services: list[Service] = [self.poller, self.beacon]
-        if self.reconciling is not None:
-            services.append(self.reconciling)
+        services += [s for s in (self.reconciling, self.retention) if s is not None]
         return services
 
     def begin_close(self) -> bool:
@@ -210,7 +218,7 @@ class NodeServices:
             self.poller,
             self.pipelines,
             self.beacon,
-            *([] if self.reconciling is None else [self.reconciling]),
+            *[s for s in (self.reconciling, self.retention) if s is not None],
         ]
         for service in services:
             service.stop()

@@ -376,6 +376,11 @@ class Reconciler:
         self._verdicts: dict[str | None, tuple[Failure, str]] = {}
 
     @property
+    def buckets(self) -> frozenset[int] | None:
+        """The buckets it acts on (``None``: every task, bucketless ones included)."""
+        return self._buckets
+
+    @property
     def scope(self) -> str:
         """The buckets reconciled, in words."""
         if self._buckets is None:

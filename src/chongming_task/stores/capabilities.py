@@ -483,7 +483,6 @@ class Capabilities:
         return None if self._pending is None else self._pending(task_id)
 
     @property
-    @property
     def prune_by_age(self) -> SupportsPruneByAge:
         """``SupportsPruneByAge``; ``ConfigurationError`` where the store has none."""
         if self._retention is None:
@@ -492,6 +491,7 @@ class Capabilities:
             )
         return self._retention
 
+    @property
     def has_dedupe(self) -> bool:
         return self._dedupe is not None
 
