@@ -54,7 +54,11 @@ def ended_where(
     """The condition of the finished tasks in ``statuses`` (and ``buckets``) that ended
     before ``before``."""
     at = codec.encode_dt(before)
-    in_status, params = dialect.one_of("status", sorted(s.value for s in statuses))
+    # The status index would give every finished task, to be sorted by age (SQLite took
+    # 0.29 s a batch at a million tasks): the created_at range is the way in.
+    in_status, params = dialect.one_of(
+        dialect.unindexed("status"), sorted(s.value for s in statuses)
+    )
     where = [f"created_at < {dialect.time}", f"ended_at < {dialect.time}", in_status]
     params = [at, at, *params]
     if buckets is not None:
