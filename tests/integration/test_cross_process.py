@@ -186,8 +186,8 @@ def test_a_killed_node_is_marked_lost_only_after_its_lease_expires(
         "node-a",
         "--lease-ttl",
         "2",
-        "--poll",
-        "3600",
+        "--poll-on",  # it never polls, nor is it woken: only the claim below takes it
+        str(tmp_path / "never"),
         "--claim-on",
         str(marker),
         "--submit",

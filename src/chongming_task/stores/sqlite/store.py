@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from .checkpoint import Checkpointer
 from .connection import ReadScope, SqliteConnection, WriteScope
 from .group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
 from .schema import AUTOCHECKPOINT, PAGE_SIZE, SCHEMA_VERSION, open_schema
+from .wakeups import announce, subscribe, wake_directory
 
 __all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
 
@@ -124,6 +126,8 @@ class SqliteTaskStore(
         if not memory and not create and not Path(self.path).exists():
             raise StoreError(f"no database at {self.path}")
         self.connection = link = SqliteConnection(self.path, timeout=timeout)
+        self._wake_directory = None if memory else wake_directory(os.path.realpath(self.path))
+        self._wakes: list[Callable[[], None]] = []  # a file in memory: this store's own
         """The store's one connection and its lock: for tools and tests that read or
         trace the file's SQL directly (a write through it bypasses the store's rules)."""
         # A file's WAL is copied back by a thread of its own, never by a committing caller.
@@ -278,6 +282,20 @@ class SqliteTaskStore(
         values = codec.command_to_values(command)  # encoded before the lock is taken
         with self._write("submit_command") as conn:
             conn.execute(_SQL["insert_command"], values)
+        if self._wake_directory is not None:  # committed: wake the processes on this file
+            announce(self._wake_directory)
+        for wake in list(self._wakes):
+            wake()
+
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
+        any process submits a command on this file, through a named pipe of this
+        process (``wakeups``); polling stays the truth. Returns the function that stops
+        it."""
+        if self._wake_directory is None:  # in memory: no other process can send one
+            self._wakes.append(wake)
+            return lambda: self._wakes.remove(wake) if wake in self._wakes else None
+        return subscribe(self._wake_directory, wake, name=f"chongming-wake[{self.path}]")
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
         """Optional capability (not part of ``TaskStore``), used by ``submit``,
