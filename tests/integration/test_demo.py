@@ -64,6 +64,11 @@ def test_the_demo_runs_until_ctrl_c_and_its_banner_commands_work(tmp_path: Path)
         assert pause.returncode == 0 and pause.stdout.rstrip().endswith("now paused"), pause
         resume = _paste(verb("resume"), elsewhere)
         assert resume.returncode == 0 and resume.stdout.rstrip().endswith("now running"), resume
+        found = _paste(next(line for line in pasted if "--name listen" in line), elsewhere)
+        assert "listen" in found.stdout and "running" in found.stdout, found
+        many = _paste(next(line for line in pasted if "--name ingest" in line), elsewhere)
+        assert many.returncode == 0, many
+        assert "pause 2 task(s): 2 request accepted" in many.stdout, many.stdout
         stop = _paste(verb("stop"), elsewhere)
         assert stop.returncode == 0 and stop.stdout.rstrip().endswith("now stopped"), stop
 

@@ -1,8 +1,9 @@
 """The demo node, run by ``chongming-task demo``: it keeps running until Ctrl-C, so there
 is time to copy an id and try the controls from a second terminal.
 
-What it runs: two long ``ingest`` tasks and a ``report`` that checkpoint (pause, resume
-and stop them), an ``etl`` pipeline (extract -> transform -> load) started again every
+What it runs: ``listen``, a task that runs until the demo ends (pause and resume it at
+any time), two long ``ingest`` tasks and a ``report`` that checkpoint (pause, resume and
+stop them), an ``etl`` pipeline (extract -> transform -> load) started again every
 few minutes, a ``heartbeat`` schedule firing every 10 s, a ``flaky`` task that fails
 twice and succeeds on its third try (fired every minute), and a ``parse`` task that
 fails with a traceback (``show`` prints it).
@@ -40,6 +41,14 @@ def _define(node: Controller) -> None:
             token.checkpoint(Progress(current=done, total=rows, message=f"{done}/{rows} rows"))
             token.sleep(0.25)
         return {"rows": rows}
+
+    @node.task(name="listen", tags={"io"})
+    def listen(token: CancellationToken) -> str:
+        events = 0
+        while True:  # until stopped: the demo's end stops it
+            events += 1
+            token.checkpoint(Progress(current=events, message=f"{events} events"))
+            token.sleep(0.5)
 
     @node.task(name="report")
     def report(token: CancellationToken, pages: int) -> str:
@@ -111,8 +120,10 @@ def _banner(
         "In a second terminal, paste any of these:",
         f"  {command('watch')}",
         f"  {command('ps')}",
-        f"  {command('pause', short('ingest'), '--wait', '5')}     # a long task",
-        f"  {command('resume', short('ingest'), '--wait', '5')}",
+        f"  {command('ps', '--name', 'listen')}     # the task that runs until Ctrl-C",
+        f"  {command('pause', short('listen'), '--wait', '5')}",
+        f"  {command('resume', short('listen'), '--wait', '5')}",
+        f"  {command('pause', '--name', 'ingest', '--yes')}     # every ingest task at once",
         f"  {command('stop', short('report'), '--wait', '10')}",
         f"  {command('show', short('parse'))}     # fails in ~2 s: its traceback",
         f"  {command('history', short('flaky'))}  # failed twice, retried",
@@ -137,6 +148,7 @@ def run_node(
     pipeline = _pipeline(node)
     # Bucket keys spread the tasks over the 64 buckets (the dashboard's map shows them).
     runs = {
+        "listen": node.submit("listen", bucket_key="tenant-g"),
         "ingest": node.submit("ingest", 1200, bucket_key="tenant-a"),
         "ingest2": node.submit("ingest", 2400, bucket_key="tenant-b"),
         "report": node.submit("report", 300, bucket_key="tenant-c"),
