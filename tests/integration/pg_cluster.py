@@ -98,6 +98,10 @@ class ThrowawayCluster:
             "start",
         )
 
+    def reload(self) -> None:
+        """Have the server read its configuration again (``pg_hba.conf``)."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "reload")
+
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 

@@ -82,7 +82,12 @@ class Context:
             # Only the commands that create (migrate, and the nodes run and demo) upgrade
             # an older file: a node of the older release may still be using it.
             self._store = open_store(
-                self.db, create=create, schema=self.args.pg_schema, upgrade=create
+                self.db,
+                create=create,
+                schema=self.args.pg_schema,
+                upgrade=create,
+                # A command says at once that nothing listens; a node (demo, web) waits.
+                wait_for_server=self.args.command in ("demo", "web"),
             )
         return self._store
 

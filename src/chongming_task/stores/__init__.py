@@ -27,12 +27,17 @@ def open_store(
     create: bool = True,
     schema: str | None = None,
     upgrade: bool = True,
+    wait_for_server: bool = True,
 ) -> TaskStore:
     """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
     (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
-    ``upgrade=False`` refuses a SQLite file of an older schema (``SqliteTaskStore``)."""
+    ``upgrade=False`` refuses a SQLite file of an older schema (``SqliteTaskStore``);
+    ``wait_for_server=False`` makes a PostgreSQL server that nothing listens for an
+    error at once (``PostgresTaskStore``)."""
     if is_postgres_dsn(target):
         from .postgres.store import DEFAULT_SCHEMA, PostgresTaskStore
 
-        return PostgresTaskStore(str(target), schema=schema or DEFAULT_SCHEMA)
+        return PostgresTaskStore(
+            str(target), schema=schema or DEFAULT_SCHEMA, wait_for_server=wait_for_server
+        )
     return SqliteTaskStore(target, create=create, upgrade=upgrade)

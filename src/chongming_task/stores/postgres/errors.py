@@ -20,6 +20,41 @@ TRANSIENT = re.compile(r"starting up|shutting down|too many (clients|connections
 """Refusals that pass: wait for them like an outage."""
 
 
+_HINTS = (
+    (
+        re.compile(r"no password supplied"),
+        "the server asks for a password and none was given: put it in the DSN "
+        "(postgresql://user:PASSWORD@host/db), in PGPASSWORD, or in ~/.pgpass",
+    ),
+    (
+        re.compile(r"password authentication failed"),
+        "the password was refused: check the DSN's, PGPASSWORD or ~/.pgpass",
+    ),
+    (
+        re.compile(r"Connection refused"),
+        "nothing listens there (connection refused): is the server running, on this host and port?",
+    ),
+    (
+        re.compile(r"could not translate host name|Name or service not known"),
+        "no such host: check the DSN's host name",
+    ),
+)
+
+
+def refusal(exc: BaseException, *, away_passes: bool) -> str | None:
+    """What is wrong, in words a user acts on, for a first connection that fails in a
+    way waiting will not mend (a missing or wrong password, no such host, and nothing
+    listening unless ``away_passes``: a server restarting); ``None`` for the rest (a
+    timeout, a server starting up)."""
+    text = str(exc)
+    for pattern, hint in _HINTS:
+        if pattern.search(text):
+            return None if away_passes and "Connection refused" in text else hint
+    if "FATAL:" in text and not TRANSIENT.search(text):  # the server answering: a refusal
+        return f"the server refused the connection: {server_reason(exc)}"
+    return None
+
+
 def server_reason(exc: BaseException) -> str:
     """The reason in a connection error, without libpq's "connection to server at ...
     failed:" preamble: ``role "nobody" does not exist``, ``Connection refused``."""

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import StoreError, StoreUnavailable
 from ...loops import Pass, keep_running
-from .errors import TRANSIENT, first_line, server_reason, translated
+from .errors import first_line, refusal, server_reason, translated
 
 __all__ = ["ServerPool"]
 
@@ -60,9 +60,11 @@ class ServerPool:
         max_size: int,
         connect_timeout: float,
         application_name: str,
+        wait_for_server: bool = True,
     ) -> None:
-        """Opens the pool, waiting up to ``connect_timeout``; ``StoreError`` if the
-        server refuses (in its own words) or cannot be reached by then."""
+        """Opens the pool, waiting up to ``connect_timeout`` for a server that is away
+        (with ``wait_for_server``; else nothing listening is an error at once);
+        ``StoreError`` if the server refuses, or cannot be reached by then."""
         self.dsn = dsn
         """For connections of their own (the listener's); never printed (password)."""
         try:
@@ -94,11 +96,10 @@ class ServerPool:
         try:
             psycopg.connect(dsn, **self.connect_kwargs).close()
         except psycopg.OperationalError as exc:
-            # libpq's connect errors carry no SQLSTATE: "FATAL:" is the server answering.
-            if "FATAL:" in str(exc) and not TRANSIENT.search(str(exc)):
-                raise StoreError(
-                    f"PostgreSQL at {self.where} refused the connection: {server_reason(exc)}"
-                ) from None
+            # libpq's connect errors carry no SQLSTATE: their text says what went wrong.
+            why = refusal(exc, away_passes=wait_for_server)
+            if why is not None:
+                raise StoreError(f"PostgreSQL at {self.where}: {why}") from None
             unreachable = f": {server_reason(exc)}"
         self._pool = self._new_pool()
         try:

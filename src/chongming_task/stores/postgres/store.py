@@ -140,10 +140,13 @@ class PostgresTaskStore(
         connect_timeout: float = 5.0,
         application_name: str = "chongming-task",
         announce_writes: bool = True,
+        wait_for_server: bool = True,
     ) -> None:
         """``announce_writes``: after writes of tasks or transitions, ``NOTIFY`` the
-        schema's transitions channel (at most ten times a second, off the write path), so
-        a follower such as the dashboard sees them at once; off, followers poll."""
+        schema's transitions channel (at most ten a second, off the write path), so a
+        follower such as the dashboard sees them at once; off, followers poll.
+        ``wait_for_server=False``: nothing listening is an error at once (a command line),
+        not waited for up to ``connect_timeout`` (a node started beside its server)."""
         if psycopg is None:
             raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
         if not IDENTIFIER.match(schema):
@@ -165,10 +168,10 @@ class PostgresTaskStore(
             max_size=max_size,
             connect_timeout=connect_timeout,
             application_name=application_name,
+            wait_for_server=wait_for_server,
         )
         self.where = self._server.where
-        self._older: StoreError | None = None
-        """The refusal of a schema an older release made, until it is migrated."""
+        self._older: StoreError | None = None  # an older release's schema: until migrated
         try:
             self._check_version()
         except BaseException:
@@ -521,8 +524,6 @@ class PostgresTaskStore(
             rows = cur.fetchall()
         return {TaskStatus(status): n for status, n in rows}
 
-    # -- audit trail ------------------------------------------------------------------------------
-
     def append(self, transition: Transition) -> None:
         values = codec.transition_to_values(transition)
         with self._cursor("append") as cur:
@@ -534,8 +535,6 @@ class PostgresTaskStore(
             cur.execute(_SQL["history"], [task_id, since_version])
             rows = cur.fetchall()
         return [codec.values_to_transition(r) for r in rows]
-
-    # -- side channel -----------------------------------------------------------------------------
 
     def touch(
         self,
