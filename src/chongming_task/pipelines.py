@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -175,8 +176,20 @@ class PipelineRun:
 
     @property
     def outcome(self) -> TaskStatus | None:
-        """``None`` while running; then ``succeeded`` if every node did, else the worst end
-        among the nodes: ``failed`` > ``lost`` > ``stopped`` > ``cancelled``."""
+        """The run's ``status``, under its former name (deprecated: a task's ``outcome``
+        is its result, not a status)."""
+        warnings.warn(
+            "PipelineRun.outcome is deprecated: use PipelineRun.status",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.status
+
+    @property
+    def status(self) -> TaskStatus | None:
+        """How the run ended: ``None`` while running; then ``succeeded`` if every node
+        did, else the worst end among the nodes: ``failed`` > ``lost`` > ``stopped`` >
+        ``cancelled``."""
         if not self._done.is_set():
             return None
         ends = {run.status for run in self.nodes.values()}

@@ -63,7 +63,9 @@ def test_a_diamond_succeeds_and_results_flow_to_dependents(
     run = c.submit_pipeline(pipe)
     final = run.wait(10)
     assert {k: s.status for k, s in final.items()} == dict.fromkeys("abcd", S.SUCCEEDED)
-    assert run.result("d") == 2 and run.outcome is S.SUCCEEDED
+    assert run.result("d") == 2 and run.status is S.SUCCEEDED
+    with pytest.warns(DeprecationWarning, match="use PipelineRun.status"):
+        assert run.outcome is S.SUCCEEDED  # the former name still answers
     assert run.nodes["d"].token.upstream == {"b": 1, "c": 1}
     stored = c.list_tasks(TaskQuery(pipeline_run_id=run.pipeline_run_id))
     assert sorted(s.task_id for s in stored) == sorted(r.task_id for r in run.nodes.values())
@@ -92,7 +94,7 @@ def test_a_failed_middle_node_cancels_only_its_dependents(make_controller: Make)
         assert final[key].failure.kind is FailureKind.DEPENDENCY
     assert final["c"].failure.message == "dependency 'b' ended failed"  # type: ignore[union-attr]
     assert final["x"].status is S.SUCCEEDED  # the independent branch ran to the end
-    assert run.outcome is S.FAILED
+    assert run.status is S.FAILED
 
 
 def test_fail_fast_stops_the_running_sibling_and_cancels_the_rest(make_controller: Make) -> None:
@@ -111,7 +113,7 @@ def test_fail_fast_stops_the_running_sibling_and_cancels_the_rest(make_controlle
     assert final["after_bad"].status is S.CANCELLED
     assert final["after_slow"].failure is not None
     assert final["after_slow"].failure.message == "fail-fast: node 'bad' failed"
-    assert run.outcome is S.FAILED
+    assert run.status is S.FAILED
     stopping = [t for t in c.history(run.nodes["slow"].task_id) if t.to_status is S.STOPPING]
     assert stopping and stopping[0].reason == "fail-fast: node 'bad' failed"
 
@@ -135,7 +137,7 @@ def test_a_user_cancel_never_triggers_fail_fast(make_controller: Make) -> None:
     gate.set()
     final = run.wait(10)
     assert final["b"].status is S.SUCCEEDED
-    assert run.outcome is S.CANCELLED
+    assert run.status is S.CANCELLED
 
 
 def test_declaration_rejects_unknown_dependencies_and_cycles() -> None:
