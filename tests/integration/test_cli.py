@@ -287,7 +287,7 @@ def test_bucket_flags_are_checked_before_the_database_is_touched(tmp_path: Path)
     [
         ("missing", "no database at"),
         ("corrupt", "not a usable SQLite database"),
-        ("dsn", "cannot reach PostgreSQL at 127.0.0.1:1/db"),
+        ("dsn", "PostgreSQL at 127.0.0.1:1/db: nothing listens there (connection refused)"),
         ("bad-dsn", "malformed PostgreSQL DSN"),
         ("directory", "cannot open SQLite database"),
         ("empty", "is not a chongming-task database"),

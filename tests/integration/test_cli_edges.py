@@ -126,3 +126,43 @@ def test_one_name_glob_in_the_cli_and_the_dashboard(
         assert shown == expected, page
     finally:
         web.close()
+
+
+def test_ps_shows_the_newest_hundred_and_says_how_many_more(tmp_path: Path) -> None:
+    from chongming_task.model import Transition
+    from chongming_task.stores.capabilities import Capabilities
+
+    path = tmp_path / "many.db"
+    store = SqliteTaskStore(path)
+    items = []
+    for n in range(130):
+        snapshot = TaskSnapshot(
+            task_id=f"{n:032x}",
+            name="job",
+            status=TaskStatus.QUEUED,
+            status_version=1,
+            created_at=NOW - timedelta(seconds=n),  # task 0 is the newest
+            bucket=n % 4,
+        )
+        made = Transition(
+            task_id=snapshot.task_id,
+            version=1,
+            from_status=None,
+            to_status=TaskStatus.QUEUED,
+            at=snapshot.created_at,
+        )
+        items.append((snapshot, made))
+    Capabilities(store).create_many(items)
+    store.close()
+    shown = run("--db", str(path), "ps")
+    assert shown.returncode == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if line.startswith("0000")]
+    assert len(rows) == 100 and rows[0].split()[0] == "000000000000"
+    assert "... and 30 more (the newest 100 are shown)" in shown.stdout
+    assert "--limit 0 for all" in shown.stdout
+    listed = run("--db", str(path), "--json", "ps", "--bucket", "1")
+    assert len(json.loads(listed.stdout)) == 33 and listed.stderr == ""  # all: no line
+    every = run("--db", str(path), "--json", "ps", "--limit", "0")
+    assert len(json.loads(every.stdout)) == 130
+    capped = run("--db", str(path), "--json", "ps")
+    assert len(json.loads(capped.stdout)) == 100 and "30 more" in capped.stderr

@@ -20,7 +20,7 @@ from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from ._bulk import SELECTION_FLAGS, cmd_bulk_control
-from ._context import Context, find_tasks, get_task
+from ._context import Context, find_tasks, get_task, task_query
 from ._parser import PROG, UsageError
 from ._prune import cmd_prune
 from ._watch import cmd_watch
@@ -31,15 +31,46 @@ if TYPE_CHECKING:
 __all__ = ["COMMANDS"]
 
 
+PS_SHOWN = 100
+"""The tasks ``ps`` lists without ``--limit`` (newest first); a line says how many more."""
+
+
 def cmd_ps(ctx: Context) -> int:
+    bounded = ctx.args.limit is None
+    if bounded:
+        ctx.args.limit = PS_SHOWN + 1  # one more: whether there are more
     snapshots = find_tasks(ctx)
+    more = ""
+    if bounded and len(snapshots) > PS_SHOWN:
+        snapshots = snapshots[:PS_SHOWN]
+        total = _count(ctx)
+        past = "more" if total is None else f"{total - PS_SHOWN:,} more"
+        more = (
+            f"... and {past} (the newest {PS_SHOWN} are shown): --limit N for more, "
+            "--limit 0 for all, or narrow with --status, --name, --older-than..."
+        )
     now = Capabilities(ctx.store()).now()  # the store's clock where it has one
     headers, rows = present.ps_rows(snapshots, now)
     ctx.emit(
         [{**present.snapshot_json(s), **present.health_json(s, now)} for s in snapshots],
-        present.table(headers, rows),
+        present.table(headers, rows) + (f"\n{more}" if more else ""),
     )
+    if more and ctx.args.json:
+        print(f"{PROG}: {more}", file=sys.stderr)
     return 0
+
+
+def _count(ctx: Context) -> int | None:
+    """How many tasks the selection holds, where one count of the store answers it (a
+    selection by status and bucket only); ``None`` otherwise."""
+    a, query = ctx.args, task_query(ctx)
+    narrowed = (a.name, a.tag, a.pipeline, a.node, a.dedupe_key, a.older_than)
+    if any(value is not None for value in narrowed):
+        return None
+    pairs = Capabilities(ctx.store()).count_tasks("bucket_status", statuses=query.statuses)
+    return sum(
+        n for (bucket, _), n in pairs.items() if query.buckets is None or bucket in query.buckets
+    )
 
 
 def cmd_show(ctx: Context) -> int:

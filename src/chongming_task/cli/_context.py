@@ -159,7 +159,7 @@ def task_query(ctx: Context) -> TaskQuery:
         owner=a.node,
         dedupe_key=a.dedupe_key,
         created_until=None if a.older_than is None else ctx.now() - a.older_than,
-        limit=a.limit,
+        limit=a.limit or None,  # --limit 0: all of them
         newest_first=True,
     )
 

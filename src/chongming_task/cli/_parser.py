@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="AGE",
             help="only the tasks created more than AGE ago: 90s, 15m, 2h, 7d, 2w",
         )
-        p.add_argument("--limit", type=int)
+        p.add_argument("--limit", type=int, help="at most N tasks, newest first (ps: 100; 0: all)")
 
     p = command("ps", help="list tasks (active ones unless --all)")
     filters(p)
