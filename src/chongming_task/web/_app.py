@@ -234,11 +234,20 @@ def create_app(dashboard: Dashboard) -> Starlette:
         )
 
     def healthz(request: Request) -> Response:
-        """One point read: the store answers (cheap enough for a probe every second)."""
+        """One point read: the store answers (cheap enough for a probe every second).
+        The one page a dashboard with an access token serves to anyone: to a caller
+        without the token it says only that, no path, no figures (a dashboard without a
+        token shows every page to whoever reaches it)."""
+        told = d.token is None or _token_ok(request, d.token)
         try:
             d.store.get("healthz")
         except ChongmingTaskError as exc:
-            return JSONResponse({"ok": False, "store": d.where, "error": str(exc)}, 503)
+            return JSONResponse(
+                {"ok": False, "store": d.where, "error": str(exc)} if told else {"ok": False},
+                503,
+            )
+        if not told:
+            return JSONResponse({"ok": True})
         figures = d.follower.latest()
         # The dashboard is fine; the nodes say how they are (store writes, threads).
         sick = [
@@ -305,6 +314,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Route("/schedules", schedules),
             Route("/nodes", nodes),
             Route("/healthz", healthz),
+            Route("/favicon.ico", lambda _: RedirectResponse("/static/favicon.svg", 301)),
             Route("/events", events),
             Route("/metrics", metrics),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
@@ -343,9 +353,13 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
             raise BadInput(f"unknown status in {wanted}") from None
     buckets: frozenset[int] | None = None
     if q.get("bucket"):
+        given = q.getlist("bucket")
+        last = d.policy.num_buckets - 1
+        for bad in (b for b in given if not b.strip().isdigit()):
+            raise BadInput(f"bucket must be a whole number from 0 to {last}, not {bad!r}")
         try:
-            buckets = d.policy.validate([int(b) for b in q.getlist("bucket")])
-        except (ValueError, ChongmingTaskError) as exc:
+            buckets = d.policy.validate([int(b) for b in given])
+        except ChongmingTaskError as exc:
             raise BadInput(f"bad bucket: {exc}") from None
     text = {key: (q.get(key) or None) for key in ("name", "tag", "pipeline", "node", "q")}
     prefix = None if text["q"] is None else text["q"].lower()  # ids are lower-case hex

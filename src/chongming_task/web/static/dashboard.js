@@ -7,3 +7,17 @@ window.addEventListener("pagehide", function () {
     data.sseEventSource.close();
   }
 });
+
+// Stop and cancel cannot be undone: the selection's buttons ask first, naming how many
+// tasks are selected (a task page's own buttons ask through htmx's hx-confirm).
+document.addEventListener("click", function (event) {
+  var button = event.target.closest && event.target.closest("button[data-confirm]");
+  if (!button || !button.form) {
+    return;
+  }
+  var count = button.form.querySelectorAll("input[name=task_id]:checked").length;
+  var question = button.dataset.confirm + " the " + count + " selected task(s)? It cannot be undone.";
+  if (!window.confirm(question)) {
+    event.preventDefault();
+  }
+});

@@ -1,0 +1,88 @@
+"""The dashboard's rough edges, against a real server process: stop and cancel ask
+first (in Chromium), a bad bucket is one clear line, read-only pages draw no
+checkboxes, ``/healthz`` tells a caller without the token only whether the store is
+healthy, and the pages have an icon."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from chongming_task import SqliteTaskStore, TaskStatus
+from tests.conftest import wait_until
+from tests.integration.test_cross_process import Node
+from tests.integration.test_web import Web, _status
+from tests.integration.test_web_browser import browser as browser
+
+
+def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    assert isinstance(driver, WebDriver)
+    db = tmp_path / "confirm.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--submit", "loop", "--submit", "loop")
+    web = Web(db)
+    first, second = node.task_ids
+    try:
+        wait_until(lambda: _status(db, second) is TaskStatus.RUNNING, what="running")
+        driver.get(f"{web.base}/tasks")
+        wait_until(lambda: first[:12] in driver.page_source, 15, "the list")
+        driver.find_element(By.CSS_SELECTOR, f"input[value='{first}']").click()
+        for accept in (False, True):
+            driver.find_element(By.XPATH, "//button[normalize-space()='stop']").click()
+            alert = WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+            assert alert.text == "stop the 1 selected task(s)? It cannot be undone."
+            if not accept:
+                alert.dismiss()
+                assert _status(db, first) is TaskStatus.RUNNING  # nothing was sent
+            else:
+                alert.accept()
+        wait_until(lambda: _status(db, first) is TaskStatus.STOPPED, 15, "stopped")
+
+        driver.get(f"{web.base}/tasks/{second}")
+        wait_until(lambda: "Timeline" in driver.page_source, 15, "the task page")
+        driver.find_element(By.XPATH, "//button[normalize-space()='cancel']").click()
+        alert = WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+        assert alert.text.startswith(f"cancel task {second[:12]} (loop)?"), alert.text
+        alert.dismiss()
+        assert _status(db, second) is TaskStatus.RUNNING
+    finally:
+        web.close()
+        node.finish()
+
+
+def test_bad_bucket_read_only_health_and_icon(tmp_path: Path) -> None:
+    db = tmp_path / "edges.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--submit", "loop")
+    read_only = Web(db, "--read-only")
+    guarded = Web(db, "--token", "s3cret")
+    try:
+        wait_until(lambda: _status(db, node.task_ids[0]) is TaskStatus.RUNNING, what="running")
+        status, page = read_only.get("/tasks?bucket=abc")
+        assert status == 400 and "bucket must be a whole number from 0 to 63" in page
+        assert "invalid literal" not in page
+        status, page = read_only.get("/tasks")
+        assert status == 200 and node.task_ids[0][:12] in page
+        assert 'type="checkbox"' not in page  # read-only: nothing to select
+        assert 'rel="icon"' in page
+        status, icon = read_only.get("/static/favicon.svg")
+        assert status == 200 and icon.startswith("<svg")
+        status, _ = read_only.get("/favicon.ico")  # redirected to the icon
+        assert status == 200
+
+        status, body = read_only.get("/healthz")  # no token set: every page is open
+        assert status == 200 and json.loads(body)["store"].endswith("edges.db")
+        status, body = guarded.get("/healthz")
+        assert status == 200 and json.loads(body) == {"ok": True}  # no token: only that
+        status, body = guarded.get("/healthz", Authorization="Bearer s3cret")
+        told = json.loads(body)
+        assert told["ok"] is True and told["store"].endswith("edges.db") and "tasks" in told
+    finally:
+        read_only.close()
+        guarded.close()
+        node.finish()
