@@ -86,3 +86,41 @@ def test_bad_bucket_read_only_health_and_icon(tmp_path: Path) -> None:
         read_only.close()
         guarded.close()
         node.finish()
+
+
+def test_all_tasks_matching_a_filter_are_controlled_after_a_question_naming_them(
+    tmp_path: Path, browser: object
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    assert isinstance(driver, WebDriver)
+    db = tmp_path / "matching.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, *("--submit", "loop") * 3, "--submit", "aloop")
+    web = Web(db)
+    loops, aloop = node.task_ids[:3], node.task_ids[3]
+    try:
+        for task_id in node.task_ids:
+            wait_until(lambda t=task_id: _status(db, t) is TaskStatus.RUNNING, what="running")
+        driver.get(f"{web.base}/tasks?name=loop")
+        wait_until(lambda: "All 3 task(s) matching this filter" in driver.page_source, 15, "N")
+        pause = "//form[@class='matching']//button[normalize-space()='pause']"
+        for accept in (False, True):
+            driver.find_element(By.XPATH, pause).click()
+            alert = WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+            assert alert.text.startswith("pause all 3 task(s) matching this filter?")
+            if not accept:
+                alert.dismiss()
+                assert [_status(db, t) for t in loops] == [TaskStatus.RUNNING] * 3
+            else:
+                alert.accept()
+        wait_until(lambda: driver.page_source.count("request accepted") == 3, 15, "answers")
+        for task_id in loops:
+            wait_until(lambda t=task_id: _status(db, t) is TaskStatus.PAUSED, 15, "paused")
+        assert _status(db, aloop) is TaskStatus.RUNNING  # outside the filter
+    finally:
+        web.close()
+        node.finish()

@@ -15,6 +15,7 @@ import contextlib
 import hmac
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -50,6 +51,8 @@ __all__ = ["create_app"]
 CSRF_COOKIE = "cm_csrf"
 TOKEN_COOKIE = "cm_token"
 PAGE = 50
+MATCHING_AT_ONCE = 1000
+"""The most tasks "act on all matching" controls at once (more: narrow the filter)."""
 """Tasks per page of the tasks list."""
 PAGING = ("until", "skip")
 EVENT_POLL = 0.05
@@ -118,12 +121,18 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 tied += skip
             params = [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
             older = urlencode([*params, ("until", last.isoformat()), ("skip", str(tied))])
+        matching = None
+        if not d.read_only and not query.created_until:  # the first page of a filter
+            matching = len(d.store.query(replace(query, limit=MATCHING_AT_ONCE + 1)))
         return page(
             request,
             "tasks.html",
             {
                 "now": now,
                 "tasks": listed,
+                "matching": matching,
+                "matching_at_once": MATCHING_AT_ONCE,
+                "filter_query": request.url.query,
                 "older": older,
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
@@ -166,6 +175,42 @@ def create_app(dashboard: Dashboard) -> Starlette:
         answers = await run_in_threadpool(act)
         shown = "_answer.html" if request.headers.get("hx-request") else "answer.html"
         return page(request, shown, {"action": action.value, "answers": answers})
+
+    async def control_matching(request: Request) -> Response:
+        """Every task the filter in the form's ``filter`` field selects (as the tasks
+        page read it), each sent its own control; one task's failure is said and costs
+        the others nothing."""
+        if d.read_only:
+            return error(request, 403, "this dashboard is read-only: controls are off")
+        form = await request.form()
+        if not _csrf_ok(request, str(form.get("csrf", ""))):
+            return error(request, 403, "the form's CSRF value is missing or wrong; reload the page")
+        try:
+            action = CommandAction(request.path_params["action"])
+        except ValueError:
+            return error(request, 404, f"no control named {request.path_params['action']!r}")
+        chosen = Request({"type": "http", "query_string": str(form.get("filter", "")).encode()})
+        query = replace(_task_query(d, chosen)[0], limit=MATCHING_AT_ONCE + 1, created_until=None)
+
+        def act() -> list[tuple[Any, str]]:
+            found = d.store.query(query)
+            if len(found) > MATCHING_AT_ONCE:
+                raise BadInput(
+                    f"more than {MATCHING_AT_ONCE} tasks match: narrow the filter (nothing sent)"
+                )
+            reason = f"{action.value} from the dashboard (all matching a filter)"
+            answers = []
+            for snapshot in found:
+                try:
+                    receipt = d.control.send(snapshot.task_id, action, reason)
+                except ChongmingTaskError as exc:
+                    answers.append((snapshot, f"failed: {exc}"))
+                    continue
+                answers.append((snapshot, _views.control_outcome(receipt)))
+            return answers
+
+        answers = await run_in_threadpool(act)
+        return page(request, "answer.html", {"action": action.value, "answers": answers})
 
     async def reconcile(request: Request) -> Response:
         """GET: what reconcile would mark lost (a dry run). POST (confirmed, CSRF): do it;
@@ -306,6 +351,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Route("/tasks", tasks),
             Route("/tasks/{task_id}", task),
             Route("/tasks/{task_id}/live", task_live),
+            Route("/tasks/matching/{action}", control_matching, methods=["POST"]),
             Route("/tasks/{task_id}/{action}", control, methods=["POST"]),
             Route("/reconcile", reconcile, methods=["GET", "POST"]),
             Route("/pipelines", pipelines),

@@ -21,3 +21,11 @@ document.addEventListener("click", function (event) {
     event.preventDefault();
   }
 });
+
+// "All N tasks matching this filter" asks first, naming N, whatever the action.
+document.addEventListener("click", function (event) {
+  var button = event.target.closest && event.target.closest("button[data-confirm-all]");
+  if (button && !window.confirm(button.dataset.confirmAll + " Each gets its own control.")) {
+    event.preventDefault();
+  }
+});
