@@ -124,3 +124,48 @@ def test_all_tasks_matching_a_filter_are_controlled_after_a_question_naming_them
     finally:
         web.close()
         node.finish()
+
+
+def test_the_tasks_list_follows_a_pause_sent_from_the_cli(tmp_path: Path, browser: object) -> None:
+    import subprocess
+    import sys
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    driver = browser
+    assert isinstance(driver, WebDriver)
+    db = tmp_path / "follow.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--submit", "loop")
+    web = Web(db)
+    (task_id,) = node.task_ids
+    try:
+        wait_until(lambda: _status(db, task_id) is TaskStatus.RUNNING, what="running")
+        driver.get(f"{web.base}/tasks")
+        row = f"//tr[.//code[text()='{task_id[:12]}']]/td[4]"
+
+        def shown() -> str:
+            try:
+                return str(driver.find_element(By.XPATH, row).text)
+            except Exception:  # re-rendered under the test: look again
+                return ""
+
+        wait_until(lambda: shown().startswith("running"), 15, "the list")
+        paused = subprocess.run(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), "pause", task_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert paused.returncode == 0, paused.stderr
+        wait_until(lambda: _status(db, task_id) is TaskStatus.PAUSED, 15, "paused")
+        # No reload: the list's live part is fetched again on the pushed change (its
+        # fallback poll is every 5 s; within 3 s it was the push).
+        wait_until(lambda: shown().startswith("paused"), 3, "the list to show paused")
+        for page in ("/schedules", "/nodes", "/pipelines"):
+            driver.get(web.base + page)
+            assert driver.find_elements(By.CSS_SELECTOR, "#live[hx-trigger]"), page
+    finally:
+        web.close()
+        node.finish()

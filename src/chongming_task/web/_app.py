@@ -84,7 +84,13 @@ def create_app(dashboard: Dashboard) -> Starlette:
     d = dashboard
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
-        base = {"where": d.where, "read_only": d.read_only, "csrf": request.state.csrf}
+        base = {
+            "where": d.where,
+            "read_only": d.read_only,
+            "csrf": request.state.csrf,
+            # Where the page's live part is fetched again from (hx-select picks it).
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+        }
         if "now" not in context:  # a view that read the store's clock passes its reading
             base["now"] = d.now()
         return templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
