@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -39,7 +40,7 @@ from starlette.templating import Jinja2Templates
 
 from .._lookup import AmbiguousId, find_pipeline_run, find_task
 from ..errors import ChongmingTaskError, InvalidValue
-from ..model import CommandAction, TaskQuery, TaskStatus
+from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from . import _views
@@ -156,27 +157,45 @@ def create_app(dashboard: Dashboard) -> Starlette:
         snapshot = find_task(d.store, request.path_params["task_id"], d.where)
         return page(request, "_task_live.html", _views.task(d, snapshot))
 
-    async def control(request: Request) -> Response:
+    def send_each(
+        found: list[TaskSnapshot], action: CommandAction, reason: str
+    ) -> list[tuple[TaskSnapshot, str]]:
+        """Each task its own control; one that fails is said, the others still go."""
+        answers = []
+        for snapshot in found:
+            try:
+                receipt = d.control.send(snapshot.task_id, action, reason)
+            except ChongmingTaskError as exc:
+                answers.append((snapshot, f"failed: {exc}"))
+                continue
+            answers.append((snapshot, _views.control_outcome(receipt)))
+        return answers
+
+    async def control_form(request: Request) -> tuple[FormData, CommandAction] | Response:
+        """A control's posted form and action, or the error page that refuses it
+        (read-only, a missing or wrong CSRF value, no such control)."""
         if d.read_only:
             return error(request, 403, "this dashboard is read-only: controls are off")
         form = await request.form()
         if not _csrf_ok(request, str(form.get("csrf", ""))):
             return error(request, 403, "the form's CSRF value is missing or wrong; reload the page")
         try:
-            action = CommandAction(request.path_params["action"])
+            return form, CommandAction(request.path_params["action"])
         except ValueError:
             return error(request, 404, f"no control named {request.path_params['action']!r}")
+
+    async def control(request: Request) -> Response:
+        posted = await control_form(request)
+        if isinstance(posted, Response):
+            return posted
+        form, action = posted
         given = [str(v) for v in form.getlist("task_id")] or [request.path_params["task_id"]]
 
         def act() -> list[tuple[Any, str]]:
             # Every id is resolved before any is acted on: an unknown one in a selection
             # is an error page with nothing sent.
             found = [find_task(d.store, task_id, d.where) for task_id in given]
-            reason = f"{action.value} from the dashboard"
-            return [
-                (snapshot, _views.control_outcome(d.control.send(snapshot.task_id, action, reason)))
-                for snapshot in found
-            ]
+            return send_each(found, action, f"{action.value} from the dashboard")
 
         answers = await run_in_threadpool(act)
         shown = "_answer.html" if request.headers.get("hx-request") else "answer.html"
@@ -186,15 +205,10 @@ def create_app(dashboard: Dashboard) -> Starlette:
         """Every task the filter in the form's ``filter`` field selects (as the tasks
         page read it), each sent its own control; one task's failure is said and costs
         the others nothing."""
-        if d.read_only:
-            return error(request, 403, "this dashboard is read-only: controls are off")
-        form = await request.form()
-        if not _csrf_ok(request, str(form.get("csrf", ""))):
-            return error(request, 403, "the form's CSRF value is missing or wrong; reload the page")
-        try:
-            action = CommandAction(request.path_params["action"])
-        except ValueError:
-            return error(request, 404, f"no control named {request.path_params['action']!r}")
+        posted = await control_form(request)
+        if isinstance(posted, Response):
+            return posted
+        form, action = posted
         chosen = Request({"type": "http", "query_string": str(form.get("filter", "")).encode()})
         query = replace(_task_query(d, chosen)[0], limit=MATCHING_AT_ONCE + 1, created_until=None)
 
@@ -204,16 +218,9 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 raise BadInput(
                     f"more than {MATCHING_AT_ONCE} tasks match: narrow the filter (nothing sent)"
                 )
-            reason = f"{action.value} from the dashboard (all matching a filter)"
-            answers = []
-            for snapshot in found:
-                try:
-                    receipt = d.control.send(snapshot.task_id, action, reason)
-                except ChongmingTaskError as exc:
-                    answers.append((snapshot, f"failed: {exc}"))
-                    continue
-                answers.append((snapshot, _views.control_outcome(receipt)))
-            return answers
+            return send_each(
+                found, action, f"{action.value} from the dashboard (all matching a filter)"
+            )
 
         answers = await run_in_threadpool(act)
         return page(request, "answer.html", {"action": action.value, "answers": answers})
