@@ -422,7 +422,7 @@ def report(label: str, tasks: int, small: int, big: dict[str, Any], little: dict
     )
     for command in ["--help", *COMMANDS]:
         wall, rss, raw = big[command]
-        ok = "" if command in ("--help", "ps") else ("yes" if wall < 1 else "NO")
+        ok = "" if command == "--help" else ("yes" if wall < 1 else "NO")
         print(f"{command:10} {wall:7.2f} {raw:10.4f} {rss:7.1f} {little[command][1]:10.1f} {ok:>6}")
 
 
