@@ -151,10 +151,11 @@ def test_another_process_stops_pauses_and_resumes_a_running_task(
 
 
 def test_a_poller_that_claims_a_command_for_a_task_it_does_not_hold_releases_it(
-    db: Path, nodes: list[Node]
+    db: Path, nodes: list[Node], tmp_path: Path
 ) -> None:
-    # A polls slowly, so B's poller is certain to claim A's command first.
-    a = Node(db, "--owner", "node-a", "--poll", "1.5", "--submit", "loop")
+    # A polls only when asked (nor is it woken), so B's poller claims A's command first.
+    trigger = tmp_path / "poll-now"
+    a = Node(db, "--owner", "node-a", "--poll-on", str(trigger), "--submit", "loop")
     nodes.append(a)
     (task_id,) = a.task_ids
     b = console(db, command_poll_interval=3600)
@@ -164,6 +165,7 @@ def test_a_poller_that_claims_a_command_for_a_task_it_does_not_hold_releases_it(
         assert b.poll_commands_once() == 0  # B claimed it, does not hold the task ...
         (command,) = open_commands(db)
         assert command == (receipt.command_id, None, None)  # ... and released it, unfinished
+        trigger.touch()
         assert b.wait_for(task_id, timeout=10).status is S.STOPPED  # A got it
         assert open_commands(db) == []
         conn = sqlite3.connect(db)
