@@ -49,7 +49,7 @@ def cmd_ps(ctx: Context) -> int:
             f"... and {past} (the newest {PS_SHOWN} are shown): --limit N for more, "
             "--limit 0 for all, or narrow with --status, --name, --older-than..."
         )
-    now = Capabilities(ctx.store()).now()  # the store's clock where it has one
+    now = ctx.now()
     headers, rows = present.ps_rows(snapshots, now)
     ctx.emit(
         [{**present.snapshot_json(s), **present.health_json(s, now)} for s in snapshots],

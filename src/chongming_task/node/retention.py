@@ -82,8 +82,6 @@ class RetentionLoop(LoopService):
         for status, kept in rules.items():
             by_age.setdefault(kept, set()).add(status)
         self._groups = [(kept, frozenset(statuses)) for kept, statuses in by_age.items()]
-        self.pruned = 0
-        """Tasks this loop deleted since it started."""
 
     def run_once(self, now: float | None = None) -> Pass:
         try:
@@ -98,5 +96,4 @@ class RetentionLoop(LoopService):
         except StoreUnavailable as exc:
             log.debug("retention: %s", exc)  # the supervisor reports the outage
             return Pass(wait=self.interval)
-        self.pruned += done
         return Pass(done=done, wait=self._pause if full else self.interval)

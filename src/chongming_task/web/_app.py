@@ -52,9 +52,9 @@ __all__ = ["create_app"]
 CSRF_COOKIE = "cm_csrf"
 TOKEN_COOKIE = "cm_token"
 PAGE = 50
+"""Tasks per page of the tasks list."""
 MATCHING_AT_ONCE = 1000
 """The most tasks "act on all matching" controls at once (more: narrow the filter)."""
-"""Tasks per page of the tasks list."""
 PAGING = ("until", "skip")
 EVENT_POLL = 0.05
 """Seconds between two looks of an event stream at the follower's version."""
@@ -130,7 +130,12 @@ def create_app(dashboard: Dashboard) -> Starlette:
             older = urlencode([*params, ("until", last.isoformat()), ("skip", str(tied))])
         matching = None
         if not d.read_only and not query.created_until:  # the first page of a filter
-            matching = len(d.store.query(replace(query, limit=MATCHING_AT_ONCE + 1)))
+            # The page's own read holds the whole match unless there is an older page.
+            matching = (
+                len(found)
+                if older is None
+                else len(d.store.query(replace(query, limit=MATCHING_AT_ONCE + 1)))
+            )
         return page(
             request,
             "tasks.html",
@@ -414,7 +419,8 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
     if q.get("bucket"):
         given = q.getlist("bucket")
         last = d.policy.num_buckets - 1
-        for bad in (b for b in given if not b.strip().isdigit()):
+        bad = next((b for b in given if not b.strip().isdigit()), None)
+        if bad is not None:
             raise BadInput(f"bucket must be a whole number from 0 to {last}, not {bad!r}")
         try:
             buckets = d.policy.validate([int(b) for b in given])
