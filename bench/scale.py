@@ -13,6 +13,8 @@ live lease, 1,000 queued, spread over 64 buckets, and two live nodes declaring 0
   floor of any CLI command). The same commands run on a store of ``--small`` tasks: a
   command whose memory grows with the store shows it there.
 * the "my buckets" query a node makes (non-terminal tasks of 16 buckets), in process;
+* the dashboard follower's read of the store-wide aggregates, in process, with the
+  finished tasks' chart (a whole-table read) beside its raw SQL;
 * bulk create: 20,000 tasks through the store's ``create_many`` (what ``submit_many``
   calls) in batches of 1,000, beside the raw bulk insert of the same rows;
 * ``reconcile()`` of 100,000 tasks whose lease expired (rows turned into running tasks
@@ -368,6 +370,25 @@ def my_buckets(target: Target) -> tuple[float, float, int]:
     return took, raw, found
 
 
+def dashboard_read(target: Target) -> tuple[float, float, float]:
+    """The dashboard follower's read of the store-wide aggregates (one pass of
+    ``read_aggregates``), the finished tasks' timeline alone (the overview's chart: the
+    whole table, as no index holds ``ended_at``), and the raw SQL floor of that timeline."""
+    from chongming_task.stores.capabilities import Capabilities
+    from chongming_task.web._follow import SLOT, read_aggregates
+
+    since = NOW - timedelta(minutes=10)
+    with opened(target) as store:
+        caps = Capabilities(store)
+        read_aggregates(caps, 64)  # warm
+        whole = min(timed(lambda: read_aggregates(caps, 64)) for _ in range(3))
+        chart = min(timed(lambda: caps.ended_timeline(since=since, width=SLOT)) for _ in range(3))
+    sql = "SELECT status, COUNT(*) FROM tasks WHERE ended_at >= ? GROUP BY status"
+    params = [codec.encode_dt(since)]
+    raw = min(timed(lambda: target.raw(sql, params)) for _ in range(3))
+    return whole, chart, raw
+
+
 def bulk_create(target: Target, tasks: int = 20_000, batch: int = 1_000) -> tuple[float, float]:
     """Tasks per second created through the store's capability (``create_many`` where
     it has one: what ``submit_many`` calls), beside the raw bulk insert of the same rows
@@ -437,6 +458,11 @@ def run(target: Target, tasks: int, small_target: Target, small: int) -> dict[st
         f"my-buckets query (16 of 64 buckets, {found} tasks): {took * 1000:.1f} ms, raw "
         f"SQL {raw * 1000:.1f} ms, target < 100 ms: {'met' if took < 0.1 else 'NOT met'}"
     )
+    whole, chart, raw_chart = dashboard_read(target)
+    print(
+        f"dashboard aggregates (one follower pass): {whole:.2f} s, of which the finished "
+        f"chart {chart:.2f} s (raw SQL {raw_chart:.2f} s)"
+    )
     rate, floor = bulk_create(target)
     print(
         f"bulk create (create_many, batches of 1,000): {rate:,.0f} tasks/s; raw bulk insert "
@@ -451,6 +477,8 @@ def run(target: Target, tasks: int, small_target: Target, small: int) -> dict[st
         "cli": big,
         "small": little,
         "my_buckets": took,
+        "dashboard_read": whole,
+        "finished_chart": chart,
         "bulk_create": rate,
         "reconcile": reconcile,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskSnapshot, TaskStatus
 from chongming_task.fleet import AlarmKind, FleetReport, examine
 from chongming_task.model import NodeRecord, TaskScan, Transition
+from chongming_task.stores._read_whole import ReadWhole
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.testing import FakeClock
 from tests.conftest import wait_until
@@ -210,7 +212,7 @@ def test_leases_are_written_and_judged_on_the_store_clock() -> None:
 
 def test_the_scan_fallback_answers_like_the_sql_store(tmp_path: Path) -> None:
     """A store without the scan capability (memory) gets the same answers through the
-    adapter's fallback as SQLite gives in SQL."""
+    adapter's fallback (``ReadWhole``) as SQLite gives in SQL."""
     rng = random.Random(7)
     memory, sqlite = InMemoryTaskStore(), SqliteTaskStore(tmp_path / "scan.db")
     statuses = [S.QUEUED, S.RUNNING, S.PAUSED, S.SUCCEEDED, S.FAILED]
@@ -224,6 +226,9 @@ def test_the_scan_fallback_answers_like_the_sql_store(tmp_path: Path) -> None:
             lease_until=rng.choice([None, 50.0, 500.0]),
             version=rng.randint(1, 4),
         )
+        if status in (S.SUCCEEDED, S.FAILED):
+            ended = at(i) + timedelta(microseconds=rng.randint(0, 100_000_000))
+            snapshot = replace(snapshot, ended_at=ended)
         trail = Transition(
             task_id=snapshot.task_id,
             version=snapshot.status_version,
@@ -258,5 +263,11 @@ def test_the_scan_fallback_answers_like_the_sql_store(tmp_path: Path) -> None:
         for scan in scans:
             assert fallback.scan_tasks(scan) == native.scan_tasks(scan), scan
             assert fallback.scan_tasks(scan)[0] > 0, f"a scan that finds nothing: {scan}"
+        # Finished tasks by when they ended: read whole, in the memory store, in SQL.
+        for since, width in ((at(50), timedelta(seconds=7)), (at(0), timedelta(microseconds=333))):
+            timeline = native.ended_timeline(since=since, width=width)
+            assert sum(timeline.values()) > 10
+            assert ReadWhole(memory).ended_timeline(since=since, width=width) == timeline
+            assert fallback.ended_timeline(since=since, width=width) == timeline
     finally:
         sqlite.close()

@@ -1,26 +1,32 @@
-"""Finished tasks deleted by age, for both SQL stores (``SupportsPruneByAge``; the rules:
-docs/design.md, "Retention").
+"""Finished tasks by when they ended, for both SQL stores: deleted by age
+(``SupportsPruneByAge``; the rules: docs/design.md, "Retention") and counted per slot of
+time (``SupportsEndedTimeline``).
 
 A task is judged by when it ended. The candidates are found through the ``created_at``
 index, oldest first, within the tasks created before the cut-off (a task ends after it
 is created, so none created since can have ended before it): no index is added for
 retention, and a batch reads about as many index entries as it deletes. Each call is
 one short write transaction of at most ``limit`` tasks, so that a node's own writes
-never wait behind a long delete."""
+never wait behind a long delete.
+
+The timeline has no such way in (a task created long ago may have ended a second ago):
+it reads the whole table, 0.22-0.32 s on SQLite and 0.09 s on PostgreSQL at a million
+tasks, which is why only the dashboard's follower asks, on its own beat. An index on
+``ended_at`` would be written by every task's end to spare that."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from ..model import TaskStatus
+from ..model import TaskSnapshot, TaskStatus
 from ..states import TERMINAL
 from . import codec
 from ._sql import Dialect, Fragment
 
-__all__ = ["RetentionSQL", "check_retention_args"]
+__all__ = ["RetentionSQL", "check_retention_args", "check_timeline_args", "timeline_of"]
 
 
 class _Executor(Protocol):
@@ -43,6 +49,34 @@ def check_retention_args(
     if unfinished:
         raise ValueError(f"only finished tasks are pruned, not {', '.join(unfinished)}")
     return chosen
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def check_timeline_args(since: datetime, width: timedelta) -> int:
+    """``width`` in whole microseconds; a ``ValueError`` for a naive ``since`` or a
+    ``width`` under a microsecond."""
+    if since.tzinfo is None:
+        raise ValueError(f"since must be an aware datetime, got {since.isoformat()}")
+    micros = width // timedelta(microseconds=1)
+    if micros < 1:
+        raise ValueError(f"width must be at least a microsecond, got {width}")
+    return micros
+
+
+def timeline_of(
+    snapshots: Iterable[TaskSnapshot], since: datetime, width: timedelta
+) -> dict[tuple[int, TaskStatus], int]:
+    """``ended_timeline`` over snapshots in hand (the memory store; a store without the
+    capability, read whole)."""
+    step = timedelta(microseconds=check_timeline_args(since, width))
+    counts: dict[tuple[int, TaskStatus], int] = {}
+    for s in snapshots:
+        if s.status in TERMINAL and s.ended_at is not None and s.ended_at >= since:
+            key = ((s.ended_at - since) // step, s.status)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def ended_where(
@@ -69,7 +103,8 @@ def ended_where(
 
 
 class RetentionSQL:
-    """Mixin: ``prune_ended`` and ``count_ended`` (``SupportsPruneByAge``). The store's
+    """Mixin: ``prune_ended`` and ``count_ended`` (``SupportsPruneByAge``) and
+    ``ended_timeline`` (``SupportsEndedTimeline``). The store's
     named statements delete a batch: ``prune_ids`` (one statement over an array of
     ids, Postgres) or, per task, ``prune_history`` (id and ``seq``),
     ``prune_commands``, ``prune_late_report`` and ``prune_task`` (SQLite)."""
@@ -125,3 +160,22 @@ class RetentionSQL:
             return int(
                 cur.execute(f"SELECT COUNT(*) FROM tasks WHERE {where}", params).fetchone()[0]
             )
+
+    def ended_timeline(
+        self, *, since: datetime, width: timedelta
+    ) -> dict[tuple[int, TaskStatus], int]:
+        """Optional capability (``SupportsEndedTimeline``)."""
+        step = check_timeline_args(since, width)
+        d = self._dialect
+        p = d.placeholder
+        in_status, statuses = d.one_of(d.unindexed("status"), sorted(s.value for s in TERMINAL))
+        # Both times in whole microseconds: the slot is an exact integer division.
+        sql = (
+            f"SELECT ({d.micros('ended_at')} - {p}) / {p} AS slot, status, COUNT(*)"
+            f" FROM tasks WHERE ended_at >= {d.time} AND {in_status} GROUP BY slot, status"
+        )
+        since_micros = (since - _EPOCH) // timedelta(microseconds=1)
+        params = [since_micros, step, codec.encode_dt(since), *statuses]
+        with self._sql_scope("ended timeline", write=False) as cur:
+            rows = cur.execute(sql, params).fetchall()
+        return {(int(slot), TaskStatus(status)): int(n) for slot, status, n in rows}

@@ -105,6 +105,8 @@ class Dialect:
     """The column that orders ties by insertion."""
     time: str
     """A time parameter (bound as ``codec.encode_dt`` text)."""
+    micros: Callable[[str], str]
+    """A time column as whole microseconds since 1970 (an exact integer)."""
     unindexed: Callable[[str], str] = lambda column: column
     """``column`` spelled so that the planner leaves its index alone (SQLite: ``+column``)."""
     fence: bool = False

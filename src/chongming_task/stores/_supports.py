@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import StoreError
@@ -42,6 +42,7 @@ __all__ = [
     "SupportsCreateMany",
     "SupportsCreateSchema",
     "SupportsDedupe",
+    "SupportsEndedTimeline",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -351,6 +352,21 @@ class SupportsPruneByAge(Protocol):
         buckets: frozenset[int] | None = None,
     ) -> int:
         """How many tasks ``prune_ended`` would delete, all batches together."""
+        ...
+
+
+@runtime_checkable
+class SupportsEndedTimeline(Protocol):
+    """Finished tasks counted by when they ended, inside the store (the dashboard's
+    "finished" chart): every node's, whenever the reader started."""
+
+    def ended_timeline(
+        self, *, since: datetime, width: timedelta
+    ) -> dict[tuple[int, TaskStatus], int]:
+        """Finished tasks that ended at or after ``since``, per ``(slot, status)``: slot
+        ``k`` holds those that ended in ``[since + k * width, since + (k + 1) * width)``,
+        to the microsecond. Pairs with no task are absent. A naive ``since`` or a
+        ``width`` under a microsecond is a ``ValueError``."""
         ...
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .. import states
@@ -27,13 +27,13 @@ from ..model import (
     PipelineRecord,
     Progress,
     ScheduleRecord,
-    TaskQuery,
     TaskScan,
     TaskSnapshot,
     TaskStatus,
     Transition,
     trusted_transition,
 )
+from ._read_whole import ReadWhole
 from ._supports import (
     CountBy,
     Creation,
@@ -49,6 +49,7 @@ from ._supports import (
     SupportsCreateMany,
     SupportsCreateSchema,
     SupportsDedupe,
+    SupportsEndedTimeline,
     SupportsLateReports,
     SupportsMarkExpired,
     SupportsMarkLost,
@@ -83,6 +84,7 @@ __all__ = [
     "SupportsCreateMany",
     "SupportsCreateSchema",
     "SupportsDedupe",
+    "SupportsEndedTimeline",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -127,6 +129,7 @@ class Capabilities:
         "_storage_now",
         "_subscribe",
         "_subscribe_transitions",
+        "_timeline",
         "_write_activity",
         "_write_together",
         "_write_transitions",
@@ -201,6 +204,7 @@ class Capabilities:
             store if isinstance(store, SupportsCreateSchema) else None
         )
         self._retention = store if isinstance(store, SupportsPruneByAge) else None
+        self._timeline = store if isinstance(store, SupportsEndedTimeline) else None
 
     def __repr__(self) -> str:
         found = [
@@ -226,6 +230,7 @@ class Capabilities:
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
                 ("prune by age", self._retention),
+                ("ended timeline", self._timeline),
             )
             if present is not None
         ]
@@ -545,34 +550,18 @@ class Capabilities:
         self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
     ) -> dict[Any, int]:
         """Tasks per value of ``by``: a ``GROUP BY`` where the store can."""
-        if self._scan is not None:
-            return self._scan.count_tasks(by, statuses=statuses)
-        counts: dict[Any, int] = {}
-        for s in self.store.query(TaskQuery(statuses=statuses)):
-            value = (s.bucket, s.status) if by == "bucket_status" else getattr(s, by)
-            counts[value] = counts.get(value, 0) + 1
-        return counts
+        return (self._scan or ReadWhole(self.store)).count_tasks(by, statuses=statuses)
 
     def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
         """How many tasks ``scan`` keeps, and the oldest ``scan.limit`` of them."""
-        if self._scan is not None:
-            return self._scan.scan_tasks(scan)
-        store = self.store
-        kept = [
-            s
-            for s in store.query(TaskQuery(statuses=scan.statuses, buckets=scan.buckets))
-            if scan.matches(s)
-        ]
-        if scan.unchanged_since is not None:
-            cut = scan.unchanged_since
-            kept = [s for s in kept if s.created_at <= cut and _changed_at(store, s) <= cut]
-        return len(kept), kept if scan.limit is None else kept[: scan.limit]
+        return (self._scan or ReadWhole(self.store)).scan_tasks(scan)
 
-
-def _changed_at(store: TaskStore, s: TaskSnapshot) -> datetime:
-    """When the task last changed status: its trail's row for the current version."""
-    trail = store.history(s.task_id, since_version=s.status_version - 1)
-    return trail[-1].at if trail else s.created_at
+    def ended_timeline(
+        self, *, since: datetime, width: timedelta
+    ) -> dict[tuple[int, TaskStatus], int]:
+        """Finished tasks per ``(slot, status)`` by when they ended (``SupportsEndedTimeline``)."""
+        timeline = self._timeline or ReadWhole(self.store)
+        return timeline.ended_timeline(since=since, width=width)
 
 
 def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Creation:

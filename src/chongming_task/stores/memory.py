@@ -35,7 +35,7 @@ from ..states import TERMINAL
 from ..values import ValueRules
 from ._commands import in_arrival_order
 from ._dedupe import holder
-from ._retention import check_retention_args
+from ._retention import check_retention_args, timeline_of
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -485,6 +485,13 @@ class InMemoryTaskStore:
         """Optional capability (``SupportsPruneByAge``)."""
         with self._lock:
             return len(self._ended(before, statuses, buckets, 1))
+
+    def ended_timeline(
+        self, *, since: datetime, width: timedelta
+    ) -> dict[tuple[int, TaskStatus], int]:
+        """Optional capability (``SupportsEndedTimeline``)."""
+        self._check_open()
+        return timeline_of(list(self._tasks.values()), since, width)
 
     def _forget(self, snapshot: TaskSnapshot) -> int:
         """Delete a finished task with its trail and late report: 1, or 0 if it was

@@ -1,11 +1,14 @@
-"""The retention section of the store contract (``SupportsPruneByAge``): finished tasks
-deleted by when they ended, in batches, oldest first, with their trail; unfinished ones
-never, whatever their age."""
+"""The retention section of the store contract: finished tasks deleted by when they
+ended, in batches, oldest first, with their trail, unfinished ones never, whatever their
+age (``SupportsPruneByAge``); and counted by when they ended, to the microsecond
+(``SupportsEndedTimeline``)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from ..model import TaskStatus
-from ..stores.capabilities import SupportsPruneByAge
+from ..stores.capabilities import SupportsEndedTimeline, SupportsPruneByAge
 from ..stores.protocol import TaskStore
 from ._contract_base import ContractBase, at, raises
 
@@ -77,3 +80,39 @@ class RetentionContract(ContractBase):
             ):
                 raises(ValueError, call)
             assert len(store.query()) == 9  # nothing deleted
+
+    def test_capability_ended_timeline_counts_finished_tasks_per_slot(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsEndedTimeline, "ended_timeline()")
+            assert isinstance(store, SupportsEndedTimeline)
+            self._filled(store)  # o0-o4 ended at 100-104 s, late at 500 s
+            two = timedelta(seconds=2)
+            assert store.ended_timeline(since=at(100), width=two) == {
+                (0, S.SUCCEEDED): 1,  # o0
+                (0, S.FAILED): 1,  # o1
+                (1, S.STOPPED): 1,  # o2: 102 s starts slot 1
+                (1, S.CANCELLED): 1,
+                (2, S.LOST): 1,
+                (200, S.SUCCEEDED): 1,  # late
+            }
+            # A slot's edges hold to the microsecond: o1 (101 s) is in, o0 is not, and o3
+            # (103 s) opens slot 1 exactly.
+            assert store.ended_timeline(since=at(101), width=two) == {
+                (0, S.FAILED): 1,
+                (0, S.STOPPED): 1,
+                (1, S.CANCELLED): 1,
+                (1, S.LOST): 1,
+                (199, S.SUCCEEDED): 1,
+            }
+            tick = timedelta(microseconds=1)
+            assert store.ended_timeline(since=at(103) - tick, width=tick) == {
+                (1, S.CANCELLED): 1,
+                (1_000_001, S.LOST): 1,
+                (397_000_001, S.SUCCEEDED): 1,
+            }
+            assert store.ended_timeline(since=at(501), width=two) == {}
+            for call in (
+                lambda: store.ended_timeline(since=at(0).replace(tzinfo=None), width=two),
+                lambda: store.ended_timeline(since=at(0), width=timedelta(0)),
+            ):
+                raises(ValueError, call)

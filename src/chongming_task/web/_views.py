@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import fleet, present
 from .._lookup import find_pipeline_run
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
+from ._follow import SLOT, SLOTS, Finished
 
 if TYPE_CHECKING:
     from ._dashboard import Dashboard
@@ -32,6 +33,10 @@ age = present.age
 short = present.short_id
 health = present.health
 control_outcome = present.control_outcome
+
+CHART_LEFT, CHART_TOP, CHART_HEIGHT = 44, 8, 60
+"""Where the finished tasks' bars stand in the chart's SVG: room on the left for the
+count axis, above for the tallest bar's label."""
 
 _STYLE = {
     "succeeded": "ok",
@@ -86,7 +91,7 @@ def overview(d: Dashboard) -> dict[str, Any]:
         )
     return {
         "as_of": latest.at,
-        "chart": _chart(d),
+        "chart": _chart(latest.finished),
         "counts": [(s.value, counts.get(s, 0)) for s in TaskStatus],
         "total": sum(counts.values()),
         "report": report,
@@ -95,25 +100,43 @@ def overview(d: Dashboard) -> dict[str, Any]:
     }
 
 
-def _chart(d: Dashboard) -> dict[str, Any]:
-    """Tasks finished per 10 s over the last ten minutes, as SVG bars (succeeded below,
-    every other ending stacked above it)."""
-    slots = d.follower.throughput()
-    tallest = max((sum(c.values()) for _, c in slots), default=0) or 1
+def _chart(finished: Finished) -> dict[str, Any]:
+    """The tasks that finished in the last ten minutes, per 10 s (the store's count), as
+    SVG bars with their axes: succeeded below, every other
+    ending stacked above it. A task that ended after the newest slot began by a clock
+    ahead of the store's joins the newest bar."""
+    slots: list[dict[str, int]] = [{} for _ in range(SLOTS)]
+    for (k, status), n in sorted(finished.counts.items(), key=lambda kv: kv[0][1].value):
+        if k >= 0:
+            counts = slots[min(k, SLOTS - 1)]
+            counts[status.value] = counts.get(status.value, 0) + n
+    tallest = max((sum(c.values()) for c in slots), default=0)
+    scale = CHART_HEIGHT / (tallest or 1)
     bars = []
-    for i, (_, counts) in enumerate(slots):
+    for i, counts in enumerate(slots):
         good = counts.get("succeeded", 0)
-        bad = sum(counts.values()) - good
+        start = finished.since + SLOT * i
+        said = ", ".join(f"{n} {status}" for status, n in counts.items()) or "none"
         bars.append(
             {
-                "x": i * 8,
-                "good": 60 * good / tallest,
-                "bad": 60 * bad / tallest,
-                "title": ", ".join(f"{n} {status}" for status, n in counts.items()) or "none",
+                "x": CHART_LEFT + i * 8,
+                "good": good * scale,
+                "bad": (sum(counts.values()) - good) * scale,
+                "title": f"{start:%H:%M:%S}-{start + SLOT:%H:%M:%S} UTC: {said}",
             }
         )
-    total = sum(sum(c.values()) for _, c in slots)
-    return {"bars": bars, "tallest": tallest, "total": total, "per_second": total / 600}
+    total = sum(sum(c.values()) for c in slots)
+    span = (finished.at - finished.since).total_seconds()
+    return {
+        "bars": bars,
+        "tallest": tallest,
+        "total": total,
+        "per_second": total / span if span > 0 else 0.0,
+        "left": CHART_LEFT,
+        "right": CHART_LEFT + SLOTS * 8,
+        "bottom": CHART_TOP + CHART_HEIGHT,
+        "top": CHART_TOP,
+    }
 
 
 def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:

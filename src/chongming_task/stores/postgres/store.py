@@ -98,6 +98,7 @@ _DIALECT = Dialect(
     tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
     insertion_order="seq",
     time="%s::timestamptz",
+    micros=lambda column: f"(extract(epoch FROM {column}) * 1000000)::bigint",
     fence=True,
 )
 

@@ -85,6 +85,8 @@ _DIALECT = Dialect(
     ),
     insertion_order="seq",
     time="?",
+    # Fixed-width text (codec.encode_dt): whole seconds, then six digits of fraction.
+    micros=lambda c: f"(CAST(strftime('%s', {c}) AS INTEGER) * 1000000 + substr({c}, 21, 6))",
     trail_of_task=(
         "tr.key = tasks.seq * 16777216 + tasks.status_version AND tr.task_id = tasks.task_id"
     ),
