@@ -521,7 +521,7 @@ class ControlOutcome(enum.StrEnum):
     CANCELLED = "cancelled"
     PAUSING = "pausing"
     PAUSE_PENDING = "pause-pending"
-    """Not started yet: it pauses at its first checkpoint."""
+    """Not started yet (``status`` says queued): it pauses as soon as it starts."""
     RESUMED = "resumed"
     ALREADY_TERMINAL = "already-terminal"
     ALREADY_STOPPING = "already-stopping"
@@ -537,8 +537,10 @@ class ControlReceipt:
 
     ``accepted`` means a command was written for the process that holds the task: the
     request is accepted, not yet carried out. Otherwise ``outcome`` says what happened
-    here and now (``stopping``, ``paused``, ``already-terminal``, ...). ``status`` is the
-    task's status when the call was answered (its final one for ``already-terminal``).
+    here and now (``stopping``, ``pausing``, ``already-terminal``, ...). ``status`` is the
+    task's status when the call was answered (its final one for ``already-terminal``;
+    still ``queued`` for ``pause-pending``, which the run turns into ``paused`` once it
+    starts).
     ``behind`` is the action of the pending command an accepted one was queued behind
     (it is judged after that one), if any.
     """

@@ -231,7 +231,10 @@ def control_outcome(receipt: ControlReceipt) -> str:
     if receipt.outcome is o.NOT_PAUSED:
         return f"not paused (it is {status}); nothing to do"
     if receipt.outcome is o.PAUSE_PENDING:
-        return "not started yet: it pauses at its first checkpoint"
+        return (
+            f"pause pending: {status}, not started yet; it pauses as soon as it starts, at "
+            "its first checkpoint, and stays paused until resumed"
+        )
     return str(receipt.outcome).replace("-", " ")
 
 

@@ -27,6 +27,7 @@ from chongming_task import (
     TaskUnsuccessful,
     UnknownTask,
     WaitTimeout,
+    present,
 )
 from chongming_task.run import TaskRun
 from chongming_task.run.writes import RunWrites
@@ -239,7 +240,11 @@ def test_pause_requested_before_start_takes_effect_when_it_runs(make_controller:
     blocker = c.submit(loop, blocker_started)
     assert blocker_started.wait(5)
     later = c.submit(loop)
-    assert c.pause(later.task_id).outcome == "pause-pending"
+    receipt = c.pause(later.task_id)
+    # The receipt says what happened: nothing yet in the store, a pause waiting for it.
+    assert receipt.outcome == "pause-pending" and receipt.status is S.QUEUED
+    assert present.control_outcome(receipt).startswith("pause pending: queued, not started")
+    assert c.get(later.task_id).status is S.QUEUED
     c.stop(blocker.task_id)
     wait_until(lambda: later.status is S.PAUSED, what="paused on start")
     c.resume(later.task_id)
