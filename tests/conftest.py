@@ -51,14 +51,12 @@ def make_controller() -> Iterator[Callable[..., Controller]]:
 # A test writes only inside its own temporary directory, and every process it starts
 # ends with it. An audit hook sees every file this process opens for writing and every
 # SQLite database it connects to: one inside the directory the session ran from fails
-# the session (tool caches aside, and ``.artifacts``, where the browser tests keep each
-# page's screenshot for a person to look at). Files other processes make there (the demo
+# the session (tool caches aside). Files other processes make there (the demo
 # run beside the tests, say) are theirs. A process the tests started (at any depth) that
 # is still alive at the end fails the session too, and is killed.
 
 _ROOT = Path.cwd().resolve()
 _ALLOWED = {".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", "__pycache__"}
-_ALLOWED.add(".artifacts")
 _WRITTEN: set[str] = set()
 
 

@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium`` and ``chromedriver``,
 driven by Selenium; nothing is downloaded): every page renders, a pause clicked on a
 task's page pauses the task in another process and the open page shows it without a
-reload. A screenshot of each page is saved under ``.artifacts/screenshots/``."""
+reload. A screenshot of each page is saved in the test's own directory, or where
+``CHONGMING_SCREENSHOTS`` says, for a person to look at."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from tests.conftest import wait_until
 from tests.integration.test_cross_process import Node
 from tests.integration.test_web import Web, _status
 
-SHOTS = Path(__file__).resolve().parents[2] / ".artifacts" / "screenshots"
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
@@ -66,7 +66,8 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
     SqliteTaskStore(db).close()
     node = Node(db, "--submit", "loop", "--submit", "loop")
     web = Web(db)
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    shots = Path(os.environ.get("CHONGMING_SCREENSHOTS") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
     try:
         first = node.task_ids[0]
         wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
@@ -93,7 +94,7 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
         def visit(path: str, needle: str, shot: str) -> None:
             driver.get(web.base + path)
             wait_until(lambda: needle in driver.page_source, 15, f"{needle!r} on {path}")
-            driver.save_screenshot(str(SHOTS / f"{shot}.png"))
+            driver.save_screenshot(str(shots / f"{shot}.png"))
 
         visit("/", "Buckets", "overview")
         cells = driver.find_elements(By.CSS_SELECTOR, ".buckets .cell")
@@ -131,11 +132,11 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
             "the page to show paused",
         )
         assert "running → pausing" in text(By.CSS_SELECTOR, ".timeline")
-        driver.save_screenshot(str(SHOTS / "task-paused.png"))
+        driver.save_screenshot(str(shots / "task-paused.png"))
         assert _status(db, node.task_ids[1]) is TaskStatus.RUNNING  # only the one clicked
     finally:
         web.close()
         node.finish()
-    shots = ("overview", "tasks", "pipelines", "pipeline", "schedules", "nodes", "task")
-    for name in (*shots, "task-paused"):
-        assert (SHOTS / f"{name}.png").stat().st_size > 5_000
+    pages = ("overview", "tasks", "pipelines", "pipeline", "schedules", "nodes", "task")
+    for name in (*pages, "task-paused"):
+        assert (shots / f"{name}.png").stat().st_size > 5_000
