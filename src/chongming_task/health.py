@@ -55,6 +55,8 @@ class NodeHealth:
     """Runs whose stored task another writer ended (``lost`` by a reconcile, say)."""
     loop_stalls: int = 0
     """Times an async task blocked the node's event loop (sync work in ``async def``)."""
+    connections: int | None = None
+    """Server connections the node's store holds (``None``: a store without a server)."""
 
     @property
     def healthy(self) -> bool:
@@ -88,6 +90,7 @@ class NodeHealth:
             "unhealthy_services": list(self.unhealthy_services),
             "desynced": self.desynced,
             "loop_stalls": self.loop_stalls,
+            "connections": self.connections,
         }
         return json.dumps(data, separators=(",", ":"))
 
@@ -115,6 +118,7 @@ class NodeHealth:
                 unhealthy_services=tuple(str(s) for s in data.get("unhealthy_services", ())),
                 desynced=int(data.get("desynced", 0)),
                 loop_stalls=int(data.get("loop_stalls", 0)),
+                connections=None if data.get("connections") is None else int(data["connections"]),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -275,7 +279,7 @@ class HealthMonitor:
     def loop_stalled(self) -> None:
         self.loop_stalls += 1
 
-    def report(self, *, desynced: int) -> NodeHealth:
+    def report(self, *, desynced: int, connections: int | None = None) -> NodeHealth:
         self.faults.check()
         services, unhealthy = self.watch.faults()
         return NodeHealth(
@@ -286,4 +290,5 @@ class HealthMonitor:
             unhealthy_services=unhealthy,
             desynced=desynced,
             loop_stalls=self.loop_stalls,
+            connections=connections,
         )

@@ -292,8 +292,15 @@ def node_json(n: NodeStatus) -> dict[str, Any]:
         "host": r.host,
         "pid": r.pid,
         "active_tasks": n.active_tasks,
+        "connections": None if r.health is None else r.health.connections,
         "health": None if r.health is None else r.health.as_dict(),
     }
+
+
+def node_connections(n: NodeStatus) -> str:
+    """The server connections a node last said it holds (``-``: none said, or no server)."""
+    health = n.record.health
+    return "-" if health is None or health.connections is None else str(health.connections)
 
 
 def node_health(n: NodeStatus) -> str:
@@ -312,7 +319,7 @@ def node_health(n: NodeStatus) -> str:
 
 
 def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
-    headers = ["NODE", "STATE", "BUCKETS", "LAST SEEN", "ACTIVE", "HEALTH", "HOST", "PID"]
+    headers = ["NODE", "STATE", "BUCKETS", "LAST SEEN", "ACTIVE", "CONNS", "HEALTH", "HOST", "PID"]
     rows = [
         [
             n.record.node,
@@ -320,6 +327,7 @@ def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
             "all" if n.record.buckets is None else format_buckets(n.record.buckets) or "none",
             f"{age(n.seen_age)} ago",
             str(n.active_tasks),
+            node_connections(n),
             node_health(n),
             n.record.host,
             str(n.record.pid),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from chongming_task import Controller, TaskSnapshot, TaskStatus
 from chongming_task.policies import BucketPolicy
@@ -137,3 +138,123 @@ def test_notify_wakes_a_slow_poller_and_polling_still_delivers(pg_dsn: str, sche
         console.close()
         console.store.close()
         a.finish()
+
+
+def test_a_lost_listen_connection_wakes_the_poller_once_it_is_back(
+    pg_dsn: str, schema: str
+) -> None:
+    """The command poll is a slow safety net where the store wakes the poller: a
+    notification sent while the LISTEN connection was gone is made up for by one
+    wake-up as soon as it is back, and notifications wake it again after that."""
+    import psycopg
+
+    from chongming_task.model import Command, CommandAction
+
+    store = PostgresTaskStore(pg_dsn, schema=schema)
+    wakes: list[float] = []
+    unsubscribe = store.subscribe_commands(lambda: wakes.append(time.monotonic()))
+    assert unsubscribe is not None
+    try:
+        wait_until(lambda: len(wakes) == 1, 10, "the wake-up on connecting")
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
+                [f"LISTEN chongming_commands_{schema}"],
+            ).fetchall()
+        assert killed and all(row[0] for row in killed), "no listening backend was found"
+        wait_until(lambda: len(wakes) == 2, 15, "the wake-up after reconnecting")
+        now = datetime.now(UTC)
+        store.submit_command(
+            Command(command_id="c1", task_id="t", action=CommandAction.STOP, created_at=now)
+        )
+        wait_until(lambda: len(wakes) == 3, 10, "the wake-up of a command")
+    finally:
+        unsubscribe()
+        store.close()
+
+
+def test_a_node_polls_rarely_where_the_store_wakes_it(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """By default a node polls commands every 60 s where the store wakes its poller and
+    its beacon looks at the queue (Postgres, SQLite: the beacon is the safety net), every
+    10 s with the wake-ups alone, every 0.5 s with neither, and as told when told."""
+    from chongming_task import InMemoryTaskStore, SqliteTaskStore
+
+    store = PostgresTaskStore(pg_dsn, schema=schema)
+    cases = [
+        (store, None, 60.0),
+        (SqliteTaskStore(tmp_path / "wakes.db"), None, 60.0),
+        (InMemoryTaskStore(), None, 0.5),
+        (store, 2.0, 2.0),
+    ]
+    try:
+        for target, given, expected in cases:
+            with Controller(target, owned_buckets=[0], command_poll_interval=given) as node:
+                assert node.command_poll_interval == expected, (target, given)
+    finally:
+        store.close()
+
+
+def test_the_beacon_is_the_safety_net_for_a_command_nobody_announced(
+    pg_dsn: str, schema: str
+) -> None:
+    """A command written without a NOTIFY (as by a writer of its own) reaches a node
+    whose poller would not poll for an hour: its beacon's pulse finds it waiting."""
+    import psycopg
+
+    a = Node(
+        pg_dsn,
+        *("--schema", schema, "--owner", "node-a", "--poll", "3600"),
+        *("--lease-ttl", "3", "--submit", "loop"),
+    )
+    store = PostgresTaskStore(pg_dsn, schema=schema)
+    try:
+        (task_id,) = a.task_ids
+        wait_until(lambda: store.get(task_id).status is S.RUNNING)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                f"INSERT INTO {schema}.commands (command_id, task_id, action, issued_by, "
+                "created_at) VALUES ('quiet', %s, 'stop', 'raw', now())",
+                [task_id],
+            )
+        # The beacon pulses every second (a third of the 3 s TTL).
+        wait_until(lambda: store.get(task_id).status is S.STOPPED, 15, "stopped by a pulse")
+    finally:
+        store.close()
+        a.finish()
+
+
+def test_nodes_shows_the_connections_each_node_holds(pg_dsn: str, schema: str) -> None:
+    """A node says in its health how many server connections its store holds (pool and
+    LISTEN), and ``nodes`` shows it: the server counts the same, and at most 4."""
+    import json
+
+    import psycopg
+
+    name = f"conns-{schema[-8:]}"
+    store = PostgresTaskStore(pg_dsn, schema=schema, application_name=name)
+    cli = [sys.executable, "-m", "chongming_task", "--db", pg_dsn, "--pg-schema", schema]
+
+    def said() -> int | None:
+        out = subprocess.run([*cli, "--json", "nodes"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (node,) = json.loads(out.stdout)
+        return node["connections"]  # type: ignore[no-any-return]
+
+    def held() -> int:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    try:
+        with Controller(store, owner="counted", owned_buckets=range(64), lease_ttl=3):
+            wait_until(lambda: said() == held(), 20, "the node's count to match the server's")
+            assert 2 <= held() <= 4  # the pool's first connection and the LISTEN one
+            table = subprocess.run([*cli, "nodes"], capture_output=True, text=True, timeout=60)
+            assert "CONNS" in table.stdout.splitlines()[0]
+    finally:
+        store.close()

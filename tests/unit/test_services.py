@@ -89,7 +89,7 @@ def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:
                 now=clock.now,
                 registry=RunRegistry(),
                 capabilities=caps,
-                leases=LeaseClock(caps, clock.now),
+                leases=LeaseClock(caps, clock.now, clock.monotonic),
                 health=HealthMonitor(logging.getLogger("test"), now=clock.now),
             ),
             lease=30,

@@ -52,7 +52,7 @@ os.register_at_fork(after_in_child=OPEN.clear)
 
 
 def check_settings(
-    max_workers: int | None, max_parallel_per_bucket: int | None, **positive: float
+    max_workers: int | None, max_parallel_per_bucket: int | None, **positive: float | None
 ) -> int:
     """Refuse impossible settings at construction; return the worker count."""
     if max_workers is None:
@@ -64,6 +64,6 @@ def check_settings(
             f"max_parallel_per_bucket must be >= 1 or None, got {max_parallel_per_bucket}"
         )
     for label, value in positive.items():
-        if value <= 0:
+        if value is not None and value <= 0:
             raise ConfigurationError(f"{label} must be > 0, got {value}")
     return max_workers

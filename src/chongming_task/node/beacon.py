@@ -3,10 +3,14 @@ declarations").
 
 At start-up the node writes who it is and which buckets it declares (``NodeRecord``),
 then refreshes ``seen_at`` every third of its lease TTL while it lives, and marks itself
-stopped at a clean ``close()``. Other nodes and the CLI (``nodes``, ``doctor``) read these
-declarations to find buckets declared twice, buckets nobody declares, and tasks nobody
-looks after. The declaration decides nothing: no node consults it before running or
-reconciling a task (it is no bucket lease: nodes never take buckets from each other).
+stopped at a clean ``close()``. Other nodes and the CLI (``nodes``, ``doctor``) read
+these declarations to find buckets declared twice, buckets nobody declares, and tasks
+nobody looks after. The declaration decides nothing: no node consults it before running
+or reconciling a task (it is no bucket lease: nodes never take buckets from each other).
+
+Where the store pulses (``SupportsNodePulse``), the refresh also counts the open
+commands nobody holds, and the beacon wakes the command poller if there are: the
+poller's safety net then costs no statement of its own.
 
 A store without the node-registry capability, or a failing write, costs the node nothing
 but a logged warning: visibility never stops a node from running its tasks.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import datetime
 
 from ..errors import StoreError
@@ -53,10 +58,14 @@ class NodeBeacon(LoopService):
         self._health = node.health
         self._registry = node.registry
         self._declared = False
+        self.commands_waiting: Callable[[], None] | None = None
+        """Called when a refresh finds open commands nobody holds (the poller's wake)."""
 
     def health(self) -> NodeHealth:
         """What the node says of itself now (written with every refresh)."""
-        return self._health.report(desynced=len(self._registry.desynced()))
+        return self._health.report(
+            desynced=len(self._registry.desynced()), connections=self._caps.connections()
+        )
 
     def record(self, now: datetime) -> NodeRecord:
         return NodeRecord(
@@ -77,11 +86,15 @@ class NodeBeacon(LoopService):
         if not caps.has_node_registry:
             return Pass(wait=3600.0)  # nothing to declare to; stop() still ends the loop
         try:
-            if self._declared and caps.refresh_node(
-                self._owner, now=self._now(), health=self.health()
-            ):
-                self._health.faults.succeeded()
-                return Pass(done=1)
+            if self._declared:
+                # One statement: the declaration refreshed, and the command queue looked
+                # at (the poller's safety net, where the store pulses).
+                waiting = caps.pulse_node(self._owner, now=self._now(), health=self.health())
+                if waiting is not None:
+                    if waiting and self.commands_waiting is not None:
+                        self.commands_waiting()
+                    self._health.faults.succeeded()
+                    return Pass(done=1)
             self._declare()
         except StoreError as exc:  # one line an episode, with the node's other faults
             self._health.faults.failed("node declaration", exc)

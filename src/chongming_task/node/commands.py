@@ -39,13 +39,29 @@ def act(
     return run.cancel(reason, actor)
 
 
-class CommandPoller(LoopService):
-    """Polls every ``interval`` seconds, sooner when the store pushes a wake-up."""
+POLL_WITHOUT_WAKEUPS = 0.5
+"""Seconds between two command polls where the store pushes no wake-up: the latency of
+a control sent from another process."""
+POLL_WITH_WAKEUPS = 10.0
+"""Seconds between two command polls where the store wakes the poller (Postgres's
+``LISTEN``, SQLite's named pipes): the poll is then only the safety net for a lost
+wake-up, and an idle node's polls cost Postgres 0.1 transaction a second, not 2."""
+POLL_WITH_PULSE = 60.0
+"""... and where the node's beacon also looks at the queue every third of a lease TTL
+(``SupportsNodePulse``): that is the safety net, and the poll's own pass a last one."""
 
-    def __init__(self, node: NodeContext, *, lease: float, interval: float) -> None:
+
+class CommandPoller(LoopService):
+    """Polls every ``interval`` seconds, sooner when the store pushes a wake-up or the
+    beacon finds commands waiting. ``interval=None``: once the store takes the
+    subscription, ``POLL_WITH_PULSE`` or ``POLL_WITH_WAKEUPS``; else
+    ``POLL_WITHOUT_WAKEUPS``."""
+
+    def __init__(self, node: NodeContext, *, lease: float, interval: float | None) -> None:
         super().__init__()
         self.name = f"chongming-commands[{node.owner}]"
-        self.interval = interval
+        self._given = interval
+        self.interval = POLL_WITHOUT_WAKEUPS if interval is None else interval
         self._registry = node.registry
         self._caps = node.capabilities
         self._store = node.capabilities.store
@@ -60,6 +76,8 @@ class CommandPoller(LoopService):
         # Stores that can push a wake-up (Postgres LISTEN/NOTIFY) shorten the wait; the
         # poll interval still bounds it when a notification is lost.
         self._unsubscribe = self._caps.subscribe_commands(self.wake)
+        if self._given is None and self._unsubscribe is not None:
+            self.interval = POLL_WITH_PULSE if self._caps.has_node_pulse else POLL_WITH_WAKEUPS
 
     def stop(self) -> None:
         super().stop()

@@ -71,7 +71,7 @@ class Controller(AsyncFace):
         num_buckets: int = DEFAULT_NUM_BUCKETS,
         max_workers: int | None = None,
         max_parallel_per_bucket: int | None = None,
-        command_poll_interval: float = 0.5,
+        command_poll_interval: float | None = None,
         command_lease: float = 30.0,
         lease_ttl: float = 30.0,
         activity_interval: float = 0.2,
@@ -120,7 +120,6 @@ class Controller(AsyncFace):
         self._now()  # a clock that gives naive times is refused now, not at the first task
         self.rng = random.Random(seed)
         self.max_workers = max_workers
-        self.command_poll_interval = command_poll_interval
         self.command_lease = command_lease
         self.lease_ttl = lease_ttl
         self.activity_interval = activity_interval
@@ -140,7 +139,7 @@ class Controller(AsyncFace):
             now=self._now,
             registry=self._registry,
             capabilities=self.capabilities,
-            leases=LeaseClock(self.capabilities, self._now),
+            leases=LeaseClock(self.capabilities, self._now, self.clock.monotonic),
             health=HealthMonitor(
                 logging.getLogger("chongming_task.health"),
                 now=self._now,
@@ -438,6 +437,13 @@ class Controller(AsyncFace):
 
     def _control(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
         return self._router.route(task_id, action, reason)
+
+    @property
+    def command_poll_interval(self) -> float:
+        """Seconds between two command polls: as given, else 10 where the store wakes
+        the poller (the poll is then a safety net) and 0.5 where it cannot, settled once
+        polling starts (``CommandPoller``)."""
+        return self._services.poller.interval
 
     def poll_commands_once(self) -> int:
         """Claim open commands and act on those for tasks this process holds.

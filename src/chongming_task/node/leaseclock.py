@@ -8,10 +8,13 @@ the others, nor, five minutes fast, keeps a dead node's leases alive. Elsewhere 
 memory: one machine, or a test's injected clock) it is the node's clock, and the store
 contract stays deterministic.
 
-The store's time is not fetched per decision: ``sync()`` measures the offset between the
-store's clock and the node's (one round trip, halved), the supervisor calls it on every
-lease-renewal pass, and ``now()`` is the node's clock plus that offset. Business times
-(``created_at``, ``started_at``, heartbeats) stay on the node's clock.
+The store's time is not fetched per decision. ``sync()`` reads the store's clock (one
+round trip, its midpoint taken) at most once every ``RESYNC`` seconds, and lease time
+runs on from that reading by the node's monotonic clock, which never jumps and drifts
+from the server's by parts per million (milliseconds a minute). So a node whose wall
+clock is stepped keeps writing true leases, and an idle node reads the server's clock
+once a minute, not at every pass. Business times (``created_at``, ``started_at``,
+heartbeats) stay on the node's wall clock.
 """
 
 from __future__ import annotations
@@ -30,46 +33,68 @@ log = logging.getLogger("chongming_task.leases")
 _ZERO = timedelta(0)
 
 
-class LeaseClock:
-    """One node's lease time: its clock plus the measured offset to the store's."""
+RESYNC = 60.0
+"""Seconds a reading of the store's clock is run on before it is read again."""
 
-    def __init__(self, capabilities: Capabilities, node_now: Callable[[], datetime]) -> None:
+
+class LeaseClock:
+    """One node's lease time: the store's clock as last read, run on by the node's
+    monotonic clock (the node's own clock where the store has none)."""
+
+    def __init__(
+        self,
+        capabilities: Capabilities,
+        node_now: Callable[[], datetime],
+        monotonic: Callable[[], float],
+    ) -> None:
         self._storage = capabilities.storage_now if capabilities.has_storage_clock else None
         self._node_now = node_now
-        self._offset = _ZERO
-        self._synced = self._storage is None
+        self._monotonic = monotonic
+        self._reading: tuple[datetime, float] | None = None  # store time, monotonic then
+        self._wall_offset: timedelta | None = None  # store's clock minus the node's, then
         self._lock = threading.Lock()
 
     @property
     def offset(self) -> timedelta:
-        """The store's clock minus the node's, as last measured (measured now if it never
-        was; zero while the store cannot be read)."""
-        if not self._synced:
+        """Lease time minus the node's wall clock, now (zero where the store has no clock,
+        or while it cannot be read)."""
+        return self.now() - self._node_now() if self._storage is not None else _ZERO
+
+    def sync(self, *, force: bool = False) -> None:
+        """Read the store's clock, unless a reading younger than ``RESYNC`` seconds is at
+        hand (``force``: read it anyway). Nothing where the store has no clock. Raises
+        what the store raises; the last reading stays in use."""
+        if self._storage is None:
+            return
+        reading = self._reading
+        if not force and reading is not None and self._monotonic() - reading[1] < RESYNC:
+            return
+        before = self._monotonic()
+        storage = self._storage()
+        after = self._monotonic()
+        midpoint = before + (after - before) / 2
+        wall_offset = storage - self._node_now()
+        with self._lock:
+            last = self._wall_offset
+            if last is not None and abs(wall_offset - last) > timedelta(seconds=1):
+                log.warning(
+                    "this node's clock moved %.3fs against the store's (leases are not "
+                    "affected: they run on the store's clock)",
+                    (last - wall_offset).total_seconds(),
+                )
+            self._wall_offset = wall_offset
+            self._reading = (storage, midpoint)
+
+    def now(self) -> datetime:
+        """Lease time: the store's clock (as last read, run on) where it has one."""
+        if self._storage is None:
+            return self._node_now()
+        if self._reading is None:
             try:
                 self.sync()
             except Exception as exc:  # the store is away: the node's clock until it is back
                 log.debug("store clock not read (%s); the node's clock for now", exc)
-        return self._offset
-
-    def sync(self) -> None:
-        """Measure the store's clock against the node's (nothing where the store has no
-        clock). Raises what the store raises; the last offset stays in use."""
-        if self._storage is None:
-            return
-        before = self._node_now()
-        storage = self._storage()
-        after = self._node_now()
-        offset = storage - (before + (after - before) / 2)
-        with self._lock:
-            if self._synced and abs(offset - self._offset) > timedelta(seconds=1):
-                log.warning(
-                    "this node's clock moved %.3fs against the store's",
-                    (offset - self._offset).total_seconds(),
-                )
-            self._offset = offset
-            self._synced = True
-
-    def now(self) -> datetime:
-        """Lease time: the store's clock (as last measured) where it has one."""
-        offset = self.offset
-        return self._node_now() + offset
+        reading = self._reading
+        if reading is None:
+            return self._node_now()
+        return reading[0] + timedelta(seconds=self._monotonic() - reading[1])

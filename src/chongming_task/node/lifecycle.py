@@ -55,7 +55,7 @@ class NodeServices:
         lease_ttl: float,
         activity_interval: float,
         command_lease: float,
-        command_poll_interval: float,
+        command_poll_interval: float | None,
         buckets: frozenset[int] | None,
         num_buckets: int,
         rng: random.Random,
@@ -122,6 +122,7 @@ class NodeServices:
         )
         self.poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
         self.beacon = NodeBeacon(node, buckets=buckets, num_buckets=num_buckets, ttl=lease_ttl)
+        self.beacon.commands_waiting = self.poller.wake
         self.scheduler = ScheduleRunner(node, rng=rng, submit=fire, accepting=self.accepting)
         self.reconciling = (
             None

@@ -94,8 +94,8 @@ class LeaseRenewal:
         ]
         if not due:
             return 0, True
-        # Lease time: the store's clock where it has one, measured again each pass (on
-        # failure the last measure holds: it drifts by milliseconds, not minutes).
+        # Lease time: the store's clock where it has one, read again once its reading is
+        # a minute old (on failure the last reading holds: it drifts by milliseconds).
         try:
             self._leases.sync()
         except StoreUnavailable:

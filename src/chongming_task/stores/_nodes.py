@@ -1,7 +1,8 @@
 """The node and schedule registries (``SupportsNodeRegistry``,
 ``SupportsScheduleRegistry``) written once for both SQL stores: the same named statements
 (in each store's ``queries.sql``) through each store's own transaction scope. Node
-times are taken from the store's clock where it has one."""
+times are taken from the store's clock where it has one: its statements read it
+themselves (no round trip of its own)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ __all__ = ["NodeRegistrySQL", "PipelineRegistrySQL", "ScheduleRegistrySQL"]
 
 class NodeRegistrySQL:
     """Mixin: a store gives ``_sql`` (its named statements), ``_sql_scope(what, write=)``
-    (one transaction) and, if it has a clock, ``_node_time`` (the time to write)."""
+    (one transaction) and, if it has a clock, ``_seen`` giving ``None``: its statements
+    then write the clock's time for a time not given."""
 
     __slots__ = ()
 
@@ -30,11 +32,12 @@ class NodeRegistrySQL:
     def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
         raise NotImplementedError
 
-    def _node_time(self, given: datetime) -> datetime:
-        return given
+    def _seen(self, given: datetime) -> str | None:
+        """The node time to write (``None``: the store's statements read its clock)."""
+        return codec.encode_dt(given)
 
     def declare_node(self, record: NodeRecord) -> None:
-        seen = codec.encode_dt(self._node_time(record.seen_at))
+        seen = self._seen(record.seen_at)
         with self._sql_scope("declare_node", write=True) as c:
             c.execute(
                 self._sql["upsert_node"],
@@ -58,17 +61,25 @@ class NodeRegistrySQL:
                 )
 
     def refresh_node(self, node: str, *, now: datetime, health: NodeHealth | None = None) -> bool:
-        seen = codec.encode_dt(self._node_time(now))
+        # One statement: the declared buckets' rows keep the time they were declared.
         said = None if health is None else health.to_json()
         with self._sql_scope("refresh_node", write=True) as c:
-            if c.execute(self._sql["refresh_node"], [seen, said, node]).rowcount == 0:
-                return False
-            c.execute(self._sql["refresh_node_buckets"], [seen, node])
-        return True
+            return bool(
+                c.execute(self._sql["refresh_node"], [self._seen(now), said, node]).rowcount
+            )
+
+    def pulse_node(
+        self, node: str, *, now: datetime, health: NodeHealth | None = None
+    ) -> int | None:
+        """Optional capability (``SupportsNodePulse``)."""
+        said = None if health is None else health.to_json()
+        with self._sql_scope("pulse_node", write=True) as c:
+            row = c.execute(self._sql["pulse_node"], [self._seen(now), said, node]).fetchone()
+        return None if row is None else int(row[0])
 
     def retire_node(self, node: str, *, now: datetime) -> None:
         with self._sql_scope("retire_node", write=True) as c:
-            c.execute(self._sql["retire_node"], [codec.encode_dt(self._node_time(now)), node])
+            c.execute(self._sql["retire_node"], [self._seen(now), node])
 
     def nodes(self) -> list[NodeRecord]:
         with self._sql_scope("nodes", write=False) as c:

@@ -39,6 +39,7 @@ __all__ = [
     "SupportsAtomic",
     "SupportsCommandLog",
     "SupportsCommandWakeups",
+    "SupportsConnectionCount",
     "SupportsCreateMany",
     "SupportsCreateSchema",
     "SupportsDedupe",
@@ -46,6 +47,7 @@ __all__ = [
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
+    "SupportsNodePulse",
     "SupportsNodeRegistry",
     "SupportsPendingCommands",
     "SupportsPipelineRegistry",
@@ -213,9 +215,18 @@ class SupportsMarkExpired(Protocol):
 
 @runtime_checkable
 class SupportsCommandWakeups(Protocol):
-    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake()`` soon after any process submits a command (a latency
-        optimisation: polling stays the truth). Returns a function that unsubscribes."""
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``wake()`` soon after any process submits a command, and once after any
+        gap in which one could have been missed (a reconnect): polling stays the truth,
+        as a slow safety net. Returns a function that unsubscribes, or ``None`` where
+        this store cannot wake its subscribers after all (they then poll often)."""
+        ...
+
+
+@runtime_checkable
+class SupportsConnectionCount(Protocol):
+    def connections(self) -> int:
+        """Server connections the store holds now (a node says it in its health)."""
         ...
 
 
@@ -250,6 +261,21 @@ class SupportsNodeRegistry(Protocol):
 
     def nodes(self) -> list[NodeRecord]:
         """Every declaration, live or not."""
+        ...
+
+
+@runtime_checkable
+class SupportsNodePulse(Protocol):
+    """A node's beacon and its look at the command queue in one statement: the poller's
+    safety net rides on the beacon, and an idle node costs the store one transaction a
+    beacon (docs/design.md, "Commands")."""
+
+    def pulse_node(
+        self, node: str, *, now: datetime, health: NodeHealth | None = None
+    ) -> int | None:
+        """``refresh_node``, and how many open commands no claim's lease holds (by the
+        new ``seen_at``), in one statement; ``None`` where ``refresh_node`` would answer
+        ``False`` (declare again)."""
         ...
 
 

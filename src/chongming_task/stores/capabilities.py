@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .. import states
 from ..errors import ConcurrencyConflict, ConfigurationError, StoreError
 from ..health import NodeHealth
 from ..late import LateReport
@@ -31,8 +30,8 @@ from ..model import (
     TaskSnapshot,
     TaskStatus,
     Transition,
-    trusted_transition,
 )
+from ._lost import lost_mark
 from ._read_whole import ReadWhole
 from ._supports import (
     CountBy,
@@ -46,6 +45,7 @@ from ._supports import (
     SupportsAtomic,
     SupportsCommandLog,
     SupportsCommandWakeups,
+    SupportsConnectionCount,
     SupportsCreateMany,
     SupportsCreateSchema,
     SupportsDedupe,
@@ -53,6 +53,7 @@ from ._supports import (
     SupportsLateReports,
     SupportsMarkExpired,
     SupportsMarkLost,
+    SupportsNodePulse,
     SupportsNodeRegistry,
     SupportsPendingCommands,
     SupportsPipelineRegistry,
@@ -81,6 +82,7 @@ __all__ = [
     "SupportsAtomic",
     "SupportsCommandLog",
     "SupportsCommandWakeups",
+    "SupportsConnectionCount",
     "SupportsCreateMany",
     "SupportsCreateSchema",
     "SupportsDedupe",
@@ -88,6 +90,7 @@ __all__ = [
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
+    "SupportsNodePulse",
     "SupportsNodeRegistry",
     "SupportsPendingCommands",
     "SupportsPipelineRegistry",
@@ -102,6 +105,7 @@ __all__ = [
     "SupportsWriteTogether",
     "SupportsWriteTransitions",
     "Verdict",
+    "lost_mark",
     "rules_of",
 ]
 
@@ -121,6 +125,7 @@ class Capabilities:
         "_nodes",
         "_pending",
         "_pipelines",
+        "_pulse",
         "_renew_leases",
         "_retention",
         "_scan",
@@ -205,6 +210,7 @@ class Capabilities:
         )
         self._retention = store if isinstance(store, SupportsPruneByAge) else None
         self._timeline = store if isinstance(store, SupportsEndedTimeline) else None
+        self._pulse = store.pulse_node if isinstance(store, SupportsNodePulse) else None
 
     def __repr__(self) -> str:
         found = [
@@ -231,6 +237,7 @@ class Capabilities:
                 ("create_schema", self._schema),
                 ("prune by age", self._retention),
                 ("ended timeline", self._timeline),
+                ("node pulse", self._pulse),
             )
             if present is not None
         ]
@@ -429,10 +436,25 @@ class Capabilities:
         if self._nodes is not None:
             self._nodes.declare_node(record)
 
-    def refresh_node(self, node: str, *, now: datetime, health: NodeHealth | None = None) -> bool:
+    @property
+    def has_node_pulse(self) -> bool:
+        return self._pulse is not None
+
+    def connections(self) -> int | None:
+        """Server connections the store holds now (``SupportsConnectionCount``)."""
+        return self.store.connections() if isinstance(self.store, SupportsConnectionCount) else None
+
+    def pulse_node(
+        self, node: str, *, now: datetime, health: NodeHealth | None = None
+    ) -> int | None:
+        """The node's declaration refreshed, and the claimable commands counted
+        (``SupportsNodePulse``): else ``refresh_node`` and 0 (the poller polls), or 0
+        where the store keeps no registry; ``None``: declare again."""
+        if self._pulse is not None:
+            return self._pulse(node, now=now, health=health)
         if self._nodes is None:
-            return True
-        return self._nodes.refresh_node(node, now=now, health=health)
+            return 0
+        return 0 if self._nodes.refresh_node(node, now=now, health=health) else None
 
     def retire_node(self, node: str, *, now: datetime) -> None:
         if self._nodes is not None:
@@ -562,22 +584,3 @@ class Capabilities:
         """Finished tasks per ``(slot, status)`` by when they ended (``SupportsEndedTimeline``)."""
         timeline = self._timeline or ReadWhole(self.store)
         return timeline.ended_timeline(since=since, width=width)
-
-
-def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Creation:
-    """The ``lost`` snapshot and transition reconcile writes for ``s`` (the one table
-    checks the move)."""
-    states.check(s.task_id, s.status, TaskStatus.LOST)
-    failure, reason = verdict(s.lease_owner)
-    version = s.status_version + 1
-    marked = s.evolve(status=TaskStatus.LOST, status_version=version, ended_at=at, failure=failure)
-    transition: Transition = trusted_transition(
-        task_id=s.task_id,
-        version=version,
-        from_status=s.status,
-        to_status=TaskStatus.LOST,
-        at=at,
-        reason=reason,
-        actor=actor,
-    )
-    return marked, transition

@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from unittest import SkipTest
 
 from ..health import NodeHealth, ServiceFault
 from ..late import LateReport
@@ -24,6 +25,7 @@ from ..stores.capabilities import (
     SupportsCommandLog,
     SupportsCommandWakeups,
     SupportsLateReports,
+    SupportsNodePulse,
     SupportsNodeRegistry,
     SupportsPendingCommands,
     SupportsPipelineRegistry,
@@ -43,13 +45,21 @@ class FleetCapabilityContract(ContractBase):
             assert isinstance(store, SupportsCommandWakeups)
             woke = threading.Event()
             unsubscribe = store.subscribe_commands(woke.set)
+            if unsubscribe is None:
+                raise SkipTest(f"{type(store).__name__} cannot wake a subscriber here")
             try:
-                # The subscription may take a moment to start: keep submitting a while.
+                # The subscription may take a moment to start (and may wake once when it
+                # does): keep submitting a while.
                 for i in range(40):
                     store.submit_command(self.command(f"wake-{i}", i))
                     if woke.wait(0.25):
                         break
                 assert woke.is_set(), "no wake-up within 10 s of submitting commands"
+                time.sleep(0.5)  # wake-ups of the commands above still on their way
+                woke.clear()
+                # Once subscribed, a single command is enough.
+                store.submit_command(self.command("wake-once", 100))
+                assert woke.wait(5), "a single command woke no subscriber within 5 s"
             finally:
                 unsubscribe()
 
@@ -162,6 +172,42 @@ class FleetCapabilityContract(ContractBase):
             assert health() == sick  # no health given: as it was
             assert store.refresh_node("node-a", now=at(20), health=NodeHealth()) is True
             assert health() == NodeHealth()
+
+    def test_capability_node_pulse_refreshes_and_counts_the_commands_nobody_holds(
+        self,
+    ) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsNodePulse, "pulse_node()")
+            assert isinstance(store, SupportsNodePulse)
+            assert isinstance(store, SupportsNodeRegistry)
+            record = NodeRecord(
+                node="node-a",
+                buckets=None,
+                num_buckets=64,
+                ttl_seconds=30.0,
+                started_at=at(0),
+                seen_at=at(0),
+                host="h",
+                pid=1,
+            )
+            store.declare_node(record)
+            assert store.pulse_node("node-a", now=at(10)) == 0
+            (seen,) = store.nodes()
+            assert seen.seen_at > record.seen_at  # refreshed (the store's clock, if any)
+            for i in range(3):
+                store.submit_command(self.command(f"c{i}", i, task_id=f"t{i}"))
+            assert store.pulse_node("node-a", now=at(11), health=NodeHealth()) == 3
+            assert store.nodes()[0].health == NodeHealth()
+            # A claim's lease hides what it holds (a lease that outlives any clock here);
+            # a finished command is no longer open.
+            claimed = store.claim_commands(now=at(12), lease_seconds=10**9, limit=1)
+            assert [c.command_id for c in claimed] == ["c0"]
+            assert store.pulse_node("node-a", now=at(13)) == 2
+            store.complete_command("c1", now=at(14), outcome="stopping")
+            assert store.pulse_node("node-a", now=at(15)) == 1
+            assert store.pulse_node("nobody", now=at(16)) is None
+            store.retire_node("node-a", now=at(17))
+            assert store.pulse_node("node-a", now=at(18)) is None  # declare again
 
     def test_capability_late_reports_are_kept_beside_the_task_and_pruned_with_it(
         self,

@@ -18,7 +18,7 @@ import psycopg
 
 from ...loops import Pass, keep_running
 
-__all__ = ["Announcer", "Listener", "listen"]
+__all__ = ["Announcer", "Listener", "Subscriptions", "listen"]
 
 _RECONNECT_AFTER = 1.0
 """Seconds between attempts while the server is away (polling carries on meanwhile)."""
@@ -28,8 +28,17 @@ class Listener:
     """Calls ``wake()`` for each notification on ``channel`` (a validated identifier),
     on a daemon thread called ``name`` that reconnects after failures."""
 
-    def __init__(self, dsn: str, channel: str, wake: Callable[[], None], *, name: str) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        channel: str,
+        wake: Callable[[], None],
+        *,
+        name: str,
+        application_name: str = "chongming-task",
+    ) -> None:
         self._dsn = dsn
+        self._application_name = application_name
         self._channel = channel
         self._wake = wake
         self._stop = threading.Event()
@@ -47,9 +56,17 @@ class Listener:
         dropped and made again at the next pass."""
         conn = self._conn
         if conn is None:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+            conn = psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=self._application_name,
+            )
             self._conn = conn
             conn.execute(f"LISTEN {self._channel}".encode())
+            # Whatever was announced while this had no connection went unheard: one
+            # wake-up now, so a subscriber that polls rarely looks at once.
+            self._wake()
         heard = 0
         for _ in conn.notifies(timeout=0.5, stop_after=1):
             self._wake()
@@ -79,11 +96,46 @@ class Listener:
         self._thread.join(5)
 
 
-def listen(dsn: str, channel: str, wake: Callable[[], None], *, name: str) -> Callable[[], None]:
+def listen(
+    dsn: str,
+    channel: str,
+    wake: Callable[[], None],
+    *,
+    name: str,
+    application_name: str = "chongming-task",
+) -> Callable[[], None]:
     """Start a ``Listener``; returns the function that stops it."""
-    listener = Listener(dsn, channel, wake, name=name)
+    listener = Listener(dsn, channel, wake, name=name, application_name=application_name)
     listener.start()
     return listener.stop
+
+
+class Subscriptions:
+    """A store's ``LISTEN`` subscriptions, each a ``Listener`` on a connection of its
+    own: ``len()`` is how many such connections the store holds."""
+
+    def __init__(self, dsn: str, application_name: str) -> None:
+        self._dsn = dsn
+        self._application_name = application_name
+        self._live: set[object] = set()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def listen(self, channel: str, wake: Callable[[], None], name: str) -> Callable[[], None]:
+        """``listen()``, counted until the returned function stops it."""
+        stop = listen(self._dsn, channel, wake, name=name, application_name=self._application_name)
+        token = object()
+        with self._lock:
+            self._live.add(token)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._live.discard(token)
+            stop()
+
+        return unsubscribe
 
 
 class Announcer:

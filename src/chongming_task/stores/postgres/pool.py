@@ -24,6 +24,10 @@ __all__ = ["ServerPool"]
 
 _PROBE_INTERVAL = 0.2
 """Seconds between direct connection attempts while the server is away."""
+_MAX_IDLE = 30.0
+"""Seconds a pooled connection beyond ``min_size`` may sit unused before the pool closes
+it (one every such spell): a node that was busy gives its connections back to the
+server within a minute or two of going idle."""
 
 
 def _still_connected(conn: Connection[Any]) -> None:
@@ -121,9 +125,14 @@ class ServerPool:
             # During an outage a write fails after this long (the write-through buffers it
             # and catches up later) instead of holding a task for the pool's default 30 s.
             timeout=self._timeout,
+            max_idle=_MAX_IDLE,
             open=False,
             name=f"chongming:{self.where}",
         )
+
+    def size(self) -> int:
+        """Connections the pool holds now (in use or idle)."""
+        return int(self._pool.get_stats().get("pool_size", 0))
 
     def errors(self, what: str) -> contextlib.AbstractContextManager[None]:
         """The driver's errors raised inside, as the store's; an outage noticed."""

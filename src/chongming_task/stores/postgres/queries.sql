@@ -154,7 +154,8 @@ DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)
 -- name: upsert_node
 INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
                    stopped_at, host, pid, health)
-VALUES (%s, %s, %s, %s, %s::timestamptz, %s::timestamptz, NULL, %s, %s, %s)
+VALUES (%s, %s, %s, %s, COALESCE(%s::timestamptz, statement_timestamp()),
+        COALESCE(%s::timestamptz, statement_timestamp()), NULL, %s, %s, %s)
 ON CONFLICT (node) DO UPDATE SET
     num_buckets = excluded.num_buckets, all_buckets = excluded.all_buckets,
     ttl_seconds = excluded.ttl_seconds, started_at = excluded.started_at,
@@ -165,17 +166,27 @@ ON CONFLICT (node) DO UPDATE SET
 DELETE FROM node_buckets WHERE node = %s
 
 -- name: declare_node_bucket
-INSERT INTO node_buckets (bucket, node, updated_at) VALUES (%s, %s, %s::timestamptz)
+INSERT INTO node_buckets (bucket, node, updated_at)
+VALUES (%s, %s, COALESCE(%s::timestamptz, statement_timestamp()))
 
+-- Node times: the server's clock where the store passes none (it always does: one
+-- clock for every node's liveness, read here rather than in a round trip of its own).
 -- name: refresh_node
-UPDATE nodes SET seen_at = %s::timestamptz, health = COALESCE(%s, health)
+UPDATE nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
+                 health = COALESCE(%s, health)
 WHERE node = %s AND stopped_at IS NULL
 
--- name: refresh_node_buckets
-UPDATE node_buckets SET updated_at = %s::timestamptz WHERE node = %s
+-- The beacon, and the open commands no claim holds, in one statement: an idle node's
+-- poller needs no statement of its own (the partial index of open commands answers).
+-- name: pulse_node
+UPDATE nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
+                 health = COALESCE(%s, health)
+WHERE node = %s AND stopped_at IS NULL
+RETURNING (SELECT count(*) FROM commands WHERE finished_at IS NULL
+           AND (lease_until IS NULL OR lease_until <= nodes.seen_at))
 
 -- name: retire_node
-UPDATE nodes SET stopped_at = %s::timestamptz WHERE node = %s
+UPDATE nodes SET stopped_at = COALESCE(%s::timestamptz, statement_timestamp()) WHERE node = %s
 
 -- name: nodes
 SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,

@@ -9,7 +9,17 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-__all__ = ["IDENTIFIER", "SCHEMA_VERSION", "schema_ddl", "schema_lock_key", "stored_version"]
+from ...errors import StoreError
+from .._sql import newer_schema, older_schema
+
+__all__ = [
+    "IDENTIFIER",
+    "SCHEMA_VERSION",
+    "older_schema_on",
+    "schema_ddl",
+    "schema_lock_key",
+    "stored_version",
+]
 
 SCHEMA_VERSION = 3
 """The version of the tables this release makes and reads (``schema_version``). A schema
@@ -44,3 +54,15 @@ def stored_version(conn: Any, sql: Mapping[str, str]) -> int | None:
         made = conn.execute(sql["tasks_table"]).fetchone()
         return 1 if made is not None and made[0] is not None else None
     return None if row is None else int(row[0])
+
+
+def older_schema_on(conn: Any, sql: Mapping[str, str], holder: str) -> StoreError | None:
+    """Refuse (raise) a schema a newer release made: this one could misread its tables
+    or write rows they no longer mean. The error to raise until ``migrate`` for a
+    schema an older release made, else ``None``."""
+    found = stored_version(conn, sql)
+    if found is not None and found > SCHEMA_VERSION:
+        raise newer_schema(holder, found, SCHEMA_VERSION)
+    if found is not None and found < SCHEMA_VERSION:
+        return older_schema(holder, found, SCHEMA_VERSION)
+    return None

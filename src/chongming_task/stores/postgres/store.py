@@ -55,14 +55,12 @@ from .._sql import (
     TaskScanSQL,
     encoded_tag,
     load_named,
-    newer_schema,
-    older_schema,
     query_sql,
     verdicts_of_expired,
 )
 from .._supports import LifeWrite
 from ..capabilities import Verdict
-from .schema import IDENTIFIER, SCHEMA_VERSION, schema_ddl, schema_lock_key, stored_version
+from .schema import IDENTIFIER, SCHEMA_VERSION, older_schema_on, schema_ddl, schema_lock_key
 
 try:
     import psycopg
@@ -71,7 +69,7 @@ try:
 
     from .errors import translated
     from .group import GroupCommit, GroupWrite, batch_params, group_statements, settle
-    from .listen import Announcer, listen
+    from .listen import Announcer, Subscriptions
     from .pool import ServerPool
 except ImportError:  # the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
@@ -137,15 +135,18 @@ class PostgresTaskStore(
         *,
         schema: str = DEFAULT_SCHEMA,
         min_size: int = 1,
-        max_size: int = 10,
+        max_size: int = 3,
         connect_timeout: float = 5.0,
         application_name: str = "chongming-task",
         announce_writes: bool = True,
         wait_for_server: bool = True,
     ) -> None:
-        """``announce_writes``: after writes of tasks or transitions, ``NOTIFY`` the
-        schema's transitions channel (at most ten a second, off the write path), so a
-        follower such as the dashboard sees them at once; off, followers poll.
+        """Connections: the pool's (``min_size`` to ``max_size``; beyond ``min_size``
+        closed after 30 s unused) and one per subscription (a node's ``LISTEN``), so a
+        node holds 4 at most by default, 2 while idle. ``announce_writes``: after writes
+        of tasks or transitions, ``NOTIFY`` the schema's transitions channel (at most ten
+        a second, off the write path), so a follower such as the dashboard sees them at
+        once; off, followers poll.
         ``wait_for_server=False``: nothing listening is an error at once (a command line),
         not waited for up to ``connect_timeout`` (a node started beside its server)."""
         if psycopg is None:
@@ -172,6 +173,7 @@ class PostgresTaskStore(
             wait_for_server=wait_for_server,
         )
         self.where = self._server.where
+        self._listening = Subscriptions(self._server.dsn, application_name)
         self._older: StoreError | None = None  # an older release's schema: until migrated
         try:
             self._check_version()
@@ -180,20 +182,14 @@ class PostgresTaskStore(
             raise
 
     def _check_version(self) -> None:
-        """Refuse a schema a newer release made: this one could misread its tables or
-        write rows they no longer mean. Checked once, when the store opens (on the
-        pool's connection, so a server that was away a moment is checked too)."""
-        # An outage here fails the open: nothing to fail fast for, no prober to start.
+        """Checked once, when the store opens, on the pool's connection (a server that
+        was away a moment is checked too); an outage here fails the open."""
+        holder = f"chongming-task schema {self.schema!r} at {self.where}"
         with (
             translated("open", self.where, self.schema, lambda: None),
             self._server.opening().connection() as conn,
         ):
-            found = stored_version(conn, _SQL)
-        holder = f"chongming-task schema {self.schema!r} at {self.where}"
-        if found is not None and found > SCHEMA_VERSION:
-            raise newer_schema(holder, found, SCHEMA_VERSION)
-        if found is not None and found < SCHEMA_VERSION:
-            self._older = older_schema(holder, found, SCHEMA_VERSION)
+            self._older = older_schema_on(conn, _SQL, holder)
 
     group_commit = True
     """Writes made side by side share a statement (``group.GroupCommit``)."""
@@ -267,8 +263,8 @@ class PostgresTaskStore(
             if not pg.nextset():
                 return written
 
-    def _node_time(self, given: datetime) -> datetime:
-        return self.storage_now()  # one clock for every node's liveness
+    def _seen(self, given: datetime) -> None:
+        return None  # the server's clock, read by the statement: one for every node
 
     def storage_now(self) -> datetime:
         """Optional capability (``SupportsStorageClock``): the server's clock."""
@@ -567,22 +563,24 @@ class PostgresTaskStore(
                 raise StoreError(f"command {command.command_id} already exists") from None
             raise
 
+    def connections(self) -> int:
+        """Server connections this store holds now: its pool's, and one a subscription
+        (``LISTEN``)."""
+        return self._server.size() + len(self._listening)
+
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
         any process submits a command, so a poller can claim it before its next interval.
         Polling stays the source of truth (docs/design.md, "Commands"). Returns a
         function that stops it."""
-        return listen(self._server.dsn, self._channel, wake, name=f"chongming-listen[{self.where}]")
+        return self._listening.listen(self._channel, wake, f"chongming-listen[{self.where}]")
 
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Optional capability (``SupportsTransitionWakeups``): call ``wake()`` soon after
         any process writes tasks or transitions through a store that announces its
         writes (``announce_writes``, the default). Returns a function that stops it."""
-        return listen(
-            self._server.dsn,
-            self._transitions_channel,
-            wake,
-            name=f"chongming-follow[{self.where}]",
+        return self._listening.listen(
+            self._transitions_channel, wake, f"chongming-follow[{self.where}]"
         )
 
     def prune(self, *, keep_terminal: int) -> int:

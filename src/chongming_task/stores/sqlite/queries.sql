@@ -511,8 +511,12 @@ INSERT INTO node_buckets (bucket, node, updated_at) VALUES (?, ?, ?)
 -- name: refresh_node
 UPDATE nodes SET seen_at = ?, health = COALESCE(?, health) WHERE node = ? AND stopped_at IS NULL
 
--- name: refresh_node_buckets
-UPDATE node_buckets SET updated_at = ? WHERE node = ?
+-- The beacon, and the open commands no claim holds, in one statement (see Postgres's).
+-- name: pulse_node
+UPDATE nodes SET seen_at = ?, health = COALESCE(?, health)
+WHERE node = ? AND stopped_at IS NULL
+RETURNING (SELECT count(*) FROM commands WHERE finished_at IS NULL
+           AND (lease_until IS NULL OR lease_until <= nodes.seen_at))
 
 -- name: retire_node
 UPDATE nodes SET stopped_at = ? WHERE node = ?

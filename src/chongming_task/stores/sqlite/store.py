@@ -289,11 +289,11 @@ class SqliteTaskStore(
         for wake in list(self._wakes):
             wake()
 
-    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
         any process submits a command on this file, through a named pipe of this
         process (``wakeups``); polling stays the truth. Returns the function that stops
-        it."""
+        it, or ``None`` where no pipe can be made."""
         if self._wake_directory is None:  # in memory: no other process can send one
             self._wakes.append(wake)
             return lambda: self._wakes.remove(wake) if wake in self._wakes else None

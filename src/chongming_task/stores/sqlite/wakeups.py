@@ -39,9 +39,10 @@ def wake_directory(database: str) -> Path | None:
     return Path(database + "-wake")
 
 
-def subscribe(directory: Path, wake: Callable[[], None], *, name: str) -> Callable[[], None]:
+def subscribe(directory: Path, wake: Callable[[], None], *, name: str) -> Callable[[], None] | None:
     """Call ``wake()`` whenever a process ``announce``s in ``directory``; returns the
-    function that stops it (and removes the pipe)."""
+    function that stops it (and removes the pipe), or ``None`` where no pipe can be made
+    (the subscriber then polls often)."""
     try:
         directory.mkdir(exist_ok=True)
         pipe = directory / f"{os.getpid()}-{next(_SEQ)}"
@@ -51,7 +52,7 @@ def subscribe(directory: Path, wake: Callable[[], None], *, name: str) -> Callab
         fd = os.open(pipe, os.O_RDWR)
     except OSError as exc:
         log.debug("no command wake-ups through %s (%s): nodes poll", directory, exc)
-        return lambda: None
+        return None
     stopping = threading.Event()
 
     def listen() -> None:
