@@ -9,6 +9,8 @@ database's transactions (``pg_stat_database``) over ``--seconds`` and its connec
 (``pg_stat_activity``). The same nodes then run again as a reference with a command poll
 every 0.5 s and a pool of up to 10 (the settings of a node that polls the table), in the
 same run. Targets: an idle node at most 0.2 transactions a second and 2 connections.
+Last, one node running 100 tasks that never end (no transition in the window): its
+upkeep (lease renewals, heartbeats, beacon) at most 1 transaction a second.
 """
 
 from __future__ import annotations
@@ -26,26 +28,42 @@ _NODE = """
 import signal, sys
 from chongming_task import Controller
 from chongming_task.stores.postgres import PostgresTaskStore
-dsn, owner, poll, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+dsn, owner, poll, size, tasks = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:6])
 store = PostgresTaskStore(dsn, schema="idle", max_size=size)
-node = Controller(store, owner=owner, owned_buckets=range(64),
+node = Controller(store, owner=owner, owned_buckets=range(64), max_workers=tasks + 4,
                   command_poll_interval=None if poll == "default" else float(poll))
+
+@node.task(name="long")
+def long(token):  # checkpoints all the time, as a busy task does
+    while True:
+        token.checkpoint()
+        token.sleep(0.05)
+
+for _ in range(tasks):
+    node.submit("long")
 print("up", flush=True)
 signal.sigwait({signal.SIGTERM})
-node.close()
+node.close(timeout=10)
 store.close()
 """
 
 
 def measure(
-    base: str, db: str, nodes: int, poll: str, size: int, settle: float, seconds: float
+    base: str,
+    db: str,
+    nodes: int,
+    poll: str,
+    size: int,
+    settle: float,
+    seconds: float,
+    tasks: int = 0,
 ) -> tuple[float, int]:
     """(transactions a second, connections) of ``nodes`` idle nodes."""
     dsn = base.rsplit("/", 1)[0] + "/" + db
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _NODE, dsn, f"idle-{i}", poll, str(size)],
+            [sys.executable, "-c", _NODE, dsn, f"idle-{i}", poll, str(size), str(tasks)],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -105,6 +123,13 @@ def main() -> None:
                 f"  {label:24} {rate / args.nodes:6.3f} transactions/s a node, "
                 f"{conns / args.nodes:4.1f} connections a node"
             )
+        # One node running 100 tasks that checkpoint every 50 ms and never end: no
+        # transition in the window, so every transaction is the node's own upkeep.
+        rate, conns = measure(args.dsn, db, 1, "default", 3, 30.0, args.seconds, tasks=100)
+        print(
+            f"  {'busy: 100 running tasks':24} {rate:6.3f} transactions/s, "
+            f"{conns} connections (target: at most 1 transaction a second)"
+        )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")

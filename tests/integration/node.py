@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--owner", default=None)
     parser.add_argument("--owned", default=None, help="e.g. 0-31")
     parser.add_argument("--lease-ttl", type=float, default=30.0)
-    parser.add_argument("--poll", type=float, default=0.05)
+    parser.add_argument("--poll", default="0.05", help="seconds, or 'default'")
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
     parser.add_argument("--delay", type=float, default=None, help="each submit this late")
     parser.add_argument("--claim-on", default=None)
@@ -62,7 +62,7 @@ def main() -> None:
         owner=args.owner,
         owned_buckets=owned,
         lease_ttl=args.lease_ttl,
-        command_poll_interval=args.poll,
+        command_poll_interval=None if args.poll == "default" else float(args.poll),
         activity_interval=0.05,
         max_workers=args.workers,
         clock=OffsetClock(args.clock_offset),

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from .. import states
 from ..errors import StoreError, StoreUnavailable
 from ..late import LateReport
-from ..model import Failure, FailureKind, TaskScan
+from ..model import Failure, FailureKind, Progress, TaskScan
 from .services import LoopService, NodeContext, Pass
 
 if TYPE_CHECKING:
@@ -149,6 +149,13 @@ class RetryRelease:
         return Pass(done=self._dispatcher.release_due())
 
 
+HEARTBEAT_EVERY = 5.0
+"""Seconds between two writes of a task's heartbeat alone: a progress move is written at
+the next pass, a checkpoint that only says "alive" at most this often. A node running
+100 tasks that checkpoint all the time wrote their heartbeats 3 times a second; now once
+every 5 s (bench/idle_node.py's busy row)."""
+
+
 class ActivityFlush:
     """Progress and heartbeats go to the store beside the version (never ``save``), all
     of a pass in one call where the store can. A task whose row the store refuses
@@ -162,19 +169,31 @@ class ActivityFlush:
         self._caps = node.capabilities
         self._reachable = reachable
         self._faults = node.health.faults
+        self._written: dict[str, tuple[Progress | None, float]] = {}
+        """Per task: the progress last written, and when (monotonic)."""
 
     def run_once(self, now: float) -> Pass:
         readings: list[tuple[TaskRun, int]] = []
         items: list[Activity] = []
-        for run in self._registry.active():
+        previous = self._written
+        fresh: dict[str, tuple[Progress | None, float]] = {}
+        active = self._registry.active()
+        for run in active:
             if run.desynced:
                 continue
             activity = run.unflushed_activity()
             if activity is None:
                 continue
             seq, progress, heartbeat = activity
+            last = previous.get(run.task_id)
+            if last is not None and progress == last[0] and now - last[1] < HEARTBEAT_EVERY:
+                continue  # a heartbeat alone, written not long ago: it waits
+            fresh[run.task_id] = (progress, now)
             readings.append((run, seq))
             items.append((run.task_id, progress, heartbeat))
+        if len(previous) > 2 * len(active) + 100:  # forget the tasks that ended
+            held = {run.task_id for run in active}
+            self._written = {k: v for k, v in previous.items() if k in held}
         if not items:
             return Pass()
         try:
@@ -185,6 +204,7 @@ class ActivityFlush:
             refused = self._one_by_one(readings, items)
         else:
             refused = set() if written is None else {i[0] for i in items} - written
+        self._written.update(fresh)
         self._reachable()
         for run, seq in readings:
             if run.task_id in refused:

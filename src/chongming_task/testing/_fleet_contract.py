@@ -38,6 +38,20 @@ from ._contract_base import ContractBase, at
 __all__ = ["FleetCapabilityContract"]
 
 
+def _every_bucket(node: str) -> NodeRecord:
+    """A node declaring every bucket, started and seen at ``at(0)``."""
+    return NodeRecord(
+        node=node,
+        buckets=None,
+        num_buckets=64,
+        ttl_seconds=30.0,
+        started_at=at(0),
+        seen_at=at(0),
+        host="h",
+        pid=1,
+    )
+
+
 class FleetCapabilityContract(ContractBase):
     def test_capability_command_wakeups_wake_a_subscriber(self) -> None:
         with self._store() as store:
@@ -150,18 +164,7 @@ class FleetCapabilityContract(ContractBase):
                 unhealthy_services=("writer",),
                 desynced=1,
             )
-            record = NodeRecord(
-                node="node-a",
-                buckets=None,
-                num_buckets=64,
-                ttl_seconds=30.0,
-                started_at=at(0),
-                seen_at=at(0),
-                host="h",
-                pid=1,
-                health=sick,
-            )
-            store.declare_node(record)
+            store.declare_node(replace(_every_bucket("node-a"), health=sick))
 
             def health() -> NodeHealth | None:
                 (got,) = store.nodes()
@@ -180,16 +183,7 @@ class FleetCapabilityContract(ContractBase):
             self._declares(store, SupportsNodePulse, "pulse_node()")
             assert isinstance(store, SupportsNodePulse)
             assert isinstance(store, SupportsNodeRegistry)
-            record = NodeRecord(
-                node="node-a",
-                buckets=None,
-                num_buckets=64,
-                ttl_seconds=30.0,
-                started_at=at(0),
-                seen_at=at(0),
-                host="h",
-                pid=1,
-            )
+            record = _every_bucket("node-a")
             store.declare_node(record)
             assert store.pulse_node("node-a", now=at(10)) == 0
             (seen,) = store.nodes()
