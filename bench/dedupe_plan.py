@@ -72,10 +72,10 @@ def postgres_plan(tasks: int, dsn: str) -> None:
     import psycopg
 
     from chongming_task.stores.postgres import PostgresTaskStore
-
-    pg_sql = load_named("chongming_task.stores.postgres")
+    from chongming_task.stores.postgres.schema import statements_in
 
     schema = f"chongming_plan_{os.getpid()}"
+    pg_sql = statements_in(load_named("chongming_task.stores.postgres"), schema)
     made = PostgresTaskStore(dsn, schema=schema)
     made.create_schema()
     made.close()

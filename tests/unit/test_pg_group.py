@@ -144,7 +144,11 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
     import re
 
     pytest.importorskip("psycopg")
-    from chongming_task.stores.postgres.store import _GROUP_SQL
+    from chongming_task.stores._sql import load_named
+    from chongming_task.stores.postgres.group import group_statements
+    from chongming_task.stores.postgres.schema import statements_in
+
+    statements = group_statements(statements_in(load_named("chongming_task.stores.postgres"), "s"))
 
     def life(task_id: str) -> GroupWrite:
         snap = TaskSnapshot(
@@ -165,7 +169,7 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
     for batch in batches:
         which, params = batch_params(batch)
         seen.add(which)
-        placeholders = {int(n) for n in re.findall(rb"\$(\d+)", _GROUP_SQL[which])}
+        placeholders = {int(n) for n in re.findall(rb"\$(\d+)", statements[which])}
         assert placeholders == set(range(1, len(params) + 1)), which
     assert len(seen) == len(batches)
 

@@ -129,7 +129,8 @@ class RetentionSQL:
         chosen = check_retention_args(before, statuses, limit)
         where, params = ended_where(self._dialect, before, chosen, buckets)
         p = self._dialect.placeholder
-        select = f"SELECT task_id, seq FROM tasks WHERE {where} ORDER BY created_at LIMIT {p}"
+        tasks = self._dialect.tasks
+        select = f"SELECT task_id, seq FROM {tasks} WHERE {where} ORDER BY created_at LIMIT {p}"
         with self._sql_scope("prune by age", write=True) as cur:
             rows = [tuple(r) for r in cur.execute(select, [*params, limit]).fetchall()]
             if rows:
@@ -158,7 +159,9 @@ class RetentionSQL:
         where, params = ended_where(self._dialect, before, chosen, buckets)
         with self._sql_scope("count by age", write=False) as cur:
             return int(
-                cur.execute(f"SELECT COUNT(*) FROM tasks WHERE {where}", params).fetchone()[0]
+                cur.execute(
+                    f"SELECT COUNT(*) FROM {self._dialect.tasks} WHERE {where}", params
+                ).fetchone()[0]
             )
 
     def ended_timeline(
@@ -172,7 +175,7 @@ class RetentionSQL:
         # Both times in whole microseconds: the slot is an exact integer division.
         sql = (
             f"SELECT ({d.micros('ended_at')} - {p}) / {p} AS slot, status, COUNT(*)"
-            f" FROM tasks WHERE ended_at >= {d.time} AND {in_status} GROUP BY slot, status"
+            f" FROM {d.tasks} WHERE ended_at >= {d.time} AND {in_status} GROUP BY slot, status"
         )
         since_micros = (since - _EPOCH) // timedelta(microseconds=1)
         params = [since_micros, step, codec.encode_dt(since), *statuses]

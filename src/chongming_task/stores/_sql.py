@@ -112,6 +112,10 @@ class Dialect:
     fence: bool = False
     """Filter before ordering in a scan's rows query (a subquery the planner keeps): else
     PostgreSQL walks the ``created_at`` index through every row to find a rare few."""
+    tasks: str = "tasks"
+    """The tasks table, as statements name it (Postgres: qualified by its schema)."""
+    transitions: str = "transitions"
+    """The trail's table, likewise."""
     trail_of_task: str = "tr.task_id = tasks.task_id"
     """Which rows of the trail (``transitions tr``) are the task's, by its key (SQLite
     keys the trail by ``seq * 16777216 + version``: the task's row of its current
@@ -201,7 +205,7 @@ def count_sql(by: str, statuses: frozenset[TaskStatus] | None, dialect: Dialect)
     columns = _COUNT_BY.get(by)
     if columns is None:
         raise ValueError(f"cannot count tasks by {by!r}")
-    sql = f"SELECT {columns}, COUNT(*) FROM tasks"
+    sql = f"SELECT {columns}, COUNT(*) FROM {dialect.tasks}"
     params: list[Any] = []
     if statuses is not None:
         where, params = dialect.one_of("status", sorted(s.value for s in statuses))
@@ -234,7 +238,7 @@ def scan_where(scan: TaskScan, dialect: Dialect) -> Fragment:
         # row for the current version: a primary-key lookup per remaining task.
         add(
             (
-                f"created_at <= {t} AND COALESCE((SELECT tr.at FROM transitions tr "
+                f"created_at <= {t} AND COALESCE((SELECT tr.at FROM {dialect.transitions} tr "
                 f"WHERE {dialect.trail_of_task} AND tr.version = tasks.status_version), "
                 f"created_at) <= {t}",
                 [cut, cut],
@@ -246,12 +250,12 @@ def scan_where(scan: TaskScan, dialect: Dialect) -> Fragment:
 def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
     """The ``COUNT`` and the ``SELECT`` (oldest first, limited) of a ``TaskScan``."""
     where, params = scan_where(scan, dialect)
-    count = (f"SELECT COUNT(*) FROM tasks WHERE {where}", list(params))
+    count = (f"SELECT COUNT(*) FROM {dialect.tasks} WHERE {where}", list(params))
     order = f"ORDER BY created_at, {dialect.insertion_order}"
     if dialect.fence:
         # The subquery is named tasks, so the dialect's column list applies unchanged.
-        fenced = f"(SELECT * FROM tasks WHERE {where} OFFSET 0) AS tasks"
-        rows_sql = f"{dialect.select.replace(' FROM tasks', ' FROM ' + fenced)} {order}"
+        fenced = f"(SELECT * FROM {dialect.tasks} WHERE {where} OFFSET 0) AS tasks"
+        rows_sql = f"{dialect.select.replace(' FROM ' + dialect.tasks, ' FROM ' + fenced)} {order}"
     else:
         rows_sql = f"{dialect.select} WHERE {where} {order}"
     rows_params = list(params)

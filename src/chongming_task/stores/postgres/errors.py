@@ -87,7 +87,7 @@ def translated(what: str, where: str, schema: str, went_down: Callable[[], None]
     nothing was written, anything else is a ``StoreError`` naming ``what`` failed."""
     try:
         yield
-    except pg_errors.UndefinedTable:
+    except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
         raise StoreError(
             f"no chongming-task schema {schema!r} at {where}: create it once "
             f"with `chongming-task --db DSN migrate` (a role with DDL rights)"

@@ -81,7 +81,6 @@ class ServerPool:
         self.schema = schema
         self.closed = False
         self.connect_kwargs: dict[str, Any] = {
-            "options": f"-c search_path={schema}",
             "application_name": application_name,  # shows in pg_stat_activity
             "connect_timeout": max(1, round(connect_timeout)),
             # A single statement is its own transaction: one round trip, no BEGIN and

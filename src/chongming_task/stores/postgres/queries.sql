@@ -7,7 +7,7 @@
 -- whose key a success keeps (its window from the new task's creation) is not inserted,
 -- as an existing id is not (DedupeSQL then finds the holder).
 -- name: insert_task
-INSERT INTO tasks (
+INSERT INTO {schema}.tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
     failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
@@ -25,7 +25,7 @@ SELECT * FROM (VALUES (
     concurrency_key
 )
 WHERE v.dedupe_key IS NULL OR NOT EXISTS (
-    SELECT FROM tasks t WHERE t.dedupe_key = v.dedupe_key AND t.status = 'succeeded'
+    SELECT FROM {schema}.tasks t WHERE t.dedupe_key = v.dedupe_key AND t.status = 'succeeded'
       AND t.dedupe_window IS NOT NULL
       AND t.ended_at + t.dedupe_window * interval '1 second' > v.created_at
 )
@@ -33,7 +33,7 @@ ON CONFLICT (task_id) DO NOTHING
 
 -- save writes every column but the lease (docs/design.md, "Leases are not heartbeats").
 -- name: save_task
-UPDATE tasks SET
+UPDATE {schema}.tasks SET
     name = %s, status = %s, status_version = %s, attempt = %s, tags = %s::jsonb,
     bucket = %s, bucket_key = %s, pipeline_run_id = %s, owner = %s,
     created_at = %s::timestamptz, started_at = %s::timestamptz, ended_at = %s::timestamptz,
@@ -43,27 +43,27 @@ UPDATE tasks SET
 WHERE task_id = %s AND status_version = %s
 
 -- name: schema_version
-SELECT version FROM schema_version
+SELECT version FROM {schema}.schema_version
 
 -- name: tasks_table
-SELECT to_regclass('tasks')
+SELECT to_regclass('{schema}.tasks')
 
 -- name: stored_version
-SELECT status_version FROM tasks WHERE task_id = %s
+SELECT status_version FROM {schema}.tasks WHERE task_id = %s
 
 -- name: get_task
 SELECT task_id, name, status, status_version, attempt, tags::text, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
     progress::text, failure::text, outcome::text, lease_owner, lease_until, run_at, priority,
     dedupe_key, dedupe_window, concurrency_key
-FROM tasks WHERE task_id = %s
+FROM {schema}.tasks WHERE task_id = %s
 
 -- name: counts
-SELECT status, COUNT(*) FROM tasks GROUP BY status
+SELECT status, COUNT(*) FROM {schema}.tasks GROUP BY status
 
 -- Not on a finished row (the terminal statuses, as below).
 -- name: touch_task
-UPDATE tasks SET
+UPDATE {schema}.tasks SET
     progress = COALESCE(%s::jsonb, progress),
     last_heartbeat_at = COALESCE(%s::timestamptz, last_heartbeat_at),
     lease_owner = COALESCE(%s, lease_owner),
@@ -75,13 +75,13 @@ WHERE task_id = %s
 -- progress, heartbeats and leases never land on a finished row, nor on one another node
 -- holds. RETURNING: what was refused is what is missing.
 -- name: renew_lease
-UPDATE tasks SET lease_owner = %s, lease_until = %s::timestamptz
+UPDATE {schema}.tasks SET lease_owner = %s, lease_until = %s::timestamptz
 WHERE task_id = %s AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
     AND (lease_owner IS NULL OR lease_owner = %s)
 RETURNING task_id
 
 -- name: write_activity
-UPDATE tasks SET
+UPDATE {schema}.tasks SET
     progress = COALESCE(%s::jsonb, progress),
     last_heartbeat_at = COALESCE(%s::timestamptz, last_heartbeat_at)
 WHERE task_id = %s AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
@@ -89,16 +89,16 @@ WHERE task_id = %s AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancell
 RETURNING task_id
 
 -- name: append
-INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+INSERT INTO {schema}.transitions (task_id, version, from_status, to_status, at, reason, actor)
 VALUES (%s, %s, %s, %s, %s::timestamptz, %s, %s)
 ON CONFLICT (task_id, version) DO NOTHING
 
 -- name: history
 SELECT task_id, version, from_status, to_status, at, reason, actor
-FROM transitions WHERE task_id = %s AND version > %s ORDER BY version
+FROM {schema}.transitions WHERE task_id = %s AND version > %s ORDER BY version
 
 -- name: insert_command
-INSERT INTO commands (
+INSERT INTO {schema}.commands (
     command_id, task_id, action, issued_by, created_at, reason, lease_until, finished_at,
     outcome
 ) VALUES (%s, %s, %s, %s, %s::timestamptz, %s, %s::timestamptz, %s::timestamptz, %s)
@@ -108,51 +108,51 @@ INSERT INTO commands (
 -- name: open_commands
 SELECT lease_until IS NOT NULL AND lease_until > %s::timestamptz AS leased, command_id,
     task_id, action, issued_by, created_at, reason, lease_until, finished_at, outcome
-FROM commands WHERE finished_at IS NULL
+FROM {schema}.commands WHERE finished_at IS NULL
 ORDER BY seq LIMIT %s
 
 -- SKIP LOCKED: a command another claimer is taking right now is not waited for; the
 -- claim leaves it, and every later command of its task, to the next claim.
 -- name: lock_commands
-SELECT command_id FROM commands
+SELECT command_id FROM {schema}.commands
 WHERE command_id = ANY(%s) AND finished_at IS NULL
     AND (lease_until IS NULL OR lease_until <= %s::timestamptz)
 FOR UPDATE SKIP LOCKED
 
 -- name: lease_command
-UPDATE commands SET lease_until = %s::timestamptz WHERE command_id = %s
+UPDATE {schema}.commands SET lease_until = %s::timestamptz WHERE command_id = %s
 
 -- name: pending_commands
 SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
     finished_at, outcome
-FROM commands WHERE task_id = %s AND finished_at IS NULL
+FROM {schema}.commands WHERE task_id = %s AND finished_at IS NULL
 ORDER BY seq
 
 -- name: complete_command
-UPDATE commands SET finished_at = %s::timestamptz, outcome = %s, lease_until = NULL
+UPDATE {schema}.commands SET finished_at = %s::timestamptz, outcome = %s, lease_until = NULL
 WHERE command_id = %s
 
 -- name: release_command
-UPDATE commands SET lease_until = NULL WHERE command_id = %s AND finished_at IS NULL
+UPDATE {schema}.commands SET lease_until = NULL WHERE command_id = %s AND finished_at IS NULL
 
 -- The terminal statuses (chongming_task.states.TERMINAL; a test keeps them equal).
 -- name: prune
 WITH doomed AS (
-    SELECT task_id FROM tasks
+    SELECT task_id FROM {schema}.tasks
     WHERE status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
     ORDER BY created_at DESC, seq DESC OFFSET %s
 ),
-gone_history AS (DELETE FROM transitions WHERE task_id IN (SELECT task_id FROM doomed)),
-gone_reports AS (DELETE FROM late_reports WHERE task_id IN (SELECT task_id FROM doomed)),
+gone_history AS (DELETE FROM {schema}.transitions WHERE task_id IN (SELECT task_id FROM doomed)),
+gone_reports AS (DELETE FROM {schema}.late_reports WHERE task_id IN (SELECT task_id FROM doomed)),
 gone_commands AS (
-    DELETE FROM commands WHERE finished_at IS NOT NULL
+    DELETE FROM {schema}.commands WHERE finished_at IS NOT NULL
     AND task_id IN (SELECT task_id FROM doomed)
 )
-DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM doomed)
+DELETE FROM {schema}.tasks WHERE task_id IN (SELECT task_id FROM doomed)
 
 -- Node declarations (docs/design.md, "Fleet declarations"); times come from storage_now().
 -- name: upsert_node
-INSERT INTO nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
+INSERT INTO {schema}.nodes (node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at,
                    stopped_at, host, pid, health)
 VALUES (%s, %s, %s, %s, COALESCE(%s::timestamptz, statement_timestamp()),
         COALESCE(%s::timestamptz, statement_timestamp()), NULL, %s, %s, %s)
@@ -163,38 +163,38 @@ ON CONFLICT (node) DO UPDATE SET
     health = excluded.health
 
 -- name: forget_node_buckets
-DELETE FROM node_buckets WHERE node = %s
+DELETE FROM {schema}.node_buckets WHERE node = %s
 
 -- name: declare_node_bucket
-INSERT INTO node_buckets (bucket, node, updated_at)
+INSERT INTO {schema}.node_buckets (bucket, node, updated_at)
 VALUES (%s, %s, COALESCE(%s::timestamptz, statement_timestamp()))
 
 -- Node times: the server's clock where the store passes none (it always does: one
 -- clock for every node's liveness, read here rather than in a round trip of its own).
 -- name: refresh_node
-UPDATE nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
+UPDATE {schema}.nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
                  health = COALESCE(%s, health)
 WHERE node = %s AND stopped_at IS NULL
 
 -- The beacon, and the open commands no claim holds, in one statement: an idle node's
 -- poller needs no statement of its own (the partial index of open commands answers).
 -- name: pulse_node
-UPDATE nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
+UPDATE {schema}.nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
                  health = COALESCE(%s, health)
 WHERE node = %s AND stopped_at IS NULL
-RETURNING (SELECT count(*) FROM commands WHERE finished_at IS NULL
+RETURNING (SELECT count(*) FROM {schema}.commands WHERE finished_at IS NULL
            AND (lease_until IS NULL OR lease_until <= nodes.seen_at))
 
 -- name: retire_node
-UPDATE nodes SET stopped_at = COALESCE(%s::timestamptz, statement_timestamp()) WHERE node = %s
+UPDATE {schema}.nodes SET stopped_at = COALESCE(%s::timestamptz, statement_timestamp()) WHERE node = %s
 
 -- name: nodes
 SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
        pid, health
-FROM nodes
+FROM {schema}.nodes
 
 -- name: record_late_report
-INSERT INTO late_reports (task_id, reported_by, reported_at, status, ended_at, outcome,
+INSERT INTO {schema}.late_reports (task_id, reported_by, reported_at, status, ended_at, outcome,
                           failure, stored_status)
 VALUES (%s, %s, %s::timestamptz, %s, %s::timestamptz, %s::jsonb, %s::jsonb, %s)
 ON CONFLICT (task_id) DO UPDATE SET
@@ -205,19 +205,19 @@ ON CONFLICT (task_id) DO UPDATE SET
 -- name: late_reports_of
 SELECT task_id, reported_by, reported_at, status, ended_at, outcome::text, failure::text,
        stored_status
-FROM late_reports WHERE task_id = ANY(%s::text[])
+FROM {schema}.late_reports WHERE task_id = ANY(%s::text[])
 ORDER BY reported_at DESC
 
 -- name: late_reports
 SELECT task_id, reported_by, reported_at, status, ended_at, outcome::text, failure::text,
        stored_status
-FROM late_reports ORDER BY reported_at DESC LIMIT %s
+FROM {schema}.late_reports ORDER BY reported_at DESC LIMIT %s
 
 -- name: count_late_reports
-SELECT COUNT(*) FROM late_reports
+SELECT COUNT(*) FROM {schema}.late_reports
 
 -- name: node_buckets
-SELECT node, bucket FROM node_buckets ORDER BY node, bucket
+SELECT node, bucket FROM {schema}.node_buckets ORDER BY node, bucket
 
 -- name: storage_now
 SELECT statement_timestamp()
@@ -232,14 +232,14 @@ WITH marks AS (
         %b::timestamptz[], %b::text[], %b::text[]
     ) AS m(task_id, version, ended_at, failure, from_status, at, reason, actor)
 ), won AS (
-    UPDATE tasks t
+    UPDATE {schema}.tasks t
     SET status = 'lost', status_version = m.version, ended_at = m.ended_at,
         failure = m.failure
     FROM marks m
     WHERE t.task_id = m.task_id AND t.status_version = m.version - 1
     RETURNING t.task_id
 ), trail AS (
-    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    INSERT INTO {schema}.transitions (task_id, version, from_status, to_status, at, reason, actor)
     SELECT m.task_id, m.version, m.from_status, 'lost', m.at, m.reason, m.actor
     FROM marks m JOIN won USING (task_id)
     ON CONFLICT (task_id, version) DO NOTHING
@@ -251,7 +251,7 @@ SELECT task_id FROM won
 -- the store, which then rolls the transaction back).
 -- name: create_many
 WITH new AS (
-    INSERT INTO tasks (
+    INSERT INTO {schema}.tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
         progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
@@ -267,7 +267,7 @@ WITH new AS (
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id
 ), trail AS (
-    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    INSERT INTO {schema}.transitions (task_id, version, from_status, to_status, at, reason, actor)
     SELECT t.* FROM unnest(
         %b::text[], %b::int[], %b::text[], %b::text[], %b::timestamptz[], %b::text[],
         %b::text[]
@@ -287,18 +287,18 @@ WITH verdicts AS (
 ), doomed AS (
     SELECT tasks.task_id, tasks.status AS from_status, tasks.status_version,
            v.failure, v.reason
-    FROM tasks JOIN verdicts v ON v.owner = COALESCE(tasks.lease_owner, '')
+    FROM {schema}.tasks JOIN verdicts v ON v.owner = COALESCE(tasks.lease_owner, '')
     WHERE {scan} AND NOT (tasks.task_id = ANY(%b::text[]))
     FOR UPDATE OF tasks SKIP LOCKED
 ), won AS (
-    UPDATE tasks t
+    UPDATE {schema}.tasks t
     SET status = 'lost', status_version = d.status_version + 1,
         ended_at = %b::timestamptz, failure = d.failure
     FROM doomed d
     WHERE t.task_id = d.task_id AND t.status_version = d.status_version
     RETURNING t.task_id, t.status_version, d.from_status, d.reason
 ), trail AS (
-    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    INSERT INTO {schema}.transitions (task_id, version, from_status, to_status, at, reason, actor)
     SELECT task_id, status_version, from_status, 'lost', %b::timestamptz, reason, %b
     FROM won
     ON CONFLICT (task_id, version) DO NOTHING
@@ -307,10 +307,10 @@ SELECT task_id FROM won
 
 -- The lease owners of the tasks reconcile would mark (the same {scan} condition).
 -- name: expired_owners
-SELECT DISTINCT lease_owner FROM tasks WHERE {scan}
+SELECT DISTINCT lease_owner FROM {schema}.tasks WHERE {scan}
 
 -- name: upsert_schedule
-INSERT INTO schedules (node, name, task, trigger_text, next_fire_at, last_fired_at,
+INSERT INTO {schema}.schedules (node, name, task, trigger_text, next_fire_at, last_fired_at,
                        last_task_id, fired, skipped, updated_at)
 VALUES (%s, %s, %s, %s, %s::timestamptz, %s::timestamptz, %s, %s, %s, %s::timestamptz)
 ON CONFLICT (node, name) DO UPDATE SET
@@ -320,31 +320,31 @@ ON CONFLICT (node, name) DO UPDATE SET
     skipped = excluded.skipped, updated_at = excluded.updated_at
 
 -- name: forget_schedule
-DELETE FROM schedules WHERE node = %s AND name = %s
+DELETE FROM {schema}.schedules WHERE node = %s AND name = %s
 
 -- name: schedules
 SELECT node, name, task, trigger_text, next_fire_at, last_fired_at, last_task_id, fired,
        skipped, updated_at
-FROM schedules ORDER BY node, name
+FROM {schema}.schedules ORDER BY node, name
 
 -- name: upsert_pipeline
-INSERT INTO pipelines (pipeline_run_id, name, node, created_at, shape)
+INSERT INTO {schema}.pipelines (pipeline_run_id, name, node, created_at, shape)
 VALUES (%s, %s, %s, %s::timestamptz, %s)
 ON CONFLICT (pipeline_run_id) DO UPDATE SET
     name = excluded.name, node = excluded.node, created_at = excluded.created_at,
     shape = excluded.shape
 
 -- name: pipeline
-SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines WHERE pipeline_run_id = %s
+SELECT pipeline_run_id, name, node, created_at, shape FROM {schema}.pipelines WHERE pipeline_run_id = %s
 
 -- name: pipelines
-SELECT pipeline_run_id, name, node, created_at, shape FROM pipelines
+SELECT pipeline_run_id, name, node, created_at, shape FROM {schema}.pipelines
 ORDER BY created_at DESC LIMIT %s
 
 -- name: finished_commands
 SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
     finished_at, outcome
-FROM commands WHERE finished_at > %s::timestamptz
+FROM {schema}.commands WHERE finished_at > %s::timestamptz
 ORDER BY finished_at LIMIT %s
 
 -- name: notify
@@ -365,7 +365,7 @@ SELECT pg_advisory_xact_lock(%s, %s)
 -- New tasks, rows in TASK_COLUMNS order.
 -- name: group_new
 new AS (
-    INSERT INTO tasks (
+    INSERT INTO {schema}.tasks (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
         progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
@@ -378,7 +378,7 @@ new AS (
         (e->>20)::int, e->>21, (e->>22)::float8, e->>23
     FROM json_array_elements(%s::json) AS e
     WHERE e->>21 IS NULL OR NOT EXISTS (  -- a success keeps its key (as insert_task)
-        SELECT FROM tasks t WHERE t.dedupe_key = e->>21 AND t.status = 'succeeded'
+        SELECT FROM {schema}.tasks t WHERE t.dedupe_key = e->>21 AND t.status = 'succeeded'
           AND t.dedupe_window IS NOT NULL
           AND t.ended_at + t.dedupe_window * interval '1 second' > (e->>10)::timestamptz
     )
@@ -403,7 +403,7 @@ changes AS (
         (e->>9)::jsonb AS failure, (e->>10)::jsonb AS outcome
     FROM json_array_elements(%s::json) AS e
 ), life AS (
-    UPDATE tasks t SET
+    UPDATE {schema}.tasks t SET
         status = v.status, status_version = v.status_version, attempt = v.attempt,
         started_at = v.started_at, ended_at = v.ended_at,
         last_heartbeat_at = v.last_heartbeat_at, progress = v.progress,
@@ -421,7 +421,7 @@ life AS (SELECT NULL::text AS task_id WHERE false)
 -- inserted here, 2 if its task's compare-and-set won here.
 -- name: group_trail
 trail AS (
-    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    INSERT INTO {schema}.transitions (task_id, version, from_status, to_status, at, reason, actor)
     SELECT r.task_id, r.version, r.from_status, r.to_status, r.at, r.reason, r.actor
     FROM (
         SELECT e->>0 AS task_id, (e->>1)::int AS version, e->>2 AS from_status,
@@ -442,7 +442,7 @@ trail AS (
 SELECT 'n', task_id, NULL::int FROM new
 UNION ALL SELECT 'l', task_id, NULL FROM life
 UNION ALL
-SELECT 'v', task_id, status_version FROM tasks
+SELECT 'v', task_id, status_version FROM {schema}.tasks
 WHERE task_id = ANY(%s::text[]) AND task_id NOT IN (SELECT task_id FROM life)
 
 -- name: group_outcome_new
@@ -456,7 +456,7 @@ SELECT 'n', task_id, NULL::int FROM new
 -- and expected version, its trail rows (JSON, as group_trail without the gate).
 -- name: group_life_pair
 life{n} AS (
-    UPDATE tasks SET
+    UPDATE {schema}.tasks SET
         status = %s, status_version = %s, attempt = %s, started_at = %s::timestamptz,
         ended_at = %s::timestamptz, last_heartbeat_at = %s::timestamptz,
         progress = %s::jsonb, failure = %s::jsonb, outcome = %s::jsonb
@@ -478,7 +478,7 @@ new{n} AS (
 -- The trail part of a pair: its rows, written if its task's part wrote ({part}{n}).
 -- name: group_pair_trail
 {part}_trail{n} AS (
-    INSERT INTO transitions (task_id, version, from_status, to_status, at, reason, actor)
+    INSERT INTO {schema}.transitions (task_id, version, from_status, to_status, at, reason, actor)
     SELECT e->>0, (e->>1)::int, e->>2, e->>3, (e->>4)::timestamptz, e->>5, e->>6
     FROM json_array_elements(%s::json) AS e
     WHERE EXISTS (SELECT FROM {part}{n})
@@ -492,13 +492,13 @@ SELECT 'n', task_id, NULL::int FROM new{n}
 -- name: group_life_pair_outcome
 SELECT 'l', task_id, NULL::int FROM life{n}
 UNION ALL
-SELECT 'v', task_id, status_version FROM tasks
+SELECT 'v', task_id, status_version FROM {schema}.tasks
 WHERE task_id = %s AND NOT EXISTS (SELECT FROM life{n})
 
 -- The tasks that may hold a dedupe key (DedupeSQL): the unfinished one, and successes
 -- that keep it for a window; one probe of idx_tasks_dedupe.
 -- name: dedupe_holders
-SELECT task_id, status, ended_at, dedupe_window FROM tasks
+SELECT task_id, status, ended_at, dedupe_window FROM {schema}.tasks
 WHERE dedupe_key = %s
   AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
        OR (status = 'succeeded' AND dedupe_window IS NOT NULL))
@@ -506,9 +506,9 @@ WHERE dedupe_key = %s
 -- A batch of finished tasks pruned by age (RetentionSQL), the ids an array (each %s the
 -- same): their trail, late reports and finished commands with them.
 -- name: prune_ids
-WITH gone_history AS (DELETE FROM transitions WHERE task_id = ANY(%s)),
-gone_reports AS (DELETE FROM late_reports WHERE task_id = ANY(%s)),
+WITH gone_history AS (DELETE FROM {schema}.transitions WHERE task_id = ANY(%s)),
+gone_reports AS (DELETE FROM {schema}.late_reports WHERE task_id = ANY(%s)),
 gone_commands AS (
-    DELETE FROM commands WHERE finished_at IS NOT NULL AND task_id = ANY(%s)
+    DELETE FROM {schema}.commands WHERE finished_at IS NOT NULL AND task_id = ANY(%s)
 )
-DELETE FROM tasks WHERE task_id = ANY(%s)
+DELETE FROM {schema}.tasks WHERE task_id = ANY(%s)

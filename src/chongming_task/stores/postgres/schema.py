@@ -10,14 +10,17 @@ from importlib import resources
 from typing import Any
 
 from ...errors import StoreError
-from .._sql import newer_schema, older_schema
+from .. import codec
+from .._sql import Dialect, encoded_tag, newer_schema, older_schema
 
 __all__ = [
     "IDENTIFIER",
     "SCHEMA_VERSION",
+    "dialect_in",
     "older_schema_on",
     "schema_ddl",
     "schema_lock_key",
+    "statements_in",
     "stored_version",
 ]
 
@@ -44,13 +47,13 @@ def schema_ddl(schema: str) -> bytes:
 
 
 def stored_version(conn: Any, sql: Mapping[str, str]) -> int | None:
-    """The version of the schema ``conn`` is on (its ``search_path``): ``None`` if it
+    """The version of the schema ``sql`` names (``statements_in``): ``None`` if it
     is not made yet (migrate makes it); 1 for tables made before the version table."""
     from psycopg import errors
 
     try:
         row = conn.execute(sql["schema_version"]).fetchone()
-    except errors.UndefinedTable:
+    except (errors.UndefinedTable, errors.InvalidSchemaName):
         made = conn.execute(sql["tasks_table"]).fetchone()
         return 1 if made is not None and made[0] is not None else None
     return None if row is None else int(row[0])
@@ -66,3 +69,32 @@ def older_schema_on(conn: Any, sql: Mapping[str, str], holder: str) -> StoreErro
     if found is not None and found < SCHEMA_VERSION:
         return older_schema(holder, found, SCHEMA_VERSION)
     return None
+
+
+def statements_in(sql: Mapping[str, str], schema: str) -> dict[str, str]:
+    """The named statements for ``schema`` (a validated identifier): every table is named
+    with its schema, so a connection needs no ``search_path`` (no session state)."""
+    return {name: text.replace("{schema}", schema) for name, text in sql.items()}
+
+
+_JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
+# The task columns as the codec reads them: JSONB as text.
+_TASK_SELECT = ", ".join(f"{c}::text" if c in _JSON_COLUMNS else c for c in codec.TASK_COLUMNS)
+
+
+def dialect_in(schema: str) -> Dialect:
+    """How the store spells a task query in ``schema`` (a validated identifier)."""
+    return Dialect(
+        select=f"SELECT {_TASK_SELECT} FROM {schema}.tasks",
+        placeholder="%s",
+        one_of=lambda column, values: (f"{column} = ANY(%s)", [values]),
+        prefix=lambda column, text: (f"starts_with({column}, %s)", [text]),
+        glob=lambda column, glob: (f"{column} ~ %s", [glob.regex()]),
+        tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
+        insertion_order="seq",
+        time="%s::timestamptz",
+        micros=lambda column: f"(extract(epoch FROM {column}) * 1000000)::bigint",
+        fence=True,
+        tasks=f"{schema}.tasks",
+        transitions=f"{schema}.transitions",
+    )

@@ -50,17 +50,23 @@ from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._retention import RetentionSQL
 from .._sql import (
-    Dialect,
     Executor,
     TaskScanSQL,
-    encoded_tag,
     load_named,
     query_sql,
     verdicts_of_expired,
 )
 from .._supports import LifeWrite
 from ..capabilities import Verdict
-from .schema import IDENTIFIER, SCHEMA_VERSION, older_schema_on, schema_ddl, schema_lock_key
+from .schema import (
+    IDENTIFIER,
+    SCHEMA_VERSION,
+    dialect_in,
+    older_schema_on,
+    schema_ddl,
+    schema_lock_key,
+    statements_in,
+)
 
 try:
     import psycopg
@@ -83,25 +89,9 @@ INSTALL_HINT = 'pip install "chongming-task[postgres]"'
 DEFAULT_SCHEMA = "chongming"
 
 _SQL = load_named(__package__)
-_JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
-# The task columns as the codec reads them: JSONB as text.
-_TASK_SELECT = ", ".join(f"{c}::text" if c in _JSON_COLUMNS else c for c in codec.TASK_COLUMNS)
+"""The named statements, their tables written ``{schema}.name`` (``statements_in``)."""
 _SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
-_DIALECT = Dialect(
-    select=f"SELECT {_TASK_SELECT} FROM tasks",
-    placeholder="%s",
-    one_of=lambda column, values: (f"{column} = ANY(%s)", [values]),
-    prefix=lambda column, text: (f"starts_with({column}, %s)", [text]),
-    glob=lambda column, glob: (f"{column} ~ %s", [glob.regex()]),
-    tag=lambda tag: ("tags @> %s::jsonb", [f"[{encoded_tag(tag)}]"]),
-    insertion_order="seq",
-    time="%s::timestamptz",
-    micros=lambda column: f"(extract(epoch FROM {column}) * 1000000)::bigint",
-    fence=True,
-)
 
-
-_GROUP_SQL = group_statements(_SQL) if psycopg is not None else {}
 
 _GROUP_LEADERS = 2
 """Group-commit statements in flight at once (each on its own pooled connection)."""
@@ -125,9 +115,6 @@ class PostgresTaskStore(
     TaskScanSQL,
 ):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
-
-    _sql = _SQL
-    _dialect = _DIALECT
 
     def __init__(
         self,
@@ -154,6 +141,11 @@ class PostgresTaskStore(
         if not IDENTIFIER.match(schema):
             raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
         self.schema = schema
+        # No session state (no search_path), so a pooler in transaction mode can carry
+        # the connections: every statement names its schema.
+        self._sql = statements_in(_SQL, schema)
+        self._group_sql = group_statements(self._sql)
+        self._dialect = dialect_in(schema)
         self._channel = f"chongming_commands_{schema}"  # a validated identifier
         self._transitions_channel = f"chongming_transitions_{schema}"
         self._announcer = (
@@ -189,7 +181,7 @@ class PostgresTaskStore(
             translated("open", self.where, self.schema, lambda: None),
             self._server.opening().connection() as conn,
         ):
-            self._older = older_schema_on(conn, _SQL, holder)
+            self._older = older_schema_on(conn, self._sql, holder)
 
     group_commit = True
     """Writes made side by side share a statement (``group.GroupCommit``)."""
@@ -245,7 +237,7 @@ class PostgresTaskStore(
     def _lock_commands(self, cur: Executor, ids: list[str], now: str) -> set[str]:
         """Claimers run side by side: lock the commands picked, skipping those another
         claimer is taking (``CommandQueueSQL``)."""
-        return {row[0] for row in cur.execute(_SQL["lock_commands"], [ids, now]).fetchall()}
+        return {row[0] for row in cur.execute(self._sql["lock_commands"], [ids, now]).fetchall()}
 
     @staticmethod
     def _id_list(task_ids: Sequence[str]) -> object:
@@ -269,7 +261,7 @@ class PostgresTaskStore(
     def storage_now(self) -> datetime:
         """Optional capability (``SupportsStorageClock``): the server's clock."""
         with self._cursor("storage_now") as cur:
-            row = cur.execute(_SQL["storage_now"]).fetchone()
+            row = cur.execute(self._sql["storage_now"]).fetchone()
         if row is None:  # pragma: no cover - SELECT of a function returns one row
             raise StoreError("PostgreSQL returned no time")
         return utc(row[0], "storage_now()")
@@ -304,7 +296,7 @@ class PostgresTaskStore(
 
     def _announce(self) -> None:
         with self._cursor("notify") as cur:
-            cur.execute(_SQL["notify"], [self._transitions_channel])
+            cur.execute(self._sql["notify"], [self._transitions_channel])
 
     def create_schema(self) -> None:
         """Create the schema, tables and indexes if absent (needs DDL rights; idempotent).
@@ -314,7 +306,7 @@ class PostgresTaskStore(
         hold against a creation not yet committed: the later one failed on a duplicate
         key of the system catalog)."""
         with self._cursor("create_schema", transaction=True) as cur:
-            cur.execute(_SQL["ddl_lock"], schema_lock_key(self.schema))
+            cur.execute(self._sql["ddl_lock"], schema_lock_key(self.schema))
             cur.execute(schema_ddl(self.schema))
         self._older = None
 
@@ -327,7 +319,7 @@ class PostgresTaskStore(
     def create(self, snapshot: TaskSnapshot) -> None:
         values = codec.snapshot_to_values(snapshot)
         with self._cursor("create") as cur:
-            cur.execute(_SQL["insert_task"], values)
+            cur.execute(self._sql["insert_task"], values)
             inserted = cur.rowcount
         if inserted != 1:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
@@ -357,7 +349,7 @@ class PostgresTaskStore(
         params = [list(column) for column in zip(*tasks, strict=True)]
         params += [list(column) for column in zip(*trail, strict=True)]
         with self.atomic(), self._cursor("create_many") as cur:
-            row = cur.execute(_SQL["create_many"], params).fetchone()
+            row = cur.execute(self._sql["create_many"], params).fetchone()
             if row is None or row[0] != len(items):
                 # Raised inside atomic(): the transaction rolls back, nothing is kept.
                 raise TaskAlreadyExists(f"a task id among {len(items)} already exists")
@@ -418,7 +410,7 @@ class PostgresTaskStore(
         whole."""
         which, params = batch_params(writes)
         with self._cursor("write", raw=True) as cur:
-            returned = cur.execute(_GROUP_SQL[which], params).fetchall()
+            returned = cur.execute(self._group_sql[which], params).fetchall()
         settle(writes, returned)
         if any(write.error is None for write in writes):
             self._wrote()
@@ -445,7 +437,9 @@ class PostgresTaskStore(
         ]
         columns = [list(column) for column in zip(*rows, strict=True)]
         with self._cursor("mark_lost") as cur:
-            marked = {task_id for (task_id,) in cur.execute(_SQL["mark_lost"], columns).fetchall()}
+            marked = {
+                task_id for (task_id,) in cur.execute(self._sql["mark_lost"], columns).fetchall()
+            }
         self._wrote()
         return marked
 
@@ -462,7 +456,7 @@ class PostgresTaskStore(
         statement (the judgement, each task's compare-and-set and its trail row)."""
         with self.atomic(), self._cursor("mark_expired_lost") as cur:
             (where, where_params), verdicts = verdicts_of_expired(
-                cur, scan, _DIALECT, _SQL["expired_owners"], verdict
+                cur, scan, self._dialect, self._sql["expired_owners"], verdict
             )
             if not verdicts:
                 return []
@@ -475,7 +469,7 @@ class PostgresTaskStore(
                 when,
                 actor,
             ]
-            sql = _SQL["mark_expired_lost"].replace("{scan}", where)
+            sql = self._sql["mark_expired_lost"].replace("{scan}", where)
             marked = [task_id for (task_id,) in cur.execute(sql, params).fetchall()]
             self._wrote()
             return marked
@@ -484,10 +478,10 @@ class PostgresTaskStore(
         row = codec.snapshot_to_row(snapshot)
         params = [row[c] for c in _SAVE_VALUE_COLUMNS] + [snapshot.task_id, expect_version]
         with self._cursor("save") as cur:
-            cur.execute(_SQL["save_task"], params)
+            cur.execute(self._sql["save_task"], params)
             saved = cur.rowcount == 1
             if not saved:
-                cur.execute(_SQL["stored_version"], [snapshot.task_id])
+                cur.execute(self._sql["stored_version"], [snapshot.task_id])
                 found = cur.fetchone()
         if saved:
             self._wrote()
@@ -498,38 +492,38 @@ class PostgresTaskStore(
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         with self._cursor("get") as cur:
-            cur.execute(_SQL["get_task"], [task_id])
+            cur.execute(self._sql["get_task"], [task_id])
             row = cur.fetchone()
         return None if row is None else self._snapshot(row)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        sql, params = query_sql(query or TaskQuery(), _DIALECT)
+        sql, params = query_sql(query or TaskQuery(), self._dialect)
         with self._cursor("query") as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
         return [self._snapshot(r) for r in rows]
 
     def explain_query(self, query: TaskQuery | None = None) -> list[str]:
-        sql, params = query_sql(query or TaskQuery(), _DIALECT)
+        sql, params = query_sql(query or TaskQuery(), self._dialect)
         with self._cursor("explain") as cur:
             cur.execute("EXPLAIN " + sql, params)
             return [r[0] for r in cur.fetchall()]
 
     def counts(self) -> dict[TaskStatus, int]:
         with self._cursor("counts") as cur:
-            cur.execute(_SQL["counts"])
+            cur.execute(self._sql["counts"])
             rows = cur.fetchall()
         return {TaskStatus(status): n for status, n in rows}
 
     def append(self, transition: Transition) -> None:
         values = codec.transition_to_values(transition)
         with self._cursor("append") as cur:
-            cur.execute(_SQL["append"], values)
+            cur.execute(self._sql["append"], values)
         self._wrote()
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._cursor("history") as cur:
-            cur.execute(_SQL["history"], [task_id, since_version])
+            cur.execute(self._sql["history"], [task_id, since_version])
             rows = cur.fetchall()
         return [codec.values_to_transition(r) for r in rows]
 
@@ -546,7 +540,7 @@ class PostgresTaskStore(
         if params is None:
             return
         with self._cursor("touch") as cur:
-            cur.execute(_SQL["touch_task"], params)
+            cur.execute(self._sql["touch_task"], params)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -555,7 +549,7 @@ class PostgresTaskStore(
         try:
             # One transaction: a command is stored and announced, or neither.
             with self._cursor("submit_command", transaction=True) as cur:
-                cur.execute(_SQL["insert_command"], values)
+                cur.execute(self._sql["insert_command"], values)
                 # Delivered at commit, to listeners only: a wake-up, never the delivery.
                 cur.execute(f"NOTIFY {self._channel}".encode())
         except StoreError as exc:
@@ -587,7 +581,7 @@ class PostgresTaskStore(
         if keep_terminal < 0:
             raise ValueError(f"keep_terminal must be >= 0, got {keep_terminal}")
         with self._cursor("prune") as cur:
-            cur.execute(_SQL["prune"], [keep_terminal])
+            cur.execute(self._sql["prune"], [keep_terminal])
             return cur.rowcount
 
     def close(self) -> None:
