@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--no-reconcile", action="store_true", help="never reconcile alone")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schema", default=None, help="PostgreSQL schema, with a DSN")
+    parser.add_argument("--pooled", action="store_true", help="the DSN is a PgBouncer's")
+    parser.add_argument("--listen-dsn", default=None, help="a direct DSN for LISTEN")
     parser.add_argument(
         "--clock-offset", type=float, default=0.0, help="seconds this node's clock is off"
     )
@@ -56,7 +58,14 @@ def main() -> None:
     if args.owned:
         low, high = args.owned.split("-")
         owned = range(int(low), int(high) + 1)
-    store = open_store(args.db, schema=args.schema)
+    if args.pooled:
+        from chongming_task.stores.postgres import PostgresTaskStore
+
+        store = PostgresTaskStore(
+            args.db, schema=args.schema, pooled=True, listen_dsn=args.listen_dsn
+        )
+    else:
+        store = open_store(args.db, schema=args.schema)
     node = Controller(
         store,
         owner=args.owner,

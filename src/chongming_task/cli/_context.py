@@ -75,6 +75,8 @@ class Context:
         words = [*program_words(), "--db", self.where()]
         if self.args.pg_schema:
             words += ["--pg-schema", self.args.pg_schema]
+        if self.args.pg_pooled:
+            words += ["--pg-pooled"]
         return shlex.join([*words, *args])
 
     def store(self, *, create: bool = False) -> TaskStore:
@@ -85,6 +87,8 @@ class Context:
                 self.db,
                 create=create,
                 schema=self.args.pg_schema,
+                pooled=self.args.pg_pooled,
+                listen_dsn=self.args.pg_listen_dsn,
                 upgrade=create,
                 # A command says at once that nothing listens; a node (demo, web) waits.
                 wait_for_server=self.args.command in ("demo", "web"),

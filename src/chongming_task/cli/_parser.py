@@ -106,6 +106,18 @@ def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         help="PostgreSQL schema (env CHONGMING_PG_SCHEMA, default chongming)",
     )
     parser.add_argument(
+        "--pg-pooled",
+        action="store_true",
+        default=default(env("CHONGMING_PG_POOLED", False, _switch)),
+        help="the DSN reaches PostgreSQL through a pooler in transaction mode, such as "
+        "PgBouncer (env CHONGMING_PG_POOLED=1)",
+    )
+    parser.add_argument(
+        "--pg-listen-dsn",
+        default=default(env("CHONGMING_PG_LISTEN_DSN", None, _text)),
+        help="a direct DSN for LISTEN wake-ups when --pg-pooled (env CHONGMING_PG_LISTEN_DSN)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         default=default(env("CHONGMING_JSON", False, _switch)),

@@ -28,16 +28,23 @@ def open_store(
     schema: str | None = None,
     upgrade: bool = True,
     wait_for_server: bool = True,
+    pooled: bool = False,
+    listen_dsn: str | None = None,
 ) -> TaskStore:
     """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
     (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
     ``upgrade=False`` refuses a SQLite file of an older schema (``SqliteTaskStore``);
     ``wait_for_server=False`` makes a PostgreSQL server that nothing listens for an
-    error at once (``PostgresTaskStore``)."""
+    error at once; ``pooled`` and ``listen_dsn``: a DSN that reaches it through a pooler
+    in transaction mode (``PostgresTaskStore``)."""
     if is_postgres_dsn(target):
         from .postgres.store import DEFAULT_SCHEMA, PostgresTaskStore
 
         return PostgresTaskStore(
-            str(target), schema=schema or DEFAULT_SCHEMA, wait_for_server=wait_for_server
+            str(target),
+            schema=schema or DEFAULT_SCHEMA,
+            wait_for_server=wait_for_server,
+            pooled=pooled,
+            listen_dsn=listen_dsn,
         )
     return SqliteTaskStore(target, create=create, upgrade=upgrade)

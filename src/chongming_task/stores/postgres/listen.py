@@ -10,6 +10,7 @@ lost while the server was away only costs latency. The driver is imported by the
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,8 @@ import psycopg
 from ...loops import Pass, keep_running
 
 __all__ = ["Announcer", "Listener", "Subscriptions", "listen"]
+
+log = logging.getLogger("chongming_task.store")
 
 _RECONNECT_AFTER = 1.0
 """Seconds between attempts while the server is away (polling carries on meanwhile)."""
@@ -112,9 +115,16 @@ def listen(
 
 class Subscriptions:
     """A store's ``LISTEN`` subscriptions, each a ``Listener`` on a connection of its
-    own: ``len()`` is how many such connections the store holds."""
+    own to ``dsn``: ``len()`` is how many such connections the store holds."""
 
-    def __init__(self, dsn: str, application_name: str) -> None:
+    def __init__(self, dsn: str | None, application_name: str, *, where: str) -> None:
+        if dsn is None:
+            log.warning(
+                "PostgreSQL at %s through a pooler, without listen_dsn: no LISTEN (a pooler "
+                "in transaction mode cannot carry it), so nodes poll commands every 0.5 s and "
+                "followers poll too; give listen_dsn= a direct DSN for wake-ups",
+                where,
+            )
         self._dsn = dsn
         self._application_name = application_name
         self._live: set[object] = set()
@@ -123,8 +133,13 @@ class Subscriptions:
     def __len__(self) -> int:
         return len(self._live)
 
-    def listen(self, channel: str, wake: Callable[[], None], name: str) -> Callable[[], None]:
-        """``listen()``, counted until the returned function stops it."""
+    def listen(
+        self, channel: str, wake: Callable[[], None], name: str
+    ) -> Callable[[], None] | None:
+        """``listen()``, counted until the returned function stops it; ``None`` without a
+        DSN to listen on (behind a pooler, none given)."""
+        if self._dsn is None:
+            return None
         stop = listen(self._dsn, channel, wake, name=name, application_name=self._application_name)
         token = object()
         with self._lock:

@@ -65,6 +65,7 @@ class ServerPool:
         connect_timeout: float,
         application_name: str,
         wait_for_server: bool = True,
+        prepare: bool = True,
     ) -> None:
         """Opens the pool, waiting up to ``connect_timeout`` for a server that is away
         (with ``wait_for_server``; else nothing listening is an error at once);
@@ -86,6 +87,9 @@ class ServerPool:
             # A single statement is its own transaction: one round trip, no BEGIN and
             # COMMIT around it. Scopes of several statements open a transaction.
             "autocommit": True,
+            # None: never prepared (a transaction pooler hands each transaction to any
+            # server connection, where a statement prepared on another is unknown).
+            "prepare_threshold": 5 if prepare else None,
         }
         self._timeout = connect_timeout
         self._sizes = min_size, max_size

@@ -127,6 +127,9 @@ class PostgresTaskStore(
         application_name: str = "chongming-task",
         announce_writes: bool = True,
         wait_for_server: bool = True,
+        pooled: bool = False,
+        listen_dsn: str | None = None,
+        prepare: bool | None = None,
     ) -> None:
         """Connections: the pool's (``min_size`` to ``max_size``; beyond ``min_size``
         closed after 30 s unused) and one per subscription (a node's ``LISTEN``), so a
@@ -135,7 +138,11 @@ class PostgresTaskStore(
         a second, off the write path), so a follower such as the dashboard sees them at
         once; off, followers poll.
         ``wait_for_server=False``: nothing listening is an error at once (a command line),
-        not waited for up to ``connect_timeout`` (a node started beside its server)."""
+        not waited for up to ``connect_timeout`` (a node started beside its server).
+        ``pooled``: the DSN reaches the server through a pooler in transaction mode
+        (PgBouncer), so no prepared statements (``prepare=True`` where the pooler carries
+        them: PgBouncer 1.21+ with ``max_prepared_statements``) and no ``LISTEN`` but
+        through ``listen_dsn``, a direct DSN (without one, nodes poll commands often)."""
         if psycopg is None:
             raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
         if not IDENTIFIER.match(schema):
@@ -163,9 +170,11 @@ class PostgresTaskStore(
             connect_timeout=connect_timeout,
             application_name=application_name,
             wait_for_server=wait_for_server,
+            prepare=not pooled if prepare is None else prepare,
         )
         self.where = self._server.where
-        self._listening = Subscriptions(self._server.dsn, application_name)
+        listens_on = listen_dsn or (None if pooled else dsn)
+        self._listening = Subscriptions(listens_on, application_name, where=self.where)
         self._older: StoreError | None = None  # an older release's schema: until migrated
         try:
             self._check_version()
@@ -562,14 +571,14 @@ class PostgresTaskStore(
         (``LISTEN``)."""
         return self._server.size() + len(self._listening)
 
-    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None]:
+    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
         any process submits a command, so a poller can claim it before its next interval.
         Polling stays the source of truth (docs/design.md, "Commands"). Returns a
         function that stops it."""
         return self._listening.listen(self._channel, wake, f"chongming-listen[{self.where}]")
 
-    def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None]:
+    def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Optional capability (``SupportsTransitionWakeups``): call ``wake()`` soon after
         any process writes tasks or transitions through a store that announces its
         writes (``announce_writes``, the default). Returns a function that stops it."""
