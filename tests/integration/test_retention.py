@@ -1,7 +1,8 @@
 """Retention by age: ``prune --older-than`` from real CLI processes on SQLite and
 PostgreSQL (with ``--status``, ``--dry-run``, and on SQLite ``--compact`` giving the
 space back), and a node's ``retention`` deleting its own buckets' finished tasks in
-the background, never an unfinished one or another node's."""
+the background, never an unfinished one or another node's; finished commands by age
+with them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from chongming_task import Controller, TaskSnapshot, TaskStatus
 from chongming_task.errors import ConfigurationError
-from chongming_task.model import Transition
+from chongming_task.model import Command, Transition
+from chongming_task.model import CommandAction as CA
 from chongming_task.stores import open_store
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.stores.protocol import TaskStore
@@ -75,24 +77,48 @@ def filled(place: Place) -> Iterator[Place]:
     rows += [("old-failed", S.FAILED, 9, 2), ("old-lost", S.LOST, 30, None)]
     rows += [("new-ok", S.SUCCEEDED, 1, 1), ("old-running", S.RUNNING, 40, 1)]
     fill(store, rows)
+    commands(store, {"old-cmd": 10, "new-cmd": 1, "open-cmd": None})
     store.close()
     yield place
+
+
+def commands(store: TaskStore, finished: dict[str, float | None]) -> None:
+    """Commands by id, days since they finished (``None``: still open)."""
+    for command_id, days in finished.items():
+        created = NOW - timedelta(days=days or 0, hours=1)
+        store.submit_command(
+            Command(command_id=command_id, task_id="t", action=CA.STOP, created_at=created)
+        )
+        if days is not None:
+            store.complete_command(command_id, now=NOW - timedelta(days=days), outcome="stopping")
+
+
+def finished_commands(place: Place) -> int:
+    store = open_store(place.db, schema=place.schema)
+    try:
+        later = NOW + timedelta(days=1)
+        return Capabilities(store).prune_by_age.count_finished_commands(before=later)
+    finally:
+        store.close()
 
 
 def test_prune_older_than_from_the_cli(filled: Place) -> None:
     place = filled
     dry = cli(place, "--json", "prune", "--older-than", "7d", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert json.loads(dry.stdout) == {"dry_run": True, "pruned": 1502}
-    assert len(ids(place)) == 1504  # nothing deleted
+    assert json.loads(dry.stdout) == {"dry_run": True, "pruned": 1502, "commands_pruned": 1}
+    assert len(ids(place)) == 1504 and finished_commands(place) == 2  # nothing deleted
 
     failed = cli(place, "prune", "--older-than", "1w", "--status", "failed")
     assert failed.returncode == 0 and "pruned 1 finished task(s)" in failed.stdout
     assert "old-failed" not in ids(place)
 
+    assert finished_commands(place) == 2  # a --status prune leaves commands alone
     rest = cli(place, "--json", "prune", "--older-than", "7d")
     assert json.loads(rest.stdout)["pruned"] == 1501  # in batches
+    assert json.loads(rest.stdout)["commands_pruned"] == 1  # old-cmd; open-cmd is open
     assert ids(place) == ["new-ok", "old-running"]  # the recent one, and never unfinished
+    assert finished_commands(place) == 1
 
     if place.schema is None:  # SQLite: the space, said and given back
         assert json.loads(rest.stdout)["free_bytes"] > 0
@@ -123,6 +149,7 @@ def test_a_node_prunes_its_own_buckets_finished_tasks_in_the_background(
         ("theirs", S.SUCCEEDED, 50, 40),  # another node's bucket
     ]
     fill(store, rows)
+    commands(store, {"cmd-40d": 40, "cmd-10d": 10})  # the longest age kept: 30 days
     node = Controller(
         store,
         owner="retainer",
@@ -136,6 +163,9 @@ def test_a_node_prunes_its_own_buckets_finished_tasks_in_the_background(
 
         kept = ["mine-failed", "mine-recent", "mine-running", "theirs"]
         wait_until(lambda: left() == kept, timeout=60, what="pruned to what is kept")
+        retention = Capabilities(store).prune_by_age
+        later = NOW + timedelta(days=1)
+        wait_until(lambda: retention.count_finished_commands(before=later) == 1, 30, "cmd-40d")
         assert len(store.history("mine-recent")) == 1 and store.history("mine-0000") == []
     finally:
         node.close()

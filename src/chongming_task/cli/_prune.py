@@ -49,21 +49,36 @@ def cmd_prune(ctx: Context) -> int:
         )
     else:
         what = f"finished task(s) beyond the newest {a.keep}"
+    # Commands have no status: they are pruned by age with every finished task.
+    commands = a.older_than is not None and statuses is None
     if a.dry_run:
+        gone = 0
         if a.older_than is not None:
             retention = Capabilities(store).prune_by_age
-            doomed = retention.count_ended(before=ctx.now() - a.older_than, statuses=statuses)
+            before = ctx.now() - a.older_than
+            doomed = retention.count_ended(before=before, statuses=statuses)
+            gone = retention.count_finished_commands(before=before) if commands else 0
         else:
             counts = Capabilities(store).count_tasks("status", statuses=TERMINAL)
             doomed = max(0, sum(counts.values()) - a.keep)
+        said: dict[str, object] = {"dry_run": True, "pruned": doomed}
+        if commands:
+            said["commands_pruned"] = gone
         ctx.emit(
-            {"dry_run": True, "pruned": doomed},
-            f"would prune {doomed} {what} and their history (nothing deleted)",
+            said,
+            f"would prune {doomed} {what} and their history"
+            + (f", and {gone} finished command(s)" if commands else "")
+            + " (nothing deleted)",
         )
         return 0
-    pruned, interrupted = _prune(ctx, statuses)
+    pruned, gone, interrupted = _prune(ctx, statuses, commands=commands)
     data: dict[str, object] = {"pruned": pruned}
-    lines = [f"pruned {pruned} {what} and their history"]
+    if commands:
+        data["commands_pruned"] = gone
+    lines = [
+        f"pruned {pruned} {what} and their history"
+        + (f", and {gone} finished command(s)" if commands else "")
+    ]
     if interrupted:
         lines[0] += " before Ctrl-C (each batch is kept)"
     elif isinstance(store, SqliteTaskStore):
@@ -89,25 +104,35 @@ def cmd_prune(ctx: Context) -> int:
     return 0
 
 
-def _prune(ctx: Context, statuses: frozenset[TaskStatus] | None) -> tuple[int, bool]:
-    """How many were pruned, and whether Ctrl-C cut it short (between batches)."""
+def _prune(
+    ctx: Context, statuses: frozenset[TaskStatus] | None, *, commands: bool
+) -> tuple[int, int, bool]:
+    """How many tasks and finished commands were pruned, and whether Ctrl-C cut it
+    short (between batches)."""
     a, store = ctx.args, ctx.store()
     if a.older_than is None:
-        return store.prune(keep_terminal=a.keep), False
+        return store.prune(keep_terminal=a.keep), 0, False
     retention = Capabilities(store).prune_by_age
     before = ctx.now() - a.older_than
-    pruned = 0
+    pruned = gone = 0
+    tasks_left = True
     try:
         while True:
             began = time.monotonic()
-            batch = retention.prune_ended(before=before, statuses=statuses, limit=BATCH)
-            pruned += batch
-            if batch < BATCH:
-                return pruned, False
+            batch = 0
+            if tasks_left:
+                batch = retention.prune_ended(before=before, statuses=statuses, limit=BATCH)
+                pruned += batch
+                tasks_left = batch == BATCH
+            if commands and not tasks_left:
+                batch = retention.prune_finished_commands(before=before, limit=BATCH)
+                gone += batch
+            if batch < BATCH and not tasks_left:
+                return pruned, gone, False
             # As long again before the next batch: SQLite hands its write lock to no one
             # in turn, and a loop straight into the next batch kept a node's submits
             # waiting 4.4 s (bench/retention.py); with the pause, at most 79 ms while
             # 900,000 of a million tasks went.
             time.sleep(time.monotonic() - began)
     except KeyboardInterrupt:
-        return pruned, True
+        return pruned, gone, True

@@ -1,5 +1,6 @@
 """A node's retention: its own buckets' finished tasks deleted once they ended longer
-ago than the node's ``retention`` says (docs/design.md, "Retention").
+ago than the node's ``retention`` says, and finished commands once older than the
+longest of its ages (docs/design.md, "Retention").
 
 One batch a pass, each one short transaction of the store (``SupportsPruneByAge``); the
 next pass follows at once while a batch came back full, else after ``interval``. The
@@ -82,6 +83,9 @@ class RetentionLoop(LoopService):
         for status, kept in rules.items():
             by_age.setdefault(kept, set()).add(status)
         self._groups = [(kept, frozenset(statuses)) for kept, statuses in by_age.items()]
+        # Commands have no status and no bucket: the finished ones go once older than the
+        # longest age the node keeps anything for.
+        self._commands_kept = max(rules.values(), default=None)
 
     def run_once(self, now: float | None = None) -> Pass:
         try:
@@ -90,6 +94,12 @@ class RetentionLoop(LoopService):
             for kept, statuses in self._groups:
                 went = self._store.prune_ended(
                     before=at - kept, statuses=statuses, buckets=self._buckets, limit=self._batch
+                )
+                done += went
+                full = full or went == self._batch
+            if self._commands_kept is not None:
+                went = self._store.prune_finished_commands(
+                    before=at - self._commands_kept, limit=self._batch
                 )
                 done += went
                 full = full or went == self._batch

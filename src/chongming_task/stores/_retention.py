@@ -103,7 +103,9 @@ def ended_where(
 
 
 class RetentionSQL:
-    """Mixin: ``prune_ended`` and ``count_ended`` (``SupportsPruneByAge``) and
+    """Mixin: ``prune_ended``, ``count_ended`` and the finished commands' own
+    (``SupportsPruneByAge``: ``prune_finished_commands`` and ``count_finished_commands``,
+    through the ``finished_at`` index of both stores), and
     ``ended_timeline`` (``SupportsEndedTimeline``). The store's
     named statements delete a batch: ``prune_ids`` (one statement over an array of
     ids, Postgres) or, per task, ``prune_history`` (id and ``seq``),
@@ -146,6 +148,20 @@ class RetentionSQL:
         single = [(task_id,) for task_id in ids]
         for name in ("prune_commands", "prune_late_report", "prune_task"):
             cur.executemany(self._sql[name], single)
+
+    def prune_finished_commands(self, *, before: datetime, limit: int = 500) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        check_retention_args(before, None, limit)
+        with self._sql_scope("prune finished commands", write=True) as cur:
+            sql = self._sql["prune_finished_commands"]
+            return int(cur.execute(sql, [codec.encode_dt(before), limit]).rowcount)
+
+    def count_finished_commands(self, *, before: datetime) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        check_retention_args(before, None, 1)
+        with self._sql_scope("count finished commands", write=False) as cur:
+            sql = self._sql["count_finished_commands"]
+            return int(cur.execute(sql, [codec.encode_dt(before)]).fetchone()[0])
 
     def count_ended(
         self,

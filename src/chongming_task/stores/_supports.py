@@ -380,6 +380,16 @@ class SupportsPruneByAge(Protocol):
         """How many tasks ``prune_ended`` would delete, all batches together."""
         ...
 
+    def prune_finished_commands(self, *, before: datetime, limit: int = 500) -> int:
+        """Delete at most ``limit`` commands that finished before ``before`` (whatever
+        became of their task), oldest first, in one short transaction; returns how many
+        went (fewer than ``limit``: none is left). Open commands are never deleted."""
+        ...
+
+    def count_finished_commands(self, *, before: datetime) -> int:
+        """How many commands ``prune_finished_commands`` would delete."""
+        ...
+
 
 @runtime_checkable
 class SupportsEndedTimeline(Protocol):

@@ -486,6 +486,29 @@ class InMemoryTaskStore:
         with self._lock:
             return len(self._ended(before, statuses, buckets, 1))
 
+    def prune_finished_commands(self, *, before: datetime, limit: int = 500) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        check_retention_args(before, None, limit)
+        with self._lock:
+            self._check_open()
+            doomed = sorted(self._finished_before(before), key=lambda c: c.finished_at or before)
+            for command in doomed[:limit]:
+                del self._commands[command.command_id]
+            return min(len(doomed), limit)
+
+    def count_finished_commands(self, *, before: datetime) -> int:
+        """Optional capability (``SupportsPruneByAge``)."""
+        check_retention_args(before, None, 1)
+        with self._lock:
+            return len(self._finished_before(before))
+
+    def _finished_before(self, before: datetime) -> list[Command]:
+        return [
+            c
+            for c in self._commands.values()
+            if c.finished_at is not None and c.finished_at < before
+        ]
+
     def ended_timeline(
         self, *, since: datetime, width: timedelta
     ) -> dict[tuple[int, TaskStatus], int]:

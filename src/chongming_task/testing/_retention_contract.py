@@ -116,3 +116,26 @@ class RetentionContract(ContractBase):
                 lambda: store.ended_timeline(since=at(0), width=timedelta(0)),
             ):
                 raises(ValueError, call)
+
+    def test_capability_prune_by_age_deletes_finished_commands_oldest_first(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsPruneByAge, "prune_ended()")
+            assert isinstance(store, SupportsPruneByAge)
+            for i in range(4):
+                store.submit_command(self.command(f"c{i}", i, task_id=f"t{i}"))
+            for i, finished in ((2, 30), (0, 10), (1, 20)):  # c3 stays open
+                store.complete_command(f"c{i}", now=at(finished), outcome="stopping")
+            assert store.count_finished_commands(before=at(25)) == 2
+            assert store.prune_finished_commands(before=at(25), limit=1) == 1  # c0
+            assert store.count_finished_commands(before=at(1000)) == 2
+            assert store.prune_finished_commands(before=at(25)) == 1  # c1
+            assert store.prune_finished_commands(before=at(25)) == 0
+            assert store.prune_finished_commands(before=at(1000)) == 1  # c2
+            # The open command is never deleted, however old.
+            claimed = store.claim_commands(now=at(2000), lease_seconds=60)
+            assert [c.command_id for c in claimed] == ["c3"]
+            for call in (
+                lambda: store.prune_finished_commands(before=at(0).replace(tzinfo=None)),
+                lambda: store.prune_finished_commands(before=at(0), limit=0),
+            ):
+                raises(ValueError, call)

@@ -512,3 +512,16 @@ gone_commands AS (
     DELETE FROM {schema}.commands WHERE finished_at IS NOT NULL AND task_id = ANY(%s)
 )
 DELETE FROM {schema}.tasks WHERE task_id = ANY(%s)
+
+-- Finished commands by age, oldest first, through the index of finished commands: the
+-- command log's own retention (a task that lives long gathers many).
+-- name: prune_finished_commands
+DELETE FROM {schema}.commands WHERE command_id IN (
+    SELECT command_id FROM {schema}.commands
+    WHERE finished_at IS NOT NULL AND finished_at < %s::timestamptz
+    ORDER BY finished_at LIMIT %s
+)
+
+-- name: count_finished_commands
+SELECT COUNT(*) FROM {schema}.commands
+WHERE finished_at IS NOT NULL AND finished_at < %s::timestamptz

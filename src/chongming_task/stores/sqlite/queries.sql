@@ -655,3 +655,15 @@ SELECT 1 FROM tasks WHERE dedupe_key = ?
   AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
        OR (status = 'succeeded' AND dedupe_window IS NOT NULL
            AND julianday(ended_at) + dedupe_window / 86400.0 > julianday(?)))
+
+-- Finished commands by age, oldest first, through the index of finished commands (see
+-- Postgres's).
+-- name: prune_finished_commands
+DELETE FROM commands WHERE rowid IN (
+    SELECT rowid FROM commands
+    WHERE finished_at IS NOT NULL AND finished_at < ?
+    ORDER BY finished_at LIMIT ?
+)
+
+-- name: count_finished_commands
+SELECT COUNT(*) FROM commands WHERE finished_at IS NOT NULL AND finished_at < ?
