@@ -4,8 +4,9 @@ with a million commands in the table, nearly all of them finished.
     uv run python bench/command_plan.py [--commands 1000000] [--open 200] [--dsn DSN]
 
 Fills a fresh schema (dropped afterwards) with ``--commands`` commands, all but
-``--open`` finished, then shows ``EXPLAIN ANALYZE`` of what a node runs against it: the
-claim's read of the open commands and its lock, the beacon's pulse (its count of the
+``--open`` finished, for 50,000 tasks held by 100 nodes, then shows ``EXPLAIN ANALYZE``
+of what a node runs against it: the claim's read of the open commands (all of them, and
+one node's) and its lock, the beacon's pulse (its count of the
 commands nobody holds), a task's pending commands, and retention's delete of a batch
 of old finished commands (rolled back). The reference is a lookup of one command by its
 primary key. Each must be an index probe, not a scan of the table.
@@ -37,7 +38,13 @@ def fill(conn: psycopg.Connection, schema: str, commands: int, open_: int) -> No
         "FROM generate_series(1, %s) AS i",
         [commands, commands - open_, commands, commands - open_, commands],
     )
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task_id, name, status, status_version, attempt, tags, "
+        "created_at, lease_owner) SELECT 't' || i, 'job', 'running', 3, 1, '[]', now(), "
+        "'node-' || (i % 100) FROM generate_series(0, 49999) AS i"
+    )
     conn.execute(f"ANALYZE {schema}.commands")
+    conn.execute(f"ANALYZE {schema}.tasks")
 
 
 def plan(conn: psycopg.Connection, sql: str, params: list[object]) -> tuple[list[str], float]:
@@ -96,6 +103,11 @@ def main() -> None:
                     [f"c{args.commands // 2}"],
                 ),
                 ("the claim's read of the open commands", sql["open_commands"], [at, 50]),
+                (
+                    "... of one node's (its tasks', and nobody's)",
+                    sql["open_commands_for"],
+                    [at, "node-7", 50],
+                ),
                 ("the claim's lock of those it picked", sql["lock_commands"], [picked, at]),
                 ("the beacon's pulse", sql["pulse_node"], [None, None, "n"]),
                 ("a task's pending commands", sql["pending_commands"], ["t7"]),

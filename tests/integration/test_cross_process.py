@@ -150,10 +150,11 @@ def test_another_process_stops_pauses_and_resumes_a_running_task(
         b.close()
 
 
-def test_a_poller_that_claims_a_command_for_a_task_it_does_not_hold_releases_it(
+def test_a_command_for_a_task_held_elsewhere_stays_open_for_its_holder(
     db: Path, nodes: list[Node], tmp_path: Path
 ) -> None:
-    # A polls only when asked (nor is it woken), so B's poller claims A's command first.
+    # A polls only when asked (nor is it woken), so B's poller looks at A's command first:
+    # it claims only what it may act on (a store without that claim: it releases it).
     trigger = tmp_path / "poll-now"
     a = Node(db, "--owner", "node-a", "--poll-on", str(trigger), "--submit", "loop")
     nodes.append(a)
@@ -162,9 +163,9 @@ def test_a_poller_that_claims_a_command_for_a_task_it_does_not_hold_releases_it(
     try:
         wait_until(lambda: status_of(b, task_id) is S.RUNNING)
         receipt = b.stop(task_id)
-        assert b.poll_commands_once() == 0  # B claimed it, does not hold the task ...
+        assert b.poll_commands_once() == 0  # B does not hold the task ...
         (command,) = open_commands(db)
-        assert command == (receipt.command_id, None, None)  # ... and released it, unfinished
+        assert command == (receipt.command_id, None, None)  # ... and left it open, unleased
         trigger.touch()
         assert b.wait_for(task_id, timeout=10).status is S.STOPPED  # A got it
         assert open_commands(db) == []

@@ -62,6 +62,7 @@ class CommandPoller(LoopService):
         self.name = f"chongming-commands[{node.owner}]"
         self._given = interval
         self.interval = POLL_WITHOUT_WAKEUPS if interval is None else interval
+        self._owner = node.owner
         self._registry = node.registry
         self._caps = node.capabilities
         self._store = node.capabilities.store
@@ -97,7 +98,9 @@ class CommandPoller(LoopService):
         """Claim open commands and act on those for runs held here. Returns how many
         commands were completed here."""
         store = self._store
-        commands = store.claim_commands(now=self._leases.now(), lease_seconds=self._lease)
+        commands = self._caps.claim_commands(
+            self._owner, now=self._leases.now(), lease_seconds=self._lease
+        )
         completed = 0
         for command in commands:
             run = self._registry.get(command.task_id)

@@ -58,11 +58,26 @@ class CommandQueueSQL:
     def claim_commands(
         self, *, now: datetime, lease_seconds: float, limit: int = 50
     ) -> list[Command]:
+        return self._claim(None, now=now, lease_seconds=lease_seconds, limit=limit)
+
+    def claim_commands_for(
+        self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        """Optional capability (``SupportsHolderClaim``)."""
+        return self._claim(holder, now=now, lease_seconds=lease_seconds, limit=limit)
+
+    def _claim(
+        self, holder: str | None, *, now: datetime, lease_seconds: float, limit: int
+    ) -> list[Command]:
         now = utc(now, "now")
         at = codec.encode_dt(now)
         until = codec.encode_dt(now + timedelta(seconds=lease_seconds))
         with self._sql_scope("claim_commands", write=True) as cur:
-            rows = cur.execute(self._sql["open_commands"], (at, _SCAN)).fetchall()
+            if holder is None:
+                rows = cur.execute(self._sql["open_commands"], (at, _SCAN)).fetchall()
+            else:
+                read = self._sql["open_commands_for"]
+                rows = cur.execute(read, (at, holder, _SCAN)).fetchall()
             chosen = in_arrival_order([(r[1], r[2], bool(r[0])) for r in rows], limit=limit)
             if not chosen:
                 return []

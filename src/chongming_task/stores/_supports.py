@@ -44,6 +44,7 @@ __all__ = [
     "SupportsCreateSchema",
     "SupportsDedupe",
     "SupportsEndedTimeline",
+    "SupportsHolderClaim",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -220,6 +221,18 @@ class SupportsCommandWakeups(Protocol):
         gap in which one could have been missed (a reconnect): polling stays the truth,
         as a slow safety net. Returns a function that unsubscribes, or ``None`` where
         this store cannot wake its subscribers after all (they then poll often)."""
+        ...
+
+
+@runtime_checkable
+class SupportsHolderClaim(Protocol):
+    def claim_commands_for(
+        self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        """``claim_commands``, among the commands one node may act on: those of tasks
+        whose ``lease_owner`` is ``holder``, and those of tasks nobody holds (not stored,
+        finished, or never leased). A fleet's nodes then never claim, and release, each
+        other's commands (docs/design.md, "Commands")."""
         ...
 
 

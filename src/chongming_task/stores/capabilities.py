@@ -50,6 +50,7 @@ from ._supports import (
     SupportsCreateSchema,
     SupportsDedupe,
     SupportsEndedTimeline,
+    SupportsHolderClaim,
     SupportsLateReports,
     SupportsMarkExpired,
     SupportsMarkLost,
@@ -87,6 +88,7 @@ __all__ = [
     "SupportsCreateSchema",
     "SupportsDedupe",
     "SupportsEndedTimeline",
+    "SupportsHolderClaim",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -119,6 +121,7 @@ class Capabilities:
         "_command_log",
         "_create_many",
         "_dedupe",
+        "_holder_claim",
         "_late",
         "_mark_expired",
         "_mark_lost",
@@ -211,6 +214,9 @@ class Capabilities:
         self._retention = store if isinstance(store, SupportsPruneByAge) else None
         self._timeline = store if isinstance(store, SupportsEndedTimeline) else None
         self._pulse = store.pulse_node if isinstance(store, SupportsNodePulse) else None
+        self._holder_claim = (
+            store.claim_commands_for if isinstance(store, SupportsHolderClaim) else None
+        )
 
     def __repr__(self) -> str:
         found = [
@@ -238,6 +244,7 @@ class Capabilities:
                 ("prune by age", self._retention),
                 ("ended timeline", self._timeline),
                 ("node pulse", self._pulse),
+                ("holder claim", self._holder_claim),
             )
             if present is not None
         ]
@@ -447,9 +454,8 @@ class Capabilities:
     def pulse_node(
         self, node: str, *, now: datetime, health: NodeHealth | None = None
     ) -> int | None:
-        """The node's declaration refreshed, and the claimable commands counted
-        (``SupportsNodePulse``): else ``refresh_node`` and 0 (the poller polls), or 0
-        where the store keeps no registry; ``None``: declare again."""
+        """Refresh and the claimable commands' count (``SupportsNodePulse``), else
+        ``refresh_node`` and 0 (the poller polls); ``None``: declare again."""
         if self._pulse is not None:
             return self._pulse(node, now=now, health=health)
         if self._nodes is None:
@@ -503,6 +509,14 @@ class Capabilities:
         if self._command_log is None:
             return []
         return self._command_log.finished_commands(after=after, limit=limit)
+
+    def claim_commands(
+        self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        """The open commands ``holder`` may act on (``SupportsHolderClaim``), else all."""
+        if self._holder_claim is not None:
+            return self._holder_claim(holder, now=now, lease_seconds=lease_seconds, limit=limit)
+        return self.store.claim_commands(now=now, lease_seconds=lease_seconds, limit=limit)
 
     def pending_commands(self, task_id: str) -> list[Command] | None:
         """The task's unfinished commands in arrival order; ``None`` where the store

@@ -24,6 +24,7 @@ from ..model import (
 from ..stores.capabilities import (
     SupportsCommandLog,
     SupportsCommandWakeups,
+    SupportsHolderClaim,
     SupportsLateReports,
     SupportsNodePulse,
     SupportsNodeRegistry,
@@ -345,3 +346,31 @@ class FleetCapabilityContract(ContractBase):
             assert isinstance(store, SupportsStorageClock)
             first, second = store.storage_now(), store.storage_now()
             assert first.tzinfo is UTC and second >= first
+
+    def test_capability_holder_claim_hands_a_node_only_what_it_may_act_on(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsHolderClaim, "claim_commands_for()")
+            assert isinstance(store, SupportsHolderClaim)
+            S = TaskStatus
+            tasks = [
+                ("mine", S.RUNNING, "node-a"),
+                ("theirs", S.RUNNING, "node-b"),
+                ("ended", S.SUCCEEDED, "node-b"),  # finished: anyone completes it
+                ("unleased", S.QUEUED, None),
+            ]
+            for task_id, status, holder in tasks:
+                store.create(self.snapshot(task_id, status=status, lease_owner=holder))
+            order = ["mine", "theirs", "ended", "unleased", "gone", "mine"]
+            for i, task_id in enumerate(order):  # "gone": no such task
+                store.submit_command(self.command(f"c{i}-{task_id}", i, task_id=task_id))
+            claimed = store.claim_commands_for("node-a", now=at(10), lease_seconds=60)
+            assert [c.command_id for c in claimed] == [
+                "c0-mine",
+                "c2-ended",
+                "c3-unleased",
+                "c4-gone",
+                "c5-mine",
+            ]
+            assert store.claim_commands_for("node-a", now=at(11), lease_seconds=60) == []
+            theirs = store.claim_commands_for("node-b", now=at(12), lease_seconds=60)
+            assert [c.command_id for c in theirs] == ["c1-theirs"]

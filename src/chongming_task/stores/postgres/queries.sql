@@ -111,6 +111,20 @@ SELECT lease_until IS NOT NULL AND lease_until > %s::timestamptz AS leased, comm
 FROM {schema}.commands WHERE finished_at IS NULL
 ORDER BY seq LIMIT %s
 
+-- The open commands one node may act on: those of tasks it holds (lease_owner), and
+-- those of tasks nobody holds (gone, finished, or never leased), which anyone completes
+-- as such. A task's commands are all in or all out, so their order holds. The terminal
+-- statuses (chongming_task.states.TERMINAL; a test keeps them equal).
+-- name: open_commands_for
+SELECT c.lease_until IS NOT NULL AND c.lease_until > %s::timestamptz AS leased,
+    c.command_id, c.task_id, c.action, c.issued_by, c.created_at, c.reason, c.lease_until,
+    c.finished_at, c.outcome
+FROM {schema}.commands c LEFT JOIN {schema}.tasks t ON t.task_id = c.task_id
+WHERE c.finished_at IS NULL
+    AND (t.task_id IS NULL OR t.lease_owner IS NULL OR t.lease_owner = %s
+         OR t.status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost'))
+ORDER BY c.seq LIMIT %s
+
 -- SKIP LOCKED: a command another claimer is taking right now is not waited for; the
 -- claim leaves it, and every later command of its task, to the next claim.
 -- name: lock_commands

@@ -460,6 +460,17 @@ SELECT lease_until IS NOT NULL AND lease_until > ? AS leased, command_id, task_i
 FROM commands WHERE finished_at IS NULL
 ORDER BY rowid LIMIT ?
 
+-- The open commands one node may act on (see Postgres's). The terminal statuses
+-- (chongming_task.states.TERMINAL; a test keeps them equal).
+-- name: open_commands_for
+SELECT c.lease_until IS NOT NULL AND c.lease_until > ? AS leased, c.command_id, c.task_id,
+    c.action, c.issued_by, c.created_at, c.reason, c.lease_until, c.finished_at, c.outcome
+FROM commands c LEFT JOIN tasks t ON t.task_id = c.task_id
+WHERE c.finished_at IS NULL
+    AND (t.task_id IS NULL OR t.lease_owner IS NULL OR t.lease_owner = ?
+         OR t.status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost'))
+ORDER BY c.rowid LIMIT ?
+
 -- name: pending_commands
 SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
     finished_at, outcome
