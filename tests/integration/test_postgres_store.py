@@ -557,11 +557,9 @@ def test_a_large_batch_is_one_array_statement_and_all_or_nothing(
 def test_a_refusal_is_reported_at_once_in_the_servers_words(pg_dsn: str) -> None:
     """A wrong role or database is not an outage: the CLI says the server's reason in
     one line, at once (it used to wait the connect timeout and say "cannot reach")."""
-    import subprocess
-    import sys
-    import time
-
     from psycopg.conninfo import conninfo_to_dict
+
+    from tests.integration.test_postgres_connect_errors import ps
 
     info = conninfo_to_dict(pg_dsn)
     host, port = info.get("host", "127.0.0.1"), info.get("port", 5432)
@@ -575,14 +573,7 @@ def test_a_refusal_is_reported_at_once_in_the_servers_words(pg_dsn: str) -> None
         ),
     }
     for dsn, reason in cases.items():
-        start = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "chongming_task", "--db", dsn, "ps"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        took = time.monotonic() - start
+        result, took = ps(dsn)
         assert result.returncode == 1
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "refused the connection" in lines[0], result.stderr
