@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from chongming_task import SqliteTaskStore, TaskStatus
 from tests.conftest import wait_until
@@ -15,10 +16,38 @@ from tests.integration.test_web import Web, _status
 from tests.integration.test_web_browser import browser as browser
 
 
-def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browser: object) -> None:
+def asked(driver: object, xpath: str) -> Any:
+    """Click the button at ``xpath`` and return the confirmation it raises. The page's
+    live part is swapped in as tasks move; a click that lands on a part just replaced
+    raises nothing, so the button is found and clicked again (a click that did nothing
+    sent nothing) until its question shows, 10 s at most."""
+    from selenium.common.exceptions import (
+        StaleElementReferenceException,
+        TimeoutException,
+        UnexpectedAlertPresentException,
+    )
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(driver, WebDriver)
+    for _ in range(5):
+        try:
+            driver.find_element(By.XPATH, xpath).click()
+        except StaleElementReferenceException:
+            continue
+        except UnexpectedAlertPresentException:
+            return driver.switch_to.alert  # the click before raised it late
+        try:
+            return WebDriverWait(driver, 2).until(lambda d: d.switch_to.alert)
+        except TimeoutException:
+            continue
+    raise AssertionError(f"no confirmation after clicking {xpath}")
+
+
+def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
 
     driver = browser
     assert isinstance(driver, WebDriver)
@@ -33,8 +62,7 @@ def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browse
         wait_until(lambda: first[:12] in driver.page_source, 15, "the list")
         driver.find_element(By.CSS_SELECTOR, f"input[value='{first}']").click()
         for accept in (False, True):
-            driver.find_element(By.XPATH, "//button[normalize-space()='stop']").click()
-            alert = WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+            alert = asked(driver, "//button[normalize-space()='stop']")
             assert alert.text == "stop the 1 selected task(s)? It cannot be undone."
             if not accept:
                 alert.dismiss()
@@ -45,8 +73,7 @@ def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browse
 
         driver.get(f"{web.base}/tasks/{second}")
         wait_until(lambda: "Timeline" in driver.page_source, 15, "the task page")
-        driver.find_element(By.XPATH, "//button[normalize-space()='cancel']").click()
-        alert = WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+        alert = asked(driver, "//button[normalize-space()='cancel']")
         assert alert.text.startswith(f"cancel task {second[:12]} (loop)?"), alert.text
         alert.dismiss()
         assert _status(db, second) is TaskStatus.RUNNING
@@ -91,9 +118,7 @@ def test_bad_bucket_read_only_health_and_icon(tmp_path: Path) -> None:
 def test_all_tasks_matching_a_filter_are_controlled_after_a_question_naming_them(
     tmp_path: Path, browser: object
 ) -> None:
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver = browser
     assert isinstance(driver, WebDriver)
@@ -109,8 +134,7 @@ def test_all_tasks_matching_a_filter_are_controlled_after_a_question_naming_them
         wait_until(lambda: "All 3 task(s) matching this filter" in driver.page_source, 15, "N")
         pause = "//form[@class='matching']//button[normalize-space()='pause']"
         for accept in (False, True):
-            driver.find_element(By.XPATH, pause).click()
-            alert = WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+            alert = asked(driver, pause)
             assert alert.text.startswith("pause all 3 task(s) matching this filter?")
             if not accept:
                 alert.dismiss()
