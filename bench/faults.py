@@ -401,7 +401,7 @@ def controls(kind: str, dsn: str | None, work: Path, rounds: int) -> Figures:
                 words, expected = SEQUENCES[i % len(SEQUENCES)]
                 for word in words:  # one CLI process each, back to back
                     cli(db, schema, word, task_id)
-                wait_for(lambda task_id=task_id: not caps.pending_commands(task_id), 20)
+                wait_for(lambda task_id=task_id: not caps.commands.pending(task_id), 20)
                 time.sleep(0.3)  # a pause in flight reaches paused
                 got = store.get(task_id)
                 assert got is not None

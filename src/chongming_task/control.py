@@ -84,7 +84,7 @@ class StoreControl:
         if answered in _UNTIL_PENDING:
             # A pause or resume answered from a status an earlier command is about to
             # change would contradict the operator's last word: queue it behind.
-            pending = self._caps.pending_commands(task_id)
+            pending = self._caps.commands.pending(task_id)
             if pending is None or pending:
                 answered, behind = None, pending[-1] if pending else None
         if answered is not None:

@@ -198,7 +198,7 @@ def test_one_task_failing_its_control_costs_the_others_nothing(
     store = open_store(str(db))
     try:
         caps = Capabilities(store)
-        pending = [len(caps.pending_commands(t) or []) for t in ids]
+        pending = [len(caps.commands.pending(t) or []) for t in ids]
         assert pending == [1, 0, 1]  # the two others' commands are in the store
     finally:
         store.close()

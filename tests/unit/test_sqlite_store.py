@@ -826,10 +826,12 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
     finally:
         raw.close()
     statements = load_named("chongming_task.stores.sqlite")
-    for name in ("prunable", "touch_task", "renew_lease", "write_activity", "open_commands_for"):
+    claims = ("open_commands_for", "pulse_node")
+    for name in ("prunable", "touch_task", "renew_lease", "write_activity", *claims):
         assert set(re.findall(r"'(\w+)'", statements[name])) == {s.value for s in TERMINAL}
     pg = load_named("chongming_task.stores.postgres")
-    assert set(re.findall(r"'(\w+)'", pg["open_commands_for"])) == {s.value for s in TERMINAL}
+    for name in (*claims, "notify_command"):
+        assert set(re.findall(r"'(\w+)'", pg[name])) == {s.value for s in TERMINAL}
     assert statements["get_task"].split("FROM")[0].replace("\n", " ").split() == [
         "SELECT",
         *(f"{c}," for c in codec.TASK_COLUMNS[:-1]),

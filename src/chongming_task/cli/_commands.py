@@ -260,7 +260,7 @@ def _carried_out(
     def done(snapshot: TaskSnapshot) -> bool:
         if snapshot.is_terminal:
             return True
-        pending = caps.pending_commands(snapshot.task_id)
+        pending = caps.commands.pending(snapshot.task_id)
         if pending is not None and any(c.command_id == receipt.command_id for c in pending):
             return False
         return effect(snapshot)

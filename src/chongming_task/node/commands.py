@@ -76,7 +76,7 @@ class CommandPoller(LoopService):
         super().start()
         # Stores that can push a wake-up (Postgres LISTEN/NOTIFY) shorten the wait; the
         # poll interval still bounds it when a notification is lost.
-        self._unsubscribe = self._caps.subscribe_commands(self.wake)
+        self._unsubscribe = self._caps.commands.subscribe(self.wake, holder=self._owner)
         if self._given is None and self._unsubscribe is not None:
             self.interval = POLL_WITH_PULSE if self._caps.has_node_pulse else POLL_WITH_WAKEUPS
 
@@ -98,7 +98,7 @@ class CommandPoller(LoopService):
         """Claim open commands and act on those for runs held here. Returns how many
         commands were completed here."""
         store = self._store
-        commands = self._caps.claim_commands(
+        commands = self._caps.commands.claim(
             self._owner, now=self._leases.now(), lease_seconds=self._lease
         )
         completed = 0
@@ -146,7 +146,7 @@ class ControlRouter:
         if run is None:
             return self.store.send(task_id, action, reason)
         wake = self.wake
-        if wake is not None and (pending := self._caps.pending_commands(task_id)):
+        if wake is not None and (pending := self._caps.commands.pending(task_id)):
             # Commands sent from elsewhere before this call are carried out first.
             receipt = self.store.queue(
                 task_id, action, reason, status=run.snapshot().status, behind=pending[-1]

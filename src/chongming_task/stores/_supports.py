@@ -36,6 +36,7 @@ __all__ = [
     "PartialCreate",
     "PartialWrite",
     "PendingWrites",
+    "SupportsAddressedWakeups",
     "SupportsAtomic",
     "SupportsCommandLog",
     "SupportsCommandWakeups",
@@ -225,6 +226,20 @@ class SupportsCommandWakeups(Protocol):
 
 
 @runtime_checkable
+class SupportsAddressedWakeups(Protocol):
+    """Command wake-ups addressed to a holder (docs/design.md, "Commands"): with many
+    nodes listening, a command wakes the node that holds its task, not every node."""
+
+    def subscribe_commands_for(
+        self, holder: str, wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """``subscribe_commands``, but ``wake()`` only for commands ``holder`` may claim
+        (``claim_commands_for``'s: its own tasks' and those of tasks nobody holds) and
+        after a gap; another holder's commands may wake it too, never the reverse."""
+        ...
+
+
+@runtime_checkable
 class SupportsHolderClaim(Protocol):
     def claim_commands_for(
         self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
@@ -287,8 +302,9 @@ class SupportsNodePulse(Protocol):
         self, node: str, *, now: datetime, health: NodeHealth | None = None
     ) -> int | None:
         """``refresh_node``, and how many open commands no claim's lease holds (by the
-        new ``seen_at``), in one statement; ``None`` where ``refresh_node`` would answer
-        ``False`` (declare again)."""
+        new ``seen_at``) that ``node`` may claim (``claim_commands_for``'s: those of its
+        own tasks and of tasks nobody holds), in one statement; ``None`` where
+        ``refresh_node`` would answer ``False`` (declare again)."""
         ...
 
 

@@ -21,7 +21,6 @@ from ..errors import ConcurrencyConflict, ConfigurationError, StoreError
 from ..health import NodeHealth
 from ..late import LateReport
 from ..model import (
-    Command,
     NodeRecord,
     PipelineRecord,
     Progress,
@@ -31,6 +30,7 @@ from ..model import (
     TaskStatus,
     Transition,
 )
+from ._channel import CommandChannel
 from ._lost import lost_mark
 from ._read_whole import ReadWhole
 from ._supports import (
@@ -42,6 +42,7 @@ from ._supports import (
     PartialCreate,
     PartialWrite,
     PendingWrites,
+    SupportsAddressedWakeups,
     SupportsAtomic,
     SupportsCommandLog,
     SupportsCommandWakeups,
@@ -80,6 +81,7 @@ __all__ = [
     "PartialCreate",
     "PartialWrite",
     "PendingWrites",
+    "SupportsAddressedWakeups",
     "SupportsAtomic",
     "SupportsCommandLog",
     "SupportsCommandWakeups",
@@ -118,15 +120,13 @@ class Capabilities:
 
     __slots__ = (
         "_atomic",
-        "_command_log",
+        "_connections",
         "_create_many",
         "_dedupe",
-        "_holder_claim",
         "_late",
         "_mark_expired",
         "_mark_lost",
         "_nodes",
-        "_pending",
         "_pipelines",
         "_pulse",
         "_renew_leases",
@@ -135,12 +135,12 @@ class Capabilities:
         "_schedules",
         "_schema",
         "_storage_now",
-        "_subscribe",
         "_subscribe_transitions",
         "_timeline",
         "_write_activity",
         "_write_together",
         "_write_transitions",
+        "commands",
         "compare_and_write",
         "group_commit",
         "store",
@@ -181,9 +181,8 @@ class Capabilities:
         self._mark_expired = (
             store.mark_expired_lost if isinstance(store, SupportsMarkExpired) else None
         )
-        self._subscribe = (
-            store.subscribe_commands if isinstance(store, SupportsCommandWakeups) else None
-        )
+        self.commands = CommandChannel(store)
+        """The command side: wake-ups, claims, pending and finished commands."""
         self._subscribe_transitions = (
             store.subscribe_transitions if isinstance(store, SupportsTransitionWakeups) else None
         )
@@ -195,12 +194,6 @@ class Capabilities:
         )
         self._pipelines: SupportsPipelineRegistry | None = (
             store if isinstance(store, SupportsPipelineRegistry) else None
-        )
-        self._command_log: SupportsCommandLog | None = (
-            store if isinstance(store, SupportsCommandLog) else None
-        )
-        self._pending = (
-            store.pending_commands if isinstance(store, SupportsPendingCommands) else None
         )
         self._dedupe = store.create_deduped if isinstance(store, SupportsDedupe) else None
         self._late: SupportsLateReports | None = (
@@ -214,8 +207,8 @@ class Capabilities:
         self._retention = store if isinstance(store, SupportsPruneByAge) else None
         self._timeline = store if isinstance(store, SupportsEndedTimeline) else None
         self._pulse = store.pulse_node if isinstance(store, SupportsNodePulse) else None
-        self._holder_claim = (
-            store.claim_commands_for if isinstance(store, SupportsHolderClaim) else None
+        self._connections = (
+            store.connections if isinstance(store, SupportsConnectionCount) else None
         )
 
     def __repr__(self) -> str:
@@ -230,13 +223,10 @@ class Capabilities:
                 ("write_activity", self._write_activity),
                 ("mark_expired_lost", self._mark_expired),
                 ("create_deduped", self._dedupe),
-                ("subscribe_commands", self._subscribe),
                 ("subscribe_transitions", self._subscribe_transitions),
                 ("node registry", self._nodes),
                 ("schedule registry", self._schedules),
                 ("pipeline registry", self._pipelines),
-                ("command log", self._command_log),
-                ("pending commands", self._pending),
                 ("late reports", self._late),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
@@ -244,10 +234,9 @@ class Capabilities:
                 ("prune by age", self._retention),
                 ("ended timeline", self._timeline),
                 ("node pulse", self._pulse),
-                ("holder claim", self._holder_claim),
             )
             if present is not None
-        ]
+        ] + self.commands.found()
         return f"Capabilities({self.store!r}: {', '.join(found) or 'none'})"
 
     def atomic(self) -> AbstractContextManager[None]:
@@ -412,11 +401,6 @@ class Capabilities:
                 (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
         return lost, let_go
 
-    def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
-        """Subscribe ``wake`` to command wake-ups; ``None`` where the store has none
-        (the poller's interval alone then bounds the latency)."""
-        return self._subscribe(wake) if self._subscribe is not None else None
-
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Subscribe ``wake`` to transition wake-ups; ``None`` where the store has none
         (a follower's poll interval alone then bounds the latency)."""
@@ -449,7 +433,7 @@ class Capabilities:
 
     def connections(self) -> int | None:
         """Server connections the store holds now (``SupportsConnectionCount``)."""
-        return self.store.connections() if isinstance(self.store, SupportsConnectionCount) else None
+        return self._connections() if self._connections is not None else None
 
     def pulse_node(
         self, node: str, *, now: datetime, health: NodeHealth | None = None
@@ -503,25 +487,6 @@ class Capabilities:
 
     def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
         return [] if self._pipelines is None else self._pipelines.pipeline_records(limit=limit)
-
-    def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
-        """Commands finished after ``after``; empty where the store keeps no log."""
-        if self._command_log is None:
-            return []
-        return self._command_log.finished_commands(after=after, limit=limit)
-
-    def claim_commands(
-        self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
-    ) -> list[Command]:
-        """The open commands ``holder`` may act on (``SupportsHolderClaim``), else all."""
-        if self._holder_claim is not None:
-            return self._holder_claim(holder, now=now, lease_seconds=lease_seconds, limit=limit)
-        return self.store.claim_commands(now=now, lease_seconds=lease_seconds, limit=limit)
-
-    def pending_commands(self, task_id: str) -> list[Command] | None:
-        """The task's unfinished commands in arrival order; ``None`` where the store
-        cannot tell (then any control may be behind one: send it as a command)."""
-        return None if self._pending is None else self._pending(task_id)
 
     @property
     def prune_by_age(self) -> SupportsPruneByAge:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from unittest import SkipTest
@@ -22,6 +23,7 @@ from ..model import (
     TaskStatus,
 )
 from ..stores.capabilities import (
+    SupportsAddressedWakeups,
     SupportsCommandLog,
     SupportsCommandWakeups,
     SupportsHolderClaim,
@@ -77,6 +79,54 @@ class FleetCapabilityContract(ContractBase):
                 assert woke.wait(5), "a single command woke no subscriber within 5 s"
             finally:
                 unsubscribe()
+
+    def test_capability_addressed_wakeups_wake_the_holder_alone(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsAddressedWakeups, "subscribe_commands_for()")
+            assert isinstance(store, SupportsAddressedWakeups)
+            for task_id, holder in (("a-task", "node-a"), ("b-task", "node-b")):
+                store.create(self.snapshot(task_id, status=TaskStatus.RUNNING, lease_owner=holder))
+            woken = {"node-a": 0, "node-b": 0}
+            lock = threading.Condition()
+
+            def waker(node: str) -> Callable[[], None]:
+                def wake() -> None:
+                    with lock:
+                        woken[node] += 1
+                        lock.notify_all()
+
+                return wake
+
+            def wait_for(a: int, b: int) -> None:
+                with lock:
+                    lock.wait_for(lambda: woken["node-a"] >= a and woken["node-b"] >= b, 10)
+                    assert woken["node-a"] >= a and woken["node-b"] >= b, woken
+
+            stops = [store.subscribe_commands_for(n, waker(n)) for n in woken]
+            try:
+                if None in stops:
+                    raise SkipTest(f"{type(store).__name__} cannot wake a subscriber here")
+                # Both listening: a command of no task's (anyone's) wakes both.
+                for i in range(40):
+                    store.submit_command(self.command(f"anyone-{i}", i, task_id=f"gone-{i}"))
+                    with lock:
+                        if lock.wait_for(lambda: min(woken.values()) > 0, 0.25):
+                            break
+                wait_for(1, 1)
+                time.sleep(0.5)  # wake-ups of the commands above still on their way
+                with lock:
+                    woken.update({"node-a": 0, "node-b": 0})
+                # B's task's command wakes B; then anyone's wakes both, and reaches A
+                # after B's (one connection delivers in commit order): A slept through B's.
+                store.submit_command(self.command("for-b", 50, task_id="b-task"))
+                store.submit_command(self.command("for-anyone", 51, task_id="gone"))
+                wait_for(1, 2)
+                time.sleep(0.2)
+                assert woken == {"node-a": 1, "node-b": 2}
+            finally:
+                for stop in stops:
+                    if stop is not None:
+                        stop()
 
     def test_capability_transition_wakeups_wake_a_subscriber(self) -> None:
         with self._store() as store:
@@ -177,7 +227,7 @@ class FleetCapabilityContract(ContractBase):
             assert store.refresh_node("node-a", now=at(20), health=NodeHealth()) is True
             assert health() == NodeHealth()
 
-    def test_capability_node_pulse_refreshes_and_counts_the_commands_nobody_holds(
+    def test_capability_node_pulse_refreshes_and_counts_the_commands_the_node_may_claim(
         self,
     ) -> None:
         with self._store() as store:
@@ -200,6 +250,17 @@ class FleetCapabilityContract(ContractBase):
             assert store.pulse_node("node-a", now=at(13)) == 2
             store.complete_command("c1", now=at(14), outcome="stopping")
             assert store.pulse_node("node-a", now=at(15)) == 1
+            # Only what the node may claim: another node's running task's command wakes
+            # that node alone; its own task's wakes it.
+            store.declare_node(_every_bucket("node-b"))
+            for task_id, holder in (("theirs", "node-b"), ("mine", "node-a")):
+                store.create(self.snapshot(task_id, status=TaskStatus.RUNNING, lease_owner=holder))
+                store.submit_command(self.command(f"c-{task_id}", 5, task_id=task_id))
+            assert store.pulse_node("node-a", now=at(15)) == 2
+            assert store.pulse_node("node-b", now=at(15)) == 2
+            store.complete_command("c2", now=at(15), outcome="stopping")
+            assert store.pulse_node("node-a", now=at(15)) == 1
+            assert store.pulse_node("node-b", now=at(15)) == 1
             assert store.pulse_node("nobody", now=at(16)) is None
             store.retire_node("node-a", now=at(17))
             assert store.pulse_node("node-a", now=at(18)) is None  # declare again

@@ -231,7 +231,7 @@ class Follower:
     def _count_commands(self) -> None:
         if self._commands_after is None:
             self._commands_after = self._caps.now()
-        for c in self._caps.finished_commands(after=self._commands_after):
+        for c in self._caps.commands.finished(after=self._commands_after):
             if c.finished_at is None:
                 continue
             took = max(0.0, (c.finished_at - c.created_at).total_seconds())

@@ -28,8 +28,9 @@ _RECONNECT_AFTER = 1.0
 
 
 class Listener:
-    """Calls ``wake()`` for each notification on ``channel`` (a validated identifier),
-    on a daemon thread called ``name`` that reconnects after failures."""
+    """Calls ``wake()`` for each notification on ``channel`` (a validated identifier)
+    whose payload ``wanted`` accepts (``None``: every one), on a daemon thread called
+    ``name`` that reconnects after failures."""
 
     def __init__(
         self,
@@ -39,8 +40,10 @@ class Listener:
         *,
         name: str,
         application_name: str = "chongming-task",
+        wanted: Callable[[str], bool] | None = None,
     ) -> None:
         self._dsn = dsn
+        self._wanted = wanted
         self._application_name = application_name
         self._channel = channel
         self._wake = wake
@@ -71,9 +74,10 @@ class Listener:
             # wake-up now, so a subscriber that polls rarely looks at once.
             self._wake()
         heard = 0
-        for _ in conn.notifies(timeout=0.5, stop_after=1):
-            self._wake()
-            heard += 1
+        for note in conn.notifies(timeout=0.5, stop_after=1):
+            if self._wanted is None or self._wanted(note.payload):
+                self._wake()
+                heard += 1
         return Pass(done=heard)
 
     def _run(self) -> None:
@@ -106,18 +110,28 @@ def listen(
     *,
     name: str,
     application_name: str = "chongming-task",
+    wanted: Callable[[str], bool] | None = None,
 ) -> Callable[[], None]:
     """Start a ``Listener``; returns the function that stops it."""
-    listener = Listener(dsn, channel, wake, name=name, application_name=application_name)
+    listener = Listener(
+        dsn, channel, wake, name=name, application_name=application_name, wanted=wanted
+    )
     listener.start()
     return listener.stop
 
 
 class Subscriptions:
-    """A store's ``LISTEN`` subscriptions, each a ``Listener`` on a connection of its
-    own to ``dsn``: ``len()`` is how many such connections the store holds."""
+    """A store's ``LISTEN`` subscriptions on its schema's two channels (commands, and
+    writes of tasks and transitions), each a ``Listener`` on a connection of its own to
+    ``dsn``: ``len()`` is how many such connections the store holds.
 
-    def __init__(self, dsn: str | None, application_name: str, *, where: str) -> None:
+    A command's notification names the node that holds its task (``''``: nobody, so
+    anyone), so a node subscribed for itself wakes for its own commands only: with a
+    thousand nodes listening, a stop costs one claim, not a thousand."""
+
+    def __init__(self, dsn: str | None, application_name: str, *, where: str, schema: str) -> None:
+        self.commands = f"chongming_commands_{schema}"  # a validated identifier
+        self.transitions = f"chongming_transitions_{schema}"
         if dsn is None:
             log.warning(
                 "PostgreSQL at %s through a pooler, without listen_dsn: no LISTEN (a pooler "
@@ -126,6 +140,7 @@ class Subscriptions:
                 where,
             )
         self._dsn = dsn
+        self._where = where
         self._application_name = application_name
         self._live: set[object] = set()
         self._lock = threading.Lock()
@@ -133,14 +148,35 @@ class Subscriptions:
     def __len__(self) -> int:
         return len(self._live)
 
+    def to_commands(
+        self, wake: Callable[[], None], *, holder: str | None = None
+    ) -> Callable[[], None] | None:
+        """Wake on commands (``holder``'s and nobody's only, if given)."""
+        wanted = None if holder is None else (lambda payload: payload in ("", holder))
+        return self.listen(self.commands, wake, f"chongming-listen[{self._where}]", wanted)
+
+    def to_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
+        return self.listen(self.transitions, wake, f"chongming-follow[{self._where}]")
+
     def listen(
-        self, channel: str, wake: Callable[[], None], name: str
+        self,
+        channel: str,
+        wake: Callable[[], None],
+        name: str,
+        wanted: Callable[[str], bool] | None = None,
     ) -> Callable[[], None] | None:
         """``listen()``, counted until the returned function stops it; ``None`` without a
         DSN to listen on (behind a pooler, none given)."""
         if self._dsn is None:
             return None
-        stop = listen(self._dsn, channel, wake, name=name, application_name=self._application_name)
+        stop = listen(
+            self._dsn,
+            channel,
+            wake,
+            name=name,
+            application_name=self._application_name,
+            wanted=wanted,
+        )
         token = object()
         with self._lock:
             self._live.add(token)

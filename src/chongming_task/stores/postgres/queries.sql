@@ -190,14 +190,19 @@ UPDATE {schema}.nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestam
                  health = COALESCE(%s, health)
 WHERE node = %s AND stopped_at IS NULL
 
--- The beacon, and the open commands no claim holds, in one statement: an idle node's
--- poller needs no statement of its own (the partial index of open commands answers).
+-- The beacon, and the open commands no claim holds that this node may claim (as in
+-- open_commands_for: its tasks' and nobody's), in one statement: an idle node's poller
+-- needs no statement of its own, and another node's commands never wake it (the partial
+-- index of open commands answers, each one's task by its key).
 -- name: pulse_node
 UPDATE {schema}.nodes SET seen_at = COALESCE(%s::timestamptz, statement_timestamp()),
                  health = COALESCE(%s, health)
 WHERE node = %s AND stopped_at IS NULL
-RETURNING (SELECT count(*) FROM {schema}.commands WHERE finished_at IS NULL
-           AND (lease_until IS NULL OR lease_until <= nodes.seen_at))
+RETURNING (SELECT count(*) FROM {schema}.commands c LEFT JOIN {schema}.tasks t ON t.task_id = c.task_id
+           WHERE c.finished_at IS NULL
+           AND (c.lease_until IS NULL OR c.lease_until <= nodes.seen_at)
+           AND (t.task_id IS NULL OR t.lease_owner IS NULL OR t.lease_owner = nodes.node
+                OR t.status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')))
 
 -- name: retire_node
 UPDATE {schema}.nodes SET stopped_at = COALESCE(%s::timestamptz, statement_timestamp()) WHERE node = %s
@@ -363,6 +368,12 @@ ORDER BY finished_at LIMIT %s
 
 -- name: notify
 SELECT pg_notify(%s, '')
+
+-- A command's wake-up, addressed to the node that holds its task; '' (everyone) for a
+-- task nobody holds, gone or finished, whose command any node completes.
+-- name: notify_command
+SELECT pg_notify(%s, COALESCE((SELECT lease_owner FROM {schema}.tasks WHERE task_id = %s
+    AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')), ''))
 
 -- Held by create_schema until its transaction ends: the DDL of one schema runs one
 -- caller at a time (keys from postgres._schema_lock_key).

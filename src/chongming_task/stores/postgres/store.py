@@ -153,8 +153,6 @@ class PostgresTaskStore(
         self._sql = statements_in(_SQL, schema)
         self._group_sql = group_statements(self._sql)
         self._dialect = dialect_in(schema)
-        self._channel = f"chongming_commands_{schema}"  # a validated identifier
-        self._transitions_channel = f"chongming_transitions_{schema}"
         self._announcer = (
             Announcer(self._announce, every=_ANNOUNCE_EVERY, name=f"chongming-announce[{schema}]")
             if announce_writes
@@ -174,7 +172,9 @@ class PostgresTaskStore(
         )
         self.where = self._server.where
         listens_on = listen_dsn or (None if pooled else dsn)
-        self._listening = Subscriptions(listens_on, application_name, where=self.where)
+        self._listening = Subscriptions(
+            listens_on, application_name, where=self.where, schema=schema
+        )
         self._older: StoreError | None = None  # an older release's schema: until migrated
         try:
             self._check_version()
@@ -305,7 +305,7 @@ class PostgresTaskStore(
 
     def _announce(self) -> None:
         with self._cursor("notify") as cur:
-            cur.execute(self._sql["notify"], [self._transitions_channel])
+            cur.execute(self._sql["notify"], [self._listening.transitions])
 
     def create_schema(self) -> None:
         """Create the schema, tables and indexes if absent (needs DDL rights; idempotent).
@@ -554,13 +554,11 @@ class PostgresTaskStore(
     # -- commands ---------------------------------------------------------------------------------
 
     def submit_command(self, command: Command) -> None:
-        values = codec.command_to_values(command)
-        try:
-            # One transaction: a command is stored and announced, or neither.
+        holder = [self._listening.commands, command.task_id]  # told to the task's holder
+        try:  # one transaction: a command is stored and announced (at commit), or neither
             with self._cursor("submit_command", transaction=True) as cur:
-                cur.execute(self._sql["insert_command"], values)
-                # Delivered at commit, to listeners only: a wake-up, never the delivery.
-                cur.execute(f"NOTIFY {self._channel}".encode())
+                cur.execute(self._sql["insert_command"], codec.command_to_values(command))
+                cur.execute(self._sql["notify_command"], holder)  # a wake-up, not the delivery
         except StoreError as exc:
             if isinstance(exc.__cause__, pg_errors.UniqueViolation):
                 raise StoreError(f"command {command.command_id} already exists") from None
@@ -572,19 +570,20 @@ class PostgresTaskStore(
         return self._server.size() + len(self._listening)
 
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
-        """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
-        any process submits a command, so a poller can claim it before its next interval.
-        Polling stays the source of truth (docs/design.md, "Commands"). Returns a
-        function that stops it."""
-        return self._listening.listen(self._channel, wake, f"chongming-listen[{self.where}]")
+        """Optional capability (``SupportsCommandWakeups``): ``wake()`` soon after any
+        process submits a command; polling stays the truth (docs/design.md, "Commands")."""
+        return self._listening.to_commands(wake)
+
+    def subscribe_commands_for(
+        self, holder: str, wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Optional capability (``SupportsAddressedWakeups``): for ``holder``'s commands."""
+        return self._listening.to_commands(wake, holder=holder)
 
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
-        """Optional capability (``SupportsTransitionWakeups``): call ``wake()`` soon after
-        any process writes tasks or transitions through a store that announces its
-        writes (``announce_writes``, the default). Returns a function that stops it."""
-        return self._listening.listen(
-            self._transitions_channel, wake, f"chongming-follow[{self.where}]"
-        )
+        """Optional capability (``SupportsTransitionWakeups``): ``wake()`` soon after any
+        process writes tasks or transitions through a store that announces its writes."""
+        return self._listening.to_transitions(wake)
 
     def prune(self, *, keep_terminal: int) -> int:
         if keep_terminal < 0:

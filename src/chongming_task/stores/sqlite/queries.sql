@@ -522,12 +522,16 @@ INSERT INTO node_buckets (bucket, node, updated_at) VALUES (?, ?, ?)
 -- name: refresh_node
 UPDATE nodes SET seen_at = ?, health = COALESCE(?, health) WHERE node = ? AND stopped_at IS NULL
 
--- The beacon, and the open commands no claim holds, in one statement (see Postgres's).
+-- The beacon, and the open commands no claim holds that this node may claim, in one
+-- statement (see Postgres's).
 -- name: pulse_node
 UPDATE nodes SET seen_at = ?, health = COALESCE(?, health)
 WHERE node = ? AND stopped_at IS NULL
-RETURNING (SELECT count(*) FROM commands WHERE finished_at IS NULL
-           AND (lease_until IS NULL OR lease_until <= nodes.seen_at))
+RETURNING (SELECT count(*) FROM commands c LEFT JOIN tasks t ON t.task_id = c.task_id
+           WHERE c.finished_at IS NULL
+           AND (c.lease_until IS NULL OR c.lease_until <= nodes.seen_at)
+           AND (t.task_id IS NULL OR t.lease_owner IS NULL OR t.lease_owner = nodes.node
+                OR t.status IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')))
 
 -- name: retire_node
 UPDATE nodes SET stopped_at = ? WHERE node = ?
