@@ -43,8 +43,10 @@ def _free_port() -> int:
 class ThrowawayCluster:
     """One PostgreSQL cluster of this test's own: ``dsn``, ``stop()``, ``start()``."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, settings: dict[str, str] | None = None) -> None:
         self.bindir = bindir
+        # Fast and throwaway unless told otherwise (a benchmark asks for fsync).
+        self.settings = {"fsync": "off", "full_page_writes": "off", **(settings or {})}
         self.port = _free_port()
         self.root = Path(tempfile.mkdtemp(prefix="chongming-pg-"))
         self.data = self.root / "data"
@@ -80,9 +82,8 @@ class ThrowawayCluster:
         )
 
     def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c full_page_writes=off"
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 " + " ".join(
+            f"-c {name}={value}" for name, value in self.settings.items()
         )
         self._run(
             str(self.bindir / "pg_ctl"),
