@@ -2,14 +2,17 @@
 declarations").
 
 At start-up the node writes who it is and which buckets it declares (``NodeRecord``),
-then refreshes ``seen_at`` every third of its lease TTL while it lives, and marks itself
-stopped at a clean ``close()``. Other nodes and the CLI (``nodes``, ``doctor``) read
-these declarations to find buckets declared twice, buckets nobody declares, and tasks
-nobody looks after. The declaration decides nothing: no node consults it before running
-or reconciling a task (it is no bucket lease: nodes never take buckets from each other).
+then refreshes ``seen_at`` about every third of its lease TTL while it lives, and marks
+itself stopped at a clean ``close()``. The first refresh comes at a random point of the
+first third and each later one within 10 % of a third: nodes started together (a
+deployment) do not beat in step, so a fleet's beacons reach the store evenly. Other
+nodes and the CLI (``nodes``, ``doctor``) read these declarations to find buckets
+declared twice, buckets nobody declares, and tasks nobody looks after. The declaration
+decides nothing: no node consults it before running or reconciling a task (it is no
+bucket lease: nodes never take buckets from each other).
 
 Where the store pulses (``SupportsNodePulse``), the refresh also counts the open
-commands nobody holds, and the beacon wakes the command poller if there are: the
+commands this node may claim, and the beacon wakes the command poller if there are: the
 poller's safety net then costs no statement of its own.
 
 A store without the node-registry capability, or a failing write, costs the node nothing
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from collections.abc import Callable
 from datetime import datetime
@@ -58,6 +62,7 @@ class NodeBeacon(LoopService):
         self._health = node.health
         self._registry = node.registry
         self._declared = False
+        self._rng = random.Random()
         self.commands_waiting: Callable[[], None] | None = None
         """Called when a refresh finds open commands nobody holds (the poller's wake)."""
 
@@ -94,13 +99,13 @@ class NodeBeacon(LoopService):
                     if waiting and self.commands_waiting is not None:
                         self.commands_waiting()
                     self._health.faults.succeeded()
-                    return Pass(done=1)
+                    return Pass(done=1, wait=self.interval * self._rng.uniform(0.9, 1.1))
             self._declare()
         except StoreError as exc:  # one line an episode, with the node's other faults
             self._health.faults.failed("node declaration", exc)
             return Pass(wait=min(self.interval, 1.0))
         self._health.faults.succeeded()
-        return Pass(done=1)
+        return Pass(done=1, wait=self.interval * self._rng.random())
 
     def _declare(self) -> None:
         """Write the declaration, then say what clashes with it (a warning per clash)."""
