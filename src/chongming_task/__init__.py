@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from .clock import Clock as Clock
 from .clock import SystemClock as SystemClock
+from .current import CurrentTask as CurrentTask
+from .current import current as current
 from .definitions import TaskDefinition as TaskDefinition
 from .definitions import define as define
 from .errors import ChongmingTaskError as ChongmingTaskError
@@ -70,6 +72,7 @@ __all__ = [
     "Controller",
     "ControllerClosed",
     "CronTrigger",
+    "CurrentTask",
     "Failure",
     "FailureKind",
     "IllegalTransition",
@@ -103,6 +106,7 @@ __all__ = [
     "Transition",
     "UnknownTask",
     "WaitTimeout",
+    "current",
     "define",
 ]
 

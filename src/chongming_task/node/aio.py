@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..current import running
 from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
 
@@ -241,7 +242,8 @@ class AsyncRunner:
         try:
             async with self._slots:
                 self._waiting -= 1
-                await attempt(run)
+                with running(run):  # this asyncio task's context: current(), log records
+                    await attempt(run)
         except BaseException as exc:
             self._crashed(run, exc)
         finally:

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from ..clock import Clock, SystemClock
+from ..current import install_log_context
 from ..definitions import Definitions, TaskDefinition, TaskRef
 from ..errors import ConfigurationError, InvalidValue, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
@@ -84,6 +85,7 @@ class Controller(AsyncFace):
         max_async: int = 1000,
         retention: Mapping[str | TaskStatus, timedelta] | None = None,
     ) -> None:
+        install_log_context()  # records made while a task runs name it
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
             None if owned_buckets is None else self.bucket_policy.validate(owned_buckets)

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from .. import states
+from ..current import running
 from ..errors import StoreError, StoreUnavailable
 from ..late import LateReport
 from ..model import Failure, FailureKind, Progress, TaskScan
@@ -121,7 +122,8 @@ class LeaseRenewal:
                 except StoreError as exc:
                     self._faults.failed(f"lease of task {run.task_id}", exc)
                 except Exception:
-                    log.exception("task %s: lease not renewed; will retry", run.task_id)
+                    with running(run):
+                        log.exception("task %s: lease not renewed; will retry", run.task_id)
                 else:
                     renewed.append(run)
         else:
@@ -246,7 +248,8 @@ class TimeoutCheck:
             try:
                 acted += run.check_timeout(now)
             except Exception:
-                log.exception("task %s: timeout check failed; continuing", run.task_id)
+                with running(run):
+                    log.exception("task %s: timeout check failed; continuing", run.task_id)
         return Pass(done=acted)
 
 

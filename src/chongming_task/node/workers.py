@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..current import running
 from ..loops import Pass, ThreadWatch, keep_running
 from .registry import RunRegistry
 
@@ -123,10 +124,11 @@ class WorkerPool:
         if hand is not None and run.definition.is_async:
             hand(run)  # the node's event loop carries it; its slot is freed at its end
             return True
-        try:
-            run.execute()
-        except BaseException as exc:
-            crashed(run, exc)
+        with running(run):  # current(), and the attempt's log records, name the task
+            try:
+                run.execute()
+            except BaseException as exc:
+                crashed(run, exc)
         if run.abandoned:
             return False
         self._registry.finished(run)
