@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..current import running
+from ..current import enter, leave
 from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
 
@@ -242,8 +242,11 @@ class AsyncRunner:
         try:
             async with self._slots:
                 self._waiting -= 1
-                with running(run):  # this asyncio task's context: current(), log records
+                mark = enter(run)  # this asyncio task's context: current(), log records
+                try:
                     await attempt(run)
+                finally:
+                    leave(mark)
         except BaseException as exc:
             self._crashed(run, exc)
         finally:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..current import running
+from ..current import enter, leave
 from ..loops import Pass, ThreadWatch, keep_running
 from .registry import RunRegistry
 
@@ -124,11 +124,13 @@ class WorkerPool:
         if hand is not None and run.definition.is_async:
             hand(run)  # the node's event loop carries it; its slot is freed at its end
             return True
-        with running(run):  # current(), and the attempt's log records, name the task
-            try:
-                run.execute()
-            except BaseException as exc:
-                crashed(run, exc)
+        mark = enter(run)  # current(), and the attempt's log records, name the task
+        try:
+            run.execute()
+        except BaseException as exc:
+            crashed(run, exc)
+        finally:
+            leave(mark)
         if run.abandoned:
             return False
         self._registry.finished(run)
