@@ -789,9 +789,9 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
 
 
 def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
-    """The statements live in stores/sqlite/queries.sql as SQL; the codec and the group commit build
-    rows in their own column order. A column added to one and not the other fails here,
-    not as a silently shifted row."""
+    """The statements live in stores/sqlite/schema.sql and queries.sql as SQL; the codec
+    and the group commit build rows in their own column order. A column added to one and
+    not the other fails here, not as a silently shifted row."""
     import re
 
     from chongming_task.states import TERMINAL

@@ -1,5 +1,6 @@
-"""``SqliteTaskStore``: the store, its named SQL (``queries.sql``), its group commit, its
-transaction scopes and the thread that copies the WAL back into the file."""
+"""``SqliteTaskStore``: the store, its named SQL (``schema.sql``, ``queries.sql``), its
+group commit, its transaction scopes and the thread that copies the WAL back into the
+file."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """SQLite group commit: the writes threads queue while the connection is busy land
 together (``GroupCommit``): a batch of up to 64 rows as one statement through the
-``task_writes`` view of ``queries.sql``, a larger one straight into the tables.
+``task_writes`` view of ``schema.sql``, a larger one straight into the tables.
 
 Each row of a batch is one row of that view: ``kind`` ("new", "life" or "trail"), the
 task's columns, ``expect`` (a compare-and-set's expected version), then the trail's

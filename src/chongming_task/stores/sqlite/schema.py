@@ -1,5 +1,5 @@
 """The SQLite store's schema: opening a file (its pragmas, WAL, the version check),
-creating or upgrading its tables from the ``schema_`` blocks of ``queries.sql``, and the
+creating or upgrading its tables from the ``schema_`` blocks of ``schema.sql``, and the
 one upgrade that rebuilds the trail. Opening a current file writes nothing."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ a hot page is copied back once, not once per transition."""
 
 log = logging.getLogger("chongming_task.store")
 
-_SQL = load_named(__package__)
+_SQL = load_named(__package__, "schema.sql")
 _OPTION_COLUMNS = {
     "run_at": "TEXT",
     "priority": "INTEGER NOT NULL DEFAULT 0",
