@@ -1,11 +1,11 @@
 """Which task runs here: ``current()``, and the log records made while it runs.
 
 The thread or ``asyncio`` task that carries an attempt sets a context variable for it
-(``running(run)``), so ``current()`` answers in a task's own code, sync and ``async def``
-alike, and every ``logging`` record made meanwhile carries ``task_id``, ``task_name`` and
-``attempt`` as attributes: a log record factory, installed once when the first
-``Controller`` is made, adds them. The node's own lines about a task are written inside
-the same context (``running(run)``), so they carry them too.
+(``enter(run)`` ... ``leave()``), so ``current()`` answers in a task's own code, sync and
+``async def`` alike, and every ``logging`` record made meanwhile carries ``task_id``,
+``task_name`` and ``attempt`` as attributes: a log record factory, installed once when
+the first ``Controller`` is made, adds them. The node's own lines about a task are
+written inside the same context (``running(run)``), so they carry them too.
 
 A thread the task starts itself does not inherit the context (Python copies it to new
 ``asyncio`` tasks, not to threads): start it with ``contextvars.copy_context().run``.
