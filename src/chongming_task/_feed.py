@@ -84,9 +84,12 @@ class TransitionFeed:
             last = self._shown.get(s.task_id)
             if self._first:
                 self._shown[s.task_id] = s.status_version
-            elif last != s.status_version:
-                transitions += store.history(s.task_id, since_version=last or 0)
-                self._shown[s.task_id] = s.status_version
+            elif last is None or last < s.status_version:
+                read = store.history(s.task_id, since_version=last or 0)
+                transitions += read
+                # The trail may already hold versions the snapshot read before it did
+                # not: they are shown now, so the next refresh starts after them.
+                self._shown[s.task_id] = max([s.status_version, *(t.version for t in read)])
         transitions.sort(key=lambda t: (t.at, t.task_id, t.version))
         # Forget what can change no more: a finished task out of the newest few.
         self._shown = {task_id: self._shown[task_id] for task_id in current}
