@@ -1,6 +1,7 @@
 """``current()`` and the log records made while a task runs: each names its task, in
-thread and ``async def`` tasks alike, attempt by attempt; the node's own lines about a
-task carry the same attributes; records made elsewhere are left as they are."""
+thread and ``async def`` tasks alike, attempt by attempt; records made elsewhere are left
+as they are. (The node's own line about a task it carries: test_async_tasks.py's
+swallowed cancellation.)"""
 
 from __future__ import annotations
 
@@ -86,26 +87,6 @@ def test_async_tasks_on_one_loop_each_see_their_own(
         assert {(r.task_id, r.task_name, r.attempt) for r in records} == {  # type: ignore[attr-defined]
             (run.task_id, "interleaved", 1)
         }
-
-
-def test_the_nodes_own_line_about_a_task_names_it(
-    make_controller: Make, caplog: pytest.LogCaptureFixture
-) -> None:
-    c = make_controller()
-
-    @c.task(name="stubborn", timeout=0.2)
-    async def stubborn(token: CancellationToken) -> str:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            return "ignored it"
-        return "slept"
-
-    with caplog.at_level(logging.WARNING, logger="chongming_task.aio"):
-        run = c.submit("stubborn")
-        assert run.wait(timeout=10).status is TaskStatus.FAILED
-    (line,) = named(caplog, "swallowed its cancellation")
-    assert (line.task_id, line.task_name, line.attempt) == (run.task_id, "stubborn", 1)  # type: ignore[attr-defined]
 
 
 def test_a_format_string_can_name_the_task_with_defaults_for_other_lines(
