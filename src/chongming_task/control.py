@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from . import states
+from . import _observe, states
 from .errors import TaskNotFound, WaitTimeout
 from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from .model import TaskStatus as S
@@ -79,6 +79,18 @@ class StoreControl:
         snapshot = self.store.get(task_id)
         if snapshot is None:
             raise TaskNotFound(f"no task {task_id} in {self.store!r}")
+        watch = _observe.watcher
+        if watch is None:
+            return self._answer(snapshot, action, reason)
+        with watch.controlling(snapshot, action, reason, self.owner) as told:
+            receipt = self._answer(snapshot, action, reason)
+            told(receipt)
+            return receipt
+
+    def _answer(
+        self, snapshot: TaskSnapshot, action: CommandAction, reason: str | None
+    ) -> ControlReceipt:
+        task_id = snapshot.task_id
         answered = answer_from_status(action, snapshot.status)
         behind: Command | None = None
         if answered in _UNTIL_PENDING:

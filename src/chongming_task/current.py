@@ -21,6 +21,8 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import _observe
+
 __all__ = ["CurrentTask", "current", "enter", "install_log_context", "leave", "running"]
 
 
@@ -112,6 +114,8 @@ def install_log_context() -> None:
                 record.task_id = run.task_id
                 record.task_name = run.name
                 record.attempt = run.token.attempt
+                if (watch := _observe.watcher) is not None:
+                    watch.annotate(record)  # the trace and span ids, when instrumented
             return record
 
         logging.setLogRecordFactory(factory)

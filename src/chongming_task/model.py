@@ -8,7 +8,6 @@ every process. Legality of status changes lives in ``states``, not here.
 
 from __future__ import annotations
 
-import bisect
 import enum
 import functools
 from collections.abc import Callable, Iterable, Mapping
@@ -194,6 +193,10 @@ class TaskSnapshot:
     dedupe_window: float | None = None
     concurrency_key: str | None = None
     """Its definition's ``max_per_key`` counts the running tasks sharing it."""
+    trace_context: str | None = None
+    """The W3C trace context its submit was made in (``traceparent``, then, if any, a
+    space and ``tracestate``), kept by an instrumented node (``chongming_task.otel``): its
+    attempts' spans join that trace, wherever they run."""
 
     def __post_init__(self) -> None:
         _normalise(self, _SNAPSHOT_TIMES)
@@ -240,7 +243,7 @@ submitted_snapshot: Callable[..., TaskSnapshot] = make_builder(
 """A new task's ``TaskSnapshot`` from already-normalised values (UTC times, frozenset
 tags), given positionally: ``task_id, name, status, created_at, tags, bucket,
 bucket_key, pipeline_run_id, owner, lease_until, run_at, priority, dedupe_key,
-dedupe_window, concurrency_key``. Version 1, attempt 0, leased by its owner, nothing
+dedupe_window, concurrency_key, trace_context``. Version 1, attempt 0, leased by its owner, nothing
 started, reported or ended (the submit path)."""
 
 
@@ -263,77 +266,6 @@ class Transition:
 
 trusted_transition = make_builder(Transition, tuple(f.name for f in fields(Transition)))
 """Build a ``Transition`` whose ``at`` is already UTC (the runtime's own transitions)."""
-
-Trail = tuple[Any, ...]
-"""Transitions as a run or the in-memory store keeps them: one flat tuple, ``TRAIL_WIDTH``
-items a transition, in version order: ``version``, ``from_status`` and ``to_status`` as
-text, ``at``, ``reason``, ``actor`` (the task id is its holder's).
-
-Why not a list of ``Transition``: a node holds every run its callers hold, and each kept
-object of a class is one more for every garbage collection to walk (a class instance is
-tracked for life). A tuple of text, numbers and datetimes is not: the collector stops
-tracking it the first time it looks. A held no-op run kept a list and four transitions,
-and the in-memory store a dict and the same four: 12 tracked objects a held run became
-6. Flat, not a tuple of rows: each row would be one more object
-allocated, and allocations are what start a collection."""
-
-TRAIL_WIDTH = 6
-
-STATUS_TEXT: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
-"""Each status as a ``Trail`` holds it and a store writes it (a lookup: an Enum's
-``.value`` is a descriptor call)."""
-_STATUS_OF_TEXT: dict[str, TaskStatus] = {text: status for status, text in STATUS_TEXT.items()}
-TRAIL_TEXT: dict[TaskStatus | None, str | None] = {None: None}
-"""``STATUS_TEXT`` with a first transition's ``from_status`` (``None``)."""
-TRAIL_TEXT.update(STATUS_TEXT.items())
-
-
-def trail_items(transition: Transition) -> Trail:
-    """``transition``'s items of a ``Trail``."""
-    text = TRAIL_TEXT
-    return (
-        transition.version,
-        text[transition.from_status],
-        text[transition.to_status],
-        transition.at,
-        transition.reason,
-        transition.actor,
-    )
-
-
-def trail_merged(trail: Trail, transitions: Iterable[Transition]) -> Trail:
-    """``trail`` with each of ``transitions`` whose version it does not hold yet (the
-    one it holds stays: appends are idempotent), in version order."""
-    width = TRAIL_WIDTH
-    for transition in transitions:
-        version = transition.version
-        if not trail or trail[len(trail) - width] < version:  # the common case: after the last
-            trail += trail_items(transition)
-            continue
-        versions = trail[::width]
-        if version in versions:
-            continue
-        at = bisect.bisect(versions, version) * width
-        trail = trail[:at] + trail_items(transition) + trail[at:]
-    return trail
-
-
-def trail_transitions(task_id: str, trail: Trail, since_version: int = 0) -> list[Transition]:
-    """The ``Transition`` objects of task ``task_id``'s ``trail`` past ``since_version``."""
-    status = _STATUS_OF_TEXT
-    return [
-        trusted_transition(
-            task_id=task_id,
-            version=trail[i],
-            from_status=None if trail[i + 1] is None else status[trail[i + 1]],
-            to_status=status[trail[i + 2]],
-            at=trail[i + 3],
-            reason=trail[i + 4],
-            actor=trail[i + 5],
-        )
-        for i in range(0, len(trail), TRAIL_WIDTH)
-        if trail[i] > since_version
-    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from . import _observe
+from ._observe import submitted
 from .errors import InvalidValue
 
 if TYPE_CHECKING:
@@ -158,6 +160,10 @@ class OptionsSubmitter:
         task's handle (``on_duplicate="return"``: a ``TaskRun`` if this node holds it,
         else a ``StoredTask`` following it in the store), or ``TaskAlreadyExists``
         (``"raise"``)."""
+        if (watch := _observe.watcher) is not None:
+            return submitted(
+                watch, "submit", self._node.submit_with, self.options, task, args, kwargs
+            )
         return self._node.submit_with(self.options, task, args, kwargs)
 
     async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun | StoredTask:
@@ -171,4 +177,7 @@ class OptionsSubmitter:
         """Queue one run of ``task`` per positional-argument tuple in ``calls``, all
         with these options (stored together, or none, as ``node.submit_many``; with a
         ``dedupe_key``, one by one, each as ``submit``)."""
+        if (watch := _observe.watcher) is not None:
+            submit = self._node.submit_many_with
+            return submitted(watch, "submit_many", submit, self.options, task, calls)
         return self._node.submit_many_with(self.options, task, calls)

@@ -74,6 +74,7 @@ def snapshot_json(s: TaskSnapshot) -> dict[str, Any]:
         "dedupe_key": s.dedupe_key,
         "dedupe_window": s.dedupe_window,
         "concurrency_key": s.concurrency_key,
+        "trace_context": s.trace_context,
         "progress": None
         if s.progress is None
         else {
@@ -456,6 +457,13 @@ def lease_text(s: TaskSnapshot) -> str:
     return f"{s.lease_owner or '-'} until {ts(s.lease_until) or '-'}"
 
 
+def trace_id(context: str) -> str:
+    """The trace id of a stored W3C trace context (what a tracing UI searches by), or
+    the text as stored if it is not one."""
+    parts = context.split("-")
+    return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else context
+
+
 def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) -> str:
     fields: list[tuple[str, str]] = [
         ("task", s.task_id),
@@ -468,6 +476,7 @@ def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) ->
         ("tags", ", ".join(sorted(s.tags)) or "-"),
         ("bucket", "-" if s.bucket is None else f"{s.bucket} (key {s.bucket_key!r})"),
         ("pipeline", s.pipeline_run_id or "-"),
+        *([("trace", trace_id(s.trace_context))] if s.trace_context else []),
         ("owner", s.owner or "-"),
         ("created", ts(s.created_at) or "-"),
         ("started", ts(s.started_at) or "-"),

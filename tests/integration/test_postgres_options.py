@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from chongming_task import CancellationToken, Controller, StoreError, TaskStatus
+from chongming_task.stores import codec
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.integration.postgres_support import new_schema, pg_dsn, schemas
 
@@ -64,9 +65,15 @@ def test_delayed_and_prioritised_tasks_on_postgres(pg_dsn: str, schemas: list[st
         store.close()
 
 
-def test_a_schema_of_the_release_before_the_options_is_migrated_with_its_tasks(
-    pg_dsn: str, schemas: list[str]
+@pytest.mark.parametrize(
+    ("version", "added"),
+    [(2, (*codec.OPTION_COLUMNS, "trace_context")), (3, ("trace_context",))],
+)
+def test_a_schema_of_an_earlier_release_is_migrated_with_its_tasks(
+    pg_dsn: str, schemas: list[str], version: int, added: tuple[str, ...]
 ) -> None:
+    """Version 2 had no option columns, version 3 no trace context: each is migrated
+    in place, its tasks read as submitted without them, and new ones keep theirs."""
     import psycopg
 
     store = _store(pg_dsn, schemas)
@@ -76,10 +83,10 @@ def test_a_schema_of_the_release_before_the_options_is_migrated_with_its_tasks(
         kept = node.submit("old")
         assert kept.result(10) == "kept"
     store.close()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as version 2 made it
-        for column in ("run_at", "priority", "dedupe_key", "dedupe_window", "concurrency_key"):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as that version made it
+        for column in added:
             conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN {column}".encode())
-        conn.execute(f"UPDATE {schema}.schema_version SET version = 2".encode())
+        conn.execute(f"UPDATE {schema}.schema_version SET version = {version}".encode())
     older = PostgresTaskStore(pg_dsn, schema=schema)
     try:
         with pytest.raises(StoreError, match="migrate"):
@@ -94,6 +101,7 @@ def test_a_schema_of_the_release_before_the_options_is_migrated_with_its_tasks(
         got = store.get(kept.task_id)
         assert got is not None and got.outcome == "kept" and got.status is S.SUCCEEDED
         assert (got.run_at, got.priority, got.dedupe_key) == (None, 0, None)
+        assert got.trace_context is None
         with Controller(store) as node:
             node.task(lambda token: "new", name="new")
             run = node.options(priority=7).submit("new")

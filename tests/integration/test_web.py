@@ -36,15 +36,23 @@ def _free_port() -> int:
 class Web:
     """A `chongming-task web` process and a cookie-keeping client for it."""
 
-    def __init__(self, db: Path | str, *args: str) -> None:
+    def __init__(
+        self,
+        db: Path | str,
+        *args: str,
+        wrap: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``wrap``: a command the dashboard runs under (``opentelemetry-instrument``)."""
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "chongming_task", "--db", str(db), "web"]
+        command = [*wrap, sys.executable, "-m", "chongming_task", "--db", str(db), "web"]
         self.proc = subprocess.Popen(
             [*command, "--port", str(self.port), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         self.jar = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))

@@ -93,6 +93,7 @@ def test_life_values_are_the_life_columns_of_the_row() -> None:
         dedupe_key="d",
         dedupe_window=1.5,
         concurrency_key="c",
+        trace_context="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     )
     row = codec.snapshot_to_row(snapshot)
     assert codec.life_values(snapshot) == [row[c] for c in codec.LIFE_COLUMNS]

@@ -122,11 +122,11 @@ def test_a_submitted_snapshot_is_a_new_task_leased_by_its_owner() -> None:
     tags = frozenset({"a", "b"})
     made = submitted_snapshot(
         "t1", "job", TaskStatus.PENDING, T0, tags, 3, "key", "p1", "node-a", lease,
-        *(None, 0, None, None, None),
+        *(None, 0, None, None, None, None),
     )  # fmt: skip
     with_options = submitted_snapshot(
         "t2", "job", TaskStatus.QUEUED, T0, tags, None, None, None, "node-a", lease,
-        T0 + timedelta(minutes=5), 7, "dedupe", 60.0, "per-key",
+        T0 + timedelta(minutes=5), 7, "dedupe", 60.0, "per-key", "00-ab-cd-01",
     )  # fmt: skip
     assert (with_options.run_at, with_options.priority, with_options.dedupe_key) == (
         T0 + timedelta(minutes=5),
@@ -134,6 +134,7 @@ def test_a_submitted_snapshot_is_a_new_task_leased_by_its_owner() -> None:
         "dedupe",
     )
     assert (with_options.dedupe_window, with_options.concurrency_key) == (60.0, "per-key")
+    assert with_options.trace_context == "00-ab-cd-01" and made.trace_context is None
     assert (with_options.started_at, with_options.lease_owner) == (None, "node-a")
     expected = TaskSnapshot(
         task_id="t1",

@@ -70,3 +70,17 @@ def test_web_without_its_extra_names_the_extra(tmp_path: object) -> None:
     assert result.returncode == 2, result.stderr
     assert 'needs the [web] extra: pip install "chongming-task[web]"' in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_otel_without_its_extra_names_the_extra() -> None:
+    result = _run(
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None\n"  # as if the [otel] extra were not installed
+        "import chongming_task\n"
+        "try:\n"
+        "    import chongming_task.otel\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert 'needs the [otel] extra: pip install "chongming-task[otel]"' in result.stdout

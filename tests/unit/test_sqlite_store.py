@@ -882,7 +882,7 @@ def _schema_8_file(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA page_size = 1024")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.executescript((Path(__file__).parent / "data" / "sqlite_schema_8.sql").read_text())
-    columns = [c for c in codec.TASK_COLUMNS if c not in codec.OPTION_COLUMNS]
+    columns = [c for c in codec.TASK_COLUMNS if c not in (*codec.OPTION_COLUMNS, "trace_context")]
     marks = ", ".join("?" * len(columns))
     trail_marks = ", ".join("?" * len(codec.TRANSITION_COLUMNS))
     for task_id in ("kept", "pruned", "later"):
@@ -971,7 +971,7 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = sql(reopened).execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 13
+        assert now == SCHEMA_VERSION == 14
         # Schema 12: what nodes say of their health, and the late reports beside tasks.
         assert "health" in [r[1] for r in sql(reopened).execute("PRAGMA table_info(nodes)")]
         assert reopened.late_reports() == []

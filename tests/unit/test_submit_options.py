@@ -25,6 +25,7 @@ from chongming_task.present import ps_rows, show_text
 from chongming_task.run.stored import StoredTask
 from chongming_task.stores import codec
 from chongming_task.stores.protocol import TaskStore
+from tests.unit.older_files import older_file
 
 S = TaskStatus
 
@@ -170,22 +171,11 @@ def test_a_schema_12_file_with_tasks_gains_the_option_columns(tmp_path: Path) ->
     trail: opened, it is upgraded in place; the task reads as submitted without options
     and a new one keeps its own."""
     path = tmp_path / "v12.db"
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.executescript((Path(__file__).parent / "data" / "sqlite_schema_12.sql").read_text())
-    old = [c for c in codec.TASK_COLUMNS if c not in codec.OPTION_COLUMNS]
-    trail = [c for c in codec.TRANSITION_COLUMNS if c != "task_id"]
+    old = [c for c in codec.TASK_COLUMNS if c not in (*codec.OPTION_COLUMNS, "trace_context")]
     at = codec.encode_dt(datetime(2026, 1, 1, tzinfo=UTC))
     values = ["old", "echo", "succeeded", 1, 1, "[]", None, None, None, "n", at]
     values += [at, at, None, None, None, '"kept"', None, None]
-    conn.execute(
-        f"INSERT INTO task_writes (kind, {', '.join(old)}, {', '.join(trail)}) "
-        f"VALUES ('new', {', '.join('?' * (len(old) + len(trail)))})",
-        [*values, 1, None, "succeeded", at, "made by the older release", "n"],
-    )
-    conn.execute("PRAGMA user_version = 12")
-    conn.commit()
-    conn.close()
+    older_file(path, 12, old, values)
     store = SqliteTaskStore(path, create=False)
     try:
         kept = store.get("old")
@@ -205,7 +195,7 @@ def test_a_schema_12_file_with_tasks_gains_the_option_columns(tmp_path: Path) ->
     finally:
         store.close()
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone() == (13,)
+    assert check.execute("PRAGMA user_version").fetchone() == (14,)
     plan = check.execute(
         "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE dedupe_key = 'k'"
     ).fetchall()
@@ -345,7 +335,7 @@ def test_sqlite_refuses_a_held_key_in_a_batch_too_big_for_one_statement(tmp_path
         snap = codec.values_to_snapshot(
             [f"b{n}", "job", "queued", 1, 0, "[]", None, None, None, "n", codec.encode_dt(at)]
             + [None] * 8
-            + [None, 0, key, None, None]
+            + [None, 0, key, None, None, None]
         )
         return snap, Transition(
             task_id=f"b{n}", version=1, from_status=None, to_status=S.QUEUED, at=at

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import _observe
 from ..current import enter, leave
 from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
@@ -44,16 +45,24 @@ async def attempt(run: TaskRun) -> None:
     its function awaited, its writes handed to the node's writer."""
     if not run.begin_attempt():
         return
+    watch = _observe.watcher
+    seen = None if watch is None else watch.began(run)
+    raised: BaseException | None = None
     try:
         result = await run.call()
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
+        raised = exc
         _ends_as_asked(run)
         return  # the attempt is over; the runner's own task ends here
     except BaseException as exc:
+        raised = exc
         run.ended_by(exc, soon=True)
         if not isinstance(exc, Exception):
             raise
         return
+    finally:
+        if seen is not None and raised is not None:
+            seen.ended(raised)
     if run.cancel_asked:  # it swallowed the cancellation and returned
         log.warning(
             "task %s (%s) swallowed its cancellation and returned; it ends as its stop or "
@@ -62,8 +71,10 @@ async def attempt(run: TaskRun) -> None:
             run.name,
         )
         _ends_as_asked(run)
-        return
-    run.settle(result)
+    else:
+        run.settle(result)
+    if seen is not None:
+        seen.ended(None)
 
 
 def _ends_as_asked(run: TaskRun) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from .. import _observe
+from .._observe import submitted
 from ..clock import Clock, SystemClock
 from ..current import install_log_context
 from ..definitions import Definitions, TaskDefinition, TaskRef
@@ -272,6 +274,10 @@ class Controller(AsyncFace):
         owns only some buckets refuses keys that map elsewhere (``ConfigurationError``).
         Raises ``StoreError`` if the store refuses the new task: then nothing was queued.
         """
+        if (watch := _observe.watcher) is not None:
+            return submitted(
+                watch, "submit", self._submitter.submit, task, args, kwargs, bucket_key=bucket_key
+            )
         return self._submitter.submit(task, args, kwargs, bucket_key=bucket_key)
 
     def options(
@@ -326,6 +332,10 @@ class Controller(AsyncFace):
         With a store that can create in one transaction (the built-in SQL stores), all
         the tasks are stored, or none (``StoreError``).
         """
+        if (watch := _observe.watcher) is not None:
+            return submitted(
+                watch, "submit_many", self._submitter.submit_many, task, calls, bucket_key
+            )
         return self._submitter.submit_many(task, calls, bucket_key)
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
@@ -334,7 +344,9 @@ class Controller(AsyncFace):
         Roots are queued at once, the others wait as ``pending`` for their dependencies.
         All nodes are created in one store transaction when the store offers ``atomic()``.
         """
-        handle = self._submitter.submit_pipeline(pipeline)
+        submit = self._submitter.submit_pipeline
+        watch = _observe.watcher
+        handle = submit(pipeline) if watch is None else submitted(watch, "submit", submit, pipeline)
         self._services.start(self._services.pipelines)
         return handle
 
@@ -407,6 +419,13 @@ class Controller(AsyncFace):
         return self._services.scheduler.tick()
 
     def _fire(self, entry: Schedule) -> TaskRun | StoredTask:
+        watch = _observe.watcher
+        if watch is None:
+            return self._fire_one(entry)
+        with watch.firing(entry.name):  # a trace of its own
+            return submitted(watch, "submit", self._fire_one, entry)
+
+    def _fire_one(self, entry: Schedule) -> TaskRun | StoredTask:
         tags = schedule_tags(entry.name, entry.tags)
         if not entry.priority and entry.dedupe_key is None:
             return self._submitter.submit(

@@ -7,6 +7,7 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
+from .. import _observe
 from ..clock import Clock
 from ..errors import ConcurrencyConflict
 from ..health import FaultLog
@@ -79,6 +80,9 @@ class NodeHost:
 
     def ended(self, run: TaskRun) -> None:
         """``run`` is terminal (its end written, or buffered after a failed write)."""
+        watch = _observe.watcher
+        if watch is not None:
+            watch.run_ended(run)
         if run.pipeline is not None:
             self._pipelines.node_ended(run)
         self._registry.ended(run, written=run.written)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .. import _observe
 from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed, TaskAlreadyExists
 from ..model import (
     PipelineRecord,
@@ -343,6 +344,7 @@ class Submitter:
             # the supervisor, not per submit).
             leased_from + self._leases.offset + self._lease_delta,
             *(_NO_OPTIONS if options is None else options.stored(starts)),
+            None if (watch := _observe.watcher) is None else watch.trace_context(),
         )
         created: Transition = trusted_transition(
             task_id=snapshot.task_id,

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import _observe
 from ..current import enter, leave
 from ..loops import Pass, ThreadWatch, keep_running
 from .registry import RunRegistry
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ..run.handle import TaskRun
     from .dispatch import Dispatcher
 
-__all__ = ["WorkerPool", "crashed"]
+__all__ = ["WorkerPool", "attempt", "crashed"]
 
 log = logging.getLogger("chongming_task.workers")
 
@@ -126,7 +127,7 @@ class WorkerPool:
             return True
         mark = enter(run)  # current(), and the attempt's log records, name the task
         try:
-            run.execute()
+            attempt(run)
         except BaseException as exc:
             crashed(run, exc)
         finally:
@@ -136,6 +137,29 @@ class WorkerPool:
         self._registry.finished(run)
         self._dispatcher.done(run)
         return True
+
+
+def attempt(run: TaskRun) -> None:
+    """One attempt of a thread task, on the calling (worker) thread: its start
+    recorded, its function called, its end recorded (``node.aio.attempt`` for
+    ``async def`` ones)."""
+    if not run.begin_attempt():
+        return  # cancelled or stopped while it waited
+    watch = _observe.watcher
+    seen = None if watch is None else watch.began(run)
+    raised = None
+    try:
+        result = run.call()
+    except BaseException as exc:
+        raised = exc
+        run.ended_by(exc)
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt, SystemExit: recorded, then on their way
+    else:
+        run.settle(result)
+    finally:
+        if seen is not None:
+            seen.ended(raised)
 
 
 def crashed(run: TaskRun, exc: BaseException) -> None:

@@ -30,17 +30,16 @@ from ..errors import (
     TaskUnsuccessful,
     WaitTimeout,
 )
+from ..model import ControlOutcome as O
 from ..model import (
-    TRAIL_WIDTH,
     Failure,
     JSONValue,
     Progress,
     TaskSnapshot,
     Transition,
-    trail_transitions,
 )
-from ..model import ControlOutcome as O
 from ..model import TaskStatus as S
+from ..trail import TRAIL_WIDTH, trail_transitions
 from ..values import check_text
 from . import attempt
 from .host import RunGroup, RunHost
@@ -377,20 +376,7 @@ class TaskRun:
                 self._apply(S.PAUSED, reason="acknowledged at a checkpoint")
         self.writes.write(soon=self.definition.is_async)
 
-    # -- the node's side: one attempt, on a worker thread --------------------------------------
-
-    def execute(self) -> None:
-        """One attempt, on the calling (worker) thread."""  # async ones: ``node.aio``
-        if not self.begin_attempt():
-            return
-        try:
-            result = self.call()
-        except BaseException as exc:
-            self.ended_by(exc)
-            if not isinstance(exc, Exception):
-                raise  # KeyboardInterrupt, SystemExit: recorded, then on their way
-        else:
-            self.settle(result)
+    # -- the node's side: one attempt (``node.workers.attempt``, ``node.aio.attempt``) ------------
 
     def begin_attempt(self) -> bool:
         """Start an attempt; whether to call the function. The start is written before

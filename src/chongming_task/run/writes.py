@@ -36,15 +36,14 @@ from ..errors import ConcurrencyConflict
 from ..model import (
     JSONValue,
     TaskSnapshot,
-    Trail,
     Transition,
     snapshot_changer,
-    trail_items,
     trusted_transition,
     utc,
 )
 from ..model import TaskStatus as S
 from ..stores.capabilities import PartialWrite
+from ..trail import Trail, trail_items
 from .host import Handoff, Taken, WritesHost
 
 __all__ = ["Handoff", "RunWrites", "Taken", "WritesHost"]

@@ -16,7 +16,6 @@ from typing import Any, overload
 
 from ..late import LateReport
 from ..model import (
-    STATUS_TEXT,
     Command,
     CommandAction,
     Failure,
@@ -28,6 +27,7 @@ from ..model import (
     trusted_snapshot,
     utc,
 )
+from ..trail import STATUS_TEXT
 
 __all__ = [
     "COMMAND_COLUMNS",
@@ -95,14 +95,16 @@ TASK_COLUMNS: tuple[str, ...] = (
     "dedupe_key",
     "dedupe_window",
     "concurrency_key",
+    "trace_context",
 )
-OPTION_COLUMNS: tuple[str, ...] = TASK_COLUMNS[-5:]
+OPTION_COLUMNS: tuple[str, ...] = TASK_COLUMNS[-6:-1]
 """How a task was submitted (``node.options``): fixed at create, like its identity."""
-_OPTIONS = frozenset(OPTION_COLUMNS)
+_LATER = frozenset((*OPTION_COLUMNS, "trace_context"))
+"""Columns added after the first schema: a row made before them may lack them."""
 LEASE_COLUMNS: tuple[str, ...] = ("lease_owner", "lease_until")
 _FIXED_AT_CREATE = frozenset(
     ("task_id", "name", "tags", "bucket", "bucket_key", "pipeline_run_id", "owner", "created_at")
-).union(OPTION_COLUMNS)
+).union(_LATER)
 LIFE_COLUMNS: tuple[str, ...] = tuple(
     c for c in TASK_COLUMNS if c not in _FIXED_AT_CREATE and c not in LEASE_COLUMNS
 )
@@ -290,8 +292,8 @@ def snapshot_to_row(snapshot: TaskSnapshot) -> Row:
 
 def row_to_snapshot(row: Mapping[str, Any]) -> TaskSnapshot:
     """A row as ``snapshot_to_row`` made it; a row written before the option columns
-    existed reads as submitted without options."""
-    return values_to_snapshot([row[c] if c not in _OPTIONS else row.get(c) for c in TASK_COLUMNS])
+    (or the trace context) existed reads as submitted without them."""
+    return values_to_snapshot([row[c] if c not in _LATER else row.get(c) for c in TASK_COLUMNS])
 
 
 def transition_to_row(transition: Transition) -> Row:
@@ -370,6 +372,7 @@ def snapshot_to_values(snapshot: TaskSnapshot) -> list[Any]:
         snapshot.dedupe_key,
         snapshot.dedupe_window,
         snapshot.concurrency_key,
+        snapshot.trace_context,
     ]
 
 
@@ -462,6 +465,7 @@ def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
         dedupe_key,
         dedupe_window,
         concurrency_key,
+        trace_context,
     ) = values
     created = decode_dt(created_at)
     assert created is not None, "created_at is NOT NULL in every store"
@@ -490,6 +494,7 @@ def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
         dedupe_key=dedupe_key,
         dedupe_window=None if dedupe_window is None else float(dedupe_window),
         concurrency_key=concurrency_key,
+        trace_context=trace_context,
     )
     return snapshot
 

@@ -15,8 +15,6 @@ from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..health import NodeHealth
 from ..late import LateReport
 from ..model import (
-    TRAIL_TEXT,
-    TRAIL_WIDTH,
     Command,
     NodeRecord,
     PipelineRecord,
@@ -25,13 +23,11 @@ from ..model import (
     TaskQuery,
     TaskSnapshot,
     TaskStatus,
-    Trail,
     Transition,
-    trail_merged,
-    trail_transitions,
     utc,
 )
 from ..states import TERMINAL
+from ..trail import TRAIL_TEXT, TRAIL_WIDTH, Trail, trail_merged, trail_transitions
 from ..values import ValueRules
 from ._commands import in_arrival_order
 from ._dedupe import holder

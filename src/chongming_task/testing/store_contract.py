@@ -76,6 +76,7 @@ class StoreContract(CapabilityContract, QueryContract):
             outcome={"rows": [1, 2.5, None, True], "note": "ok ✓", "nested": {"a": []}},
             lease_owner="node-a:123",
             lease_until=at(30),
+            trace_context="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 k=v, o=w",
         )
         with self._store() as store:
             store.create(full)

@@ -11,18 +11,18 @@ INSERT INTO {schema}.tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
     failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
-    concurrency_key
+    concurrency_key, trace_context
 )
 SELECT * FROM (VALUES (
     %s::text, %s::text, %s::text, %s::int, %s::int, %s::jsonb, %s::int, %s::text, %s::text,
     %s::text, %s::timestamptz, %s::timestamptz, %s::timestamptz, %s::timestamptz, %s::jsonb,
     %s::jsonb, %s::jsonb, %s::text, %s::timestamptz, %s::timestamptz, %s::int, %s::text,
-    %s::float8, %s::text
+    %s::float8, %s::text, %s::text
 )) AS v (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
     failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
-    concurrency_key
+    concurrency_key, trace_context
 )
 WHERE v.dedupe_key IS NULL OR NOT EXISTS (
     SELECT FROM {schema}.tasks t WHERE t.dedupe_key = v.dedupe_key AND t.status = 'succeeded'
@@ -39,7 +39,7 @@ UPDATE {schema}.tasks SET
     created_at = %s::timestamptz, started_at = %s::timestamptz, ended_at = %s::timestamptz,
     last_heartbeat_at = %s::timestamptz, progress = %s::jsonb, failure = %s::jsonb,
     outcome = %s::jsonb, run_at = %s::timestamptz, priority = %s, dedupe_key = %s,
-    dedupe_window = %s, concurrency_key = %s
+    dedupe_window = %s, concurrency_key = %s, trace_context = %s
 WHERE task_id = %s AND status_version = %s
 
 -- name: schema_version
@@ -55,7 +55,7 @@ SELECT status_version FROM {schema}.tasks WHERE task_id = %s
 SELECT task_id, name, status, status_version, attempt, tags::text, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
     progress::text, failure::text, outcome::text, lease_owner, lease_until, run_at, priority,
-    dedupe_key, dedupe_window, concurrency_key
+    dedupe_key, dedupe_window, concurrency_key, trace_context
 FROM {schema}.tasks WHERE task_id = %s
 
 -- name: counts
@@ -274,14 +274,14 @@ WITH new AS (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
         progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
-        dedupe_window, concurrency_key
+        dedupe_window, concurrency_key, trace_context
     )
     SELECT * FROM unnest(
         %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], %b::jsonb[], %b::int[],
         %b::text[], %b::text[], %b::text[], %b::timestamptz[], %b::timestamptz[],
         %b::timestamptz[], %b::timestamptz[], %b::jsonb[], %b::jsonb[], %b::jsonb[],
         %b::text[], %b::timestamptz[], %b::timestamptz[], %b::int[], %b::text[],
-        %b::float8[], %b::text[]
+        %b::float8[], %b::text[], %b::text[]
     )
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id
@@ -394,13 +394,13 @@ new AS (
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
         progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
-        dedupe_window, concurrency_key
+        dedupe_window, concurrency_key, trace_context
     )
     SELECT e->>0, e->>1, e->>2, (e->>3)::int, (e->>4)::int, (e->>5)::jsonb, (e->>6)::int,
         e->>7, e->>8, e->>9, (e->>10)::timestamptz, (e->>11)::timestamptz,
         (e->>12)::timestamptz, (e->>13)::timestamptz, (e->>14)::jsonb, (e->>15)::jsonb,
         (e->>16)::jsonb, e->>17, (e->>18)::timestamptz, (e->>19)::timestamptz,
-        (e->>20)::int, e->>21, (e->>22)::float8, e->>23
+        (e->>20)::int, e->>21, (e->>22)::float8, e->>23, e->>24
     FROM json_array_elements(%s::json) AS e
     WHERE e->>21 IS NULL OR NOT EXISTS (  -- a success keeps its key (as insert_task)
         SELECT FROM {schema}.tasks t WHERE t.dedupe_key = e->>21 AND t.status = 'succeeded'

@@ -24,11 +24,11 @@ __all__ = [
     "stored_version",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of the tables this release makes and reads (``schema_version``). A schema
 made before that table existed holds the tables of version 1. 2: ``nodes.health`` and
 ``late_reports``; 3: the option columns of ``tasks`` (``run_at``, ``priority``,
-``dedupe_key``, ``dedupe_window``, ``concurrency_key``)."""
+``dedupe_key``, ``dedupe_window``, ``concurrency_key``); 4: ``tasks.trace_context``."""
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """What a schema name must match (it is written into statements)."""
 _SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks

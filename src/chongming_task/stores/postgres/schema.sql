@@ -33,6 +33,8 @@ ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DE
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_key TEXT;
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_window DOUBLE PRECISION;
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS concurrency_key TEXT;
+-- Version 4: the W3C trace context of the submit (an instrumented node's).
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS trace_context TEXT;
 -- The successes that keep their dedupe key for a window (a task enters it once, as it
 -- ends): with the index below, what a create and a duplicate's lookup probe. A task's
 -- every status change writes an entry into each index it is in, so none covers every

@@ -7,8 +7,8 @@ INSERT INTO tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
     failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
-    concurrency_key
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    concurrency_key, trace_context
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- save writes every column but the lease (docs/design.md, "Leases are not heartbeats").
 -- name: save_task
@@ -16,7 +16,8 @@ UPDATE tasks SET
     name = ?, status = ?, status_version = ?, attempt = ?, tags = ?, bucket = ?,
     bucket_key = ?, pipeline_run_id = ?, owner = ?, created_at = ?, started_at = ?,
     ended_at = ?, last_heartbeat_at = ?, progress = ?, failure = ?, outcome = ?, run_at = ?,
-    priority = ?, dedupe_key = ?, dedupe_window = ?, concurrency_key = ?
+    priority = ?, dedupe_key = ?, dedupe_window = ?, concurrency_key = ?,
+    trace_context = ?
 WHERE task_id = ? AND status_version = ?
 
 -- name: stored_version
@@ -26,7 +27,7 @@ SELECT status_version FROM tasks WHERE task_id = ?
 SELECT task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
     failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window,
-    concurrency_key
+    concurrency_key, trace_context
 FROM tasks WHERE task_id = ?
 
 -- name: counts

@@ -23,13 +23,14 @@ __all__ = [
     "pragma_value",
 ]
 
-SCHEMA_VERSION = 13  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 14  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
 # (task_writes_life); 9: tasks.seq, the trail keyed by it (_rebuild_trail); 10: the
 # trail of tasks not held in loose_transitions; 11: the trail keyed by rowid, seq * 2^24 +
 # version (_rebuild_trail); 12: nodes.health, late_reports, idx_commands_pending; 13: the
-# option columns (run_at, priority, dedupe_key, dedupe_window, concurrency_key)
+# option columns (run_at, priority, dedupe_key, dedupe_window, concurrency_key); 14:
+# tasks.trace_context
 PAGE_SIZE = 1024  # for new files; see open_schema
 AUTOCHECKPOINT = 8192
 """Pages in the WAL past which a commit checkpoints, where commits do (without the
@@ -39,12 +40,13 @@ a hot page is copied back once, not once per transition."""
 log = logging.getLogger("chongming_task.store")
 
 _SQL = load_named(__package__, "schema.sql")
-_OPTION_COLUMNS = {
+_ADDED_COLUMNS = {  # to tasks, by schemas 13 and 14
     "run_at": "TEXT",
     "priority": "INTEGER NOT NULL DEFAULT 0",
     "dedupe_key": "TEXT",
     "dedupe_window": "REAL",
     "concurrency_key": "TEXT",
+    "trace_context": "TEXT",
 }
 _SCHEMA = [sql for name, sql in _SQL.items() if name.startswith("schema_")]
 
@@ -161,7 +163,7 @@ def migrate(link: SqliteConnection) -> None:
             )
             _rebuild_trail(conn)
         have = _columns(conn, "tasks")
-        for column, kind in _OPTION_COLUMNS.items():  # a file made before schema 13
+        for column, kind in _ADDED_COLUMNS.items():  # a file made before schema 13 or 14
             if have and column not in have:
                 conn.execute(f"ALTER TABLE tasks ADD COLUMN {column} {kind}")
         for statement in _SCHEMA:
@@ -207,7 +209,7 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA cache_size = -524288")  # 512 MiB
     conn.execute("PRAGMA secure_delete = FAST")
     if _columns(conn, "tasks")[:1] != ["seq"]:  # before schema 9
-        task_columns = ", ".join(c for c in codec.TASK_COLUMNS if c not in _OPTION_COLUMNS)
+        task_columns = ", ".join(c for c in codec.TASK_COLUMNS if c not in _ADDED_COLUMNS)
         _make_as(conn, "tasks", "tasks_9")
         conn.execute(
             f"INSERT INTO tasks_9 (seq, {task_columns}) "

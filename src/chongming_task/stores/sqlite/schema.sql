@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     priority          INTEGER NOT NULL DEFAULT 0,
     dedupe_key        TEXT,
     dedupe_window     REAL,
-    concurrency_key   TEXT
+    concurrency_key   TEXT,
+    trace_context     TEXT
 )
 
 -- name: schema_idx_tasks_status
@@ -218,7 +219,7 @@ CREATE INDEX IF NOT EXISTS idx_pipelines_created_at ON pipelines (created_at)
 -- raises, which undoes the whole statement. Columns: kind, the task's, expect, then the
 -- trail's after task_id.
 
--- Made again at every migration (schema 13 added the option columns); dropping it drops
+-- Made again at every migration (schemas 13 and 14 added task columns); dropping it drops
 -- its triggers, made again below.
 -- name: schema_task_writes_drop
 DROP VIEW IF EXISTS task_writes
@@ -232,6 +233,7 @@ CREATE VIEW IF NOT EXISTS task_writes AS SELECT
     NULL AS ended_at, NULL AS last_heartbeat_at, NULL AS progress, NULL AS failure,
     NULL AS outcome, NULL AS lease_owner, NULL AS lease_until, NULL AS run_at,
     NULL AS priority, NULL AS dedupe_key, NULL AS dedupe_window, NULL AS concurrency_key,
+    NULL AS trace_context,
     NULL AS expect,
     NULL AS version, NULL AS from_status, NULL AS to_status, NULL AS at, NULL AS reason,
     NULL AS actor
@@ -262,13 +264,13 @@ WHEN NEW.kind = 'new' BEGIN
         task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
         pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
         progress, failure, outcome, lease_owner, lease_until, run_at, priority, dedupe_key,
-        dedupe_window, concurrency_key
+        dedupe_window, concurrency_key, trace_context
     ) VALUES (
         NEW.task_id, NEW.name, NEW.status, NEW.status_version, NEW.attempt, NEW.tags,
         NEW.bucket, NEW.bucket_key, NEW.pipeline_run_id, NEW.owner, NEW.created_at,
         NEW.started_at, NEW.ended_at, NEW.last_heartbeat_at, NEW.progress, NEW.failure,
         NEW.outcome, NEW.lease_owner, NEW.lease_until, NEW.run_at, NEW.priority,
-        NEW.dedupe_key, NEW.dedupe_window, NEW.concurrency_key
+        NEW.dedupe_key, NEW.dedupe_window, NEW.concurrency_key, NEW.trace_context
     );
     INSERT INTO transitions (key, task_id, version, from_status, to_status, at, reason,
                              actor)

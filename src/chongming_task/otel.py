@@ -1,0 +1,517 @@
+"""OpenTelemetry for every task's life (the ``[otel]`` extra; docs/observability.md).
+
+``ChongmingTaskInstrumentor().instrument(tracer_provider=..., meter_provider=...)``
+installs a watcher on the run path (``_observe``); ``uninstrument()`` removes it. Then:
+
+- a ``submit`` span (``PRODUCER``) is made in the caller's context around each submit,
+  ``submit_many`` and pipeline submit, and every task it makes stores that span's W3C
+  trace context (``TaskSnapshot.trace_context``);
+- each attempt runs inside a ``run`` span (``CONSUMER``) of that trace, on whichever node
+  carries it (retries are sibling spans; a pipeline's tasks share its submit's trace);
+  the span ends with the attempt, with an event for each pause, resume, stop, cancel,
+  timeout and retry it saw (who asked and why), and status ``ERROR`` with the exception
+  recorded when the attempt failed;
+- a schedule's firing starts a trace of its own (``fire``);
+- a control sent through a store (the CLI, the dashboard) is a ``PRODUCER`` span linked
+  to the task's trace;
+- the meter gets run durations, queue waits, running tasks, transitions and failures;
+- every log record made while a task runs carries ``trace_id`` and ``span_id``.
+
+Span and metric names follow the messaging semantic conventions where they fit
+(``messaging.operation.type`` ``send`` / ``process``, ``messaging.message.id``); the rest
+is ``chongming.*``. A fault of the instrumentation is logged and costs the task nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+        BaseInstrumentor,
+    )
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation, get_meter
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError as missing:  # pragma: no cover - what a user without the extra sees
+    raise ImportError(
+        'chongming_task.otel needs the [otel] extra: pip install "chongming-task[otel]"'
+    ) from missing
+
+from . import _observe
+from .current import install_log_context
+from .model import CommandAction, ControlReceipt, FailureKind, TaskSnapshot, TaskStatus
+from .pipelines import PipelineRun
+from .trail import TRAIL_WIDTH
+
+if TYPE_CHECKING:
+    from .run.handle import TaskRun
+
+__all__ = ["ChongmingTaskInstrumentor"]
+
+log = logging.getLogger("chongming_task.otel")
+
+_SCOPE = "chongming_task"
+_SYSTEM = "chongming_task"
+_W3C = TraceContextTextMapPropagator()
+_MAX_STATE = 512
+"""A ``tracestate`` longer than this is not stored (W3C asks vendors to keep it to 512
+characters when they cut it); the ``traceparent`` always is."""
+
+_TERMINAL = {s.value for s in TaskStatus if s.is_terminal}
+_EVENTS = {
+    TaskStatus.PAUSING.value: "pause",
+    TaskStatus.PAUSED.value: "paused",
+    TaskStatus.RUNNING.value: "resume",
+    TaskStatus.QUEUED.value: "retry",
+}
+"""The event a transition during an attempt makes, by the status it moved to (a move
+into ``stopping`` is named by what asked: stop, cancel or timeout)."""
+
+
+def stored_context(text: str | None) -> otel_context.Context | None:
+    """The context a task's ``trace_context`` holds (``None``: none, or unreadable)."""
+    if not text:
+        return None
+    parent, _, state = text.partition(" ")
+    carrier = {"traceparent": parent}
+    if state:
+        carrier["tracestate"] = state
+    found = _W3C.extract(carrier)
+    span = trace.get_current_span(found).get_span_context()
+    return found if span.is_valid else None
+
+
+def _now_context() -> str | None:
+    """The current span's W3C context as a task stores it (``None`` outside a span).
+    Written here, not through the propagator's ``inject``: a third of the time, once a
+    submit (the format is fixed: version 00)."""
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return None
+    parent = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
+    state = span.trace_state.to_header() if span.trace_state else ""
+    return f"{parent} {state}" if state and len(state) <= _MAX_STATE else parent
+
+
+def _ns(at: datetime) -> int:
+    return int(at.timestamp() * 1e9)
+
+
+class _Attempt:
+    """One attempt's span, attached to the carrier's context until it ends."""
+
+    __slots__ = ("began", "finished", "first", "run", "span", "token", "watcher")
+
+    def __init__(self, watcher: _Watcher, run: TaskRun, span: trace.Span) -> None:
+        self.watcher = watcher
+        self.run = run
+        self.span = span
+        self.token: object = None
+        self.first = len(run.writes.trail)  # past this attempt's start transitions
+        self.began = time.monotonic()
+        self.finished = False
+
+    def ended(self, raised: BaseException | None) -> None:
+        try:
+            self.watcher.attempt_ended(self, raised)
+        except Exception:
+            log.exception("task %s: its span could not be ended", self.run.task_id)
+        finally:
+            try:
+                otel_context.detach(self.token)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("task %s: its trace context could not be let go", self.run.task_id)
+
+
+class _Track:
+    """What the watcher keeps of a run it saw, until the run and its attempt ended."""
+
+    __slots__ = ("attempt", "counted", "ended")
+
+    def __init__(self, counted: int) -> None:
+        self.counted = counted  # trail items counted as transitions
+        self.attempt: _Attempt | None = None  # the attempt open now
+        self.ended = False  # the run ended (``run_ended``)
+
+
+class _Watcher:
+    """What the instrumentor installs: spans, metrics and log ids for the run path."""
+
+    def __init__(self, tracer: Tracer, meter: Meter) -> None:
+        self._tracer = tracer
+        self._lock = threading.Lock()
+        self._tracks: dict[str, _Track] = {}  # by task id; each transition counted once
+        self.durations = meter.create_histogram(
+            "chongming.task.run.duration",
+            unit="s",
+            description="How long each attempt ran, by task name and outcome.",
+        )
+        self.queue_wait = meter.create_histogram(
+            "chongming.task.queue.wait",
+            unit="s",
+            description="From a task's creation (or its run-at time) to its first start.",
+        )
+        # Counted here, read by the meter when it collects: a counter's add() is about
+        # 12 us (its attributes hashed each time), four transitions and two running
+        # changes a task; a dict's += is a fraction of a microsecond.
+        self._moves: dict[tuple[str, str, str], int] = {}  # (name, from, to) -> count
+        self._running: dict[str, int] = {}  # name -> attempts running now
+        meter.create_observable_up_down_counter(
+            "chongming.task.running",
+            callbacks=[self._observe_running],
+            unit="{task}",
+            description="Attempts running now on this process, by task name.",
+        )
+        meter.create_observable_counter(
+            "chongming.task.transitions",
+            callbacks=[self._observe_moves],
+            unit="{transition}",
+            description="Status changes this process made, by task name and status.",
+        )
+        self.failures = meter.create_counter(
+            "chongming.task.failures",
+            unit="{failure}",
+            description="Attempts that ended with a failure, by task name and kind.",
+        )
+
+    # -- submit --------------------------------------------------------------------------------
+
+    def trace_context(self) -> str | None:
+        try:
+            return _now_context()
+        except Exception:
+            log.exception("the trace context could not be read; the task is stored without")
+            return None
+
+    @contextmanager
+    def submitting(self, operation: str) -> Iterator[Callable[[object], None]]:
+        attributes = {
+            "messaging.system": _SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": operation,
+        }
+        with self._around(operation, SpanKind.PRODUCER, attributes) as span:
+            yield lambda made: self._made(span, operation, made)
+
+    @contextmanager
+    def _around(
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        *,
+        links: list[Link] | None = None,
+        parent: otel_context.Context | None = None,
+    ) -> Iterator[trace.Span]:
+        """A span current around the caller's work, ``ERROR`` if the work raised. A span
+        that cannot be started (the instrumentation's fault) is logged, and the work
+        goes on without one."""
+        try:
+            span = self._tracer.start_span(
+                name, context=parent, kind=kind, attributes=attributes, links=links
+            )
+            token = otel_context.attach(trace.set_span_in_context(span))
+        except Exception:
+            log.exception("the %s span could not be started", name)
+            yield trace.INVALID_SPAN
+            return
+        try:
+            yield span
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    def _made(self, span: trace.Span, operation: str, made: object) -> None:
+        try:
+            pipeline = made if isinstance(made, PipelineRun) else None
+            runs: list[Any] = (
+                list(made.nodes.values())
+                if isinstance(made, PipelineRun)
+                else made
+                if isinstance(made, list)
+                else [made]
+            )
+            if pipeline is not None:
+                name = pipeline.pipeline.name
+                span.set_attribute("chongming.pipeline.run_id", pipeline.pipeline_run_id)
+            else:
+                name = str(getattr(runs[0], "name", "")) if runs else ""
+            span.update_name(f"{operation} {name}".rstrip())
+            described: dict[str, Any] = {
+                "messaging.destination.name": name,
+                "messaging.batch.message_count": len(runs),
+            }
+            if len(runs) == 1 and pipeline is None:
+                described.update(self._described(runs[0]))
+            span.set_attributes(described)
+            with self._lock:
+                for run in runs:
+                    writes = getattr(run, "writes", None)  # a StoredTask: a duplicate's holder
+                    if writes is not None and run.task_id not in self._tracks:
+                        track = self._tracks[run.task_id] = _Track(0)
+                        self._count(run, track, upto=TRAIL_WIDTH)  # its creation
+        except Exception:
+            log.exception("the submit span could not be described")
+
+    def _described(self, run: Any) -> dict[str, Any]:
+        described: dict[str, Any] = {
+            "chongming.task.id": run.task_id,
+            "messaging.message.id": run.task_id,
+            "chongming.task.name": run.name,
+        }
+        writes = getattr(run, "writes", None)
+        if writes is None:  # a StoredTask: the holder of the dedupe key
+            described["chongming.task.deduplicated"] = True
+            return described
+        snapshot = writes.snapshot
+        if snapshot.bucket is not None:
+            described["chongming.task.bucket"] = snapshot.bucket
+        if snapshot.owner is not None:
+            described["chongming.task.node"] = snapshot.owner
+        return described
+
+    @contextmanager
+    def firing(self, schedule: str) -> Iterator[None]:
+        attributes: dict[str, Any] = {"chongming.schedule.name": schedule}
+        # A trace of its own, whatever called it: an empty context is its parent.
+        with self._around(
+            f"fire {schedule}", SpanKind.INTERNAL, attributes, parent=otel_context.Context()
+        ):
+            yield
+
+    # -- attempts ------------------------------------------------------------------------------
+
+    def began(self, run: TaskRun) -> _observe.Seen:
+        try:
+            snapshot = run.writes.snapshot
+            attributes: dict[str, Any] = {
+                "messaging.system": _SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "run",
+                "messaging.destination.name": run.name,
+                "messaging.message.id": run.task_id,
+                "chongming.task.id": run.task_id,
+                "chongming.task.name": run.name,
+                "chongming.task.attempt": snapshot.attempt,
+            }
+            if snapshot.bucket is not None:
+                attributes["chongming.task.bucket"] = snapshot.bucket
+            if snapshot.owner is not None:
+                attributes["chongming.task.node"] = snapshot.owner
+            span = self._tracer.start_span(
+                f"run {run.name}",
+                context=stored_context(snapshot.trace_context),
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
+            )
+            named = {"chongming.task.name": run.name}
+            if snapshot.attempt == 1 and snapshot.started_at is not None:
+                since = snapshot.run_at or snapshot.created_at
+                waited = max(0.0, (snapshot.started_at - since).total_seconds())
+                self.queue_wait.record(waited, named)
+            attempt = _Attempt(self, run, span)
+            with self._lock:
+                track = self._tracks.setdefault(run.task_id, _Track(0))
+                track.attempt = attempt
+                self._count(run, track)
+                self._running[run.name] = self._running.get(run.name, 0) + 1
+            attempt.token = otel_context.attach(trace.set_span_in_context(span))
+            return attempt
+        except Exception:
+            log.exception("task %s: its span could not be started", run.task_id)
+            return _Unseen()
+
+    def attempt_ended(self, attempt: _Attempt, raised: BaseException | None) -> None:
+        run = attempt.run
+        with self._lock:
+            track = self._tracks.get(run.task_id)
+            if attempt.finished:
+                return  # ended when its run did (an abandoned carrier came back)
+            attempt.finished = True
+            if track is not None:
+                track.attempt = None
+                self._count(run, track)
+                if track.ended:
+                    del self._tracks[run.task_id]
+        self._finish(attempt, raised)
+
+    def run_ended(self, run: TaskRun) -> None:
+        try:
+            with self._lock:
+                track = self._tracks.get(run.task_id)
+                if track is None:
+                    return  # not seen by this watcher (submitted before it came)
+                track.ended = True
+                attempt = track.attempt
+                if attempt is not None and not run.abandoned:
+                    return  # its attempt ends next, and counts the rest
+                self._count(run, track)
+                del self._tracks[run.task_id]
+                if attempt is not None:
+                    attempt.finished = True  # its carrier was abandoned: end its span now
+            if attempt is not None:
+                self._finish(attempt, None)
+        except Exception:
+            log.exception("task %s: its end could not be recorded", run.task_id)
+
+    def _finish(self, attempt: _Attempt, raised: BaseException | None) -> None:
+        run, span = attempt.run, attempt.span
+        snapshot = run.writes.snapshot
+        trail = run.writes.trail
+        status = snapshot.status
+        outcome = "retried" if status is TaskStatus.QUEUED else status.value
+        for i in range(attempt.first, len(trail), TRAIL_WIDTH):
+            _, was, to, at, reason, actor = trail[i : i + TRAIL_WIDTH]
+            if to in _TERMINAL:
+                continue
+            name = _EVENTS.get(to, "")
+            if to == TaskStatus.STOPPING.value:
+                name = run.token.stop_kind or "stop"
+            elif to == TaskStatus.RUNNING.value and was not in ("paused", "pausing"):
+                continue
+            event: dict[str, Any] = {"chongming.task.status": to}
+            if reason is not None:
+                event["chongming.reason"] = reason
+            if actor is not None:
+                event["chongming.actor"] = actor
+            span.add_event(f"chongming.task.{name}", event, timestamp=_ns(at))
+        named = {"chongming.task.name": run.name}
+        span.set_attribute("chongming.task.outcome", outcome)
+        failure = snapshot.failure if outcome in ("failed", "retried") else None
+        if failure is not None:
+            thrown = failure.kind is FailureKind.EXCEPTION
+            error = (failure.exception_type if thrown else None) or failure.kind.value
+            span.set_attribute("error.type", error)
+            if thrown and isinstance(raised, Exception):
+                span.record_exception(raised)
+            else:
+                described = {"exception.type": error, "exception.message": failure.message}
+                if failure.traceback:
+                    described["exception.stacktrace"] = failure.traceback
+                span.add_event("exception", described)
+            span.set_status(Status(StatusCode.ERROR, failure.message))
+            kind = {"chongming.failure.kind": failure.kind.value, "error.type": error}
+            self.failures.add(1, {**named, **kind})
+        elapsed = time.monotonic() - attempt.began
+        self.durations.record(elapsed, {**named, "chongming.task.outcome": outcome})
+        with self._lock:
+            self._running[run.name] -= 1
+        span.end()
+
+    def _count(self, run: TaskRun, track: _Track, upto: int | None = None) -> None:
+        """Count the run's transitions not counted yet (up to ``upto`` trail items).
+        Caller holds the lock."""
+        trail = run.writes.trail
+        end = len(trail) if upto is None else upto
+        moves, name = self._moves, run.name
+        for i in range(track.counted, end, TRAIL_WIDTH):
+            key = (name, trail[i + 1] or "", trail[i + 2])
+            moves[key] = moves.get(key, 0) + 1
+        track.counted = max(track.counted, end)
+
+    def _observe_moves(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            moves = list(self._moves.items())
+        for (name, was, to), count in moves:
+            yield Observation(
+                count,
+                {
+                    "chongming.task.name": name,
+                    "chongming.task.from_status": was,
+                    "chongming.task.status": to,
+                },
+            )
+
+    def _observe_running(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            running = list(self._running.items())
+        for name, count in running:
+            yield Observation(count, {"chongming.task.name": name})
+
+    # -- controls and logs -----------------------------------------------------------------------
+
+    @contextmanager
+    def controlling(
+        self, task: TaskSnapshot, action: CommandAction, reason: str | None, actor: str
+    ) -> Iterator[Callable[[ControlReceipt], None]]:
+        linked = stored_context(task.trace_context)
+        links = []
+        if linked is not None:
+            links.append(Link(trace.get_current_span(linked).get_span_context()))
+        attributes: dict[str, Any] = {
+            "messaging.system": _SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": action.value,
+            "messaging.destination.name": task.name,
+            "chongming.task.id": task.task_id,
+            "chongming.task.name": task.name,
+            "chongming.command.action": action.value,
+            "chongming.actor": actor,
+        }
+        if reason is not None:
+            attributes["chongming.reason"] = reason
+        with self._around(
+            f"{action.value} {task.name}", SpanKind.PRODUCER, attributes, links=links
+        ) as span:
+
+            def told(receipt: ControlReceipt) -> None:
+                span.set_attribute("chongming.control.outcome", receipt.outcome.value)
+                if receipt.command_id is not None:
+                    span.set_attribute("chongming.command.id", receipt.command_id)
+
+            yield told
+
+    def annotate(self, record: logging.LogRecord) -> None:
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = format(context.trace_id, "032x")
+            record.span_id = format(context.span_id, "016x")
+
+
+class _Unseen:
+    """An attempt whose span could not be started: nothing to end."""
+
+    def ended(self, raised: BaseException | None) -> None:
+        return None
+
+
+class ChongmingTaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Spans, metrics and log ids for chongming-task (docs/observability.md):
+    ``instrument(tracer_provider=..., meter_provider=...)``, ``uninstrument()``. Found by
+    ``opentelemetry-instrument`` through the ``opentelemetry_instrumentor`` entry point."""
+
+    _watcher: _Watcher | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("chongming-task")
+        except PackageNotFoundError:  # run from a source tree
+            release = "0"
+        tracer = trace.get_tracer(_SCOPE, release, kwargs.get("tracer_provider"))
+        meter = get_meter(_SCOPE, release, kwargs.get("meter_provider"))
+        self._watcher = _Watcher(tracer, meter)
+        install_log_context()
+        _observe.install(self._watcher)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        if self._watcher is not None:
+            _observe.remove(self._watcher)
+            self._watcher = None

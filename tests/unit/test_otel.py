@@ -1,0 +1,376 @@
+"""OpenTelemetry (``chongming_task.otel``), read back through the SDK's in-memory
+exporter and metric reader: one trace from submit to each attempt, the events of a
+task's controls, errors, pipelines and schedules, metrics, log ids, and nothing once
+uninstrumented."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from chongming_task import (
+    CancellationToken,
+    Controller,
+    IntervalTrigger,
+    Pipeline,
+    RetryPolicy,
+    TaskStatus,
+)
+from chongming_task.control import StoreControl
+from chongming_task.model import CommandAction
+from chongming_task.otel import ChongmingTaskInstrumentor
+from chongming_task.stores.sqlite import SqliteTaskStore
+from chongming_task.testing import FakeClock
+
+Make = Callable[..., Controller]
+log = logging.getLogger("tests.otel")
+
+
+class Otel:
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.tracer = self.tracer_provider.get_tracer("tests")
+
+    def finished(self, name: str | None = None) -> list[ReadableSpan]:
+        got = list(self.spans.get_finished_spans())
+        return [s for s in got if name is None or s.name == name]
+
+    def points(self, metric: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for m in scope.metrics
+            if m.name == metric
+            for point in m.data.data_points
+        ]
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    made = Otel()
+    instrumentor = ChongmingTaskInstrumentor()
+    instrumentor.instrument(
+        tracer_provider=made.tracer_provider, meter_provider=made.meter_provider
+    )
+    try:
+        yield made
+    finally:
+        instrumentor.uninstrument()
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
+        done.wait(0.01)
+    raise AssertionError("not seen in time")
+
+
+def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel) -> None:
+    c = make_controller(owned_buckets=[2], num_buckets=4, owner="node-a")
+
+    @c.task(name="flaky", retries=1, backoff=RetryPolicy(base_delay=0.001, jitter=0.0))
+    def flaky(token: CancellationToken) -> str:
+        if token.attempt == 1:
+            raise ValueError("first try fails")
+        return "done"
+
+    key = next(f"k{i}" for i in range(100) if c.bucket_policy.bucket_for(f"k{i}") == 2)
+    with otel.tracer.start_as_current_span("request") as request:
+        run = c.submit("flaky", bucket_key=key)
+    assert run.wait(10).status is TaskStatus.SUCCEEDED
+    wait_for(lambda: len(otel.finished("run flaky")) == 2)
+    (submit,) = otel.finished("submit flaky")
+    first, second = sorted(otel.finished("run flaky"), key=lambda s: s.start_time or 0)
+    trace_id = request.get_span_context().trace_id
+    assert submit.kind is SpanKind.PRODUCER and submit.context is not None
+    assert submit.parent is not None and submit.parent.span_id == request.get_span_context().span_id
+    for span, attempt in ((first, 1), (second, 2)):
+        assert span.kind is SpanKind.CONSUMER and span.context is not None
+        assert span.context.trace_id == trace_id
+        assert span.parent is not None and span.parent.span_id == submit.context.span_id
+        assert (
+            dict(span.attributes or {}).items()
+            >= {
+                "chongming.task.id": run.task_id,
+                "chongming.task.name": "flaky",
+                "chongming.task.bucket": 2,
+                "chongming.task.attempt": attempt,
+                "chongming.task.node": "node-a",
+                "messaging.operation.type": "process",
+            }.items()
+        )
+    assert first.status.status_code is StatusCode.ERROR
+    assert (first.attributes or {})["chongming.task.outcome"] == "retried"
+    assert [e.name for e in first.events] == ["chongming.task.retry", "exception"]
+    exception = dict(first.events[1].attributes or {})
+    assert exception["exception.type"] == "ValueError"
+    assert exception["exception.message"] == "first try fails"
+    assert second.status.status_code is StatusCode.UNSET
+    assert (second.attributes or {})["chongming.task.outcome"] == "succeeded"
+    assert run.snapshot().trace_context is not None
+    assert run.snapshot().trace_context.startswith(f"00-{trace_id:032x}-")  # type: ignore[union-attr]
+
+
+def test_controls_are_events_that_say_who_and_why(tmp_path: Path, otel: Otel) -> None:
+    store = SqliteTaskStore(tmp_path / "tasks.db")
+    going = threading.Event()
+    with Controller(store, owner="node-a", command_poll_interval=0.02) as c:
+
+        @c.task(name="loop")
+        def loop(token: CancellationToken) -> None:
+            going.set()
+            while True:
+                token.checkpoint()
+                token.sleep(0.01)
+
+        run = c.submit("loop")
+        assert going.wait(10)
+        operator = StoreControl(store, owner="ops@console")
+        receipt = operator.send(run.task_id, CommandAction.PAUSE, "deploy window")
+        assert receipt.accepted
+        wait_for(lambda: run.status is TaskStatus.PAUSED)
+        c.resume(run.task_id, reason="window over")
+        wait_for(lambda: run.status is TaskStatus.RUNNING)
+        c.stop(run.task_id, reason="no longer needed")
+        assert run.wait(10).status is TaskStatus.STOPPED
+    wait_for(lambda: len(otel.finished("run loop")) == 1)
+    (span,) = otel.finished("run loop")
+    said = [dict(e.attributes or {}) for e in span.events]
+    events = [
+        (e.name, a.get("chongming.actor"), a.get("chongming.reason"))
+        for e, a in zip(span.events, said, strict=True)
+    ]
+    assert events == [
+        ("chongming.task.pause", "ops@console", "deploy window"),
+        ("chongming.task.paused", "node-a", "acknowledged at a checkpoint"),
+        ("chongming.task.resume", "node-a", "window over"),
+        ("chongming.task.stop", "node-a", "no longer needed"),
+    ]
+    assert (span.attributes or {})["chongming.task.outcome"] == "stopped"
+    assert span.status.status_code is StatusCode.UNSET
+    (control,) = otel.finished("pause loop")
+    assert control.kind is SpanKind.PRODUCER and span.context is not None
+    assert [link.context.trace_id for link in control.links] == [span.context.trace_id]
+    assert (
+        dict(control.attributes or {}).items()
+        >= {
+            "chongming.task.id": run.task_id,
+            "chongming.actor": "ops@console",
+            "chongming.reason": "deploy window",
+            "chongming.control.outcome": "accepted",
+        }.items()
+    )
+    store.close()
+
+
+def test_a_timeout_is_an_event_and_an_error(make_controller: Make, otel: Otel) -> None:
+    c = make_controller()
+
+    @c.task(name="slow", timeout=0.05)
+    def slow(token: CancellationToken) -> None:
+        while True:
+            token.sleep(0.01)
+
+    assert c.submit("slow").wait(10).status is TaskStatus.FAILED
+    wait_for(lambda: len(otel.finished("run slow")) == 1)
+    (span,) = otel.finished("run slow")
+    assert [e.name for e in span.events] == ["chongming.task.timeout", "exception"]
+    assert span.status.status_code is StatusCode.ERROR
+    assert (span.attributes or {})["error.type"] == "timeout"
+    assert (span.events[1].attributes or {})["exception.type"] == "timeout"
+
+
+def test_a_pipeline_is_one_trace_and_a_schedule_firing_starts_its_own(
+    make_controller: Make, otel: Otel
+) -> None:
+    clock = FakeClock()
+    c = make_controller(clock=clock, run_schedules=False)
+    c.task(lambda token, x=0: x, name="value")
+    pipe = Pipeline("two")
+    pipe.add("a", "value", 1)
+    pipe.add("b", "value", 2, depends_on=["a"])
+    c.schedule("every-10s", "value", IntervalTrigger(10))
+    with otel.tracer.start_as_current_span("caller"):
+        done = c.submit_pipeline(pipe)
+        clock.advance(10)
+        (fired,) = c.tick_schedules()
+    assert all(s.status is TaskStatus.SUCCEEDED for s in done.wait(10).values())
+    assert fired.wait(10).status is TaskStatus.SUCCEEDED
+    wait_for(lambda: len(otel.finished("run value")) == 3)
+    (submit,) = otel.finished("submit two")
+    assert submit.context is not None
+    assert (submit.attributes or {})["chongming.pipeline.run_id"] == done.pipeline_run_id
+    assert (submit.attributes or {})["messaging.batch.message_count"] == 2
+    runs = {(s.attributes or {})["chongming.task.id"]: s for s in otel.finished("run value")}
+    for node in done.nodes.values():
+        span = runs[node.task_id]
+        assert span.context is not None and span.parent is not None
+        assert span.context.trace_id == submit.context.trace_id
+        assert span.parent.span_id == submit.context.span_id
+    (firing,) = otel.finished("fire every-10s")
+    (caller,) = otel.finished("caller")
+    assert firing.parent is None and firing.context is not None and caller.context is not None
+    assert firing.context.trace_id != caller.context.trace_id
+    scheduled = runs[fired.task_id]
+    assert scheduled.context is not None and scheduled.context.trace_id == firing.context.trace_id
+
+
+def test_async_tasks_have_their_span_current_and_log_records_carry_its_ids(
+    make_controller: Make, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make_controller()
+
+    @c.task(name="fetch")
+    async def fetch(token: CancellationToken, n: int) -> int:
+        with otel.tracer.start_as_current_span(f"inner {n}"):
+            await asyncio.sleep(0.01)
+        log.warning("fetched %s", n)
+        return n
+
+    with caplog.at_level(logging.INFO):
+        runs = [c.submit("fetch", n) for n in range(3)]
+        assert [r.result(10) for r in runs] == [0, 1, 2]
+    wait_for(lambda: len(otel.finished("run fetch")) == 3)
+    spans = {(s.attributes or {})["chongming.task.id"]: s for s in otel.finished("run fetch")}
+    for n, run in enumerate(runs):
+        span = spans[run.task_id]
+        (inner,) = otel.finished(f"inner {n}")
+        assert span.context is not None and inner.parent is not None
+        assert inner.parent.span_id == span.context.span_id
+        (record,) = [r for r in caplog.records if r.getMessage() == f"fetched {n}"]
+        assert (record.task_id, record.trace_id, record.span_id) == (  # type: ignore[attr-defined]
+            run.task_id,
+            format(span.context.trace_id, "032x"),
+            format(span.context.span_id, "016x"),
+        )
+
+
+def test_metrics_count_runs_waits_transitions_and_failures(
+    make_controller: Make, otel: Otel
+) -> None:
+    c = make_controller()
+    c.task(lambda token: "ok", name="fine")
+
+    @c.task(name="broken")
+    def broken(token: CancellationToken) -> None:
+        raise KeyError("missing")
+
+    assert c.submit("fine").wait(10).status is TaskStatus.SUCCEEDED
+    assert c.submit("broken").wait(10).status is TaskStatus.FAILED
+    wait_for(lambda: len(otel.finished()) == 4)  # two submits, two runs
+
+    durations = {
+        (p.attributes["chongming.task.name"], p.attributes["chongming.task.outcome"]): p.count
+        for p in otel.points("chongming.task.run.duration")
+    }
+    assert durations == {("fine", "succeeded"): 1, ("broken", "failed"): 1}
+    waits = {
+        p.attributes["chongming.task.name"]: p.count
+        for p in otel.points("chongming.task.queue.wait")
+    }
+    assert waits == {"fine": 1, "broken": 1}
+    running = {
+        p.attributes["chongming.task.name"]: p.value for p in otel.points("chongming.task.running")
+    }
+    assert running == {"fine": 0, "broken": 0}
+    moves = {
+        (
+            p.attributes["chongming.task.name"],
+            p.attributes["chongming.task.from_status"],
+            p.attributes["chongming.task.status"],
+        ): p.value
+        for p in otel.points("chongming.task.transitions")
+    }
+    path = [("", "queued"), ("queued", "starting"), ("starting", "running")]
+    assert moves == {
+        **{("fine", *step): 1 for step in path},
+        ("fine", "running", "succeeded"): 1,
+        **{("broken", *step): 1 for step in path},
+        ("broken", "running", "failed"): 1,
+    }
+    failures = [(p.attributes, p.value) for p in otel.points("chongming.task.failures")]
+    assert failures == [
+        (
+            {
+                "chongming.task.name": "broken",
+                "chongming.failure.kind": "exception",
+                "error.type": "builtins.KeyError",
+            },
+            1,
+        )
+    ]
+
+
+def test_nothing_is_traced_or_stored_once_uninstrumented(make_controller: Make) -> None:
+    made = Otel()
+    instrumentor = ChongmingTaskInstrumentor()
+    instrumentor.instrument(
+        tracer_provider=made.tracer_provider, meter_provider=made.meter_provider
+    )
+    instrumentor.uninstrument()
+    c = make_controller()
+    c.task(lambda token: None, name="plain")
+    with made.tracer.start_as_current_span("caller"):
+        run = c.submit("plain")
+    assert run.wait(10).status is TaskStatus.SUCCEEDED
+    assert run.snapshot().trace_context is None
+    assert [s.name for s in made.finished()] == ["caller"]
+
+
+class BrokenTracer(trace.Tracer):
+    """A tracer whose every span fails to start: the instrumentation's own fault."""
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        raise RuntimeError("exporter misconfigured")
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("exporter misconfigured")
+
+
+class BrokenProvider(trace.TracerProvider):
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return BrokenTracer()
+
+
+def test_a_fault_of_the_instrumentation_costs_the_task_nothing(
+    make_controller: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = Otel()
+    instrumentor = ChongmingTaskInstrumentor()
+    instrumentor.instrument(tracer_provider=BrokenProvider(), meter_provider=made.meter_provider)
+    try:
+        c = make_controller()
+        c.task(lambda token: "still done", name="plain")
+        with caplog.at_level(logging.ERROR, logger="chongming_task.otel"):
+            run = c.submit("plain")
+            assert run.result(10) == "still done"
+        said = [r.getMessage() for r in caplog.records]
+        assert "the submit span could not be started" in said
+        assert f"task {run.task_id}: its span could not be started" in said
+    finally:
+        instrumentor.uninstrument()
