@@ -283,6 +283,8 @@ def test_metrics_count_runs_waits_transitions_and_failures(
     assert c.submit("fine").wait(10).status is TaskStatus.SUCCEEDED
     assert c.submit("broken").wait(10).status is TaskStatus.FAILED
     wait_for(lambda: len(otel.finished()) == 4)  # two submits, two runs
+    # The histograms are recorded on the instrumentation's own thread: once both are in.
+    wait_for(lambda: sum(p.count for p in otel.points("chongming.task.run.duration")) == 2)
 
     durations = {
         (p.attributes["chongming.task.name"], p.attributes["chongming.task.outcome"]): p.count
