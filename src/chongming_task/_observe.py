@@ -46,9 +46,9 @@ class Watcher(Protocol):
         """What a task made now stores as its ``trace_context`` (``None``: nothing)."""
 
     def submitting(self, operation: str) -> AbstractContextManager[Callable[[object], None]]:
-        """Around one submit (``operation``: ``submit``, ``submit_many``,
-        ``submit_pipeline``): the callable it gives is told what the call made (a run,
-        a list of them, a pipeline run)."""
+        """Around one submit (``operation``: ``submit``, for a pipeline's too, or
+        ``submit_many``): the callable it gives is told what the call made (a run, a
+        list of them, a pipeline run; a ``StoredTask`` holding a dedupe key)."""
 
     def firing(self, schedule: str) -> AbstractContextManager[None]:
         """Around one firing of ``schedule`` (its submit is inside)."""

@@ -305,13 +305,13 @@ class _Watcher:
         described: dict[str, Any] = {
             "chongming.task.id": run.task_id,
             "messaging.message.id": run.task_id,
-            "chongming.task.name": run.name,
         }
         writes = getattr(run, "writes", None)
-        if writes is None:  # a StoredTask: the holder of the dedupe key
+        if writes is None:  # a StoredTask: the holder of the dedupe key, made elsewhere
             described["chongming.task.deduplicated"] = True
             return described
         snapshot = writes.snapshot
+        described["chongming.task.name"] = snapshot.name
         if snapshot.bucket is not None:
             described["chongming.task.bucket"] = snapshot.bucket
         if snapshot.owner is not None:

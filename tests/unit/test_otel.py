@@ -376,3 +376,37 @@ def test_a_fault_of_the_instrumentation_costs_the_task_nothing(
         assert f"task {run.task_id}: its span could not be started" in said
     finally:
         instrumentor.uninstrument()
+
+
+def test_a_duplicate_submit_says_which_task_holds_its_key(
+    tmp_path: Path, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The holder is another node's task: the second submit's span names it."""
+    gate = threading.Event()
+    stores = [SqliteTaskStore(tmp_path / "tasks.db") for _ in range(2)]
+    with Controller(stores[0], owner="a") as a, Controller(stores[1], owner="b") as b:
+        for node in (a, b):
+
+            @node.task(name="daily")
+            def daily(token: CancellationToken) -> None:
+                gate.wait(10)
+
+        with caplog.at_level(logging.ERROR, logger="chongming_task.otel"):
+            first = a.options(dedupe_key="2026-12-06").submit("daily")
+            again = b.options(dedupe_key="2026-12-06").submit("daily")
+            gate.set()
+        assert type(again).__name__ == "StoredTask" and again.task_id == first.task_id
+        assert first.wait(10).status is TaskStatus.SUCCEEDED
+    for store in stores:
+        store.close()
+    assert [r.getMessage() for r in caplog.records] == []
+    (made,) = otel.finished("submit daily")
+    (answered,) = otel.finished("submit")
+    assert (made.attributes or {})["chongming.task.id"] == first.task_id
+    assert (
+        dict(answered.attributes or {}).items()
+        >= {
+            "chongming.task.id": first.task_id,
+            "chongming.task.deduplicated": True,
+        }.items()
+    )
