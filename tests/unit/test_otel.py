@@ -410,3 +410,26 @@ def test_a_duplicate_submit_says_which_task_holds_its_key(
             "chongming.task.deduplicated": True,
         }.items()
     )
+
+
+def test_an_abandoned_carrier_s_span_ends_with_its_task(make_controller: Make, otel: Otel) -> None:
+    """A thread task that ignores its timeout's stop is abandoned ``failed``: its span
+    ends then, not when (if ever) its thread returns, and only once."""
+    c = make_controller()
+    release, returned = threading.Event(), threading.Event()
+
+    @c.task(name="stubborn", timeout=0.05, timeout_grace=0.05)
+    def stubborn(token: CancellationToken) -> None:
+        release.wait(10)  # never checks its token
+        returned.set()
+
+    run = c.submit("stubborn")
+    assert run.wait(10).status is TaskStatus.FAILED
+    wait_for(lambda: len(otel.finished("run stubborn")) == 1)
+    (span,) = otel.finished("run stubborn")
+    assert [e.name for e in span.events] == ["chongming.task.timeout", "exception"]
+    assert (span.attributes or {})["chongming.task.outcome"] == "failed"
+    release.set()  # the thread returns; its late end is not recorded again
+    assert returned.wait(10)
+    threading.Event().wait(0.2)  # the carrier's own end of the attempt, just after
+    assert len(otel.finished("run stubborn")) == 1
