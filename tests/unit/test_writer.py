@@ -258,3 +258,18 @@ def test_a_together_call_that_fails_as_a_whole_falls_back_to_one_write_each(
         assert stored_life(store, run.task_id) == LIFE
     assert any(len(call) > 1 for call in store.calls)  # tried together first
     assert not c.desynced_tasks and all(run.written for run in runs)
+
+
+def test_the_group_commit_counts_its_batches_and_their_writes(tmp_path: Path) -> None:
+    """What benches read to say how well writes are grouped: every task's create is a
+    write, and a batch carries one or more."""
+    store = SqliteTaskStore(tmp_path / "t.db")
+    group = store.connection.group
+    assert group is not None and (group.commits, group.writes) == (0, 0)
+    with Controller(store, max_workers=4) as c:
+        noop = c.task(lambda token: None, name="noop")
+        for run in [c.submit(noop) for _ in range(200)]:
+            run.wait(30)
+    assert 1 <= group.commits <= group.writes
+    assert group.writes >= 200
+    store.close()

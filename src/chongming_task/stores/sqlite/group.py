@@ -357,6 +357,10 @@ class GroupCommit:
         self._queue: deque[WriteRequest] = deque()
         self._waiting: deque[WriteRequest] = deque()
         self._server: int | None = None  # the thread committing a batch, under the lock
+        self.commits = 0
+        """Batches committed so far, and the writes they carried (``writes``): how
+        well the group commit groups, for benches and tools (written under the lock)."""
+        self.writes = 0
 
     @property
     def pending(self) -> bool:
@@ -455,6 +459,8 @@ class GroupCommit:
             try:
                 with scope("group commit") as conn:
                     _write_rows(conn, new, life, trail, one)
+                self.commits += 1
+                self.writes += len(batch)
                 if one:  # its own transaction (the other scope tells on its commit)
                     self._committed()
             except _VersionMoved:
