@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskStore
+from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskStatus, TaskStore
+from chongming_task.stores import open_store
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -20,6 +21,18 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         tick.wait(0.005)
+
+
+def stored_status(db: Path | str, task_id: str) -> TaskStatus:
+    """Task ``task_id``'s status as the store at ``db`` (a file or a DSN) holds it now,
+    read through a store opened for the read, as another process would."""
+    store = open_store(str(db))
+    try:
+        snapshot = store.get(task_id)
+        assert snapshot is not None, f"no task {task_id} in {db}"
+        return snapshot.status
+    finally:
+        store.close()
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -10,7 +10,10 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock"]
+__all__ = ["EPOCH", "Clock", "SystemClock"]
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""The Unix epoch, as the aware datetime every record's times are compared with."""
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from chongming_task import SqliteTaskStore, TaskStatus
-from tests.conftest import wait_until
+from tests.conftest import stored_status, wait_until
 from tests.integration.test_cross_process import ROOT
 from tests.integration.test_web import Web
 
@@ -152,13 +152,11 @@ def test_controls_from_the_cli_and_the_dashboard_are_linked_to_the_task_s_trace(
         assert node.stdout is not None
         task_id = json.loads(node.stdout.readline())["task_id"]
         assert "ready" in json.loads(node.stdout.readline())
+        wait_until(lambda: stored_status(db, task_id) is TaskStatus.RUNNING)
         store = SqliteTaskStore(db)
-        try:
-            wait_until(lambda: store.get(task_id).status is TaskStatus.RUNNING)  # type: ignore[union-attr]
-            stored = store.get(task_id)
-            assert stored is not None and stored.trace_context is not None
-        finally:
-            store.close()
+        stored = store.get(task_id)
+        store.close()
+        assert stored is not None and stored.trace_context is not None
         paused = _cli(receiver, db, "pause", task_id, "--reason", "audit", "--wait", "10")
         assert "now paused" in paused
         web = Web(db, wrap=(str(INSTRUMENT),), env=_env(receiver, "dashboard"))
@@ -166,11 +164,7 @@ def test_controls_from_the_cli_and_the_dashboard_are_linked_to_the_task_s_trace(
             web.get(f"/tasks/{task_id}")  # the page sets the CSRF cookie its forms carry
             status, body = web.request(f"/tasks/{task_id}/resume", {"csrf": web.csrf()})
             assert status == 200 and "request accepted" in body, body
-            store = SqliteTaskStore(db)
-            try:
-                wait_until(lambda: store.get(task_id).status is TaskStatus.RUNNING)  # type: ignore[union-attr]
-            finally:
-                store.close()
+            wait_until(lambda: stored_status(db, task_id) is TaskStatus.RUNNING)
         finally:
             web.close()
         assert "now stopped" in _cli(receiver, db, "stop", task_id, "--wait", "10")

@@ -14,22 +14,11 @@ from pathlib import Path
 import pytest
 
 from chongming_task import TaskStatus
-from chongming_task.stores import open_store
 from chongming_task.stores.sqlite.wakeups import wake_directory
-from tests.conftest import wait_until
+from tests.conftest import stored_status, wait_until
 from tests.integration.test_cross_process import Node
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
-
-
-def status(db: Path, task_id: str) -> TaskStatus:
-    store = open_store(str(db))
-    try:
-        snapshot = store.get(task_id)
-        assert snapshot is not None
-        return snapshot.status
-    finally:
-        store.close()
 
 
 def test_a_stop_from_another_process_wakes_a_node_that_polls_rarely(tmp_path: Path) -> None:
@@ -39,7 +28,7 @@ def test_a_stop_from_another_process_wakes_a_node_that_polls_rarely(tmp_path: Pa
     node = Node(db, "--poll", "30", "--submit", "loop", "--submit", "loop")
     first, second = node.task_ids
     try:
-        wait_until(lambda: status(db, first) is TaskStatus.RUNNING, what="running")
+        wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
         assert len(list(pipes.iterdir())) == 1  # the node's pipe
         sent = time.monotonic()
         stop = subprocess.run(
@@ -49,10 +38,12 @@ def test_a_stop_from_another_process_wakes_a_node_that_polls_rarely(tmp_path: Pa
             timeout=60,
         )
         assert stop.returncode == 0 and "request accepted" in stop.stdout, stop.stderr
-        wait_until(lambda: status(db, first) is TaskStatus.STOPPED, timeout=20, what="stopped")
+        wait_until(
+            lambda: stored_status(db, first) is TaskStatus.STOPPED, timeout=20, what="stopped"
+        )
         # Well inside the 30 s poll: only the wake-up explains it.
         assert time.monotonic() - sent < 20
-        assert status(db, second) is TaskStatus.RUNNING
+        assert stored_status(db, second) is TaskStatus.RUNNING
     finally:
         node.finish()
     assert not pipes.exists()  # the last subscriber took the directory with it
@@ -68,7 +59,7 @@ def test_a_killed_nodes_pipe_is_removed_by_the_next_sender(tmp_path: Path) -> No
     try:
         wait_until(lambda: len(list(pipes.iterdir())) == 2, what="two pipes")
         dead.kill()
-        wait_until(lambda: status(db, stays) is TaskStatus.RUNNING, what="running")
+        wait_until(lambda: stored_status(db, stays) is TaskStatus.RUNNING, what="running")
         stop = subprocess.run(
             [sys.executable, "-m", "chongming_task", "--db", str(db), "stop", stays],
             capture_output=True,
@@ -76,7 +67,9 @@ def test_a_killed_nodes_pipe_is_removed_by_the_next_sender(tmp_path: Path) -> No
             timeout=60,
         )
         assert stop.returncode == 0, stop.stderr
-        wait_until(lambda: status(db, stays) is TaskStatus.STOPPED, timeout=20, what="stopped")
+        wait_until(
+            lambda: stored_status(db, stays) is TaskStatus.STOPPED, timeout=20, what="stopped"
+        )
         assert len(list(pipes.iterdir())) == 1  # the killed node's pipe is gone
     finally:
         dead.finish()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from chongming_task import SqliteTaskStore, TaskStatus
-from tests.conftest import wait_until
+from tests.conftest import stored_status, wait_until
 from tests.integration.test_cross_process import Node
 
 pytest.importorskip("starlette", reason="the [web] extra is not installed")
@@ -104,20 +104,10 @@ def running(tmp_path: Path) -> Iterator[tuple[Path, Node, Web]]:
         node.finish()
 
 
-def _status(db: Path, task_id: str) -> TaskStatus:
-    store = SqliteTaskStore(db)
-    try:
-        snapshot = store.get(task_id)
-        assert snapshot is not None
-        return snapshot.status
-    finally:
-        store.close()
-
-
 def test_every_page_answers(running: tuple[Path, Node, Web]) -> None:
     db, node, web = running
     first = node.task_ids[0]
-    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
     for path, needle in [
         ("/", "Buckets"),
         ("/live/overview", "Nodes"),
@@ -156,11 +146,11 @@ def test_a_pause_posted_from_the_page_pauses_a_task_in_another_process(
 ) -> None:
     db, node, web = running
     first, second = node.task_ids
-    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
     web.get(f"/tasks/{first}")  # the page sets the CSRF cookie its forms carry
     status, body = web.request(f"/tasks/{first}/pause", {"csrf": web.csrf()})
     assert status == 200 and "request accepted (command " in body, body
-    wait_until(lambda: _status(db, first) is TaskStatus.PAUSED, 15, "paused by the node")
+    wait_until(lambda: stored_status(db, first) is TaskStatus.PAUSED, 15, "paused by the node")
     again = web.request(f"/tasks/{first}/pause", {"csrf": web.csrf()}, **{"HX-Request": "true"})
     assert again[0] == 200 and "already paused" in again[1] and "<html" not in again[1]
     # A selection: both tasks at once, each answered.
@@ -168,8 +158,8 @@ def test_a_pause_posted_from_the_page_pauses_a_task_in_another_process(
         "/tasks/selection/stop", {"csrf": web.csrf(), "task_id": [first, second]}
     )
     assert status == 200 and body.count("request accepted") == 2, body
-    wait_until(lambda: _status(db, second) is TaskStatus.STOPPED, 15, "stopped")
-    wait_until(lambda: _status(db, first) is TaskStatus.STOPPED, 15, "stopped")
+    wait_until(lambda: stored_status(db, second) is TaskStatus.STOPPED, 15, "stopped")
+    wait_until(lambda: stored_status(db, first) is TaskStatus.STOPPED, 15, "stopped")
 
 
 def test_bad_input_is_a_clear_error_and_changes_nothing(
@@ -177,7 +167,7 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(
 ) -> None:
     db, node, web = running
     first = node.task_ids[0]
-    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
     cases = [
         ("/tasks/zzzzzzzz", 404, "no task zzzzzzzz"),
         ("/tasks/abc", 404, "needs 6+ characters"),
@@ -204,7 +194,7 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(
     )
     assert mixed[0] == 404 and "no task zzzzzzzzzz" in mixed[1]
     time.sleep(0.3)
-    assert _status(db, first) is TaskStatus.RUNNING  # nothing changed
+    assert stored_status(db, first) is TaskStatus.RUNNING  # nothing changed
 
 
 def test_read_only_and_the_access_token(tmp_path: Path) -> None:
@@ -237,7 +227,7 @@ def test_metrics_parse_and_never_label_a_task_id(running: tuple[Path, Node, Web]
     from prometheus_client.parser import text_string_to_metric_families
 
     db, node, web = running
-    wait_until(lambda: _status(db, node.task_ids[0]) is TaskStatus.RUNNING, what="running")
+    wait_until(lambda: stored_status(db, node.task_ids[0]) is TaskStatus.RUNNING, what="running")
     status, text = web.get("/metrics")
     assert status == 200
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -252,7 +242,7 @@ def test_metrics_parse_and_never_label_a_task_id(running: tuple[Path, Node, Web]
     # The dashboard's follower counts what it sees happen: stop one task, then scrape.
     web.get("/")
     web.request(f"/tasks/{node.task_ids[0]}/stop", {"csrf": web.csrf()})
-    wait_until(lambda: _status(db, node.task_ids[0]) is TaskStatus.STOPPED, 15, "stopped")
+    wait_until(lambda: stored_status(db, node.task_ids[0]) is TaskStatus.STOPPED, 15, "stopped")
 
     def counted() -> dict[str, object]:
         return {f.name: f for f in text_string_to_metric_families(web.get("/metrics")[1])}
@@ -297,19 +287,19 @@ def test_reconcile_previews_then_marks_a_dead_nodes_task_lost(tmp_path: Path) ->
     SqliteTaskStore(db).close()
     node = Node(db, "--lease-ttl", "1", "--submit", "loop")
     (task_id,) = node.task_ids
-    wait_until(lambda: _status(db, task_id) is TaskStatus.RUNNING, what="running")
+    wait_until(lambda: stored_status(db, task_id) is TaskStatus.RUNNING, what="running")
     node.kill()  # its lease runs out within a second
     web = Web(db)
     try:
         wait_until(lambda: task_id[:12] in web.get("/reconcile")[1], 15, "the preview")
         status, body = web.get("/reconcile")
         assert status == 200 and "1 task(s) would be marked lost" in body
-        assert _status(db, task_id) is TaskStatus.RUNNING  # a preview changes nothing
+        assert stored_status(db, task_id) is TaskStatus.RUNNING  # a preview changes nothing
         assert web.request("/reconcile", {"csrf": "forged"})[0] == 403
-        assert _status(db, task_id) is TaskStatus.RUNNING
+        assert stored_status(db, task_id) is TaskStatus.RUNNING
         status, body = web.request("/reconcile", {"csrf": web.csrf()})
         assert status == 200 and "Marked 1 task(s) lost" in body, body
-        assert _status(db, task_id) is TaskStatus.LOST
+        assert stored_status(db, task_id) is TaskStatus.LOST
     finally:
         web.close()
 
@@ -452,7 +442,7 @@ def test_the_event_stream_says_change_after_a_transition(
 ) -> None:
     db, node, web = running
     first = node.task_ids[0]
-    wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+    wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
     web.get("/")
     stream = urllib.request.urlopen(web.base + "/events", timeout=20)
     try:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from chongming_task import CancellationToken, Controller, Pipeline, SqliteTaskStore, TaskStatus
-from tests.conftest import wait_until
+from tests.conftest import stored_status, wait_until
 from tests.integration.test_cross_process import Node
-from tests.integration.test_web import Web, _status
+from tests.integration.test_web import Web
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
@@ -70,7 +70,7 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
     shots.mkdir(parents=True, exist_ok=True)
     try:
         first = node.task_ids[0]
-        wait_until(lambda: _status(db, first) is TaskStatus.RUNNING, what="running")
+        wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
 
         def text(by: str, what: str) -> str:
             """An element's text; the live part is re-rendered every second, so an
@@ -122,7 +122,7 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
             15,
             "the answer under the buttons",
         )
-        wait_until(lambda: _status(db, first) is TaskStatus.PAUSED, 15, "paused by its node")
+        wait_until(lambda: stored_status(db, first) is TaskStatus.PAUSED, 15, "paused by its node")
         # The open page follows without a reload: its live part re-renders.
         # Pushed: the event stream says "change" and the live part is fetched again. Its
         # fallback poll is every 5 s, so a page showing it within 3 s got the push.
@@ -133,7 +133,7 @@ def test_the_pages_render_and_a_clicked_pause_reaches_another_process(
         )
         assert "running → pausing" in text(By.CSS_SELECTOR, ".timeline")
         driver.save_screenshot(str(shots / "task-paused.png"))
-        assert _status(db, node.task_ids[1]) is TaskStatus.RUNNING  # only the one clicked
+        assert stored_status(db, node.task_ids[1]) is TaskStatus.RUNNING  # only the one clicked
     finally:
         web.close()
         node.finish()

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from ..clock import EPOCH
 from ..model import TaskSnapshot, TaskStatus
 from ..states import TERMINAL
 from . import codec
@@ -49,9 +50,6 @@ def check_retention_args(
     if unfinished:
         raise ValueError(f"only finished tasks are pruned, not {', '.join(unfinished)}")
     return chosen
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def check_timeline_args(since: datetime, width: timedelta) -> int:
@@ -193,7 +191,7 @@ class RetentionSQL:
             f"SELECT ({d.micros('ended_at')} - {p}) / {p} AS slot, status, COUNT(*)"
             f" FROM {d.tasks} WHERE ended_at >= {d.time} AND {in_status} GROUP BY slot, status"
         )
-        since_micros = (since - _EPOCH) // timedelta(microseconds=1)
+        since_micros = (since - EPOCH) // timedelta(microseconds=1)
         params = [since_micros, step, codec.encode_dt(since), *statuses]
         with self._sql_scope("ended timeline", write=False) as cur:
             rows = cur.execute(sql, params).fetchall()

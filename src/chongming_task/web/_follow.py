@@ -23,12 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import fleet
 from .._feed import TransitionFeed
+from ..clock import EPOCH
 from ..errors import ChongmingTaskError
 from ..loops import Pass, keep_running
 from ..model import TaskScan, TaskStatus
@@ -98,12 +99,9 @@ def read_aggregates(
     )
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def _slot_start(at: datetime) -> datetime:
     """The start of the ``SLOT`` that holds ``at`` (slots aligned on the epoch)."""
-    return at - (at - _EPOCH) % SLOT
+    return at - (at - EPOCH) % SLOT
 
 
 class Follower:
