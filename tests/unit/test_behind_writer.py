@@ -148,7 +148,7 @@ def test_a_quick_tasks_start_and_end_are_one_write(
     tmp_path: Path, make_controller: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No start is handed over (its function ends first): each task's whole life is
-    one queued write (how they ride other commits: ``test_sqlite_store.py``)."""
+    one queued write (how they ride other commits: ``test_sqlite_group.py``)."""
     monkeypatch.setattr(BehindWriter, "HAND_OVER", 30.0)
     store = Recorded(tmp_path / "t.db")
     c = make_controller(store, max_workers=4)
