@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from chongming_task import SqliteTaskStore, TaskStatus
-from tests.conftest import wait_until
+from tests.conftest import stored_status, wait_until
 from tests.integration.test_cross_process import Node
-from tests.integration.test_web import Web, _status
+from tests.integration.test_web import Web
 from tests.integration.test_web_browser import browser as browser
 
 
@@ -57,7 +57,7 @@ def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browse
     web = Web(db)
     first, second = node.task_ids
     try:
-        wait_until(lambda: _status(db, second) is TaskStatus.RUNNING, what="running")
+        wait_until(lambda: stored_status(db, second) is TaskStatus.RUNNING, what="running")
         driver.get(f"{web.base}/tasks")
         wait_until(lambda: first[:12] in driver.page_source, 15, "the list")
         driver.find_element(By.CSS_SELECTOR, f"input[value='{first}']").click()
@@ -66,17 +66,17 @@ def test_stop_and_cancel_ask_first_and_a_no_sends_nothing(tmp_path: Path, browse
             assert alert.text == "stop the 1 selected task(s)? It cannot be undone."
             if not accept:
                 alert.dismiss()
-                assert _status(db, first) is TaskStatus.RUNNING  # nothing was sent
+                assert stored_status(db, first) is TaskStatus.RUNNING  # nothing was sent
             else:
                 alert.accept()
-        wait_until(lambda: _status(db, first) is TaskStatus.STOPPED, 15, "stopped")
+        wait_until(lambda: stored_status(db, first) is TaskStatus.STOPPED, 15, "stopped")
 
         driver.get(f"{web.base}/tasks/{second}")
         wait_until(lambda: "Timeline" in driver.page_source, 15, "the task page")
         alert = asked(driver, "//button[normalize-space()='cancel']")
         assert alert.text.startswith(f"cancel task {second[:12]} (loop)?"), alert.text
         alert.dismiss()
-        assert _status(db, second) is TaskStatus.RUNNING
+        assert stored_status(db, second) is TaskStatus.RUNNING
     finally:
         web.close()
         node.finish()
@@ -89,7 +89,8 @@ def test_bad_bucket_read_only_health_and_icon(tmp_path: Path) -> None:
     read_only = Web(db, "--read-only")
     guarded = Web(db, "--token", "s3cret")
     try:
-        wait_until(lambda: _status(db, node.task_ids[0]) is TaskStatus.RUNNING, what="running")
+        first = node.task_ids[0]
+        wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")
         status, page = read_only.get("/tasks?bucket=abc")
         assert status == 400 and "bucket must be a whole number from 0 to 63" in page
         assert "invalid literal" not in page
@@ -129,7 +130,7 @@ def test_all_tasks_matching_a_filter_are_controlled_after_a_question_naming_them
     loops, aloop = node.task_ids[:3], node.task_ids[3]
     try:
         for task_id in node.task_ids:
-            wait_until(lambda t=task_id: _status(db, t) is TaskStatus.RUNNING, what="running")
+            wait_until(lambda t=task_id: stored_status(db, t) is TaskStatus.RUNNING, what="running")
         driver.get(f"{web.base}/tasks?name=loop")
         wait_until(lambda: "All 3 task(s) matching this filter" in driver.page_source, 15, "N")
         pause = "//form[@class='matching']//button[normalize-space()='pause']"
@@ -138,13 +139,13 @@ def test_all_tasks_matching_a_filter_are_controlled_after_a_question_naming_them
             assert alert.text.startswith("pause all 3 task(s) matching this filter?")
             if not accept:
                 alert.dismiss()
-                assert [_status(db, t) for t in loops] == [TaskStatus.RUNNING] * 3
+                assert [stored_status(db, t) for t in loops] == [TaskStatus.RUNNING] * 3
             else:
                 alert.accept()
         wait_until(lambda: driver.page_source.count("request accepted") == 3, 15, "answers")
         for task_id in loops:
-            wait_until(lambda t=task_id: _status(db, t) is TaskStatus.PAUSED, 15, "paused")
-        assert _status(db, aloop) is TaskStatus.RUNNING  # outside the filter
+            wait_until(lambda t=task_id: stored_status(db, t) is TaskStatus.PAUSED, 15, "paused")
+        assert stored_status(db, aloop) is TaskStatus.RUNNING  # outside the filter
     finally:
         web.close()
         node.finish()
@@ -165,7 +166,7 @@ def test_the_tasks_list_follows_a_pause_sent_from_the_cli(tmp_path: Path, browse
     web = Web(db)
     (task_id,) = node.task_ids
     try:
-        wait_until(lambda: _status(db, task_id) is TaskStatus.RUNNING, what="running")
+        wait_until(lambda: stored_status(db, task_id) is TaskStatus.RUNNING, what="running")
         driver.get(f"{web.base}/tasks")
         row = f"//tr[.//code[text()='{task_id[:12]}']]/td[4]"
 
@@ -183,7 +184,7 @@ def test_the_tasks_list_follows_a_pause_sent_from_the_cli(tmp_path: Path, browse
             timeout=60,
         )
         assert paused.returncode == 0, paused.stderr
-        wait_until(lambda: _status(db, task_id) is TaskStatus.PAUSED, 15, "paused")
+        wait_until(lambda: stored_status(db, task_id) is TaskStatus.PAUSED, 15, "paused")
         # No reload: the list's live part is fetched again on the pushed change (its
         # fallback poll is every 5 s; within 3 s it was the push).
         wait_until(lambda: shown().startswith("paused"), 3, "the list to show paused")
