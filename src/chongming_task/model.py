@@ -196,7 +196,7 @@ class TaskSnapshot:
     trace_context: str | None = None
     """The W3C trace context its submit was made in (``traceparent``, then, if any, a
     space and ``tracestate``), kept by an instrumented node (``chongming_task.otel``): its
-    attempts' spans join that trace, wherever they run."""
+    attempts' spans join that trace, and other processes' controls link to it."""
 
     def __post_init__(self) -> None:
         _normalise(self, _SNAPSHOT_TIMES)

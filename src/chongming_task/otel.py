@@ -6,8 +6,8 @@ installs a watcher on the run path (``_observe``); ``uninstrument()`` removes it
 - a ``submit`` span (``PRODUCER``) is made in the caller's context around each submit,
   ``submit_many`` and pipeline submit, and every task it makes stores that span's W3C
   trace context (``TaskSnapshot.trace_context``);
-- each attempt runs inside a ``run`` span (``CONSUMER``) of that trace, on whichever node
-  carries it (retries are sibling spans; a pipeline's tasks share its submit's trace);
+- each attempt runs inside a ``run`` span (``CONSUMER``), a child of the stored context
+  (retries are sibling spans; a pipeline's tasks share its submit's trace);
   the span ends with the attempt, with an event for each pause, resume, stop, cancel,
   timeout and retry it saw (who asked and why), and status ``ERROR`` with the exception
   recorded when the attempt failed;
