@@ -68,6 +68,7 @@ _MAX_STATE = 512
 characters when they cut it); the ``traceparent`` always is."""
 
 _TERMINAL = {s.value for s in TaskStatus if s.is_terminal}
+_STARTING, _RUNNING = TaskStatus.STARTING.value, TaskStatus.RUNNING.value
 _EVENTS = {
     TaskStatus.PAUSING.value: "pause",
     TaskStatus.PAUSED.value: "paused",
@@ -103,6 +104,15 @@ def _now_context() -> str | None:
     return f"{parent} {state}" if state and len(state) <= _MAX_STATE else parent
 
 
+def _past_start(trail: tuple[Any, ...]) -> int:
+    """Where the events of the attempt that just began start in its run's trail: past its
+    ``starting -> running`` (a pause asked before it started follows at once)."""
+    for i in range(len(trail) - TRAIL_WIDTH, -1, -TRAIL_WIDTH):
+        if trail[i + 1] == _STARTING and trail[i + 2] == _RUNNING:
+            return i + TRAIL_WIDTH
+    return len(trail)
+
+
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1e9)
 
@@ -117,7 +127,7 @@ class _Attempt:
         self.run = run
         self.span = span
         self.token: object = None
-        self.first = len(run.writes.trail)  # past this attempt's start transitions
+        self.first = _past_start(run.writes.trail)
         self.began = time.monotonic()
         self.finished = False
 

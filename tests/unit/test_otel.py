@@ -433,3 +433,30 @@ def test_an_abandoned_carrier_s_span_ends_with_its_task(make_controller: Make, o
     assert returned.wait(10)
     threading.Event().wait(0.2)  # the carrier's own end of the attempt, just after
     assert len(otel.finished("run stubborn")) == 1
+
+
+def test_a_pause_asked_before_the_start_is_an_event_of_the_attempt(
+    make_controller: Make, otel: Otel
+) -> None:
+    c = make_controller(max_workers=1)
+    gate = threading.Event()
+    c.task(lambda token: gate.wait(10), name="blocker")
+    going = threading.Event()
+
+    @c.task(name="later")
+    def later(token: CancellationToken) -> None:
+        going.set()
+        while True:
+            token.checkpoint()
+            token.sleep(0.005)
+
+    c.submit("blocker")
+    run = c.submit("later")
+    assert c.pause(run.task_id, reason="not yet").outcome.value == "pause-pending"
+    gate.set()
+    wait_for(lambda: run.status is TaskStatus.PAUSED)
+    c.stop(run.task_id)
+    assert run.wait(10).status is TaskStatus.STOPPED
+    wait_for(lambda: len(otel.finished("run later")) == 1)
+    (span,) = otel.finished("run later")
+    assert [e.name for e in span.events][:2] == ["chongming.task.pause", "chongming.task.paused"]
