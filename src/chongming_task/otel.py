@@ -25,8 +25,10 @@ is ``chongming.*``. A fault of the instrumentation is logged and costs the task 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -167,9 +169,26 @@ class _Recorder:
     ``put`` takes no lock a reader holds, and one thread makes every record."""
 
     def __init__(self) -> None:
+        self._closed = False
+        self._start()
+        # A child made by fork() has this object but not its thread: it starts its own,
+        # or its records would queue up unread (a server that forks its workers).
+        own = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(own()))
+
+    def _start(self) -> None:
         self._queue: SimpleQueue[tuple[Histogram, float, dict[str, Any]] | None] = SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="chongming-otel", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def after_fork(self) -> None:
+        """In a child made by fork(): a thread of its own, unless closed before."""
+        if not self._closed:
+            self._start()
 
     def record(self, histogram: Histogram, value: float, attributes: dict[str, Any]) -> None:
         self._queue.put((histogram, value, attributes))
@@ -184,8 +203,14 @@ class _Recorder:
 
     def close(self) -> None:
         """Record what is queued, then stop."""
+        self._closed = True
         self._queue.put(None)
         self._thread.join(10)
+
+
+def _after_fork(recorder: _Recorder | None) -> None:
+    if recorder is not None:
+        recorder.after_fork()
 
 
 class _Watcher:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from chongming_task import (
     Pipeline,
     RetryPolicy,
     TaskStatus,
+    _observe,
 )
 from chongming_task.control import StoreControl
 from chongming_task.model import CommandAction
@@ -460,3 +463,24 @@ def test_a_pause_asked_before_the_start_is_an_event_of_the_attempt(
     wait_for(lambda: len(otel.finished("run later")) == 1)
     (span,) = otel.finished("run later")
     assert [e.name for e in span.events][:2] == ["chongming.task.pause", "chongming.task.paused"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+def test_a_forked_child_records_its_own_measurements(otel: Otel) -> None:
+    """A server that forks its workers after instrumenting: each child gets a recorder
+    thread of its own (the parent's does not cross fork())."""
+    watcher = _observe.watcher
+    assert watcher is not None
+    recorder = watcher.recorder  # type: ignore[attr-defined]
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
+        pid = os.fork()
+    if pid == 0:  # the child: say whether its recorder runs, and leave at once
+        os.write(write, b"1" if recorder.running else b"0")
+        os._exit(0)
+    os.close(write)
+    said = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert said == b"1" and recorder.running
