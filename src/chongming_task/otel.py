@@ -171,10 +171,6 @@ class _Recorder:
     def __init__(self) -> None:
         self._closed = False
         self._start()
-        # A child made by fork() has this object but not its thread: it starts its own,
-        # or its records would queue up unread (a server that forks its workers).
-        own = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _after_fork(own()))
 
     def _start(self) -> None:
         self._queue: SimpleQueue[tuple[Histogram, float, dict[str, Any]] | None] = SimpleQueue()
@@ -208,9 +204,9 @@ class _Recorder:
         self._thread.join(10)
 
 
-def _after_fork(recorder: _Recorder | None) -> None:
-    if recorder is not None:
-        recorder.after_fork()
+def _after_fork(watcher: _Watcher | None) -> None:
+    if watcher is not None:
+        watcher.after_fork()
 
 
 class _Watcher:
@@ -222,6 +218,10 @@ class _Watcher:
         self._local = threading.local()
         self._tallies: list[dict[tuple[str, ...], int]] = []  # one a thread, see _tally
         self._tracks: dict[str, _Track] = {}  # by task id; each transition counted once
+        # A child made by fork() inherits this watcher but not its parent's runs, counts
+        # or recorder thread: it starts from nothing (a server that forks its workers).
+        own = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(own()))
         self.durations = meter.create_histogram(
             "chongming.task.run.duration",
             unit="s",
@@ -252,6 +252,14 @@ class _Watcher:
             unit="{failure}",
             description="Attempts that ended with a failure, by task name and kind.",
         )
+
+    def after_fork(self) -> None:
+        """In a child made by fork(): none of the parent's runs or counts (the parent
+        reports those), and a recorder thread of its own."""
+        self._tracks = {}
+        self._local = threading.local()
+        self._tallies = []
+        self.recorder.after_fork()
 
     # -- submit --------------------------------------------------------------------------------
 
