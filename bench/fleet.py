@@ -85,28 +85,22 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICK
 
 
-def server_pids(cluster: ThrowawayCluster) -> list[int]:
-    """The postmaster and its children."""
+def measured_pids(cluster: ThrowawayCluster) -> tuple[list[int], list[int]]:
+    """The server's processes (the postmaster and its children) and this run's PgBouncer
+    (its configuration lives in a temporary directory of ours), from one scan of /proc."""
     master = int((cluster.data / "postmaster.pid").read_text().split()[0])
-    children = []
+    servers, bouncers = [master], []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == master:
-                    children.append(int(entry.name))
-    return [master, *children]
-
-
-def bouncer_pids() -> list[int]:
-    """This run's PgBouncer (its configuration lives in a temporary directory of ours)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                if argv[0].endswith(b"pgbouncer") and b"chongming-pgbouncer-" in argv[-2]:
-                    found.append(int(entry.name))
-    return found
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == master:
+                servers.append(int(entry.name))
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[0].endswith(b"pgbouncer") and b"chongming-pgbouncer-" in argv[-2]:
+                bouncers.append(int(entry.name))
+    return servers, bouncers
 
 
 @dataclass
@@ -292,7 +286,7 @@ def measure(
         started = time.monotonic() - began
         time.sleep(args.settle)
         hosts = [p.pid for p in running.procs]
-        servers, bouncers = server_pids(cluster), bouncer_pids()
+        servers, bouncers = measured_pids(cluster)
         before, cpu_s, cpu_b, cpu_h, t0 = (
             xacts(mon),
             cpu_seconds(servers),
