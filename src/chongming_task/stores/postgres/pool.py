@@ -6,6 +6,7 @@ server is back). Imported only with the driver installed."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import threading
 import time
@@ -28,6 +29,28 @@ _MAX_IDLE = 30.0
 """Seconds a pooled connection beyond ``min_size`` may sit unused before the pool closes
 it (one every such spell): a node that was busy gives its connections back to the
 server within a minute or two of going idle."""
+
+
+_POOL_NAME = "chongming:"
+"""How this store's pools are named (``psycopg_pool``'s log lines name the pool)."""
+
+
+class _OneLine(logging.Filter):
+    """psycopg_pool's log lines about this store's pools, each on one line. A failed
+    connect's libpq message spans two ("... Connection refused", then "Is the server
+    running on that host ..."), and during an outage the pool says it every few
+    seconds. The lines about other pools are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(
+            isinstance(a, str) and a.startswith(_POOL_NAME) for a in args
+        ):
+            record.args = tuple(first_line(a) if isinstance(a, BaseException) else a for a in args)
+        return True
+
+
+_ONE_LINE = _OneLine()
 
 
 def _still_connected(conn: Connection[Any]) -> None:
@@ -108,6 +131,7 @@ class ServerPool:
             if why is not None:
                 raise StoreError(f"PostgreSQL at {self.where}: {why}") from None
             unreachable = f": {server_reason(exc)}"
+        logging.getLogger("psycopg.pool").addFilter(_ONE_LINE)  # once: it is the same filter
         self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -134,7 +158,7 @@ class ServerPool:
             # kept two threads idle in every store: 17 threads a node became 15.
             num_workers=1,
             open=False,
-            name=f"chongming:{self.where}",
+            name=f"{_POOL_NAME}{self.where}",
         )
 
     def size(self) -> int:
