@@ -29,10 +29,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -41,7 +40,7 @@ try:
     from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
         BaseInstrumentor,
     )
-    from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation, get_meter
+    from opentelemetry.metrics import Meter, get_meter
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as missing:  # pragma: no cover - what a user without the extra sees
@@ -50,6 +49,7 @@ except ImportError as missing:  # pragma: no cover - what a user without the ext
     ) from missing
 
 from . import _observe
+from ._otel_meter import TaskMeter
 from .current import install_log_context
 from .model import CommandAction, ControlReceipt, FailureKind, TaskSnapshot, TaskStatus
 from .pipelines import PipelineRun
@@ -161,49 +161,6 @@ class _Track:
         self.ended = False  # the run ended (``run_ended``)
 
 
-class _Recorder:
-    """Records histogram measurements on a thread of its own. The SDK's histogram takes
-    a lock for each record; the carriers of a busy node queued on it, each wait costing
-    up to the GIL's switch interval (bench/otel_cost.py, in memory: 3,260 tasks/s
-    instrumented with the records made by the carriers, 4,885 with none). A queue's
-    ``put`` takes no lock a reader holds, and one thread makes every record."""
-
-    def __init__(self) -> None:
-        self._closed = False
-        self._start()
-
-    def _start(self) -> None:
-        self._queue: SimpleQueue[tuple[Histogram, float, dict[str, Any]] | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="chongming-otel", daemon=True)
-        self._thread.start()
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def after_fork(self) -> None:
-        """In a child made by fork(): a thread of its own, unless closed before."""
-        if not self._closed:
-            self._start()
-
-    def record(self, histogram: Histogram, value: float, attributes: dict[str, Any]) -> None:
-        self._queue.put((histogram, value, attributes))
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            histogram, value, attributes = item
-            try:
-                histogram.record(value, attributes)
-            except Exception:
-                log.exception("a measurement could not be recorded")
-
-    def close(self) -> None:
-        """Record what is queued, then stop."""
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(10)
-
-
 def _after_fork(watcher: _Watcher | None) -> None:
     if watcher is not None:
         watcher.after_fork()
@@ -214,52 +171,18 @@ class _Watcher:
 
     def __init__(self, tracer: Tracer, meter: Meter) -> None:
         self._tracer = tracer
-        self.recorder = _Recorder()
-        self._local = threading.local()
-        self._tallies: list[dict[tuple[str, ...], int]] = []  # one a thread, see _tally
+        self.meter = TaskMeter(meter)
         self._tracks: dict[str, _Track] = {}  # by task id; each transition counted once
         # A child made by fork() inherits this watcher but not its parent's runs, counts
         # or recorder thread: it starts from nothing (a server that forks its workers).
         own = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork(own()))
-        self.durations = meter.create_histogram(
-            "chongming.task.run.duration",
-            unit="s",
-            description="How long each attempt ran, by task name and outcome.",
-        )
-        self.queue_wait = meter.create_histogram(
-            "chongming.task.queue.wait",
-            unit="s",
-            description="From a task's creation (or its run-at time) to its first start.",
-        )
-        # Counted here, read by the meter when it collects: a counter's add() is about
-        # 12 us (its attributes hashed each time), four transitions and two running
-        # changes a task; a dict's += is a fraction of a microsecond.
-        meter.create_observable_up_down_counter(
-            "chongming.task.running",
-            callbacks=[self._observe_running],
-            unit="{task}",
-            description="Attempts running now on this process, by task name.",
-        )
-        meter.create_observable_counter(
-            "chongming.task.transitions",
-            callbacks=[self._observe_moves],
-            unit="{transition}",
-            description="Status changes this process made, by task name and status.",
-        )
-        self.failures = meter.create_counter(
-            "chongming.task.failures",
-            unit="{failure}",
-            description="Attempts that ended with a failure, by task name and kind.",
-        )
 
     def after_fork(self) -> None:
         """In a child made by fork(): none of the parent's runs or counts (the parent
         reports those), and a recorder thread of its own."""
         self._tracks = {}
-        self._local = threading.local()
-        self._tallies = []
-        self.recorder.after_fork()
+        self.meter.after_fork()
 
     # -- submit --------------------------------------------------------------------------------
 
@@ -395,19 +318,16 @@ class _Watcher:
                 kind=SpanKind.CONSUMER,
                 attributes=attributes,
             )
-            named = {"chongming.task.name": run.name}
             if snapshot.attempt == 1 and snapshot.started_at is not None:
                 since = snapshot.run_at or snapshot.created_at
                 waited = max(0.0, (snapshot.started_at - since).total_seconds())
-                self.recorder.record(self.queue_wait, waited, named)
+                self.meter.waited(run.name, waited)
             attempt = _Attempt(self, run, span)
             track = self._tracks.setdefault(run.task_id, _Track())
             with track.lock:
                 track.attempt = attempt
                 self._count(run, track)
-            tally = self._tally()
-            key = ("running", run.name)
-            tally[key] = tally.get(key, 0) + 1
+            self.meter.running(run.name, 1)
             attempt.token = otel_context.attach(trace.set_span_in_context(span))
             return attempt
         except Exception:
@@ -469,7 +389,6 @@ class _Watcher:
             if actor is not None:
                 event["chongming.actor"] = actor
             span.add_event(f"chongming.task.{name}", event, timestamp=_ns(at))
-        named = {"chongming.task.name": run.name}
         span.set_attribute("chongming.task.outcome", outcome)
         failure = snapshot.failure if outcome in ("failed", "retried") else None
         if failure is not None:
@@ -484,13 +403,9 @@ class _Watcher:
                     described["exception.stacktrace"] = failure.traceback
                 span.add_event("exception", described)
             span.set_status(Status(StatusCode.ERROR, failure.message))
-            kind = {"chongming.failure.kind": failure.kind.value, "error.type": error}
-            self.failures.add(1, {**named, **kind})
-        elapsed = time.monotonic() - attempt.began
-        self.recorder.record(self.durations, elapsed, {**named, "chongming.task.outcome": outcome})
-        tally = self._tally()
-        key = ("running", run.name)
-        tally[key] = tally.get(key, 0) - 1
+            self.meter.failed(run.name, failure.kind.value, error)
+        self.meter.ran(run.name, outcome, time.monotonic() - attempt.began)
+        self.meter.running(run.name, -1)
         span.end()
 
     def _count(self, run: TaskRun, track: _Track, upto: int | None = None) -> None:
@@ -498,44 +413,10 @@ class _Watcher:
         Caller holds the track's lock."""
         trail = run.writes.trail
         end = len(trail) if upto is None else upto
-        tally, name = self._tally(), run.name
+        moved, name = self.meter.moved, run.name
         for i in range(track.counted, end, TRAIL_WIDTH):
-            key = ("moves", name, trail[i + 1] or "", trail[i + 2])
-            tally[key] = tally.get(key, 0) + 1
+            moved(name, trail[i + 1] or "", trail[i + 2])
         track.counted = max(track.counted, end)
-
-    def _tally(self) -> dict[tuple[str, ...], int]:
-        """This thread's counts: only it writes them, so no lock is taken; the meter's
-        collection adds every thread's up (a copy of a dict is one step under the GIL)."""
-        try:
-            tally: dict[tuple[str, ...], int] = self._local.tally
-        except AttributeError:
-            tally = self._local.tally = {}
-            self._tallies.append(tally)
-        return tally
-
-    def _summed(self, kind: str) -> dict[tuple[str, ...], int]:
-        summed: dict[tuple[str, ...], int] = {}
-        for tally in list(self._tallies):
-            for key, count in tally.copy().items():
-                if key[0] == kind:
-                    summed[key[1:]] = summed.get(key[1:], 0) + count
-        return summed
-
-    def _observe_moves(self, options: CallbackOptions) -> Iterable[Observation]:
-        for (name, was, to), count in self._summed("moves").items():
-            yield Observation(
-                count,
-                {
-                    "chongming.task.name": name,
-                    "chongming.task.from_status": was,
-                    "chongming.task.status": to,
-                },
-            )
-
-    def _observe_running(self, options: CallbackOptions) -> Iterable[Observation]:
-        for (name,), count in self._summed("running").items():
-            yield Observation(count, {"chongming.task.name": name})
 
     # -- controls and logs -----------------------------------------------------------------------
 
@@ -610,5 +491,5 @@ class ChongmingTaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         if self._watcher is not None:
             _observe.remove(self._watcher)
-            self._watcher.recorder.close()
+            self._watcher.meter.close()
             self._watcher = None

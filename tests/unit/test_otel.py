@@ -471,7 +471,7 @@ def test_a_forked_child_records_its_own_measurements(otel: Otel) -> None:
     thread of its own (the parent's does not cross fork())."""
     watcher = _observe.watcher
     assert watcher is not None
-    recorder = watcher.recorder  # type: ignore[attr-defined]
+    recorder = watcher.meter.recorder  # type: ignore[attr-defined]
     read, write = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
