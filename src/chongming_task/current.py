@@ -85,11 +85,11 @@ def leave(mark: Token[_Run | None]) -> None:
 @contextmanager
 def running(run: _Run) -> Iterator[None]:
     """Within: ``run`` is the current task (a node's line about it)."""
-    mark = _running.set(run)
+    mark = enter(run)
     try:
         yield
     finally:
-        _running.reset(mark)
+        leave(mark)
 
 
 _installed = False

@@ -146,11 +146,11 @@ class _Attempt:
 
 
 class _Track:
-    """What the watcher keeps of a run it saw, until the run and its attempt ended. Its
-    own lock: the submitter, the carrier and the writer that ends the run may meet on
-    it; a lock for every run's track made them all queue on one (with the GIL handed
-    to a waiter only every switch interval, in memory 8 % of the uninstrumented rate
-    became 5 %)."""
+    """What the watcher keeps of a run it saw, until the run and its attempt ended. A
+    lock of its own: only the run's submitter, carrier and writer can meet on it. One
+    lock for every run had the submitter and all the carriers queue on it, each wait
+    up to the GIL's switch interval (bench/otel_cost.py, in memory: 8 % of the
+    uninstrumented rate with it; 13 % with a lock a run and the recorder thread)."""
 
     __slots__ = ("attempt", "counted", "ended", "lock")
 
@@ -237,26 +237,19 @@ class _Watcher:
 
     def _made(self, span: trace.Span, operation: str, made: object) -> None:
         try:
-            pipeline = made if isinstance(made, PipelineRun) else None
-            runs: list[Any] = (
-                list(made.nodes.values())
-                if isinstance(made, PipelineRun)
-                else made
-                if isinstance(made, list)
-                else [made]
-            )
-            if pipeline is not None:
-                name = pipeline.pipeline.name
-                span.set_attribute("chongming.pipeline.run_id", pipeline.pipeline_run_id)
+            described: dict[str, Any] = {}
+            runs: list[Any]
+            if isinstance(made, PipelineRun):
+                runs, name = list(made.nodes.values()), made.pipeline.name
+                described["chongming.pipeline.run_id"] = made.pipeline_run_id
             else:
+                runs = made if isinstance(made, list) else [made]
                 name = str(getattr(runs[0], "name", "")) if runs else ""
+                if len(runs) == 1:
+                    described.update(self._described(runs[0]))
             span.update_name(f"{operation} {name}".rstrip())
-            described: dict[str, Any] = {
-                "messaging.destination.name": name,
-                "messaging.batch.message_count": len(runs),
-            }
-            if len(runs) == 1 and pipeline is None:
-                described.update(self._described(runs[0]))
+            described["messaging.destination.name"] = name
+            described["messaging.batch.message_count"] = len(runs)
             span.set_attributes(described)
             for run in runs:
                 if getattr(run, "writes", None) is None:
@@ -303,15 +296,9 @@ class _Watcher:
                 "messaging.operation.type": "process",
                 "messaging.operation.name": "run",
                 "messaging.destination.name": run.name,
-                "messaging.message.id": run.task_id,
-                "chongming.task.id": run.task_id,
-                "chongming.task.name": run.name,
+                **self._described(run),
                 "chongming.task.attempt": snapshot.attempt,
             }
-            if snapshot.bucket is not None:
-                attributes["chongming.task.bucket"] = snapshot.bucket
-            if snapshot.owner is not None:
-                attributes["chongming.task.node"] = snapshot.owner
             span = self._tracer.start_span(
                 f"run {run.name}",
                 context=stored_context(snapshot.trace_context),
