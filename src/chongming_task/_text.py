@@ -1,10 +1,13 @@
-"""The one test of "is this str valid UTF-8 text": Python turns undecodable bytes (file
-names, arguments, environment) into lone surrogates that no store can encode. Every
-boundary asks this one function (values, queries, the CLI, the SQLite batch check)."""
+"""Text at the edges: the one test of "is this str valid UTF-8 text" (Python turns
+undecodable bytes of file names, arguments and the environment into lone surrogates that
+no store can encode; every boundary asks ``utf8_fault``), and text made safe for a
+terminal (``printable``: a task's name is anybody's text)."""
 
 from __future__ import annotations
 
-__all__ = ["utf8_fault"]
+import re
+
+__all__ = ["json_for_terminal", "printable", "utf8_fault"]
 
 
 def utf8_fault(text: str) -> UnicodeEncodeError | None:
@@ -17,3 +20,35 @@ def utf8_fault(text: str) -> UnicodeEncodeError | None:
     except UnicodeEncodeError as exc:
         return exc
     return None
+
+
+# Control characters (C0, DEL, C1) and the bidirectional overrides that reorder what a
+# terminal shows ("Trojan source"): a name holding them could retitle the terminal, move
+# the cursor, split a table's row or disguise itself.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` safe to write to a terminal: every control character (and every bidi
+    override) escaped as Python writes it (``\\x1b``), newlines too unless ``lines``.
+    Printable text, the common case, is returned as it is after one C call."""
+    if text.isprintable():
+        return text
+    return (_UNPRINTABLE_BUT_NEWLINE if lines else _UNPRINTABLE).sub(_escaped, text)
+
+
+_BEYOND_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def json_for_terminal(text: str) -> str:
+    """JSON text (``ensure_ascii=False``, which escapes C0 in strings already) with DEL,
+    C1 controls and bidi overrides escaped too (``\\u009b``): still the same JSON."""
+    if text.isascii() and "\x7f" not in text:
+        return text
+    return _BEYOND_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 from . import _observe, states
 from .errors import TaskNotFound, WaitTimeout
+from .limits import MAX_OWNER, MAX_REASON
 from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from .model import TaskStatus as S
 from .stores.capabilities import Capabilities
@@ -65,7 +66,7 @@ class StoreControl:
         self._now = now
         self._caps = Capabilities(store)
         self._rules = self._caps.value_rules
-        check_text(owner, "owner", self._rules)
+        check_text(owner, "owner", self._rules, MAX_OWNER)
 
     def send(
         self, task_id: str, action: CommandAction, reason: str | None = None
@@ -75,7 +76,7 @@ class StoreControl:
         store cannot hold is refused here (``InvalidValue``), nothing written."""
         check_text(task_id, "task id", self._rules)
         if reason is not None:
-            check_text(reason, "reason", self._rules)
+            check_text(reason, "reason", self._rules, MAX_REASON)
         snapshot = self.store.get(task_id)
         if snapshot is None:
             raise TaskNotFound(f"no task {task_id} in {self.store!r}")

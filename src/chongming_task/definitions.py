@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias, overload
 
 from .errors import ConfigurationError, UnknownTask
+from .limits import MAX_TASK_NAME
 from .policies import RetryPolicy
-from .values import ValueRules, check_text
+from .values import ValueRules, check_tags, check_text
 
 __all__ = ["Definitions", "TaskDefinition", "TaskFunction", "TaskRef", "define"]
 
@@ -115,9 +116,8 @@ class Definitions:
     def register(self, definition: TaskDefinition) -> TaskDefinition:
         if self._by_name.get(definition.name) is definition:
             return definition  # every submit passes here: no lock once registered
-        check_text(definition.name, "task name", self._rules)
-        for tag in definition.tags:
-            check_text(tag, f"tag of task {definition.name!r}", self._rules)
+        check_text(definition.name, "task name", self._rules, MAX_TASK_NAME)
+        check_tags(definition.tags, f"tag of task {definition.name!r}", self._rules)
         with self._lock:
             existing = self._by_name.get(definition.name)
             if existing is not None and existing is not definition:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from . import _observe
 from ._observe import submitted
 from .errors import InvalidValue
+from .limits import MAX_BUCKET_KEY, MAX_CONCURRENCY_KEY, MAX_DEDUPE_KEY, MAX_TAG, MAX_TAGS
+from .values import too_long
 
 if TYPE_CHECKING:
     from .definitions import TaskRef
@@ -84,8 +86,7 @@ class SubmitOptions:
                 raise InvalidValue(
                     f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}"
                 )
-        if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
-            raise InvalidValue(f"dedupe_key must be text, got {self.dedupe_key!r}")
+        _key(self.dedupe_key, "dedupe_key", MAX_DEDUPE_KEY)
         if self.on_duplicate not in ("return", "raise"):
             raise InvalidValue(
                 f"on_duplicate must be 'return' or 'raise', got {self.on_duplicate!r}"
@@ -98,14 +99,16 @@ class SubmitOptions:
                 raise InvalidValue(f"dedupe_window must be finite and > 0, got {window!r}")
             if self.dedupe_key is None:
                 raise InvalidValue("dedupe_window needs a dedupe_key")
-        if self.concurrency_key is not None and not isinstance(self.concurrency_key, str):
-            raise InvalidValue(f"concurrency_key must be text, got {self.concurrency_key!r}")
-        if self.bucket_key is not None and not isinstance(self.bucket_key, str):
-            raise InvalidValue(f"bucket_key must be text, got {self.bucket_key!r}")
+        _key(self.concurrency_key, "concurrency_key", MAX_CONCURRENCY_KEY)
+        _key(self.bucket_key, "bucket_key", MAX_BUCKET_KEY)
         tags = self.tags
         if tags:
             if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
                 raise InvalidValue(f"tags must be an iterable of text, got {tags!r}")
+            if len(tags) > MAX_TAGS:
+                raise InvalidValue(f"{len(tags)} tags: at most {MAX_TAGS} (chongming_task.limits)")
+            for tag in tags:
+                _key(tag, "tag", MAX_TAG)
             if type(tags) is not frozenset:
                 self.tags = frozenset(tags)
         elif type(tags) is not frozenset:
@@ -133,6 +136,16 @@ class SubmitOptions:
         if self.run_at is not None and self.run_at > now:
             return self.run_at
         return None
+
+
+def _key(value: object, what: str, limit: int) -> None:
+    """A key option is text of at most ``limit`` characters (what the store can hold is
+    checked against the node's store at submit)."""
+    if value is not None:
+        if not isinstance(value, str):
+            raise InvalidValue(f"{what} must be text, got {value!r}")
+        if len(value) > limit:
+            raise InvalidValue(too_long(what, value, limit))
 
 
 class _Submits(Protocol):

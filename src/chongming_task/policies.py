@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .limits import MAX_BUCKETS
 
 __all__ = ["DEFAULT_NUM_BUCKETS", "BucketPolicy", "RetryPolicy", "format_buckets", "parse_buckets"]
 
@@ -29,8 +30,15 @@ class BucketPolicy:
     __slots__ = ("num_buckets",)
 
     def __init__(self, num_buckets: int = DEFAULT_NUM_BUCKETS) -> None:
-        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 1:
-            raise ConfigurationError(f"num_buckets must be a positive integer, got {num_buckets!r}")
+        if (
+            isinstance(num_buckets, bool)
+            or not isinstance(num_buckets, int)
+            or not 1 <= num_buckets <= MAX_BUCKETS
+        ):
+            raise ConfigurationError(
+                f"num_buckets must be a whole number from 1 to {MAX_BUCKETS:,} "
+                f"(chongming_task.limits), got {num_buckets!r}"
+            )
         self.num_buckets = num_buckets
 
     def __repr__(self) -> str:
@@ -49,15 +57,22 @@ class BucketPolicy:
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_buckets
         )
         if bad:
-            raise ConfigurationError(
-                f"bucket(s) {format_buckets(bad)} out of range: with num_buckets="
-                f"{self.num_buckets} buckets are 0..{self.num_buckets - 1}"
-            )
+            raise self.out_of_range(format_buckets(bad))
         return out
+
+    def out_of_range(self, buckets: str) -> ConfigurationError:
+        """The error naming ``buckets`` (as ``format_buckets`` writes them) as outside
+        ``0..num_buckets-1``."""
+        return ConfigurationError(
+            f"bucket(s) {buckets} out of range: with num_buckets="
+            f"{self.num_buckets} buckets are 0..{self.num_buckets - 1}"
+        )
 
 
 def parse_buckets(spec: str, num_buckets: int) -> frozenset[int]:
-    """Parse ``"0-15,20"`` into a bucket set, validated against ``num_buckets``."""
+    """Parse ``"0-15,20"`` into a bucket set, validated against ``num_buckets`` (each
+    range before it is expanded: ``0-99999999999`` is an error, not a set to build)."""
+    policy = BucketPolicy(num_buckets)
     buckets: set[int] = set()
     for part in spec.split(","):
         part = part.strip()
@@ -73,8 +88,11 @@ def parse_buckets(spec: str, num_buckets: int) -> frozenset[int]:
             ) from None
         if end < start:
             raise ConfigurationError(f"bad bucket range {part!r}: {end} < {start}")
+        if end >= num_buckets:  # said before the range is built
+            bad = max(start, num_buckets)
+            raise policy.out_of_range(str(bad) if bad == end else f"{bad}-{end}")
         buckets.update(range(start, end + 1))
-    return BucketPolicy(num_buckets).validate(buckets)
+    return frozenset(buckets)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

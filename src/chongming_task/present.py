@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from ._text import printable
 from .fleet import Alarm, FleetReport, NodeStatus, lease_expired
 from .late import LateReport
 from .model import (
@@ -119,6 +120,9 @@ def bar(s: TaskSnapshot, width: int = 16) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Rows under headers, in columns; a cell's control characters are shown escaped
+    (a name is anybody's text: it must not move the cursor or split the row)."""
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -498,9 +502,9 @@ def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) ->
     if late is not None:
         fields.append(("late report", late.summary()))
     width = max(len(k) for k, _ in fields)
-    text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in fields)
+    text = "\n".join(f"{k.ljust(width)}  {printable(v)}" for k, v in fields)
     if s.failure is not None and s.failure.traceback:
-        text += "\n\n" + s.failure.traceback.rstrip("\n")
+        text += "\n\n" + printable(s.failure.traceback.rstrip("\n"), lines=True)
     return text
 
 

@@ -26,11 +26,13 @@ import json
 import math
 import re
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ._text import utf8_fault
 from .errors import InvalidValue
+from .limits import MAX_FAILURE_MESSAGE, MAX_PROGRESS_MESSAGE, MAX_TAG, MAX_TAGS, MAX_TRACEBACK
 from .model import Progress
 
 __all__ = [
@@ -38,17 +40,17 @@ __all__ = [
     "ValueRules",
     "check_json",
     "check_progress",
+    "check_tags",
     "check_text",
     "describe_exception",
     "describe_traceback",
     "storable_result",
     "storable_text",
+    "too_long",
 ]
 
-MAX_MESSAGE = 4000
+MAX_MESSAGE = MAX_FAILURE_MESSAGE
 """Characters kept of a message the runtime builds from an exception (failure, reason)."""
-MAX_TRACEBACK = 16_000
-"""Characters kept of a failure's traceback: its end, where the exception was raised."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,13 +84,28 @@ def _text_fault(value: str, rules: ValueRules) -> str | None:
     return None
 
 
-def check_text(value: object, what: str, rules: ValueRules = STRICT) -> None:
-    """Raise ``InvalidValue`` unless ``value`` is a ``str`` the store can hold."""
+def check_text(
+    value: object, what: str, rules: ValueRules = STRICT, limit: int | None = None
+) -> None:
+    """Raise ``InvalidValue`` unless ``value`` is a ``str`` the store can hold, of at
+    most ``limit`` characters (``chongming_task.limits``)."""
     if not isinstance(value, str):
         raise InvalidValue(f"{what} must be a str, got {type(value).__name__}")
+    if limit is not None and len(value) > limit:
+        raise InvalidValue(too_long(what, value, limit))
     fault = _text_fault(value, rules)
     if fault is not None:
         raise InvalidValue(f"{what} {fault}: {_shown(value)}")
+
+
+def check_tags(tags: Iterable[object], what: str, rules: ValueRules = STRICT) -> None:
+    """Each tag text the store can hold, within ``MAX_TAG`` characters, and at most
+    ``MAX_TAGS`` of them."""
+    tags = list(tags)
+    if len(tags) > MAX_TAGS:
+        raise InvalidValue(f"{len(tags)} tags: at most {MAX_TAGS} (chongming_task.limits)")
+    for tag in tags:
+        check_text(tag, what, rules, MAX_TAG)
 
 
 def check_json(value: Any, what: str, rules: ValueRules = STRICT) -> str | None:
@@ -135,8 +152,16 @@ def check_progress(progress: object, rules: ValueRules = STRICT) -> Progress:
             f"progress.total must be a finite number or None, got {_described(progress.total)}"
         )
     if progress.message is not None:
-        check_text(progress.message, "progress.message", rules)
+        check_text(progress.message, "progress.message", rules, MAX_PROGRESS_MESSAGE)
     return progress
+
+
+def too_long(what: str, value: str, limit: int) -> str:
+    """The one wording of a value past its bound."""
+    return (
+        f"{what} is {len(value):,} characters long: at most {limit:,} "
+        f"(chongming_task.limits): {_shown(value)}"
+    )
 
 
 _SAFE_INT = 1 << 53  # ints below this need no check: every store holds them exactly

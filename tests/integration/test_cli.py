@@ -259,7 +259,7 @@ def test_watch_follows_transitions_incrementally(cluster: tuple[Path, Node, Node
         (("--num-buckets", "16", "--owned-buckets", "0-31", "buckets"), 2, "16-31 out of range"),
         (("ps", "--bucket", "99"), 2, "bucket(s) 99 out of range"),
         (("ps", "--mine"), 2, "--mine needs --owned-buckets"),
-        (("prune", "--keep", "-1"), 2, "--keep must be >= 0"),
+        (("prune", "--keep", "-1"), 2, "argument --keep: -1 is not a whole number from 0"),
         (("frobnicate",), 2, "invalid choice"),
     ],
 )

@@ -318,7 +318,7 @@ def test_submit_refuses_names_tags_and_keys_the_store_cannot_hold(
         held.stop(actor="\udcff")
     assert held.cancel() in ("cancelled", "stopping")
     assert held.wait(5).status is S.CANCELLED
-    with pytest.raises(InvalidValue, match="tag"):
+    with pytest.raises(InvalidValue, match="schedule name"):
         from chongming_task import IntervalTrigger
 
         c.schedule("every-\udcff", "fine", IntervalTrigger(60))

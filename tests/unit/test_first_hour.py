@@ -206,12 +206,15 @@ def test_leaving_watch_with_ctrl_c_is_not_an_error(tmp_path: Path) -> None:
 def test_negative_waits_are_usage_errors(tmp_path: Path) -> None:
     db = tmp_path / "neg.db"
     SqliteTaskStore(db).close()
-    for args in (["watch", "--interval", "-1"], ["watch", "--interval", "0"]):
+    for args, said in (
+        (["watch", "--interval", "-1"], "argument --interval: '-1' is not a number of seconds"),
+        (["watch", "--interval", "0"], "--interval must be > 0"),
+        (["watch", "--interval", "nan"], "argument --interval: 'nan' is not a number of seconds"),
+        (["stop", "some-task", "--wait", "-5"], "argument --wait: '-5' is not a number of"),
+    ):
         result = _cli(db, *args)
-        assert result.returncode == 2 and "--interval must be > 0" in result.stderr
+        assert result.returncode == 2 and said in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
-    result = _cli(db, "stop", "some-task", "--wait", "-5")
-    assert result.returncode == 2 and "--wait must be >= 0" in result.stderr
 
 
 def test_cancelling_a_paused_task_says_it_was_paused() -> None:

@@ -193,8 +193,6 @@ class _CtrlCHeld(NotedSignals):
 
 
 def cmd_control(ctx: Context) -> int:
-    if ctx.args.wait is not None and ctx.args.wait < 0:
-        raise UsageError("--wait must be >= 0 seconds")
     action = CommandAction(ctx.args.command)
     picked = [f"--{f.replace('_', '-')}" for f in SELECTION_FLAGS if getattr(ctx.args, f)]
     if ctx.args.task_id is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -14,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .._lookup import find_pipeline_run, find_task
+from .._text import json_for_terminal, printable
 from ..control import StoreControl
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
@@ -22,6 +22,7 @@ from ..policies import BucketPolicy, parse_buckets
 from ..states import NON_TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
+from ..stores.dsn import check_schema_name, check_target, shown_dsn
 from ..stores.protocol import TaskStore
 from ._parser import PROG, UsageError
 
@@ -42,6 +43,9 @@ class Context:
         self.args = args
         num = args.num_buckets
         try:
+            check_target(args.db)
+            if args.pg_schema is not None:
+                check_schema_name(args.pg_schema)
             self.policy = BucketPolicy(num)
             self.owned: frozenset[int] | None = (
                 None if not args.owned_buckets else parse_buckets(args.owned_buckets, num)
@@ -61,9 +65,7 @@ class Context:
     @property
     def shown_db(self) -> str:
         """The --db value safe to print (a DSN's password is never echoed)."""
-        if is_postgres_dsn(self.db):
-            return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.db)
-        return self.db
+        return shown_dsn(self.db) if is_postgres_dsn(self.db) else self.db
 
     def where(self) -> str:
         """The store, as a person reads it: an absolute path or a DSN without password."""
@@ -92,6 +94,9 @@ class Context:
                 upgrade=create,
                 # A command says at once that nothing listens; a node (demo, web) waits.
                 wait_for_server=self.args.command in ("demo", "web"),
+                # A command runs a handful of statements: preparing them gains nothing,
+                # and without it a pooler in transaction mode carries them unflagged.
+                prepare=None if self.args.command == "demo" else False,
             )
         return self._store
 
@@ -124,7 +129,12 @@ class Context:
             self._store.close()
 
     def emit(self, data: Any, text: str) -> None:
-        print(json.dumps(data, ensure_ascii=False, indent=2) if self.args.json else text)
+        """``data`` as JSON with ``--json``, else ``text``; neither can carry a control
+        character to the terminal (``_text.printable``)."""
+        if self.args.json:
+            print(json_for_terminal(json.dumps(data, ensure_ascii=False, indent=2)))
+        else:
+            print(printable(text, lines=True))
 
 
 def program_words() -> list[str]:
@@ -152,8 +162,6 @@ def task_query(ctx: Context) -> TaskQuery:
         statuses = frozenset(TaskStatus(s) for s in a.status)
     elif not a.all:
         statuses = NON_TERMINAL
-    if a.limit is not None and a.limit < 0:
-        raise UsageError("--limit must be >= 0")
     return TaskQuery(
         statuses=statuses,
         name_glob=a.name,  # an exact name is the glob without wildcards

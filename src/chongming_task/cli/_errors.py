@@ -9,6 +9,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
+from .._text import printable
 from ..errors import ChongmingTaskError, InvalidValue, StoreError, WaitTimeout
 from ._parser import PROG, UsageError
 
@@ -20,7 +21,7 @@ def errors_mapped(exit_code: list[int]) -> Iterator[None]:
     """The one place that turns exceptions into a message line and an exit code."""
 
     def fail(code: int, message: str) -> None:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
+        print(f"{PROG}: error: {printable(message)}", file=sys.stderr)
         exit_code[0] = code
 
     try:

@@ -4,6 +4,7 @@ helper every global flag uses."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 from ..errors import ChongmingTaskError
 from ..fleet import DEFAULT_ORPHAN_AFTER, DEFAULT_STALE_AFTER
+from ..limits import MAX_COUNT, MAX_DURATION
 from ..model import CommandAction, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS
 from ..states import TERMINAL
@@ -54,17 +56,44 @@ def _whole_number(raw: str) -> int:
         raise ValueError("not a whole number") from None
 
 
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+_AGE = re.compile(r"(\d{1,12}(?:\.\d{1,9})?)([smhdw]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def age(raw: str) -> timedelta:
     """A duration as people write it: ``90s``, ``15m``, ``2h``, ``7d``, ``2w`` (a bare
-    number is seconds)."""
+    number is seconds), of at most ``MAX_DURATION`` (a century)."""
     found = _AGE.fullmatch(raw.strip())
     if found is None:
         raise argparse.ArgumentTypeError(f"{raw!r} is no duration (write 90s, 15m, 2h, 7d, 2w)")
-    return timedelta(seconds=float(found[1]) * _UNIT[found[2]])
+    seconds = float(found[1]) * _UNIT[found[2]]
+    if seconds > MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"{raw!r} is longer than a century")
+    return timedelta(seconds=seconds)
+
+
+def count(raw: str) -> int:
+    """A whole number from 0 to ``MAX_COUNT``."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{raw} is not a whole number from 0 to {MAX_COUNT:,}")
+    return value
+
+
+def seconds(raw: str) -> float:
+    """A finite number of seconds from 0 to ``MAX_DURATION`` (never NaN or infinity)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_DURATION):
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a number of seconds from 0 to {MAX_DURATION:,}"
+        )
+    return value
 
 
 def _switch(raw: str) -> bool:
@@ -151,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--status", action="append", choices=[s.value for s in TaskStatus])
         p.add_argument("--name")
         p.add_argument("--tag")
-        p.add_argument("--bucket", action="append", type=int)
+        p.add_argument("--bucket", action="append", type=count)
         p.add_argument("--pipeline")
         p.add_argument("--node", help="only the tasks of this node (their owner)")
         p.add_argument("--dedupe-key", help="only the tasks submitted with this dedupe key")
@@ -161,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="AGE",
             help="only the tasks created more than AGE ago: 90s, 15m, 2h, 7d, 2w",
         )
-        p.add_argument("--limit", type=int, help="at most N tasks, newest first (ps: 100; 0: all)")
+        p.add_argument(
+            "--limit", type=count, help="at most N tasks, newest first (ps: 100; 0: all)"
+        )
 
     p = command("ps", help="list tasks (active ones unless --all)")
     filters(p)
@@ -169,11 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("task_id")
     p = command("history", help="one task's transitions")
     p.add_argument("task_id")
-    p.add_argument("--since", type=int, default=0, metavar="VERSION")
+    p.add_argument("--since", type=count, default=0, metavar="VERSION")
     p = command("watch", help="follow changes live")
     filters(p)
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--count", type=int, default=None, help="stop after N refreshes")
+    p.add_argument("--interval", type=seconds, default=1.0)
+    p.add_argument("--count", type=count, default=None, help="stop after N refreshes")
     command("stats", help="tasks per status")
     p = command("buckets", help="tasks per bucket; * marks owned buckets")
     p.add_argument("--all", action="store_true", help="list empty buckets too")
@@ -190,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--wait",
             nargs="?",
-            type=float,
+            type=seconds,
             const=30.0,
             default=None,
             metavar="SECONDS",
@@ -207,19 +238,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--orphan-after",
-        type=float,
+        type=seconds,
         default=DEFAULT_ORPHAN_AFTER,
         metavar="SECONDS",
         help=f"unchanged this long in an uncovered bucket (default {DEFAULT_ORPHAN_AFTER:g})",
     )
     p.add_argument(
         "--stale-after",
-        type=float,
+        type=seconds,
         default=DEFAULT_STALE_AFTER,
         metavar="SECONDS",
         help=f"queued and unchanged this long (default {DEFAULT_STALE_AFTER:g})",
     )
-    p.add_argument("--limit", type=int, default=20, help="task ids listed per alarm")
+    p.add_argument("--limit", type=count, default=20, help="task ids listed per alarm")
     p = command(
         "prune",
         help="delete finished tasks: those that ended more than --older-than AGE ago, or "
@@ -227,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--older-than", type=age, metavar="AGE", help="90s, 15m, 2h, 7d, 2w")
-    which.add_argument("--keep", type=int, metavar="N")
+    which.add_argument("--keep", type=count, metavar="N")
     p.add_argument(
         "--status",
         action="append",
@@ -252,6 +283,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = command("demo", help="run a demo node with sample tasks until Ctrl-C")
     p.add_argument(
-        "--duration", type=float, default=None, help="stop after S seconds (default: Ctrl-C)"
+        "--duration", type=seconds, default=None, help="stop after S seconds (default: Ctrl-C)"
     )
     return parser

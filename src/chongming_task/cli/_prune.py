@@ -34,8 +34,6 @@ def cmd_prune(ctx: Context) -> int:
     a = ctx.args
     if a.keep is not None and a.status:
         raise UsageError("--status goes with --older-than (--keep counts every finished task)")
-    if a.keep is not None and a.keep < 0:
-        raise UsageError("--keep must be >= 0")
     store = ctx.store()
     if a.compact and not isinstance(store, SqliteTaskStore):
         raise UsageError(

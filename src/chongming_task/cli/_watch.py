@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import present
 from .._feed import RECENT, Change, TransitionFeed
+from .._text import printable
 from ..model import TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
@@ -48,14 +49,14 @@ def transition_line(t: Transition, name: str) -> str:
     why = f" ({t.reason})" if t.reason else ""
     who = f" by {t.actor}" if t.actor else ""
     move = f"{source} -> {t.to_status.value}{why}{who}"
-    return f"{present.clock(t.at)}  {present.short_id(t.task_id)}  {name}  {move}"
+    return printable(f"{present.clock(t.at)}  {present.short_id(t.task_id)}  {name}  {move}")
 
 
 def progress_line(s: TaskSnapshot) -> str:
     message = s.progress.message if s.progress and s.progress.message else ""
     shown = f"{present.bar(s)} {message}".strip() or "-"
     status = present.status_text(s, datetime.now(UTC))
-    return f"          {present.short_id(s.task_id)}  {s.name}  {status}  {shown}"
+    return printable(f"          {present.short_id(s.task_id)}  {s.name}  {status}  {shown}")
 
 
 def cmd_watch(ctx: Context) -> int:
@@ -101,6 +102,7 @@ def _json_out(change: Change) -> None:
     for s in change.active:
         if s.status in SHOWS_PROGRESS:
             print(json.dumps({"event": "progress", **present.snapshot_json(s)}))
+    # json.dumps escapes every character past ASCII: nothing here reaches a terminal raw.
 
 
 def _plain_out(ctx: Context) -> Any:
@@ -114,7 +116,8 @@ def _plain_out(ctx: Context) -> Any:
         shown = change.progressed
         if not started[0]:
             started[0] = True
-            print(f"watching {ctx.where()}: {len(change.active)} unfinished; Ctrl-C to leave")
+            head = f"watching {ctx.where()}: {len(change.active)} unfinished; Ctrl-C to leave"
+            print(printable(head))
             shown = change.active
         elif change.overflow:
             print(OVERFLOW)
@@ -168,46 +171,81 @@ def _styled(t: Transition, name: str) -> RenderableType:
 
     line = Text(f"{present.clock(t.at)}  ", style="dim")
     line.append(present.short_id(t.task_id), style="magenta")
-    line.append(f"  {name}  ", style="bold")
+    line.append(f"  {printable(name)}  ", style="bold")
     line.append(f"{t.from_status.value if t.from_status else 'new'} -> ")
     line.append(t.to_status.value, style=_STYLE.get(t.to_status.value, ""))
     if t.reason:
-        line.append(f" ({t.reason})")
+        line.append(f" ({printable(t.reason)})")
     if t.actor:
-        line.append(f" by {t.actor}", style="dim")
+        line.append(f" by {printable(t.actor)}", style="dim")
     return line
 
 
+COLUMNS = ("TASK ID", "NAME", "STATUS", "DONE", "HEALTH", "AGE", "PROGRESS", "MESSAGE")
+"""The live table's columns, in the order they are shown."""
+DROPPED_FIRST = ("MESSAGE", "PROGRESS", "AGE", "HEALTH", "DONE")
+"""The columns left out, in this order, until the rest fit the terminal: a column is
+dropped whole, never cut (``runni…`` says nothing). The id, name and status stay."""
+BAR = 20
+
+
+def fitting(widths: dict[str, int], room: int) -> list[str]:
+    """The columns of ``COLUMNS`` to show when each needs ``widths[column]`` characters
+    (its widest cell or header) and the terminal has ``room``: rich spends three a
+    column on padding and rules, and one more on the table's edge."""
+    shown = list(COLUMNS)
+    for column in DROPPED_FIRST:
+        if sum(widths[c] + 3 for c in shown) + 1 <= room:
+            break
+        shown.remove(column)
+    return shown
+
+
 def _screen(ctx: Context, change: Change) -> RenderableType:
+    from rich.console import Console
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
     now = Capabilities(ctx.store()).now()
-    table = Table(
-        title=Text(f"watching {ctx.where()}: {len(change.active)} unfinished; Ctrl-C to leave"),
-        title_justify="left",
-        expand=False,
-    )
-    for header in ("TASK ID", "NAME", "STATUS", "PROGRESS", "", "MESSAGE", "AGE", "HEALTH"):
-        table.add_column(header, no_wrap=header != "MESSAGE")
+    rows = []
     for s in change.active:
         fraction = s.progress.fraction if s.progress else None
         health = present.health(s, now)
-        gauge: RenderableType = (
-            ProgressBar(total=1.0, completed=fraction, width=20) if fraction is not None else ""
+        rows.append(
+            {
+                "TASK ID": Text(present.short_id(s.task_id), style="magenta"),
+                "NAME": Text(printable(s.name)),
+                "STATUS": Text(present.status_text(s, now), style=_STYLE.get(s.status.value, "")),
+                "DONE": Text("" if fraction is None else f"{fraction:.0%}"),
+                "HEALTH": Text(health, style="" if health in ("ok", "-") else "bold red"),
+                "AGE": Text(present.age(max(0.0, (now - s.created_at).total_seconds()))),
+                "PROGRESS": ProgressBar(total=1.0, completed=fraction, width=BAR)
+                if fraction is not None
+                else Text(""),
+                "MESSAGE": Text(
+                    printable(s.progress.message or "") if s.progress else "", overflow="ellipsis"
+                ),
+            }
         )
-        # Text cells: a task's name or message is shown as written, never read as markup.
-        table.add_row(
-            Text(present.short_id(s.task_id), style="magenta"),
-            Text(s.name),
-            Text(present.status_text(s, now), style=_STYLE.get(s.status.value, "")),
-            gauge,
-            Text("" if fraction is None else f"{fraction:.0%}"),
-            Text((s.progress.message or "") if s.progress else ""),
-            Text(present.age(max(0.0, (now - s.created_at).total_seconds()))),
-            Text(health, style="" if health in ("ok", "-") else "bold red"),
+    widths = {c: len(c) for c in COLUMNS}
+    for row in rows:
+        for column, cell in row.items():
+            size = len(cell) if isinstance(cell, Text) else BAR
+            widths[column] = max(widths[column], size)
+    widths["MESSAGE"] = min(widths["MESSAGE"], 12)  # a message may be cut, not hidden first
+    shown = fitting(widths, Console().width)
+    title = f"watching {ctx.where()}: {len(change.active)} unfinished; Ctrl-C to leave"
+    table = Table(title=Text(printable(title)), title_justify="left", expand=False)
+    for column in shown:
+        table.add_column(
+            column,
+            no_wrap=True,
+            overflow="ellipsis" if column in ("NAME", "MESSAGE") else "fold",
+            min_width=widths[column] if column not in ("NAME", "MESSAGE") else None,
         )
+    for row in rows:
+        table.add_row(*(row[column] for column in shown))
     if not change.active:
         table.caption = "nothing unfinished; transitions appear above as they happen"
     return table

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ..control import StoreControl
 from ..errors import StoreUnavailable
+from ..limits import MAX_REASON
 from ..model import CommandAction, ControlOutcome, ControlReceipt
 from ..run.handle import TaskRun
 from ..values import check_text
@@ -141,7 +142,7 @@ class ControlRouter:
     def route(self, task_id: str, action: CommandAction, reason: str | None) -> ControlReceipt:
         check_text(task_id, "task id", self._rules)
         if reason is not None:
-            check_text(reason, "reason", self._rules)
+            check_text(reason, "reason", self._rules, MAX_REASON)
         run = self._registry.get(task_id)
         if run is None:
             return self.store.send(task_id, action, reason)

@@ -24,6 +24,7 @@ from ..current import install_log_context
 from ..definitions import Definitions, TaskDefinition, TaskRef
 from ..errors import ConfigurationError, InvalidValue, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
+from ..limits import MAX_OWNER, MAX_SCHEDULE_NAME
 from ..model import (
     CommandAction,
     ControlReceipt,
@@ -119,7 +120,7 @@ class Controller(AsyncFace):
         # What the store can hold: every value handed over is checked against it.
         self.value_rules = self.capabilities.value_rules
         self.owner = owner or default_owner()
-        check_text(self.owner, "owner", self.value_rules)
+        check_text(self.owner, "owner", self.value_rules, MAX_OWNER)
         self.clock: Clock = clock or SystemClock()
         self._now()  # a clock that gives naive times is refused now, not at the first task
         self.rng = random.Random(seed)
@@ -379,6 +380,7 @@ class Controller(AsyncFace):
         """
         # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
         # the first firing.
+        check_text(name, "schedule name", self.value_rules, MAX_SCHEDULE_NAME)
         definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
         self._submitter.check_keys(SubmitOptions(priority=priority, dedupe_key=dedupe_key))
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:

@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _observe
 from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed, TaskAlreadyExists
+from ..limits import (
+    MAX_BUCKET_KEY,
+    MAX_CONCURRENCY_KEY,
+    MAX_DEDUPE_KEY,
+    MAX_NODE_KEY,
+    MAX_PIPELINE_NAME,
+)
 from ..model import (
     PipelineRecord,
     TaskStatus,
@@ -33,7 +40,7 @@ from ..policies import BucketPolicy, format_buckets
 from ..run.handle import RunHost, TaskRun
 from ..run.stored import StoredTask
 from ..stores.capabilities import PartialCreate
-from ..values import check_text, storable_text
+from ..values import check_tags, check_text, storable_text
 from .services import NodeContext
 
 if TYPE_CHECKING:
@@ -191,9 +198,14 @@ class Submitter:
     def check_keys(self, options: SubmitOptions) -> None:
         """The options' keys are text the store can hold (once a call, not a task)."""
         if options.dedupe_key is not None:
-            check_text(options.dedupe_key, "dedupe_key", self._host.value_rules)
+            check_text(options.dedupe_key, "dedupe_key", self._host.value_rules, MAX_DEDUPE_KEY)
         if options.concurrency_key is not None:
-            check_text(options.concurrency_key, "concurrency_key", self._host.value_rules)
+            check_text(
+                options.concurrency_key,
+                "concurrency_key",
+                self._host.value_rules,
+                MAX_CONCURRENCY_KEY,
+            )
 
     def _queue(self, run: TaskRun) -> None:
         """To the dispatcher, or its delay heap until its ``run_at`` (the clock is read
@@ -241,9 +253,9 @@ class Submitter:
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
         rules = self._host.value_rules
-        check_text(pipeline.name, "pipeline name", rules)
+        check_text(pipeline.name, "pipeline name", rules, MAX_PIPELINE_NAME)
         for key in pipeline.nodes:
-            check_text(key, f"node key of pipeline {pipeline.name!r}", rules)
+            check_text(key, f"node key of pipeline {pipeline.name!r}", rules, MAX_NODE_KEY)
         run_id = new_task_id()
         prepared = {
             key: self.prepare(
@@ -302,10 +314,10 @@ class Submitter:
         if not self._accepting():
             raise ControllerClosed(f"controller {host.owner} is closed")
         definition = self._resolve(task)
-        for tag in tags:
-            check_text(tag, "tag", host.value_rules)
+        if tags:
+            check_tags(tags, "tag", host.value_rules)
         if bucket_key is not None:
-            check_text(bucket_key, "bucket_key", host.value_rules)
+            check_text(bucket_key, "bucket_key", host.value_rules, MAX_BUCKET_KEY)
         return definition, self._ownership.bucket_for(bucket_key)
 
     def prepare(

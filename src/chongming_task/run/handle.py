@@ -30,6 +30,7 @@ from ..errors import (
     TaskUnsuccessful,
     WaitTimeout,
 )
+from ..limits import MAX_ACTOR, MAX_REASON
 from ..model import ControlOutcome as O
 from ..model import (
     Failure,
@@ -281,9 +282,9 @@ class TaskRun:
         here, in the caller's thread, not on the write path."""
         rules = self._host.value_rules
         if reason is not None:
-            check_text(reason, "reason", rules)
+            check_text(reason, "reason", rules, MAX_REASON)
         if actor is not None:
-            check_text(actor, "actor", rules)
+            check_text(actor, "actor", rules, MAX_ACTOR)
 
     def _tell_token(self, status: S, tell: Callable[[], None]) -> None:
         """After a control call's write: signal the token only if the run is still in the

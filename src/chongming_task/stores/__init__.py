@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .dsn import check_target, is_postgres_dsn
 from .memory import InMemoryTaskStore as InMemoryTaskStore
 from .protocol import TaskStore as TaskStore
 from .sqlite.store import SqliteTaskStore as SqliteTaskStore
@@ -15,10 +16,6 @@ from .sqlite.store import SqliteTaskStore as SqliteTaskStore
 __all__ = ["InMemoryTaskStore", "SqliteTaskStore", "TaskStore", "is_postgres_dsn", "open_store"]
 
 DEFAULT_DATABASE = "chongming-task.db"
-
-
-def is_postgres_dsn(target: str | Path) -> bool:
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
 def open_store(
@@ -30,13 +27,17 @@ def open_store(
     wait_for_server: bool = True,
     pooled: bool = False,
     listen_dsn: str | None = None,
+    prepare: bool | None = None,
 ) -> TaskStore:
     """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
     (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
     ``upgrade=False`` refuses a SQLite file of an older schema (``SqliteTaskStore``);
     ``wait_for_server=False`` makes a PostgreSQL server that nothing listens for an
     error at once; ``pooled`` and ``listen_dsn``: a DSN that reaches it through a pooler
-    in transaction mode (``PostgresTaskStore``)."""
+    in transaction mode, and ``prepare`` whether statements are prepared
+    (``PostgresTaskStore``). A URL of any other scheme is a
+    ``ConfigurationError``."""
+    check_target(target)
     if is_postgres_dsn(target):
         from .postgres.store import DEFAULT_SCHEMA, PostgresTaskStore
 
@@ -46,5 +47,6 @@ def open_store(
             wait_for_server=wait_for_server,
             pooled=pooled,
             listen_dsn=listen_dsn,
+            prepare=prepare,
         )
     return SqliteTaskStore(target, create=create, upgrade=upgrade)

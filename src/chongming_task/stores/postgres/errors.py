@@ -18,6 +18,14 @@ __all__ = ["TRANSIENT", "first_line", "is_outage", "server_reason", "translated"
 
 TRANSIENT = re.compile(r"starting up|shutting down|too many (clients|connections)|recovery")
 """Refusals that pass: wait for them like an outage."""
+POOLED = re.compile(r'prepared statement "_pg3_\w*" (already exists|does not exist|requires)')
+"""psycopg's prepared statements meeting a transaction pooler, which hands each
+transaction to any server connection: a statement prepared on one is unknown (or already
+known, under another statement's name) on the next."""
+POOLER_HINT = (
+    "this looks like a pooler in transaction mode (PgBouncer): pass pooled=True "
+    "(CLI --pg-pooled, env CHONGMING_PG_POOLED=1)"
+)
 
 
 _HINTS = (
@@ -83,8 +91,9 @@ def first_line(exc: BaseException) -> str:
 @contextlib.contextmanager
 def translated(what: str, where: str, schema: str, went_down: Callable[[], None]) -> Iterator[None]:
     """The driver's errors as the store's: a missing schema says how to make it, an
-    outage (``went_down()`` is told) is ``StoreUnavailable``, text that is not UTF-8 says
-    nothing was written, anything else is a ``StoreError`` naming ``what`` failed."""
+    outage (``went_down()`` is told) is ``StoreUnavailable``, prepared statements meeting
+    a transaction pooler say to pass ``pooled=True``, text that is not UTF-8 says nothing
+    was written, anything else is a ``StoreError`` naming ``what`` failed."""
     try:
         yield
     except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
@@ -92,14 +101,16 @@ def translated(what: str, where: str, schema: str, went_down: Callable[[], None]
             f"no chongming-task schema {schema!r} at {where}: create it once "
             f"with `chongming-task --db DSN migrate` (a role with DDL rights)"
         ) from None
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        if is_outage(exc):
+    except (psycopg.Error, PoolTimeout) as exc:
+        if POOLED.search(str(exc)):  # a setting to mend, not an outage to wait out
+            raise StoreError(
+                f"PostgreSQL {what} failed at {where}: {first_line(exc)}: {POOLER_HINT}"
+            ) from exc
+        if isinstance(exc, psycopg.OperationalError | PoolTimeout) and is_outage(exc):
             went_down()
             raise StoreUnavailable(
                 f"PostgreSQL at {where} unreachable during {what}: {first_line(exc)}"
             ) from exc
-        raise StoreError(f"PostgreSQL {what} failed at {where}: {first_line(exc)}") from exc
-    except psycopg.Error as exc:
         raise StoreError(f"PostgreSQL {what} failed at {where}: {first_line(exc)}") from exc
     except UnicodeEncodeError as exc:
         raise StoreError(

@@ -132,14 +132,8 @@ class Subscriptions:
     def __init__(self, dsn: str | None, application_name: str, *, where: str, schema: str) -> None:
         self.commands = f"chongming_commands_{schema}"  # a validated identifier
         self.transitions = f"chongming_transitions_{schema}"
-        if dsn is None:
-            log.warning(
-                "PostgreSQL at %s through a pooler, without listen_dsn: no LISTEN (a pooler "
-                "in transaction mode cannot carry it), so nodes poll commands every 0.5 s and "
-                "followers poll too; give listen_dsn= a direct DSN for wake-ups",
-                where,
-            )
         self._dsn = dsn
+        self._told = False  # the pooler's warning, said once, to a node
         self._where = where
         self._application_name = application_name
         self._live: set[object] = set()
@@ -151,7 +145,17 @@ class Subscriptions:
     def to_commands(
         self, wake: Callable[[], None], *, holder: str | None = None
     ) -> Callable[[], None] | None:
-        """Wake on commands (``holder``'s and nobody's only, if given)."""
+        """Wake on commands (``holder``'s and nobody's only, if given). Only a node
+        subscribes: without a DSN to listen on, it is told once what that costs (a
+        command line that merely reads says nothing)."""
+        if self._dsn is None and not self._told:
+            self._told = True
+            log.warning(
+                "PostgreSQL at %s through a pooler, without listen_dsn: no LISTEN (a pooler "
+                "in transaction mode cannot carry it), so nodes poll commands every 0.5 s and "
+                "followers poll too; give listen_dsn= a direct DSN for wake-ups",
+                self._where,
+            )
         wanted = None if holder is None else (lambda payload: payload in ("", holder))
         return self.listen(self.commands, wake, f"chongming-listen[{self._where}]", wanted)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import select
 import threading
 import time
@@ -19,6 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import StoreError, StoreUnavailable
 from ...loops import Pass, keep_running
+from ..dsn import where_of
 from .errors import first_line, refusal, server_reason, translated
 
 __all__ = ["ServerPool"]
@@ -98,10 +100,10 @@ class ServerPool:
         try:
             info = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise StoreError(f"malformed PostgreSQL DSN: {first_line(exc)}") from None
-        self.where = (
-            f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-        )
+            # libpq quotes the fragment it stumbled on, which may be a password.
+            quoted = re.sub(r'"[^"]*"', '"..."', first_line(exc))
+            raise StoreError(f"malformed PostgreSQL DSN: {quoted}") from None
+        self.where = where_of({"port": "5432", **{k: str(v) for k, v in info.items() if v}})
         self.schema = schema
         self.closed = False
         self.connect_kwargs: dict[str, Any] = {

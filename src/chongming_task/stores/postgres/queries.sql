@@ -370,10 +370,13 @@ ORDER BY finished_at LIMIT %s
 SELECT pg_notify(%s, '')
 
 -- A command's wake-up, addressed to the node that holds its task; '' (everyone) for a
--- task nobody holds, gone or finished, whose command any node completes.
+-- task nobody holds, gone or finished, whose command any node completes. A holder's
+-- name too long for a payload (8,000 bytes; names are bounded far below, but a row
+-- may predate the bound) wakes everyone too: the wake-up never refuses a command.
 -- name: notify_command
 SELECT pg_notify(%s, COALESCE((SELECT lease_owner FROM {schema}.tasks WHERE task_id = %s
-    AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')), ''))
+    AND status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
+    AND octet_length(lease_owner) <= 4000), ''))
 
 -- Held by create_schema until its transaction ends: the DDL of one schema runs one
 -- caller at a time (keys from postgres._schema_lock_key).

@@ -3,7 +3,6 @@ name, and the advisory lock that lets nodes create it at the same time."""
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Mapping
 from importlib import resources
@@ -12,10 +11,12 @@ from typing import Any
 from ...errors import StoreError
 from .. import codec
 from .._sql import Dialect, encoded_tag, newer_schema, older_schema
+from ..dsn import IDENTIFIER, check_schema_name
 
 __all__ = [
     "IDENTIFIER",
     "SCHEMA_VERSION",
+    "check_schema_name",
     "dialect_in",
     "older_schema_on",
     "schema_ddl",
@@ -29,8 +30,8 @@ SCHEMA_VERSION = 4
 made before that table existed holds the tables of version 1. 2: ``nodes.health`` and
 ``late_reports``; 3: the option columns of ``tasks`` (``run_at``, ``priority``,
 ``dedupe_key``, ``dedupe_window``, ``concurrency_key``); 4: ``tasks.trace_context``."""
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-"""What a schema name must match (it is written into statements)."""
+
+
 _SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks
 
 

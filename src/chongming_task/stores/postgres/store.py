@@ -59,8 +59,8 @@ from .._sql import (
 from .._supports import LifeWrite
 from ..capabilities import Verdict
 from .schema import (
-    IDENTIFIER,
     SCHEMA_VERSION,
+    check_schema_name,
     dialect_in,
     older_schema_on,
     schema_ddl,
@@ -145,9 +145,7 @@ class PostgresTaskStore(
         through ``listen_dsn``, a direct DSN (without one, nodes poll commands often)."""
         if psycopg is None:
             raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
-        if not IDENTIFIER.match(schema):
-            raise StoreError(f"schema name {schema!r} must match [a-z_][a-z0-9_]*")
-        self.schema = schema
+        self.schema = check_schema_name(schema)
         # No session state (no search_path), so a pooler in transaction mode can carry
         # the connections: every statement names its schema.
         self._sql = statements_in(_SQL, schema)

@@ -93,6 +93,21 @@ _DIALECT = Dialect(
 )
 
 
+def _create_private(path: str) -> None:
+    """A database file that does not exist yet is made ``0600``, whatever the umask:
+    results and tracebacks are nobody else's to read. SQLite gives the file's ``-wal``
+    and ``-shm`` the database's own mode. An existing file keeps the mode it has."""
+    if path.startswith("file:"):
+        return  # a URI: SQLite's to open
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # SQLite's own open says what is wrong, in the store's words
+    os.close(fd)
+
+
 class SqliteTaskStore(
     ActivitySQL,
     CommandQueueSQL,
@@ -127,6 +142,8 @@ class SqliteTaskStore(
         memory = self.path == ":memory:"
         if not memory and not create and not Path(self.path).exists():
             raise StoreError(f"no database at {self.path}")
+        if not memory and create:
+            _create_private(self.path)
         self.connection = link = SqliteConnection(self.path, timeout=timeout)
         self._wake_directory = None if memory else wake_directory(os.path.realpath(self.path))
         self._wakes: list[Callable[[], None]] = []  # a file in memory: this store's own

@@ -1,0 +1,146 @@
+"""The command line against careless and hostile input, as real processes: numbers too
+large, NaN and infinity, bucket flags that would exhaust memory, schemes and schema
+names no store takes, passwords in every DSN form, and names made of terminal escapes.
+Each answer is one line on stderr and exit 2 (or the result), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from chongming_task import SqliteTaskStore, TaskSnapshot, TaskStatus
+
+HOSTILE = "\x1b[31mRED\x1b]0;pwned\x07\nnext\u202eline\x9b"
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chongming_task", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line_usage_error(result: subprocess.CompletedProcess[str], said: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert said in result.stderr, result.stderr
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "careless.db"
+    store = SqliteTaskStore(path)
+    store.create(
+        TaskSnapshot(
+            task_id="abcdef" + "0" * 26,
+            name=HOSTILE,
+            status=TaskStatus.QUEUED,
+            status_version=1,
+            created_at=datetime.now(UTC),
+            tags=frozenset({HOSTILE}),
+            bucket=3,
+            bucket_key=HOSTILE,
+        )
+    )
+    store.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["ps", "--older-than", "999999999w"], "longer than a century"),
+        (["ps", "--older-than", "3000000d"], "longer than a century"),
+        (["ps", "--limit", "9223372036854775808"], "argument --limit"),
+        (["history", "abcdef", "--since", "1e20"], "argument --since"),
+        (["doctor", "--stale-after", "inf"], "argument --stale-after"),
+        (["doctor", "--limit", "-1"], "argument --limit"),
+        (["prune", "--keep", "1e20"], "argument --keep"),
+        (["doctor", "--orphan-after", "nan"], "argument --orphan-after"),
+        (["watch", "--interval", "nan"], "argument --interval"),
+        (["stop", "abcdef", "--wait", "nan"], "argument --wait"),
+        (["demo", "--duration", "nan"], "argument --duration"),
+        (["--num-buckets", "99999999999", "buckets", "--all"], "65,536"),
+        (["--owned-buckets", "0-99999999999", "ps", "--mine"], "out of range"),
+        (["--pg-schema", "sec2\n", "ps"], "schema name"),
+        (["--pg-schema", "information_schema", "ps"], "PostgreSQL's own"),
+    ],
+)
+def test_bad_numbers_and_names_are_one_line_usage_errors(
+    db: Path, args: list[str], said: str
+) -> None:
+    one_line_usage_error(cli("--db", str(db), *args), said)
+
+
+def test_an_unsupported_scheme_is_named() -> None:
+    result = cli("--db", "mysql://x@y/z", "ps")
+    one_line_usage_error(result, "unsupported scheme mysql")
+    assert "no database at" not in result.stderr
+
+
+def test_the_largest_bucket_count_answers_in_bounded_time(db: Path) -> None:
+    result = cli("--db", str(db), "--num-buckets", "65536", "--json", "buckets", "--all")
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["buckets"]) == 65536
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://postgres@127.0.0.1:1/db?password=sekrit",
+        "postgresql://postgres:sekrit@127.0.0.1:1/db",
+        "host=127.0.0.1 port=1 password=sekrit dbname=db",
+        "postgresql://postgres:se@sekrit@127.0.0.1:1/db",
+    ],
+)
+def test_a_dsn_password_is_never_printed(dsn: str) -> None:
+    pytest.importorskip("psycopg", reason="the [postgres] extra is not installed")
+    for args in (["ps"], ["show", "abcdef"], ["doctor"]):
+        result = cli("--db", dsn, *args)
+        assert result.returncode == 1, result.stderr
+        assert "sekrit" not in result.stdout + result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "127.0.0.1" in result.stderr  # it still says where it looked
+
+
+def test_a_key_value_dsn_is_postgresql_not_a_file(tmp_path: Path) -> None:
+    pytest.importorskip("psycopg", reason="the [postgres] extra is not installed")
+    result = subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", "host=127.0.0.1 port=1 dbname=x", "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert "PostgreSQL" in result.stderr and "no database at" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no SQLite file made of the words
+
+
+def test_names_made_of_terminal_escapes_are_shown_escaped(db: Path) -> None:
+    for args in (["ps"], ["show", "abcdef"], ["watch", "--count", "1"], ["ps", "--json"]):
+        result = cli("--db", str(db), *args)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        for raw in ("\x1b", "\x07", "\u202e", "\x9b"):
+            assert raw not in out, (args, out)
+        assert "RED" in out
+    table = cli("--db", str(db), "ps").stdout.splitlines()
+    assert len(table) == 2, table  # the header and one row: the newline did not split it
+    shown = cli("--db", str(db), "--json", "ps").stdout
+    assert json.loads(shown)[0]["name"] == HOSTILE  # the JSON still says what is stored
+
+
+def test_an_unknown_id_made_of_escapes_is_echoed_escaped(db: Path) -> None:
+    result = cli("--db", str(db), "show", "\x1b]0;pwned\x07abc")
+    assert result.returncode == 1
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
