@@ -62,13 +62,37 @@ class Glob:
             elif isinstance(part, str):
                 out.append(part if part.isalnum() or part == "_" else "\\" + part)
             else:
-                negated, members = part
-                members = members.replace("\\", "\\\\").replace("[", "\\[")
-                if members.startswith("^"):
-                    members = "\\" + members
-                out.append("[" + ("^" if negated else "") + members + "]")
+                out.append(_set_regex(*part))
         out.append("$")
         return "".join(out)
+
+
+_NOTHING = "[^\x01-\U0010ffff]"
+"""A set no stored name's character is in (PostgreSQL text holds no NUL)."""
+
+
+def _set_regex(negated: bool, members: str) -> str:
+    """A set as a bracket expression, each member escaped. A reversed range (``z-a``)
+    holds nothing, as ``fnmatch`` reads it (PostgreSQL would refuse the expression): a
+    set left empty matches no character, or any one when negated."""
+    items: list[str] = []
+    i, n = 0, len(members)
+    while i < n:
+        if i + 2 < n and members[i + 1] == "-":
+            low, high = members[i], members[i + 2]
+            i += 3
+            if low <= high:
+                items.append(_escaped(low) + "-" + _escaped(high))
+        else:
+            items.append(_escaped(members[i]))
+            i += 1
+    if not items:
+        return "." if negated else _NOTHING
+    return "[" + ("^" if negated else "") + "".join(items) + "]"
+
+
+def _escaped(ch: str) -> str:
+    return "\\" + ch if ch in "\\[]^-" else ch
 
 
 def parse(pattern: str) -> Glob:

@@ -22,6 +22,7 @@ from .errors import InvalidValue
 from .health import NodeHealth
 
 __all__ = [
+    "BRIEF_MESSAGE",
     "Command",
     "CommandAction",
     "ControlOutcome",
@@ -367,6 +368,14 @@ class Command:
         _normalise(self, ("created_at", "lease_until", "finished_at"))
 
 
+BRIEF_MESSAGE = 200
+"""Characters of a progress message a ``brief`` query keeps (a list shows no more)."""
+
+
+def _creation(s: TaskSnapshot) -> tuple[datetime, str]:
+    return s.created_at, s.task_id
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskQuery:
     """Filters for ``TaskStore.query``; every filter set must hold (AND).
@@ -375,10 +384,13 @@ class TaskQuery:
     one name). ``tag`` matches one tag exactly (``io`` never matches ``ios``). ``id_prefix`` and
     ``pipeline_prefix`` select the tasks whose id, or pipeline run id, starts with the
     text (how the CLI resolves a short id). ``owner`` keeps the tasks of one node (the
-    process that runs them). ``created_until`` keeps tasks created at or before that time
-    (a page of older tasks: skip the ones already shown at that very time, which come
-    first). Results are ordered by ``created_at`` ascending, descending with
-    ``newest_first``.
+    process that runs them). ``created_until`` keeps tasks created at or before that time.
+    Results are ordered by ``created_at`` ascending, ties by ``task_id``, and exactly
+    reversed with ``newest_first``; ``after`` keeps the tasks past that ``(created_at,
+    task_id)`` in that order (the next page, however many tasks share one instant).
+    ``brief`` is for lists: a store may leave out each task's result and its failure's
+    traceback (``None``) and cut a progress message to ``BRIEF_MESSAGE`` characters; a
+    store that reads them at no cost may keep them.
     """
 
     statuses: frozenset[TaskStatus] | None = None
@@ -395,6 +407,8 @@ class TaskQuery:
     created_until: datetime | None = None
     limit: int | None = None
     newest_first: bool = False
+    after: tuple[datetime, str] | None = None
+    brief: bool = False
 
     def __post_init__(self) -> None:
         if self.statuses is not None and not isinstance(self.statuses, frozenset):
@@ -404,6 +418,9 @@ class TaskQuery:
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
         _normalise(self, ("created_until",))
+        if self.after is not None:
+            at, task_id = self.after
+            object.__setattr__(self, "after", (utc(at, "after"), task_id))
         if self.id_prefix == "" or self.pipeline_prefix == "":
             raise ValueError("an id prefix must not be empty")
         texts = (
@@ -440,7 +457,21 @@ class TaskQuery:
             and (self.owner is None or snapshot.owner == self.owner)
             and (self.dedupe_key is None or snapshot.dedupe_key == self.dedupe_key)
             and (self.created_until is None or snapshot.created_at <= self.created_until)
+            and (
+                self.after is None
+                or (
+                    (snapshot.created_at, snapshot.task_id) < self.after
+                    if self.newest_first
+                    else (snapshot.created_at, snapshot.task_id) > self.after
+                )
+            )
         )
+
+    def ordered(self, found: list[TaskSnapshot]) -> list[TaskSnapshot]:
+        """``found`` (the tasks that match) in the query's order, cut to its ``limit``:
+        for a store that filters with ``matches``."""
+        found.sort(key=_creation, reverse=self.newest_first)
+        return found if self.limit is None else found[: self.limit]
 
 
 class ControlOutcome(enum.StrEnum):

@@ -54,8 +54,11 @@ def ts(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="milliseconds")
 
 
-def snapshot_json(s: TaskSnapshot) -> dict[str, Any]:
-    return {
+def snapshot_json(s: TaskSnapshot, *, brief: bool = False) -> dict[str, Any]:
+    """A task as JSON. ``brief``: as a list read it (``TaskQuery.brief``), so without
+    ``outcome`` or a failure's ``traceback``, which such a read may have left out, and
+    with a progress message perhaps cut: ``show --json`` has them whole."""
+    data: dict[str, Any] = {
         "task_id": s.task_id,
         "name": s.name,
         "status": s.status.value,
@@ -91,12 +94,14 @@ def snapshot_json(s: TaskSnapshot) -> dict[str, Any]:
             "message": s.failure.message,
             "exception_type": s.failure.exception_type,
             "carrier_may_run": s.failure.carrier_may_run,
-            "traceback": s.failure.traceback,
+            **({} if brief else {"traceback": s.failure.traceback}),
         },
-        "outcome": s.outcome,
         "lease_owner": s.lease_owner,
         "lease_until": ts(s.lease_until),
     }
+    if not brief:
+        data["outcome"] = s.outcome
+    return data
 
 
 def transition_json(t: Transition) -> dict[str, Any]:

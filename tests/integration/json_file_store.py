@@ -98,10 +98,7 @@ class JsonFileTaskStore:
         query = query or TaskQuery()
         with self._lock:
             found = [s for s in self._tasks(self._read()) if query.matches(s)]
-        found.sort(key=lambda s: s.created_at)
-        if query.newest_first:
-            found.reverse()
-        return found if query.limit is None else found[: query.limit]
+        return query.ordered(found)
 
     def counts(self) -> dict[TaskStatus, int]:
         out: dict[TaskStatus, int] = {}

@@ -141,3 +141,40 @@ def test_a_password_given_as_a_parameter_is_never_printed(schema: str) -> None:
         assert result.returncode == 1
         assert "sekrit" not in result.stdout + result.stderr, result.stderr
         assert f"{host}:{port}/{dbname}" in result.stderr
+
+
+def test_the_dashboard_answers_nul_and_reversed_ranges_with_no_500(schema: str) -> None:
+    pytest.importorskip("starlette", reason="the [web] extra is not installed")
+    from tests.integration.test_web import Web
+
+    direct = require_dsn()
+    with Controller(PostgresTaskStore(direct, schema=schema), owner="nul") as node:
+        task_id = node.submit(_noop).task_id
+        node.wait_for(task_id, timeout=20)
+    web = Web(direct, "--pg-schema", schema)
+    try:
+        for path, code in (
+            ("/tasks?status=all&name=%00", 400),
+            ("/tasks?status=all&tag=a%00b", 400),
+            ("/tasks?status=all&node=%00", 400),
+            ("/tasks?status=all&pipeline=abc%00def", 400),
+            ("/tasks/abcdef%00", 400),
+            ("/pipelines/abcdef%00", 400),
+            ("/tasks?status=all&name=%5Bz-a%5D*", 200),
+            ("/tasks?status=all&name=%5B!z-a%5D*", 200),
+        ):
+            status, body = web.get(path)
+            assert status == code, (path, status, body[-400:])
+        # *[!z-a]noop: a negated empty set is any one character ("..._noop").
+        status, body = web.get("/tasks?status=all&name=*%5B!z-a%5Dnoop")
+        assert status == 200 and task_id[:12] in body
+    finally:
+        web.close()
+    store = PostgresTaskStore(direct, schema=schema)
+    try:  # the library too: NUL matches nothing, never a driver error
+        from chongming_task import TaskQuery
+
+        assert store.get("abc\x00") is None
+        assert store.query(TaskQuery(name_glob="a\x00*")) == []
+    finally:
+        store.close()

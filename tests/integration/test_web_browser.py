@@ -21,7 +21,7 @@ from tests.integration.test_web import Web
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
-def _browser() -> object:
+def _browser(*flags: str) -> object:
     if not (CHROMIUM and DRIVER):
         reason = "headless tests need Debian's chromium and chromium-driver (apt-get install)"
         if os.environ.get("CI"):
@@ -37,6 +37,8 @@ def _browser() -> object:
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(flag)
     options.add_argument("--window-size=1280,1000")
+    for flag in flags:
+        options.add_argument(flag)
     return webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
 
 

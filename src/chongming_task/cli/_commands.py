@@ -4,6 +4,7 @@ render the answer as a table or JSON."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
 from ..errors import StoreError, WaitTimeout
+from ..limits import MIN_REMOTE_TOKEN
 from ..model import CommandAction, ControlReceipt, TaskSnapshot, TaskStatus
 from ..node.signals import NotedSignals
 from ..policies import format_buckets
@@ -52,7 +54,10 @@ def cmd_ps(ctx: Context) -> int:
     now = ctx.now()
     headers, rows = present.ps_rows(snapshots, now)
     ctx.emit(
-        [{**present.snapshot_json(s), **present.health_json(s, now)} for s in snapshots],
+        [
+            {**present.snapshot_json(s, brief=True), **present.health_json(s, now)}
+            for s in snapshots
+        ],
         present.table(headers, rows) + (f"\n{more}" if more else ""),
     )
     if more and ctx.args.json:
@@ -368,16 +373,45 @@ def cmd_migrate(ctx: Context) -> int:
 
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+WILDCARD = {"0.0.0.0", "::", ""}
+_HOST_NAME = re.compile(r"\.?[a-z0-9_]([a-z0-9_.:-]*[a-z0-9_])?")
+"""A host name, an IP address, or ``.domain`` for a domain and its subdomains."""
+
+
+def web_hosts(host: str, token: str | None, allowed: list[str]) -> frozenset[str]:
+    """The host names the dashboard answers to, bound at ``host``; ``UsageError`` for a
+    token or a binding that would leave it open (docs/security.md)."""
+    if token is not None and not token.strip():
+        raise UsageError("--token (or CHONGMING_WEB_TOKEN) is blank: give a real one")
+    if host not in LOOPBACK:
+        if not token:
+            raise UsageError(
+                f"--host {host} is reachable from other machines: give --token "
+                "(or CHONGMING_WEB_TOKEN), or bind 127.0.0.1"
+            )
+        if len(token) < MIN_REMOTE_TOKEN:
+            raise UsageError(
+                f"--token is {len(token)} characters: off loopback it needs "
+                f"{MIN_REMOTE_TOKEN} or more (python -c 'import secrets; "
+                "print(secrets.token_urlsafe(24))')"
+            )
+    names = {h.strip().lower().strip("[]") for h in allowed if h.strip()}
+    if host in WILDCARD and not names:
+        raise UsageError(
+            f"--host {host or '*'} answers on every address: name the host people open it "
+            "by with --allowed-host (or '*' behind a proxy that checks it)"
+        )
+    bad = next((n for n in names if n != "*" and not _HOST_NAME.fullmatch(n)), None)
+    if bad is not None:
+        raise UsageError(f"--allowed-host {bad!a} is no host name")
+    bound = set() if host in WILDCARD else {host.lower().strip("[]")}
+    return frozenset(LOOPBACK | bound | names)
 
 
 def cmd_web(ctx: Context) -> int:
     """Serve the dashboard until Ctrl-C. Off loopback, only with an access token."""
     a = ctx.args
-    if a.host not in LOOPBACK and not a.token:
-        raise UsageError(
-            f"--host {a.host} is reachable from other machines: give --token "
-            "(or CHONGMING_WEB_TOKEN), or bind 127.0.0.1"
-        )
+    allowed = web_hosts(a.host, a.token, a.allowed_host)
     if not 0 < a.port < 65536:
         raise UsageError("--port must be 1-65535")
     try:
@@ -400,6 +434,7 @@ def cmd_web(ctx: Context) -> int:
         num_buckets=ctx.policy.num_buckets,
         read_only=a.read_only,
         token=a.token or None,
+        allowed_hosts=allowed,
         aside=aside,  # SQLite: a second connection for the whole-store reads
     )
     where = f"http://{a.host}:{a.port}/"

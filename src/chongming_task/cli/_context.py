@@ -173,6 +173,7 @@ def task_query(ctx: Context) -> TaskQuery:
         created_until=None if a.older_than is None else ctx.now() - a.older_than,
         limit=a.limit or None,  # --limit 0: all of them
         newest_first=True,
+        brief=True,  # a list: no results, no tracebacks (show has them)
     )
 
 

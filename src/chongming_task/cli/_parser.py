@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 from ..errors import ChongmingTaskError
 from ..fleet import DEFAULT_ORPHAN_AFTER, DEFAULT_STALE_AFTER
-from ..limits import MAX_COUNT, MAX_DURATION
+from ..limits import MAX_COUNT, MAX_DURATION, MIN_REMOTE_TOKEN
 from ..model import CommandAction, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS
 from ..states import TERMINAL
@@ -279,7 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         default=os.environ.get("CHONGMING_WEB_TOKEN"),
-        help="access token (env CHONGMING_WEB_TOKEN); required off loopback",
+        help="access token (env CHONGMING_WEB_TOKEN); required off loopback, of "
+        f"{MIN_REMOTE_TOKEN}+ characters there",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[h for h in os.environ.get("CHONGMING_WEB_ALLOWED_HOSTS", "").split(",") if h],
+        metavar="NAME",
+        help="a host name the dashboard answers to besides its address and localhost: "
+        "dash.example.com, .example.com (a domain), * (any); repeatable "
+        "(env CHONGMING_WEB_ALLOWED_HOSTS, comma-separated)",
     )
     p = command("demo", help="run a demo node with sample tasks until Ctrl-C")
     p.add_argument(

@@ -101,7 +101,7 @@ def _json_out(change: Change) -> None:
         print(json.dumps({**event, "name": change.names.get(t.task_id)}))
     for s in change.active:
         if s.status in SHOWS_PROGRESS:
-            print(json.dumps({"event": "progress", **present.snapshot_json(s)}))
+            print(json.dumps({"event": "progress", **present.snapshot_json(s, brief=True)}))
     # json.dumps escapes every character past ASCII: nothing here reaches a terminal raw.
 
 

@@ -92,6 +92,9 @@ class Dialect:
 
     select: str
     """``SELECT <task columns> FROM tasks``."""
+    brief_select: str
+    """The same columns for a ``brief`` query: no result, no traceback, a progress
+    message of at most ``BRIEF_MESSAGE`` characters (``brief_columns``)."""
     placeholder: str
     one_of: Callable[[str, list[Any]], Fragment]
     """``column`` is one of the values."""
@@ -171,14 +174,17 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
         add((f"{column} = {p}", [query.owner]))
     if query.created_until is not None:
         add((f"created_at <= {dialect.time}", [codec.encode_dt(query.created_until)]))
-    sql = dialect.select
+    if query.after is not None:
+        at, task_id = query.after
+        past = "<" if query.newest_first else ">"
+        add((f"(created_at, task_id) {past} ({dialect.time}, {p})", [codec.encode_dt(at), task_id]))
+    sql = dialect.brief_select if query.brief else dialect.select
     if where:
         sql += " WHERE " + " AND ".join(where)
-    tie = dialect.insertion_order
     sql += (
-        f" ORDER BY created_at DESC, {tie} DESC"
+        " ORDER BY created_at DESC, task_id DESC"
         if query.newest_first
-        else f" ORDER BY created_at, {tie}"
+        else " ORDER BY created_at, task_id"
     )
     if query.limit is not None:
         sql += f" LIMIT {p}"

@@ -193,11 +193,7 @@ class InMemoryTaskStore:
         self._check_open()
         # list() copies in one step; filtering a live view could see it change size.
         found = [s for s in list(self._tasks.values()) if query.matches(s)]
-        # sort() is stable: ties keep insertion order; newest_first is the exact reverse.
-        found.sort(key=lambda s: s.created_at)
-        if query.newest_first:
-            found.reverse()
-        return found if query.limit is None else found[: query.limit]
+        return query.ordered(found)  # brief or not: a result here costs nothing to keep
 
     def counts(self) -> dict[TaskStatus, int]:
         self._check_open()

@@ -328,12 +328,12 @@ class StoreContract(CapabilityContract, QueryContract):
             assert self._ids(store.query(TaskQuery(limit=2, newest_first=True))) == ["e", "d"]
             assert store.query(TaskQuery(limit=0)) == []
 
-    def test_query_ties_keep_insertion_order(self) -> None:
+    def test_query_ties_are_ordered_by_task_id(self) -> None:
         with self._store() as store:
             for task_id in ["z", "m", "a"]:
                 store.create(self.snapshot(task_id, created_at=T0))
-            assert self._ids(store.query()) == ["z", "m", "a"]
-            assert self._ids(store.query(TaskQuery(newest_first=True))) == ["a", "m", "z"]
+            assert self._ids(store.query()) == ["a", "m", "z"]
+            assert self._ids(store.query(TaskQuery(newest_first=True))) == ["z", "m", "a"]
 
     def test_query_orders_by_instant_not_by_zone(self) -> None:
         with self._store() as store:

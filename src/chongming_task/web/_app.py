@@ -1,22 +1,27 @@
 """The dashboard's Starlette application: pages rendered by Jinja2 (autoescaped), live
 parts refreshed by htmx polling a fragment, controls posted as forms.
 
-Access: with a token, every request must carry it (``Authorization: Bearer``, or once as
-``?token=`` which sets a cookie); ``--read-only`` refuses every control. Forms carry a
-CSRF value that must equal the ``cm_csrf`` cookie (double submit, ``SameSite=Strict``), so
-another site cannot post one. Bad input (an unknown id, a status that does not exist, a
-bucket out of range) is a clear error page and changes nothing.
+Access (``_access``): a request must name a host the dashboard answers to, a control
+must come from the dashboard's own origin, and with a token every request must carry it
+(``Authorization: Bearer``, or once as ``?token=`` which sets a cookie), wrong guesses
+slowed; ``--read-only`` refuses every control. Forms carry a CSRF value that must equal
+the ``cm_csrf`` cookie (double submit, ``SameSite=Strict``). Every answer forbids framing
+and runs only the dashboard's own scripts. Bad input (an unknown id, a status that does
+not exist, a bucket out of range, text no store holds) is a one-line 4xx page and
+changes nothing; no request reads more than a page of tasks, nor any task's result
+beyond what it shows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import logging
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -30,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
+    PlainTextResponse,
     RedirectResponse,
     Response,
     StreamingResponse,
@@ -39,15 +45,19 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .._lookup import AmbiguousId, find_pipeline_run, find_task
-from ..errors import ChongmingTaskError, InvalidValue
+from ..errors import ChongmingTaskError, InvalidValue, StoreError
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
+from ..values import check_text
 from . import _views
+from ._access import SECURITY_HEADERS, same_origin
 from ._dashboard import Dashboard
 from ._metrics import metrics_text
 
 __all__ = ["create_app"]
+
+log = logging.getLogger("chongming_task.web")
 
 CSRF_COOKIE = "cm_csrf"
 TOKEN_COOKIE = "cm_token"
@@ -55,11 +65,14 @@ PAGE = 50
 """Tasks per page of the tasks list."""
 MATCHING_AT_ONCE = 1000
 """The most tasks "act on all matching" controls at once (more: narrow the filter)."""
-PAGING = ("until", "skip")
+PAGING = ("until", "before")
+"""The next page's key: the last task shown, by its creation time and id."""
 EVENT_POLL = 0.05
 """Seconds between two looks of an event stream at the follower's version."""
-MAX_SKIP = 100_000
-"""Tasks created at one same instant that paging steps over (a bulk submit's batch)."""
+MAX_PARAMETER = 1000
+"""Characters of one query parameter or form field read (a filter longer than any name
+the store holds matches nothing anyway)."""
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 class BadInput(ValueError):
@@ -76,6 +89,7 @@ def _templates() -> Jinja2Templates:
         ts=_views.clock,
         status_text=_views.status_text,
     )
+    templates.env.filters["buckets"] = format_buckets
     return templates
 
 
@@ -114,22 +128,20 @@ def create_app(dashboard: Dashboard) -> Starlette:
             d.follower.stop()
 
     def tasks(request: Request) -> Response:
-        query, shown, skip = _task_query(d, request)
+        query, shown = _task_query(d, request.query_params.multi_items())
         now = d.now()  # once: on PostgreSQL it is a round trip
-        found = d.store.query(query)[skip:]
+        # Keyset paging: one page and one more row, whatever page it is.
+        found = d.store.query(replace(query, limit=PAGE + 1))
         listed = found[:PAGE]
         older = None
         if len(found) > PAGE:
-            # Keyset paging: the next page starts at the last time shown, past the tasks
-            # of that very time already shown (a tie; they come first, newest first).
-            last = listed[-1].created_at
-            tied = sum(1 for s in listed if s.created_at == last)
-            if query.created_until == last:
-                tied += skip
+            last = listed[-1]
             params = [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
-            older = urlencode([*params, ("until", last.isoformat()), ("skip", str(tied))])
+            older = urlencode(
+                [*params, ("until", last.created_at.isoformat()), ("before", last.task_id)]
+            )
         matching = None
-        if not d.read_only and not query.created_until:  # the first page of a filter
+        if not d.read_only and query.after is None and listed:  # the first page of a filter
             # The page's own read holds the whole match unless there is an older page.
             matching = (
                 len(found)
@@ -144,7 +156,11 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "tasks": listed,
                 "matching": matching,
                 "matching_at_once": MATCHING_AT_ONCE,
-                "filter_query": request.url.query,
+                # What the question counted: tasks created after it are left alone.
+                "newest": listed[0].created_at.isoformat() if listed else "",
+                "filter_query": urlencode(
+                    [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
+                ),
                 "older": older,
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
@@ -153,14 +169,25 @@ def create_app(dashboard: Dashboard) -> Starlette:
         )
 
     def task(request: Request) -> Response:
-        snapshot = find_task(d.store, request.path_params["task_id"], d.where)
-        if snapshot.task_id != request.path_params["task_id"]:
+        given = _path_id(d, request)
+        snapshot = find_task(d.store, given, d.where)
+        if snapshot.task_id != given:
             return RedirectResponse(f"/tasks/{snapshot.task_id}", status_code=303)
         return page(request, "task.html", _views.task(d, snapshot))
 
     def task_live(request: Request) -> Response:
-        snapshot = find_task(d.store, request.path_params["task_id"], d.where)
+        snapshot = find_task(d.store, _path_id(d, request), d.where)
         return page(request, "_task_live.html", _views.task(d, snapshot))
+
+    def task_result(request: Request) -> Response:
+        """A finished task's whole result, as the store holds it (JSON)."""
+        snapshot = find_task(d.store, _path_id(d, request), d.where)
+        if snapshot.status is not TaskStatus.SUCCEEDED:
+            raise LookupError(f"task {snapshot.task_id} has no result: it is {snapshot.status}")
+        return JSONResponse(
+            snapshot.outcome,
+            headers={"Content-Disposition": f'inline; filename="{snapshot.task_id}.json"'},
+        )
 
     def send_each(
         found: list[TaskSnapshot], action: CommandAction, reason: str
@@ -182,7 +209,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
         if d.read_only:
             return error(request, 403, "this dashboard is read-only: controls are off")
         form = await request.form()
-        if not _csrf_ok(request, str(form.get("csrf", ""))):
+        if not _csrf_ok(request, _field(form, "csrf")):
             return error(request, 403, "the form's CSRF value is missing or wrong; reload the page")
         try:
             return form, CommandAction(request.path_params["action"])
@@ -195,6 +222,10 @@ def create_app(dashboard: Dashboard) -> Starlette:
             return posted
         form, action = posted
         given = [str(v) for v in form.getlist("task_id")] or [request.path_params["task_id"]]
+        if len(given) > MATCHING_AT_ONCE:
+            raise BadInput(f"more than {MATCHING_AT_ONCE} tasks selected (nothing sent)")
+        for task_id in given:
+            _checked(d, task_id, "task id")
 
         def act() -> list[tuple[Any, str]]:
             # Every id is resolved before any is acted on: an unknown one in a selection
@@ -207,15 +238,21 @@ def create_app(dashboard: Dashboard) -> Starlette:
         return page(request, shown, {"action": action.value, "answers": answers})
 
     async def control_matching(request: Request) -> Response:
-        """Every task the filter in the form's ``filter`` field selects (as the tasks
-        page read it), each sent its own control; one task's failure is said and costs
-        the others nothing."""
+        """Every task the filter in the form's ``filter`` field selects, as the question
+        the tasks page asked counted them: tasks created after its newest are left alone.
+        Each is sent its own control; one task's failure is said and costs the others
+        nothing."""
         posted = await control_form(request)
         if isinstance(posted, Response):
             return posted
         form, action = posted
-        chosen = Request({"type": "http", "query_string": str(form.get("filter", "")).encode()})
-        query = replace(_task_query(d, chosen)[0], limit=MATCHING_AT_ONCE + 1, created_until=None)
+        chosen = Request({"type": "http", "query_string": _field(form, "filter").encode()})
+        query, _ = _task_query(d, chosen.query_params.multi_items())
+        newest = _time(_field(form, "newest"), "newest")
+        counted = _field(form, "counted")
+        if newest is None or not counted.isdigit():
+            raise BadInput("the question's count is missing: reload the tasks page")
+        query = replace(query, limit=MATCHING_AT_ONCE + 1, created_until=newest, after=None)
 
         def act() -> list[tuple[Any, str]]:
             found = d.store.query(query)
@@ -228,7 +265,11 @@ def create_app(dashboard: Dashboard) -> Starlette:
             )
 
         answers = await run_in_threadpool(act)
-        return page(request, "answer.html", {"action": action.value, "answers": answers})
+        return page(
+            request,
+            "answer.html",
+            {"action": action.value, "answers": answers, "counted": int(counted)},
+        )
 
     async def reconcile(request: Request) -> Response:
         """GET: what reconcile would mark lost (a dry run). POST (confirmed, CSRF): do it;
@@ -237,7 +278,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             if d.read_only:
                 return error(request, 403, "this dashboard is read-only: controls are off")
             form = await request.form()
-            if not _csrf_ok(request, str(form.get("csrf", ""))):
+            if not _csrf_ok(request, _field(form, "csrf")):
                 return error(request, 403, "the form's CSRF value is missing or wrong")
 
         def run() -> tuple[Any, list[Any]]:
@@ -259,11 +300,12 @@ def create_app(dashboard: Dashboard) -> Starlette:
         return page(request, "pipelines.html", _views.pipelines(d))
 
     def pipeline(request: Request) -> Response:
-        return page(request, "pipeline.html", _views.pipeline(d, request.path_params["run_id"]))
+        run_id = _checked(d, request.path_params["run_id"], "pipeline run id")
+        return page(request, "pipeline.html", _views.pipeline(d, run_id))
 
     def pipeline_live(request: Request) -> Response:
-        found = _views.pipeline(d, request.path_params["run_id"])
-        return page(request, "_pipeline_live.html", found)
+        run_id = _checked(d, request.path_params["run_id"], "pipeline run id")
+        return page(request, "_pipeline_live.html", _views.pipeline(d, run_id))
 
     def schedules(request: Request) -> Response:
         return page(request, "schedules.html", _views.schedules(d))
@@ -301,7 +343,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
         The one page a dashboard with an access token serves to anyone: to a caller
         without the token it says only that, no path, no figures (a dashboard without a
         token shows every page to whoever reaches it)."""
-        told = d.token is None or _token_ok(request, d.token)
+        told = not d.access.needs_token or _token_ok(request, d)
         try:
             d.store.get("healthz")
         except ChongmingTaskError as exc:
@@ -333,33 +375,73 @@ def create_app(dashboard: Dashboard) -> Starlette:
         body, content_type = metrics_text(d.registry)
         return Response(body, media_type=content_type)
 
+    def refused(request: Request) -> Response | None:
+        """The answer to a request the dashboard will not serve (its host, its origin,
+        its token), or ``None``."""
+        host = request.headers.get("host")
+        if not d.access.host_ok(host):
+            return PlainTextResponse(
+                f"400: this dashboard does not answer to the host {host!a}: open it by its "
+                "address, or start it with --allowed-host NAME",
+                status_code=400,
+            )
+        if request.method not in ("GET", "HEAD") and not _same_site(request):
+            return PlainTextResponse(
+                "403: a control must come from the dashboard's own pages", status_code=403
+            )
+        if not d.access.needs_token or request.url.path.startswith("/healthz"):
+            return None
+        client = request.client.host if request.client is not None else "-"
+        wait = d.access.waiting(client)
+        if wait > 0:
+            return PlainTextResponse(
+                f"429: too many wrong tokens from {client}: try again in {wait:.0f} s",
+                status_code=429,
+                headers={"Retry-After": str(max(1, round(wait)))},
+            )
+        given = request.query_params.get("token")
+        if given is not None and d.access.token_is(given):
+            # Back to the page without the token in its address; never off the dashboard
+            # ("//evil.example/" is a path here, not another site).
+            response: Response = RedirectResponse(_local(request.scope["path"]), status_code=303)
+            response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+            return response
+        if _token_ok(request, d):
+            return None
+        if given is not None or _token_given(request):
+            d.access.guessed_wrong(client)
+        return HTMLResponse(
+            "<h1>401</h1><p>This dashboard needs its access token: open it once as "
+            "<code>/?token=…</code> or send <code>Authorization: Bearer …</code>.</p>",
+            status_code=401,
+        )
+
     async def guard(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if d.token is not None and not request.url.path.startswith("/healthz"):
-            given = request.query_params.get("token")
-            if given is not None and hmac.compare_digest(given, d.token):
-                response: Response = RedirectResponse(request.url.path, status_code=303)
-                response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
-                return response
-            if not _token_ok(request, d.token):
-                return HTMLResponse(
-                    "<h1>401</h1><p>This dashboard needs its access token: open it once as "
-                    "<code>/?token=…</code> or send <code>Authorization: Bearer …</code>.</p>",
-                    status_code=401,
-                )
-        request.state.csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+        answer = refused(request)
+        if answer is None:
+            request.state.csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+            answer = await _answered(request, call_next)
+            if CSRF_COOKIE not in request.cookies:
+                answer.set_cookie(CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict")
+        answer.headers.update(SECURITY_HEADERS)
+        return answer
+
+    async def _answered(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        """The page, or the one-line error page that says why there is none."""
         try:
-            response = await call_next(request)
+            return await call_next(request)
         except AmbiguousId as exc:
-            response = error(request, 409, str(exc), candidates=exc.candidates)
+            return error(request, 409, str(exc), candidates=exc.candidates)
         except LookupError as exc:
-            response = error(request, 404, str(exc))
+            return error(request, 404, str(exc))
         except (BadInput, InvalidValue) as exc:
-            response = error(request, 400, str(exc))
-        if CSRF_COOKIE not in request.cookies:
-            response.set_cookie(CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict")
-        return response
+            return error(request, 400, str(exc))
+        except StoreError as exc:
+            return error(request, 503, str(exc).splitlines()[0])
 
     static = resources.files(__package__).joinpath("static")
     return Starlette(
@@ -369,6 +451,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             Route("/tasks", tasks),
             Route("/tasks/{task_id}", task),
             Route("/tasks/{task_id}/live", task_live),
+            Route("/tasks/{task_id}/result", task_result),
             Route("/tasks/matching/{action}", control_matching, methods=["POST"]),
             Route("/tasks/{task_id}/{action}", control, methods=["POST"]),
             Route("/reconcile", reconcile, methods=["GET", "POST"]),
@@ -388,24 +471,87 @@ def create_app(dashboard: Dashboard) -> Starlette:
     )
 
 
-def _token_ok(request: Request, token: str) -> bool:
+def _local(path: str) -> str:
+    """``path`` as a path of this site: one leading ``/`` (a browser reads ``//host`` and
+    ``/\\host`` as another site)."""
+    return "/" + path.lstrip("/\\")
+
+
+def _same_site(request: Request) -> bool:
+    """Whether a browser that sent this request says it came from the dashboard's own
+    pages (a client that says nothing, such as curl, passes: it has no victim's cookies)."""
+    fetched = request.headers.get("sec-fetch-site")
+    if fetched is not None:
+        return fetched in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    return origin is None or same_origin(origin, request.headers.get("host", ""))
+
+
+def _token_given(request: Request) -> bool:
+    return request.headers.get("authorization", "").startswith("Bearer ") or (
+        TOKEN_COOKIE in request.cookies
+    )
+
+
+def _token_ok(request: Request, d: Dashboard) -> bool:
     header = request.headers.get("authorization", "")
-    if header.startswith("Bearer ") and hmac.compare_digest(header[7:], token):
+    if header.startswith("Bearer ") and d.access.token_is(header[7:]):
         return True
-    cookie = request.cookies.get(TOKEN_COOKIE)
-    return cookie is not None and hmac.compare_digest(cookie, token)
+    return d.access.token_is(request.cookies.get(TOKEN_COOKIE))
 
 
 def _csrf_ok(request: Request, given: str) -> bool:
     cookie = request.cookies.get(CSRF_COOKIE)
-    return bool(cookie) and bool(given) and hmac.compare_digest(cookie or "", given)
+    if not cookie or not given:
+        return False
+    return secrets.compare_digest(
+        cookie.encode("utf-8", "surrogatepass"), given.encode("utf-8", "surrogatepass")
+    )
 
 
-def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, Any], int]:
-    """The tasks page's filters from its query string, each checked (a bad one is a 400)."""
-    q = request.query_params
+def _field(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value[:MAX_PARAMETER] if isinstance(value, str) else ""
+
+
+def _checked(d: Dashboard, text: str, what: str) -> str:
+    """``text`` if the store could hold it (a filter it could not hold is a 400, never a
+    store error)."""
+    if len(text) > MAX_PARAMETER:
+        raise BadInput(f"{what} is longer than {MAX_PARAMETER} characters")
+    check_text(text, what, d.caps.value_rules)
+    return text
+
+
+def _path_id(d: Dashboard, request: Request) -> str:
+    return _checked(d, request.path_params["task_id"], "task id")
+
+
+def _time(text: str, what: str) -> datetime | None:
+    """An aware ISO time, as UTC; ``None`` for nothing given. Anything else is a 400."""
+    if not text:
+        return None
+    try:
+        found = datetime.fromisoformat(text)
+        if found.tzinfo is None:
+            raise ValueError("no time zone")
+        return found.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise BadInput(f"bad {what}: an ISO time with its zone, as the page wrote it") from None
+
+
+def _task_query(d: Dashboard, params: list[tuple[str, str]]) -> tuple[TaskQuery, dict[str, Any]]:
+    """The tasks page's filters from its query string, each checked (a bad one is a 400):
+    a brief query, newest first, past the page key if one is given."""
+    given: dict[str, list[str]] = {}
+    for key, value in params:
+        given.setdefault(key, []).append(_checked(d, value, f"parameter {key!r}"))
+
+    def one(key: str) -> str | None:
+        return next((v for v in given.get(key, []) if v), None)  # an empty field: not set
+
     statuses: frozenset[TaskStatus] | None = NON_TERMINAL
-    wanted = q.getlist("status")
+    wanted = [s for s in given.get("status", []) if s]  # the form's "unfinished" is ""
     if wanted == ["all"]:
         statuses = None
     elif wanted == ["finished"]:
@@ -416,29 +562,23 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
         except ValueError:
             raise BadInput(f"unknown status in {wanted}") from None
     buckets: frozenset[int] | None = None
-    if q.get("bucket"):
-        given = q.getlist("bucket")
+    chosen = [b for b in given.get("bucket", []) if b.strip()]
+    if chosen:
         last = d.policy.num_buckets - 1
-        bad = next((b for b in given if not b.strip().isdigit()), None)
+        bad = next((b for b in chosen if not (b.strip().isascii() and b.strip().isdigit())), None)
         if bad is not None:
             raise BadInput(f"bucket must be a whole number from 0 to {last}, not {bad!r}")
         try:
-            buckets = d.policy.validate([int(b) for b in given])
+            buckets = d.policy.validate([int(b) for b in chosen])
         except ChongmingTaskError as exc:
             raise BadInput(f"bad bucket: {exc}") from None
-    text = {key: (q.get(key) or None) for key in ("name", "tag", "pipeline", "node", "q")}
-    prefix = None if text["q"] is None else text["q"].lower()  # ids are lower-case hex
-    if prefix is not None and len(prefix) < 2:
-        raise BadInput("search an id by at least 2 characters")
-    until, skip = None, 0
-    if q.get("until"):
-        try:
-            until = datetime.fromisoformat(q["until"])
-            skip = int(q.get("skip", "0"))
-        except ValueError:
-            raise BadInput("bad page cursor (until, skip)") from None
-        if until.tzinfo is None or not 0 <= skip <= MAX_SKIP:
-            raise BadInput("bad page cursor (until, skip)")
+    text = {key: one(key) for key in ("name", "tag", "pipeline", "node", "q")}
+    prefix = None if text["q"] is None else text["q"].strip().lower()
+    if prefix is not None and (len(prefix) < 2 or _HEX.fullmatch(prefix) is None):
+        raise BadInput("search an id by 2 or more of its hex digits (0-9, a-f)")
+    until, before = _time(one("until") or "", "page key (until)"), one("before")
+    if (until is None) != (before is None):
+        raise BadInput("bad page key: until and before go together")
     pipeline = text["pipeline"]
     if pipeline is not None:  # its id or a unique prefix of 6+ characters, as in the CLI
         pipeline = find_pipeline_run(d.store, pipeline) or pipeline
@@ -450,13 +590,13 @@ def _task_query(d: Dashboard, request: Request) -> tuple[TaskQuery, dict[str, An
         buckets=buckets,
         pipeline_run_id=pipeline,
         owner=text["node"],
-        created_until=until,
-        limit=skip + PAGE + 1,
+        after=None if until is None or before is None else (until, before),
         newest_first=True,
+        brief=True,
     )
     shown = {
         "status": wanted,
         **{k: v or "" for k, v in text.items()},
         "bucket": "" if buckets is None else format_buckets(buckets),
     }
-    return query, shown, skip
+    return query, shown

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from ..control import StoreControl
@@ -14,6 +14,7 @@ from ..node.controller import Controller
 from ..policies import BucketPolicy
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
+from ._access import LOOPBACK, Access
 from ._follow import Follower
 from ._metrics import store_registry
 
@@ -31,14 +32,18 @@ class Dashboard:
         num_buckets: int = 64,
         read_only: bool = False,
         token: str | None = None,
+        allowed_hosts: Iterable[str] = LOOPBACK,
         aside: TaskStore | None = None,
     ) -> None:
+        """``allowed_hosts``: the host names a request may name (``_access``); the
+        loopback names by default, so a dashboard made without any answers only there."""
         self.store = store
         self.caps = Capabilities(store)
         self.where = where
         self.policy = BucketPolicy(num_buckets)
         self.read_only = read_only
-        self.token = token
+        self.access = Access(token=token, allowed_hosts=allowed_hosts)
+        """Who may ask: the host named, the origin of a control, the token."""
         self.owner = f"web:{socket.gethostname()}:{os.getpid()}"
         self.control = StoreControl(store, owner=self.owner)
         """Controls sent through the store: the dashboard is no node."""

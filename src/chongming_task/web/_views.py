@@ -3,6 +3,7 @@ questions as the CLI asks (``GROUP BY``s the indexes answer), never a whole tabl
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -154,9 +155,24 @@ def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
         if s.last_heartbeat_at is None
         else present.age(max(0.0, (now - s.last_heartbeat_at).total_seconds())),
         "lease_left": None if s.lease_until is None else (s.lease_until - now).total_seconds(),
-        "outcome_json": present.snapshot_json(s)["outcome"],
+        **_preview(s),
         "controls": _controls(s),
+        # A finished task changes no more (a lost one may still get a late report): its
+        # page stops fetching itself again.
+        "follow": not s.is_terminal or s.status is TaskStatus.LOST,
     }
+
+
+RESULT_PREVIEW = 4000
+"""Characters of a result the task page shows; the whole value is a link away."""
+
+
+def _preview(s: TaskSnapshot) -> dict[str, Any]:
+    """The start of a succeeded task's result as JSON, and how long the whole is."""
+    if s.status is not TaskStatus.SUCCEEDED:
+        return {"result_preview": None, "result_length": 0}
+    text = json.dumps(s.outcome, indent=2, ensure_ascii=False)
+    return {"result_preview": text[:RESULT_PREVIEW], "result_length": len(text)}
 
 
 def _controls(s: TaskSnapshot) -> list[str]:
@@ -203,7 +219,7 @@ def pipelines(d: Dashboard) -> dict[str, Any]:
     """The newest recorded pipeline runs, each with its tasks counted by status."""
     rows = []
     for record in d.caps.pipeline_records(limit=30):
-        tasks = d.store.query(TaskQuery(pipeline_run_id=record.pipeline_run_id))
+        tasks = d.store.query(TaskQuery(pipeline_run_id=record.pipeline_run_id, brief=True))
         counts: dict[str, int] = {}
         for t in tasks:
             counts[t.status.value] = counts.get(t.status.value, 0) + 1
@@ -230,10 +246,13 @@ def pipeline(d: Dashboard, given: str) -> dict[str, Any]:
     columns: dict[int, list[str]] = {}
     for key in record.tasks:
         columns.setdefault(level(key), []).append(key)
+    # One brief read of the run's tasks: a box shows no result.
+    read = TaskQuery(pipeline_run_id=record.pipeline_run_id, brief=True)
+    found = {s.task_id: s for s in d.store.query(read)}
     boxes: dict[str, dict[str, Any]] = {}
     for col, keys in columns.items():
         for row, key in enumerate(keys):
-            snapshot = d.store.get(record.tasks[key])
+            snapshot = found.get(record.tasks[key])
             boxes[key] = {
                 "key": key,
                 "x": 10 + col * (BOX_W + GAP_X),

@@ -9,6 +9,7 @@ from importlib import resources
 from typing import Any
 
 from ...errors import StoreError
+from ...model import BRIEF_MESSAGE
 from .. import codec
 from .._sql import Dialect, encoded_tag, newer_schema, older_schema
 from ..dsn import IDENTIFIER, check_schema_name
@@ -81,12 +82,25 @@ def statements_in(sql: Mapping[str, str], schema: str) -> dict[str, str]:
 _JSON_COLUMNS = frozenset({"tags", "progress", "failure", "outcome"})
 # The task columns as the codec reads them: JSONB as text.
 _TASK_SELECT = ", ".join(f"{c}::text" if c in _JSON_COLUMNS else c for c in codec.TASK_COLUMNS)
+# A list's columns: no result, no traceback, a progress message cut (TaskQuery.brief).
+# Columns left unselected are never read from TOAST.
+_MESSAGE = "progress->>'message'"
+_BRIEF = {
+    "outcome": "NULL::text",
+    "failure": "(failure - 'traceback')::text",
+    "progress": f"(CASE WHEN length({_MESSAGE}) > {BRIEF_MESSAGE} THEN jsonb_set(progress, "
+    f"'{{message}}', to_jsonb(left({_MESSAGE}, {BRIEF_MESSAGE}))) ELSE progress END)::text",
+}
+_BRIEF_SELECT = ", ".join(
+    _BRIEF.get(c, f"{c}::text" if c in _JSON_COLUMNS else c) for c in codec.TASK_COLUMNS
+)
 
 
 def dialect_in(schema: str) -> Dialect:
     """How the store spells a task query in ``schema`` (a validated identifier)."""
     return Dialect(
         select=f"SELECT {_TASK_SELECT} FROM {schema}.tasks",
+        brief_select=f"SELECT {_BRIEF_SELECT} FROM {schema}.tasks",
         placeholder="%s",
         one_of=lambda column, values: (f"{column} = ANY(%s)", [values]),
         prefix=lambda column, text: (f"starts_with({column}, %s)", [text]),

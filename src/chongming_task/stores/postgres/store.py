@@ -103,6 +103,23 @@ _ANNOUNCE_EVERY = 0.1
 """Seconds between two notifications of writes, at least."""
 
 
+def _holds_nul(query: TaskQuery) -> bool:
+    """Whether a text filter of ``query`` holds NUL, which PostgreSQL cannot be sent."""
+    texts = (
+        query.id_prefix,
+        query.name,
+        query.name_prefix,
+        query.name_glob,
+        query.tag,
+        query.pipeline_run_id,
+        query.pipeline_prefix,
+        query.owner,
+        query.dedupe_key,
+        None if query.after is None else query.after[1],
+    )
+    return any(text is not None and "\x00" in text for text in texts)
+
+
 class PostgresTaskStore(
     ActivitySQL,
     CommandQueueSQL,
@@ -498,12 +515,16 @@ class PostgresTaskStore(
         )
 
     def get(self, task_id: str) -> TaskSnapshot | None:
+        if "\x00" in task_id:
+            return None  # no stored text holds NUL: nothing has that id
         with self._cursor("get") as cur:
             cur.execute(self._sql["get_task"], [task_id])
             row = cur.fetchone()
         return None if row is None else self._snapshot(row)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        if query is not None and _holds_nul(query):
+            return []  # no stored text holds NUL: nothing matches
         sql, params = query_sql(query or TaskQuery(), self._dialect)
         with self._cursor("query") as cur:
             cur.execute(sql, params)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ...model import (
+    BRIEF_MESSAGE,
     Command,
     Progress,
     TaskQuery,
@@ -68,8 +69,19 @@ _SQL = load_named(__package__)
 # are not heartbeats").
 _SAVE_VALUE_COLUMNS = tuple(c for c in codec.SAVE_COLUMNS if c != "task_id")
 _SELECT_TASKS = "SELECT " + ", ".join(codec.TASK_COLUMNS) + " FROM tasks"
+# A list's columns: no result, no traceback, a progress message cut (TaskQuery.brief).
+_MESSAGE = "json_extract(progress, '$.message')"
+_BRIEF = {
+    "outcome": "NULL",
+    "failure": "json_remove(failure, '$.traceback')",
+    "progress": f"CASE WHEN length({_MESSAGE}) > {BRIEF_MESSAGE} THEN json_set(progress, "
+    f"'$.message', substr({_MESSAGE}, 1, {BRIEF_MESSAGE})) ELSE progress END",
+}
 _DIALECT = Dialect(
     select=_SELECT_TASKS,
+    brief_select="SELECT "
+    + ", ".join(_BRIEF.get(c, c) for c in codec.TASK_COLUMNS)
+    + " FROM tasks",
     placeholder="?",
     unindexed=lambda column: f"+{column}",
     one_of=lambda column, values: (f"{column} IN ({', '.join('?' * len(values))})", values),

@@ -8,6 +8,16 @@ window.addEventListener("pagehide", function () {
   }
 });
 
+// A list with tasks ticked for a control is not redrawn under the person ticking them
+// (its live part would lose the ticks): the refresh waits until nothing is ticked.
+document.addEventListener("htmx:beforeRequest", function (event) {
+  var target = event.detail && event.detail.elt;
+  if (target && target.hasAttribute && target.hasAttribute("data-keep-selection") &&
+      target.querySelector("input:checked")) {
+    event.preventDefault();
+  }
+});
+
 // Stop and cancel cannot be undone: the selection's buttons ask first, naming how many
 // tasks are selected (a task page's own buttons ask through htmx's hx-confirm).
 document.addEventListener("click", function (event) {

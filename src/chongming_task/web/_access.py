@@ -1,0 +1,171 @@
+"""Who may ask the dashboard anything: the host a request names, the origin a control
+comes from, the access token, and how fast a client may guess it. The headers every
+answer carries (no framing, only the dashboard's own scripts) are here too.
+
+- **Host.** A request must name a host the dashboard answers to: its bound address,
+  ``localhost`` and the loopback addresses, or one the operator allowed
+  (``--allowed-host``: a name, ``.example.com`` for a domain and its subdomains, ``*``
+  for any). Anything else is 400: a page elsewhere whose name was made to resolve to
+  127.0.0.1 (DNS rebinding) reaches the dashboard under its own name, and is refused.
+- **Origin.** A control (any method but GET and HEAD) sent by a browser says where its
+  page came from (``Origin``, ``Sec-Fetch-Site``); one from another origin is 403,
+  whatever the cookies say. Clients that send neither (curl, scripts) still need the
+  CSRF value and the token.
+- **Token.** Compared as bytes in constant time (any text compares; none raises).
+  A client that sends ``GUESSES`` wrong tokens in ``WINDOW`` seconds is answered 429
+  until they age out, so guessing takes years, not seconds.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+__all__ = [
+    "LOOPBACK",
+    "SECURITY_HEADERS",
+    "Access",
+    "host_allowed",
+    "parse_host",
+    "same_origin",
+]
+
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+"""The names a dashboard bound to loopback answers to, besides those allowed."""
+GUESSES = 10
+"""Wrong tokens one client may send within ``WINDOW`` seconds before it waits."""
+WINDOW = 60.0
+CLIENTS = 10_000
+"""Clients whose wrong guesses are remembered (the oldest forgotten past it)."""
+
+SECURITY_HEADERS = {
+    # Only the dashboard's own scripts, styles and event stream; no page may frame it.
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
+        "object-src 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    # A first visit's ?token=... must not leave in a Referer to another site. (Not
+    # no-referrer: with it, a browser posts a form with "Origin: null".)
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+def parse_host(value: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header's name (lower case, an IPv6 address without brackets) and port;
+    ``None`` if it is no host."""
+    value = value.strip().lower()
+    if not value or any(c.isspace() or c in "/\\@?#" for c in value):
+        return None
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ("" if not rest else None)
+    else:
+        name, colon, port_text = value.rpartition(":") if ":" in value else (value, "", "")
+        if colon and ":" in name:
+            return None  # an IPv6 address needs its brackets
+    if port_text is None or not name:
+        return None
+    if not port_text:
+        return name.rstrip("."), None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    return name.rstrip("."), int(port_text)
+
+
+def host_allowed(name: str, allowed: Iterable[str]) -> bool:
+    """Whether ``name`` is one of ``allowed``: an exact name, ``.example.com`` for it and
+    its subdomains, or ``*``."""
+    for pattern in allowed:
+        if pattern == "*" or pattern == name:
+            return True
+        if pattern.startswith(".") and (name == pattern[1:] or name.endswith(pattern)):
+            return True
+    return False
+
+
+_DEFAULT_PORT = {"http": 80, "https": 443}
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether a browser's ``Origin`` is the origin whose ``Host`` header is ``host``: the
+    same name, and the same port (a missing one being the scheme's default)."""
+    try:
+        parts = urlsplit(origin)
+        origin_port = parts.port
+    except ValueError:
+        return False
+    named = parse_host(host)
+    if parts.scheme not in _DEFAULT_PORT or parts.hostname is None or named is None:
+        return False
+    default = _DEFAULT_PORT[parts.scheme]
+    name, port = named
+    return parts.hostname.rstrip(".") == name and (origin_port or default) == (port or default)
+
+
+class Access:
+    """The dashboard's checks of who asks, each answering in constant time."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        allowed_hosts: Iterable[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._token = None if token is None else token.encode("utf-8", "surrogatepass")
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wrong: OrderedDict[str, deque[float]] = OrderedDict()
+
+    @property
+    def needs_token(self) -> bool:
+        return self._token is not None
+
+    def host_ok(self, host: str | None) -> bool:
+        named = None if host is None else parse_host(host)
+        return named is not None and host_allowed(named[0], self.allowed_hosts)
+
+    def token_is(self, given: str | None) -> bool:
+        """Whether ``given`` is the token (any text compares; a wrong one costs the same
+        time whatever it holds)."""
+        if self._token is None or given is None:
+            return False
+        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._token)
+
+    def waiting(self, client: str) -> float:
+        """Seconds ``client`` must wait before its next token is even looked at (0: none)."""
+        with self._lock:
+            times = self._recent(client)
+            if times is None or len(times) < GUESSES:
+                return 0.0
+            return max(0.0, times[0] + WINDOW - self._clock())
+
+    def guessed_wrong(self, client: str) -> None:
+        with self._lock:
+            times = self._recent(client)
+            if times is None:
+                times = self._wrong[client] = deque(maxlen=GUESSES)
+                if len(self._wrong) > CLIENTS:
+                    self._wrong.popitem(last=False)
+            times.append(self._clock())
+
+    def _recent(self, client: str) -> deque[float] | None:
+        times = self._wrong.get(client)
+        if times is not None:
+            now = self._clock()
+            while times and times[0] + WINDOW <= now:
+                times.popleft()
+            if not times:
+                del self._wrong[client]
+                return None
+        return times

@@ -1,0 +1,387 @@
+"""The dashboard against a hostile page and a careless hand, as a real server process:
+a request naming another host (DNS rebinding), a control from another origin, framing,
+weak and guessed tokens, a redirect off the site, input that used to be a 500, a
+question that counted fewer tasks than the answer acted on, results of megabytes in a
+list, and paging deep into a large store."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import subprocess
+import sys
+import urllib.parse
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from chongming_task import SqliteTaskStore, TaskSnapshot, TaskStatus, Transition
+from chongming_task.stores.capabilities import Capabilities
+from tests.conftest import stored_status, wait_until
+from tests.integration.test_cross_process import Node
+from tests.integration.test_web import Web
+
+pytest.importorskip("starlette", reason="the [web] extra is not installed")
+
+TOKEN = "a-long-enough-token-1234"
+
+
+def raw(
+    web: Web, method: str, path: str, *, body: str | None = None, **headers: str
+) -> tuple[int, dict[str, str], str]:
+    """One request exactly as given (urllib would set the Host itself)."""
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=30)
+    try:
+        sent = {k.replace("_", "-"): v for k, v in headers.items()}
+        if body is not None:
+            sent.setdefault("Content-Type", "application/x-www-form-urlencoded")
+        conn.putrequest(method, path, skip_host="Host" in sent, skip_accept_encoding=True)
+        for name, value in sent.items():
+            conn.putheader(name, value)
+        data = None if body is None else body.encode()
+        if data is not None:
+            conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders(data)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read().decode()
+    finally:
+        conn.close()
+
+
+def snapshot(task_id: str, *, name: str = "loop", at: datetime, **more: object) -> TaskSnapshot:
+    fields: dict[str, object] = {"status": TaskStatus.QUEUED, "status_version": 1, **more}
+    return TaskSnapshot(task_id=task_id, name=name, created_at=at, **fields)  # type: ignore[arg-type]
+
+
+def create_many(db: Path, snapshots: list[TaskSnapshot]) -> None:
+    """Store ``snapshots`` in one transaction, each with its first transition."""
+    store = SqliteTaskStore(db)
+    try:
+        Capabilities(store).create_many(
+            [
+                (
+                    s,
+                    Transition(
+                        task_id=s.task_id,
+                        version=1,
+                        from_status=None,
+                        to_status=s.status,
+                        at=s.created_at,
+                    ),
+                )
+                for s in snapshots
+            ]
+        )
+    finally:
+        store.close()
+
+
+def test_a_request_naming_another_host_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "rebind.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--submit", "loop")
+    web = Web(db)
+    (task_id,) = node.task_ids
+    try:
+        wait_until(lambda: stored_status(db, task_id) is TaskStatus.RUNNING, what="running")
+        evil = f"rebind.attacker.example:{web.port}"
+        # The issue's request: another page's name, resolved to 127.0.0.1, with a forged
+        # double-submit pair.
+        status, _, body = raw(
+            web,
+            "POST",
+            f"/tasks/{task_id}/cancel",
+            body="csrf=zz",
+            Host=evil,
+            Origin=f"http://{evil}",
+            Cookie="cm_csrf=zz",
+        )
+        assert status == 400 and "does not answer to the host" in body
+        status, _, _ = raw(web, "GET", "/", Host=evil)
+        assert status == 400
+        # The right host, but a control from another origin (or site).
+        here = f"127.0.0.1:{web.port}"
+        for origin in (f"http://{evil}", "null", f"http://127.0.0.1:{web.port + 1}"):
+            status, _, body = raw(
+                web,
+                "POST",
+                f"/tasks/{task_id}/cancel",
+                body="csrf=zz",
+                Host=here,
+                Origin=origin,
+                Cookie="cm_csrf=zz",
+            )
+            assert status == 403 and "own pages" in body, (origin, status)
+        status, _, _ = raw(
+            web,
+            "POST",
+            f"/tasks/{task_id}/cancel",
+            body="csrf=zz",
+            Host=here,
+            Sec_Fetch_Site="cross-site",
+            Cookie="cm_csrf=zz",
+        )
+        assert status == 403
+        for name in ("localhost", "127.0.0.1", "LOCALHOST."):
+            assert raw(web, "GET", "/healthz", Host=f"{name}:{web.port}")[0] == 200, name
+        assert stored_status(db, task_id) is TaskStatus.RUNNING
+    finally:
+        web.close()
+        node.finish()
+
+
+def test_an_allowed_host_is_answered_and_a_wildcard_bind_needs_one(tmp_path: Path) -> None:
+    db = tmp_path / "allowed.db"
+    SqliteTaskStore(db).close()
+    web = Web(db, "--allowed-host", "dash.example.com", "--allowed-host", ".corp.example")
+    try:
+        for name in ("dash.example.com", "a.corp.example", "corp.example"):
+            assert raw(web, "GET", "/healthz", Host=name)[0] == 200, name
+        for name in ("example.com", "evilcorp.example", "x.dash.example.com"):
+            assert raw(web, "GET", "/healthz", Host=name)[0] == 400, name
+    finally:
+        web.close()
+    wildcard = ["web", "--host", "0.0.0.0", "--token", TOKEN]
+    refused = subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), *wildcard],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "--allowed-host" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+
+def test_every_answer_forbids_framing_and_foreign_scripts(tmp_path: Path) -> None:
+    db = tmp_path / "frame.db"
+    SqliteTaskStore(db).close()
+    web = Web(db)
+    try:
+        for path in ("/", "/tasks", "/tasks/abcdef123456", "/nodes", "/static/dashboard.js"):
+            status, headers, _ = raw(web, "GET", path)
+            assert status in (200, 404), path
+            policy = headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy
+            assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+            assert headers["x-frame-options"] == "DENY"
+            assert headers["x-content-type-options"] == "nosniff"
+    finally:
+        web.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "said"),
+    [
+        ({}, ["--host", "0.0.0.0", "--allowed-host", "*", "--token", "a"], "16 or more"),
+        ({"CHONGMING_WEB_TOKEN": " "}, [], "blank"),
+        ({"CHONGMING_WEB_TOKEN": " "}, ["--host", "0.0.0.0", "--allowed-host", "*"], "blank"),
+    ],
+)
+def test_weak_tokens_are_refused(
+    tmp_path: Path, env: dict[str, str], args: list[str], said: str
+) -> None:
+    import os
+
+    db = tmp_path / "weak.db"
+    SqliteTaskStore(db).close()
+    result = subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), "web", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_guessing_the_token_is_slowed_and_never_a_500(tmp_path: Path) -> None:
+    db = tmp_path / "guess.db"
+    SqliteTaskStore(db).close()
+    web = Web(db, "--token", TOKEN)
+    try:
+        codes = [raw(web, "GET", "/", Authorization=f"Bearer wrong-{n}")[0] for n in range(15)]
+        assert codes[:10] == [401] * 10
+        assert codes[10:] == [429] * 5  # the rest wait: even the right token, for now
+        status, headers, _ = raw(web, "GET", "/", Authorization=f"Bearer {TOKEN}")
+        assert status == 429 and int(headers["retry-after"]) > 0
+        assert raw(web, "GET", "/healthz")[0] == 200  # a probe is never held back
+    finally:
+        web.close()
+
+
+def test_text_that_used_to_be_a_500_is_a_4xx(tmp_path: Path) -> None:
+    db = tmp_path / "fivehundred.db"
+    SqliteTaskStore(db).close()
+    plain = Web(db)
+    guarded = Web(db, "--token", TOKEN)
+    odd = Web(db, "--token", "tökén-ünïcode-øø-1234")
+    try:
+        for path in (
+            "/tasks?q=a%F4%8F%BF%BF",
+            "/tasks?until=0001-01-01T00:00:00%2B14:00&before=ab",
+            "/tasks?until=9999-12-31T23:59:59-14:00&before=ab",
+            "/tasks?until=yesterday&before=ab",
+            "/tasks?until=2026-01-01T00:00:00%2B00:00",
+            "/tasks?name=%5Bz-a%5D*",
+            "/tasks?status=",
+            "/tasks?bucket=%D9%A3",  # an Arabic-Indic three: a digit, but not ours
+            "/tasks/%F4%8F%BF%BF",
+            "/pipelines/%ff%fe",
+        ):
+            status, _, body = raw(plain, "GET", path)
+            assert status < 500, (path, status, body[-300:])
+        for header in (
+            {"Authorization": "Bearer tökén"},
+            {"Cookie": "cm_token=t%C3%B6k"},
+            {"Cookie": "cm_token=tök"},
+        ):
+            assert raw(guarded, "GET", "/", **header)[0] == 401, header
+        status, _, _ = raw(guarded, "GET", "/?token=t%C3%B6k%C3%A9n")
+        assert status == 401
+        status, headers, _ = raw(
+            odd, "GET", "/?token=" + urllib.parse.quote("tökén-ünïcode-øø-1234")
+        )
+        assert status == 303  # a token beyond ASCII works
+        cookie = headers["set-cookie"].split(";")[0]
+        assert raw(odd, "GET", "/tasks", Cookie=cookie)[0] == 200
+        form = "csrf=" + urllib.parse.quote("tökén")
+        status, _, _ = raw(
+            plain, "POST", "/tasks/abcdef/pause", body=form, Cookie="cm_csrf=t%C3%B6k"
+        )
+        assert status == 403
+    finally:
+        plain.close()
+        guarded.close()
+        odd.close()
+
+
+def test_redirects_stay_on_the_dashboard(tmp_path: Path) -> None:
+    db = tmp_path / "redirect.db"
+    SqliteTaskStore(db).close()
+    web = Web(db, "--token", TOKEN)
+    try:
+        for path, to in (
+            (f"//evil.example/?token={TOKEN}", "/evil.example/"),
+            (f"/\\evil.example/?token={TOKEN}", "/evil.example/"),
+            (f"/tasks?token={TOKEN}", "/tasks"),
+        ):
+            status, headers, _ = raw(web, "GET", path)
+            assert status == 303 and headers["location"] == to, (path, headers)
+    finally:
+        web.close()
+
+
+def _hidden(page: str, name: str) -> str:
+    found = re.search(rf'<input type="hidden" name="{name}" value="([^"]*)">', page)
+    assert found is not None, name
+    return found[1].replace("&amp;", "&").replace("&#43;", "+")
+
+
+def test_acting_on_every_matching_task_leaves_tasks_made_after_the_question(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "question.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--submit", "loop", "--submit", "loop")
+    web = Web(db)
+    try:
+        for task_id in node.task_ids:
+            wait_until(lambda t=task_id: stored_status(db, t) is TaskStatus.RUNNING, what="run")
+        status, page = web.get("/tasks?name=loop")
+        assert status == 200 and "All 2 task(s) matching this filter" in page
+        fields = {n: _hidden(page, n) for n in ("filter", "newest", "counted")}
+        assert fields["counted"] == "2"
+        later = datetime.now(UTC) + timedelta(seconds=1)  # after the question
+        create_many(db, [snapshot(f"{n:032x}", at=later) for n in range(300)])
+        status, answer = web.request("/tasks/matching/pause", {"csrf": web.csrf(), **fields})
+        assert status == 200, answer
+        assert answer.count("request accepted") == 2
+        assert "2 task(s) acted on; the question counted 2" in answer
+        store = SqliteTaskStore(db)
+        try:
+            left = [s.status for s in store.query() if s.task_id not in node.task_ids]
+            assert left == [TaskStatus.QUEUED] * 300
+            assert not Capabilities(store).commands.pending(f"{0:032x}")
+        finally:
+            store.close()
+    finally:
+        web.close()
+        node.finish()
+
+
+def test_lists_read_no_results_and_a_task_page_shows_a_bounded_preview(tmp_path: Path) -> None:
+    db = tmp_path / "heavy.db"
+    store = SqliteTaskStore(db)
+    now = datetime.now(UTC)
+    heavy = {"rows": ["x" * 1000] * 5000}  # 5 MB each
+    for n in range(4):
+        store.create(
+            snapshot(
+                f"{n:02d}" + "e" * 30,
+                name="heavy",
+                at=now + timedelta(seconds=n),
+                status=TaskStatus.SUCCEEDED,
+                status_version=4,
+                outcome=heavy,
+                ended_at=now,
+            )
+        )
+    store.close()
+    web = Web(db)
+    try:
+        status, page = web.get("/tasks?status=all")
+        assert status == 200 and page.count("heavy") >= 4
+        assert "xxxxxxxxxx" not in page and len(page) < 100_000
+        task_id = "00" + "e" * 30
+        status, page = web.get(f"/tasks/{task_id}")
+        assert status == 200 and len(page) < 100_000
+        assert f'href="/tasks/{task_id}/result"' in page and "the whole result" in page
+        assert 'hx-get="/tasks/' not in page  # finished: the page fetches itself no more
+        status, whole = web.get(f"/tasks/{task_id}/result")
+        assert status == 200 and len(whole) > 5_000_000
+    finally:
+        web.close()
+
+
+def test_paging_is_by_key_and_reads_one_page_however_deep(tmp_path: Path) -> None:
+    db = tmp_path / "deep.db"
+    now = datetime.now(UTC)
+    # 130 tasks, 60 of them created at one instant (a batch), the rest a second apart.
+    made = [snapshot(f"a{n:031x}", at=now) for n in range(60)]
+    made += [snapshot(f"b{n:031x}", at=now - timedelta(seconds=n + 1)) for n in range(70)]
+    create_many(db, made)
+    web = Web(db)
+    try:
+        seen: list[str] = []
+        path = "/tasks?status=all"
+        pages = 0
+        while path:
+            status, page = web.get(path)
+            assert status == 200
+            pages += 1
+            seen += re.findall(r'href="/tasks/([0-9a-f]{32})"', page)
+            older = re.search(r'class="older" href="([^"]+)"', page)
+            path = "" if older is None else older[1].replace("&amp;", "&")
+        assert pages == 3
+        assert len(seen) == len(set(seen)) == 130  # each once, none skipped
+        status, _ = web.get("/tasks?status=all&until=2026-01-01T00:00:00%2B00:00")
+        assert status == 400  # half a key
+        status, _ = web.get("/tasks?status=all&skip=100000")
+        assert status == 200  # an old link's offset is no work at all
+    finally:
+        web.close()
+
+
+def test_the_overview_writes_a_nodes_buckets_as_ranges(tmp_path: Path) -> None:
+    db = tmp_path / "ranges.db"
+    SqliteTaskStore(db).close()
+    node = Node(db, "--owned", "0-63", "--submit", "loop")
+    web = Web(db)
+    try:
+        wait_until(lambda: "0-63" in web.get("/live/overview")[1], 15, "the node's buckets")
+        assert "0,1,2" not in web.get("/live/overview")[1]
+    finally:
+        web.close()
+        node.finish()
