@@ -144,3 +144,61 @@ def test_an_unknown_id_made_of_escapes_is_echoed_escaped(db: Path) -> None:
     assert result.returncode == 1
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _stored(path: Path, *snapshots: TaskSnapshot) -> None:
+    store = SqliteTaskStore(path)
+    try:
+        for snapshot in snapshots:
+            store.create(snapshot)
+    finally:
+        store.close()
+
+
+def _task(n: int, status: TaskStatus) -> TaskSnapshot:
+    return TaskSnapshot(
+        task_id=f"{n:02d}" + "c" * 30,
+        name="job",
+        status=status,
+        status_version=2,
+        created_at=datetime.now(UTC),
+        lease_owner=None if status in (TaskStatus.QUEUED, TaskStatus.SUCCEEDED) else "gone:1",
+    )
+
+
+def test_ps_with_a_limit_says_how_many_more(tmp_path: Path) -> None:
+    db = tmp_path / "more.db"
+    _stored(db, *(_task(n, TaskStatus.QUEUED) for n in range(8)))
+    result = cli("--db", str(db), "ps", "--all", "--limit", "5")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("job") == 5
+    assert "... and 3 more (the newest 5 are shown)" in result.stdout
+    assert "more" not in cli("--db", str(db), "ps", "--limit", "8").stdout
+
+
+def test_a_selection_never_counts_finished_tasks(tmp_path: Path) -> None:
+    db = tmp_path / "finished.db"
+    _stored(
+        db,
+        *(_task(n, TaskStatus.SUCCEEDED) for n in range(3)),
+        *(_task(n, TaskStatus.QUEUED) for n in range(3, 5)),
+    )
+    result = cli("--db", str(db), "pause", "--all", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would pause 2 task(s)" in result.stdout
+    one_line_usage_error(
+        cli("--db", str(db), "pause", "--status", "succeeded", "--dry-run"), "unfinished"
+    )
+
+
+def test_wait_on_a_task_already_on_its_way_waits_and_says_what_it_saw(tmp_path: Path) -> None:
+    db = tmp_path / "onitsway.db"
+    pausing, stopping = _task(1, TaskStatus.PAUSING), _task(2, TaskStatus.STOPPING)
+    _stored(db, pausing, stopping)
+    paused = cli("--db", str(db), "pause", pausing.task_id, "--wait", "1")
+    assert paused.returncode == 1, paused.stdout  # it waited: nothing paused it
+    assert "already pausing" in paused.stderr and "still pausing after 1" in paused.stderr
+    stopped = cli("--db", str(db), "stop", stopping.task_id, "--wait", "1")
+    assert stopped.returncode == 1
+    assert "already stopping" in stopped.stderr and "still stopping after 1" in stopped.stderr
+    assert "stays queued" not in stopped.stderr  # no request was queued

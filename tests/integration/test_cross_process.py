@@ -329,7 +329,7 @@ def test_a_backlog_in_one_bucket_does_not_starve_another() -> None:
     )
     store = SqliteTaskStore(":memory:")
     c = Controller(store, max_workers=2, max_parallel_per_bucket=1, activity_interval=0.02)
-    pause = threading.Event()
+    held = threading.Event()  # a0 holds its bucket until b has been served
     order: list[str] = []
     lock = threading.Lock()
     running = {"a": 0, "b": 0}
@@ -341,21 +341,26 @@ def test_a_backlog_in_one_bucket_does_not_starve_another() -> None:
             order.append(who)
             running[who[0]] += 1
             peak[who[0]] = max(peak[who[0]], running[who[0]])
-        pause.wait(0.02)
+        if who == "a0":
+            held.wait(10)
         with lock:
             running[who[0]] -= 1
 
     try:
+        # The order is pinned by the held task, not by how fast the submitter is: the
+        # whole backlog is queued while a0 holds bucket a and a worker is free.
         backlog = [c.submit(slow, f"a{i}", bucket_key=key_a) for i in range(20)]
         other = c.submit(slow, "b", bucket_key=key_b)
-        other.wait(5)
-        assert order.index("b") <= 1, order  # served next, not after a's 20
+        other.wait(10)
+        assert order == ["a0", "b"], order  # served next, not after a's 20
+        held.set()
         for run in backlog:
             run.wait(10)
         running_a = [s for s in order if s.startswith("a")]
         assert running_a == [f"a{i}" for i in range(20)]  # FIFO within the bucket
         assert peak == {"a": 1, "b": 1}  # never two of one bucket at once
     finally:
+        held.set()
         c.close()
         store.close()
 

@@ -42,3 +42,27 @@ def test_the_example_app_submits_pauses_and_resumes_an_async_task(
         done = _until(client, task_id, "succeeded")
         assert done == {"status": "succeeded", "progress": 2000, "result": {"rows": 2000}}
         assert client.get("/tasks/nosuchtask").status_code == 404
+        for bad in ("/tasks/nosuchtask/pause", "/tasks/nosuchtask/resume"):
+            answer = client.post(bad)
+            assert answer.status_code == 404 and "nosuchtask" in answer.json()["error"]
+        for rows in ("abc", "-5", "0", "1e9", "99999999999"):
+            answer = client.post(f"/reports?rows={rows}")
+            assert answer.status_code == 400 and "rows must be" in answer.json()["error"]
+
+
+def test_the_walkthrough_task_runs_long_enough_to_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from examples import starlette_app
+
+    rows = re.search(r"reports\?rows=(\d+)", starlette_app.__doc__ or "")
+    assert rows is not None
+    monkeypatch.setenv("CHONGMING_DB", str(tmp_path / "walk.db"))
+    with TestClient(app) as client:
+        task_id = client.post(f"/reports?rows={rows[1]}").json()["task_id"]
+        assert _until(client, task_id, "running")["status"] == "running"
+        time.sleep(1)  # a person typing the next command
+        assert client.post(f"/tasks/{task_id}/pause").json()["outcome"] == "pausing"
+        assert _until(client, task_id, "paused")["status"] == "paused"

@@ -198,3 +198,75 @@ def test_serve_keeps_a_node_with_schedules_until_a_signal(
         assert all(s.is_terminal for s in store.query())
     finally:
         store.close()
+
+
+DEAF = textwrap.dedent(
+    """
+    import sys, time
+    from chongming_task import Controller
+
+    node = Controller(sys.argv[1])
+
+    @node.task(name="deaf")
+    def deaf(token):  # a C call or a tight loop: it never reaches a checkpoint
+        while True:
+            time.sleep(0.01)
+
+    @node.task(name="polite")
+    def polite(token):
+        while True:
+            token.sleep(0.01)
+
+    print("deaf", node.submit(deaf).task_id, flush=True)
+    print("polite", node.submit(polite).task_id, flush=True)
+    print("served until", node.serve(), flush=True)
+    """
+)
+
+
+def test_ctrl_c_on_a_node_with_a_deaf_task_says_what_it_waits_for_and_what_became_of_each(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF)
+    node = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "tasks.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert node.stdout is not None and node.stderr is not None
+        ids = dict(node.stdout.readline().split() for _ in range(2))
+        store = SqliteTaskStore(tmp_path / "tasks.db")
+        try:
+            from tests.conftest import wait_until
+
+            wait_until(
+                lambda: all(
+                    (s := store.get(t)) is not None and s.status is TaskStatus.RUNNING
+                    for t in ids.values()
+                ),
+                what="both running",
+            )
+        finally:
+            store.close()
+        node.send_signal(signal.SIGINT)
+        # Said while it waits, before the close ends: the deaf task by name, the wait.
+        waiting = node.stderr.readline()
+        assert node.poll() is None, "it said nothing before it exited"
+        assert "closing: waiting up to" in waiting and "deaf" in waiting, waiting
+        assert "polite" not in waiting  # that one stopped at once
+        rest, said = node.communicate(timeout=60)
+    finally:
+        node.kill()
+    assert node.returncode == 0, said
+    assert "served until SIGINT" in rest
+    closed = next(line for line in said.splitlines() if "closed:" in line)
+    assert f"deaf {ids['deaf'][:12]} still stopping: it never reached a checkpoint" in closed
+    store = SqliteTaskStore(tmp_path / "tasks.db")
+    try:
+        assert store.get(ids["deaf"]).status is TaskStatus.STOPPING  # the truth: unknown
+        assert store.get(ids["polite"]).status is TaskStatus.STOPPED
+    finally:
+        store.close()

@@ -225,3 +225,24 @@ def test_the_setup_example_sends_one_trace_from_request_to_the_task_s_own_span(
     assert {s.trace_id for s in (request, submit, run, render)} == {request.trace_id}
     assert f"report trace={run.trace_id.hex()} rendering the report of acme" in done.stderr
     assert ("reports", "chongming.task.run.duration") in receiver.metrics
+
+
+def test_the_setup_example_without_a_collector_prints_its_spans_at_once(tmp_path: Path) -> None:
+    """No endpoint: spans to the console, no retries against a collector nobody runs."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "otel_app.py"), str(tmp_path / "tasks.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "report for acme"
+    assert "no OTEL_EXPORTER_OTLP_ENDPOINT" in done.stderr
+    assert '"name": "run report"' in done.stderr and '"name": "render"' in done.stderr
+    # Before, it tried a collector at localhost:4318 for 15 s ("... retrying in 1s").
+    assert "retrying" not in done.stderr and "Failed to export" not in done.stderr

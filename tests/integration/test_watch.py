@@ -142,3 +142,46 @@ def test_watch_says_when_a_delayed_task_runs(tmp_path: Path) -> None:
         (line,) = [x for x in out.splitlines() if run.task_id[:12] in x]
         assert "queued (runs at " in line and "in 4m" in line, line
         node.cancel(run.task_id)
+
+
+def test_watch_in_80_columns_drops_whole_columns_and_cuts_no_status(tmp_path: Path) -> None:
+    import re
+
+    from chongming_task.cli._watch import fitting
+
+    db = tmp_path / "narrow.db"
+    with Controller(SqliteTaskStore(db), owner="node-narrow") as node:
+        node.task(slow, name="a-task-with-a-rather-long-name.for-its-report")
+        run = node.submit("a-task-with-a-rather-long-name.for-its-report", 400)
+        wait_until(lambda: run.status is TaskStatus.RUNNING, what="running")
+        leader, follower = pty.openpty()
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "40"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", "--count", "2"],
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            env=env,
+            close_fds=True,
+        )
+        os.close(follower)
+        try:
+            screen = _read_pty(leader, time.monotonic() + 30)
+            proc.wait(timeout=20)
+        finally:
+            proc.kill()
+            os.close(leader)
+            node.stop(run.task_id)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
+    assert proc.returncode == 0, text
+    rows = [line for line in text.splitlines() if run.task_id[:12] in line]
+    assert rows and all("running" in row for row in rows), text  # never "runni…"
+    headers = next(line for line in text.splitlines() if "TASK ID" in line)
+    assert "MESSAGE" not in headers and "STATUS" in headers  # dropped, not squeezed
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    # Every column shown has a header (the percentage had none).
+    widths = {"TASK ID": 12, "NAME": 45, "STATUS": 7, "DONE": 4, "HEALTH": 6, "AGE": 3}
+    widths |= {"PROGRESS": 20, "MESSAGE": 8}
+    assert fitting(widths, 200) == list(widths)
+    assert fitting(widths, 80)[:3] == ["TASK ID", "NAME", "STATUS"]
+    assert "MESSAGE" not in fitting(widths, 80) and "PROGRESS" not in fitting(widths, 80)

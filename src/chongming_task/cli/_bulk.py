@@ -1,6 +1,7 @@
-"""``stop|pause|resume|cancel`` with a selection instead of an id: every task the flags
-of ``ps`` pick (unfinished ones unless ``--status`` says otherwise), each sent its own
-control, one task's failure never keeping the rest from theirs.
+"""``stop|pause|resume|cancel`` with a selection instead of an id: every unfinished task
+the flags of ``ps`` pick (``--all`` or a finished ``--status`` adds none: a finished task
+has nothing to control), each sent its own control, one task's failure never keeping
+the rest from theirs.
 
 On a terminal the command asks first ("stop 37 tasks? [y/N]"); off a terminal, a
 selection of more than one task needs ``--yes``. ``--dry-run`` lists the selection and
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from .. import present
 from ..errors import ChongmingTaskError
 from ..model import CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
-from ._context import Context, find_tasks
+from ..states import NON_TERMINAL
+from ._context import Context, task_query
 from ._parser import PROG, UsageError
 
 __all__ = ["SELECTION_FLAGS", "cmd_bulk_control", "outcome_label"]
@@ -51,7 +54,16 @@ def cmd_bulk_control(ctx: Context, action: CommandAction) -> int:
     a = ctx.args
     if a.wait is not None:
         raise UsageError("--wait follows one task: give its id (a selection answers at once)")
-    chosen = find_tasks(ctx)
+    query = task_query(ctx)
+    # Only unfinished tasks can be controlled: --all or a finished --status selects
+    # none of the finished ones (a count that included them said more than was sent).
+    unfinished = NON_TERMINAL if query.statuses is None else query.statuses & NON_TERMINAL
+    if not unfinished:
+        raise UsageError(
+            f"{action.value} acts on unfinished tasks only: --status "
+            f"{','.join(sorted(s.value for s in query.statuses or ()))} selects none"
+        )
+    chosen = ctx.store().query(replace(query, statuses=unfinished))
     verb = action.value
     if a.dry_run or not chosen:
         headers, rows = present.ps_rows(chosen, ctx.now())

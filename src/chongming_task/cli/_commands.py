@@ -38,17 +38,17 @@ PS_SHOWN = 100
 
 
 def cmd_ps(ctx: Context) -> int:
-    bounded = ctx.args.limit is None
-    if bounded:
-        ctx.args.limit = PS_SHOWN + 1  # one more: whether there are more
+    shown = PS_SHOWN if ctx.args.limit is None else ctx.args.limit  # 0: all of them
+    if shown:
+        ctx.args.limit = shown + 1  # one more: whether there are more
     snapshots = find_tasks(ctx)
     more = ""
-    if bounded and len(snapshots) > PS_SHOWN:
-        snapshots = snapshots[:PS_SHOWN]
+    if shown and len(snapshots) > shown:
+        snapshots = snapshots[:shown]
         total = _count(ctx)
-        past = "more" if total is None else f"{total - PS_SHOWN:,} more"
+        past = "more" if total is None else f"{total - shown:,} more"
         more = (
-            f"... and {past} (the newest {PS_SHOWN} are shown): --limit N for more, "
+            f"... and {past} (the newest {shown:,} are shown): --limit N for more, "
             "--limit 0 for all, or narrow with --status, --name, --older-than..."
         )
     now = ctx.now()
@@ -229,9 +229,22 @@ def _control(
         "behind": None if receipt.behind is None else receipt.behind.value,
     }
     head = f"{action.value} {task_id}: {present.control_outcome(receipt)}"
+    effect = _WAIT_UNTIL[action]
     if not receipt.accepted:
-        ctx.emit(data, head)
         ctrl_c.release()
+        if ctx.args.wait is None or receipt.status is None or receipt.status in TERMINAL:
+            ctx.emit(data, head)
+            return 0
+        # Already on its way (pausing, stopping): --wait still waits for the effect.
+        try:
+            final = control.wait_for(task_id, effect, timeout=ctx.args.wait)
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{head}; {exc}") from None
+        except KeyboardInterrupt:
+            print(f"{PROG}: interrupted: {head}", file=sys.stderr)
+            return 130
+        data["status"] = final.status.value
+        ctx.emit(data, f"{head}; now {final.status.value}")
         return 0
     if ctx.args.wait is None:
         ctx.emit(data, f"{head}\ncheck with: {ctx.command_line('show', task_id)}")
@@ -241,7 +254,7 @@ def _control(
     try:
         ctrl_c.release()  # a Ctrl-C held meanwhile is heard here
         final = control.wait_for(
-            task_id, _carried_out(control, receipt, _WAIT_UNTIL[action]), timeout=ctx.args.wait
+            task_id, _carried_out(control, receipt, effect), timeout=ctx.args.wait
         )
     except WaitTimeout as exc:
         raise WaitTimeout(f"{queued} and stays queued; {exc}") from None

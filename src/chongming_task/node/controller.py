@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,6 +62,27 @@ from .supervision import Reconciler, ReconcileReport
 __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 
 log = logging.getLogger("chongming_task.controller")
+
+
+QUIET = 1.0
+"""Seconds a closing node waits for its tasks to stop before it names them."""
+_NAMED = 20
+"""Tasks named one by one in the closing lines (more: counted, not named)."""
+
+
+def _described(run: TaskRun) -> str:
+    return f"{run.name} {run.task_id[:12]} ({run.status.value})"
+
+
+def _fate(run: TaskRun) -> str:
+    """What became of a task the close waited for, in a few words."""
+    if run.done():
+        return f"{run.name} {run.task_id[:12]} {run.status.value}"
+    return (
+        f"{run.name} {run.task_id[:12]} still {run.status.value}: it never reached a "
+        "checkpoint; its thread is left running until the process ends, and once its "
+        "lease expires a reconcile marks it lost"
+    )
 
 
 class Controller(AsyncFace):
@@ -575,16 +597,40 @@ class Controller(AsyncFace):
 
         A task that ignores its stop keeps its ``stopping`` status and lease; once the
         lease expires, a ``reconcile()`` marks it lost. Idempotent.
+
+        Tasks still running after ``QUIET`` seconds are named at once, with how long it
+        waits for them, and at the end it says what became of each (the
+        ``chongming_task.controller`` log, as warnings: printed to stderr where logging
+        is not set up). Tasks that stop promptly close the node without a word.
         """
         if not self._services.begin_close():
             return
-        for run in self.held():
-            if not run.done():
-                run.stop(reason="controller closed")
-        self._registry.wait_all_done(timeout)
-        self._services.stop(timeout)
+        unfinished = [run for run in self.held() if not run.done()]
+        for run in unfinished:
+            run.stop(reason="controller closed")
+        deadline = time.monotonic() + timeout
+        slow: list[TaskRun] = []
+        if not self._registry.wait_all_done(min(QUIET, timeout)):
+            slow = [run for run in unfinished if not run.done()]
+            log.warning(
+                "node %s closing: waiting up to %.0f s more for %d task(s) to stop at a "
+                "checkpoint: %s",
+                self.owner,
+                max(0.0, deadline - time.monotonic()),
+                len(slow),
+                ", ".join(_described(run) for run in slow[:_NAMED]),
+            )
+            self._registry.wait_all_done(max(0.0, deadline - time.monotonic()))
+        stuck = [run for run in unfinished if not run.done()]
+        # A carrier still in a task that never checkpoints will not end: no join waits
+        # for it (its thread is abandoned, as a timeout abandons one).
+        self._services.stop(timeout, carriers_stuck=bool(stuck))
         for run in self.held():
             run.catch_up()
+        if slow:
+            log.warning(
+                "node %s closed: %s", self.owner, "; ".join(_fate(run) for run in slow[:_NAMED])
+            )
         self._services.retire()
         if self._owns_store:
             self.store.close()

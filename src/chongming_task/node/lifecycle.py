@@ -206,10 +206,11 @@ class NodeServices:
             self.state = NodeState.CLOSING
             return True
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float, *, carriers_stuck: bool = False) -> None:
         """Stop every service, then join each (up to ``timeout`` seconds apiece): the
         scheduler first (no new runs), the writer after the workers (it drains what
-        they handed it)."""
+        they handed it). ``carriers_stuck``: a task never stopped, so its worker never
+        ends: the workers are not waited for (the others are idle and end at once)."""
         services: list[Service] = [
             self.scheduler,
             self.workers,
@@ -224,7 +225,7 @@ class NodeServices:
         for service in services:
             service.stop()
         for service in services:
-            service.join(timeout)
+            service.join(0.5 if carriers_stuck and service is self.workers else timeout)
 
     def retire(self) -> None:
         """Take the node's schedules and its declaration out of the store: it is gone."""
