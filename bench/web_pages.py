@@ -66,7 +66,7 @@ PAGES = [
     "/live/overview",
     "/tasks",
     "/tasks?status=all",
-    "/tasks?status=all&until={deep}&skip=0",
+    "/tasks?status=all&until={deep}&before=ffffffffffffffffffffffffffffffff",
     "/tasks?status=succeeded&bucket=7",
     "/tasks?q=t00012",
     "/tasks?node=node-a",

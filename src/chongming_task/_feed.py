@@ -52,7 +52,8 @@ class TransitionFeed:
         active: Callable[[], list[TaskSnapshot]] | None = None,
     ) -> None:
         self._store = store
-        query = query or TaskQuery(statuses=NON_TERMINAL)
+        # A follower reads lists: no results, no tracebacks (TaskQuery.brief).
+        query = dataclasses.replace(query or TaskQuery(statuses=NON_TERMINAL), brief=True)
         self._active = active or (lambda: store.query(query))
         # The newest tasks, in whatever status (unless the caller asked for some).
         self._recent = dataclasses.replace(

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from . import _observe
 from ._observe import submitted
 from .errors import InvalidValue
-from .limits import MAX_BUCKET_KEY, MAX_CONCURRENCY_KEY, MAX_DEDUPE_KEY, MAX_TAG, MAX_TAGS
+from .limits import (
+    MAX_BUCKET_KEY,
+    MAX_CONCURRENCY_KEY,
+    MAX_DEDUPE_KEY,
+    MAX_DURATION,
+    MAX_TAG,
+    MAX_TAGS,
+)
 from .values import too_long
 
 if TYPE_CHECKING:
@@ -64,8 +71,11 @@ class SubmitOptions:
             delay = self.delay
             if isinstance(delay, bool) or not isinstance(delay, int | float):
                 raise InvalidValue(f"delay must be a number of seconds, got {delay!r}")
-            if not math.isfinite(delay) or delay < 0:
-                raise InvalidValue(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+            if not math.isfinite(delay) or not 0 <= delay <= MAX_DURATION:
+                raise InvalidValue(
+                    f"delay must be a number of seconds from 0 to {MAX_DURATION:,} "
+                    f"(a century), got {delay!r}"
+                )
             if self.run_at is not None:
                 raise InvalidValue("give delay or run_at, not both")
         if self.run_at is not None:
@@ -77,7 +87,12 @@ class SubmitOptions:
                     f"{self.run_at.isoformat()}"
                 )
             if self.run_at.tzinfo is not UTC:  # stored as is: the snapshot's times are UTC
-                self.run_at = self.run_at.astimezone(UTC)
+                try:
+                    self.run_at = self.run_at.astimezone(UTC)
+                except OverflowError:
+                    raise InvalidValue(
+                        f"run_at {self.run_at.isoformat()} is before year 1 in UTC"
+                    ) from None
         priority = self.priority
         if priority != 0 or type(priority) is not int:  # the default costs one comparison
             if isinstance(priority, bool) or not isinstance(priority, int):
@@ -95,8 +110,11 @@ class SubmitOptions:
         if window is not None:
             if isinstance(window, bool) or not isinstance(window, int | float):
                 raise InvalidValue(f"dedupe_window must be a number of seconds, got {window!r}")
-            if not math.isfinite(window) or window <= 0:
-                raise InvalidValue(f"dedupe_window must be finite and > 0, got {window!r}")
+            if not math.isfinite(window) or not 0 < window <= MAX_DURATION:
+                raise InvalidValue(
+                    f"dedupe_window must be a number of seconds above 0, up to "
+                    f"{MAX_DURATION:,} (a century), got {window!r}"
+                )
             if self.dedupe_key is None:
                 raise InvalidValue("dedupe_window needs a dedupe_key")
         _key(self.concurrency_key, "concurrency_key", MAX_CONCURRENCY_KEY)

@@ -51,6 +51,7 @@ except ImportError as missing:  # pragma: no cover - what a user without the ext
 from . import _observe
 from ._otel_meter import TaskMeter
 from .current import install_log_context
+from .limits import MAX_TRACE_CONTEXT
 from .model import CommandAction, ControlReceipt, FailureKind, TaskSnapshot, TaskStatus
 from .pipelines import PipelineRun
 from .trail import TRAIL_WIDTH
@@ -65,7 +66,7 @@ log = logging.getLogger("chongming_task.otel")
 _SCOPE = "chongming_task"
 _SYSTEM = "chongming_task"
 _W3C = TraceContextTextMapPropagator()
-_MAX_STATE = 512
+_MAX_STATE = MAX_TRACE_CONTEXT
 """A ``tracestate`` longer than this is not stored (W3C asks vendors to keep it to 512
 characters when they cut it); the ``traceparent`` always is."""
 

@@ -175,3 +175,12 @@ def test_a_table_shows_control_characters_escaped() -> None:
     assert "\x1b" not in shown and "\x07" not in shown
     assert "\\x1b[31mRED" in shown
     assert len(shown.splitlines()) == 4  # the header and three rows: no row split
+
+
+def test_the_security_page_prints_the_limits_table_as_it_is() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "security.md").read_text("utf-8")
+    for limit in LIMITS:
+        row = f"| {limit.what} | {limit.value:,} {limit.unit}".rstrip() + " | " + limit.why + " |"
+        assert row in page, row

@@ -229,40 +229,27 @@ def _control(
         "behind": None if receipt.behind is None else receipt.behind.value,
     }
     head = f"{action.value} {task_id}: {present.control_outcome(receipt)}"
+    if ctx.args.wait is None or (not receipt.accepted and receipt.status in (None, *TERMINAL)):
+        more = f"\ncheck with: {ctx.command_line('show', task_id)}" if receipt.accepted else ""
+        ctx.emit(data, head + more)
+        ctrl_c.release()
+        return 0
     effect = _WAIT_UNTIL[action]
-    if not receipt.accepted:
-        ctrl_c.release()
-        if ctx.args.wait is None or receipt.status is None or receipt.status in TERMINAL:
-            ctx.emit(data, head)
-            return 0
-        # Already on its way (pausing, stopping): --wait still waits for the effect.
-        try:
-            final = control.wait_for(task_id, effect, timeout=ctx.args.wait)
-        except WaitTimeout as exc:
-            raise WaitTimeout(f"{head}; {exc}") from None
-        except KeyboardInterrupt:
-            print(f"{PROG}: interrupted: {head}", file=sys.stderr)
-            return 130
-        data["status"] = final.status.value
-        ctx.emit(data, f"{head}; now {final.status.value}")
-        return 0
-    if ctx.args.wait is None:
-        ctx.emit(data, f"{head}\ncheck with: {ctx.command_line('show', task_id)}")
-        ctrl_c.release()
-        return 0
-    queued = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
+    if receipt.accepted:
+        head = f"{action.value} {task_id}: request accepted (command {receipt.command_id})"
+        effect, said = _carried_out(control, receipt, effect), f"{head} and stays queued"
+    else:  # already on its way (pausing, stopping): --wait still waits for the effect
+        said = head
     try:
         ctrl_c.release()  # a Ctrl-C held meanwhile is heard here
-        final = control.wait_for(
-            task_id, _carried_out(control, receipt, effect), timeout=ctx.args.wait
-        )
+        final = control.wait_for(task_id, effect, timeout=ctx.args.wait)
     except WaitTimeout as exc:
-        raise WaitTimeout(f"{queued} and stays queued; {exc}") from None
+        raise WaitTimeout(f"{said}; {exc}") from None
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted: {queued} and stays queued", file=sys.stderr)
+        print(f"{PROG}: interrupted: {said}", file=sys.stderr)
         return 130
     data["status"] = final.status.value
-    ctx.emit(data, f"{queued}; now {final.status.value}")
+    ctx.emit(data, f"{head}; now {final.status.value}")
     return 0
 
 

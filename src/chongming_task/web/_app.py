@@ -562,10 +562,10 @@ def _task_query(d: Dashboard, params: list[tuple[str, str]]) -> tuple[TaskQuery,
         except ValueError:
             raise BadInput(f"unknown status in {wanted}") from None
     buckets: frozenset[int] | None = None
-    chosen = [b for b in given.get("bucket", []) if b.strip()]
+    chosen = [b.strip() for b in given.get("bucket", []) if b.strip()]
     if chosen:
         last = d.policy.num_buckets - 1
-        bad = next((b for b in chosen if not (b.strip().isascii() and b.strip().isdigit())), None)
+        bad = next((b for b in chosen if not (b.isascii() and b.isdigit())), None)
         if bad is not None:
             raise BadInput(f"bucket must be a whole number from 0 to {last}, not {bad!r}")
         try:

@@ -168,11 +168,18 @@ RESULT_PREVIEW = 4000
 
 
 def _preview(s: TaskSnapshot) -> dict[str, Any]:
-    """The start of a succeeded task's result as JSON, and how long the whole is."""
+    """The start of a succeeded task's result as JSON, encoded only as far as shown,
+    and whether there is more."""
     if s.status is not TaskStatus.SUCCEEDED:
-        return {"result_preview": None, "result_length": 0}
-    text = json.dumps(s.outcome, indent=2, ensure_ascii=False)
-    return {"result_preview": text[:RESULT_PREVIEW], "result_length": len(text)}
+        return {"result_preview": None, "result_cut": False}
+    shown: list[str] = []
+    size = 0
+    for chunk in json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(s.outcome):
+        shown.append(chunk)
+        size += len(chunk)
+        if size > RESULT_PREVIEW:
+            return {"result_preview": "".join(shown)[:RESULT_PREVIEW], "result_cut": True}
+    return {"result_preview": "".join(shown), "result_cut": False}
 
 
 def _controls(s: TaskSnapshot) -> list[str]:
