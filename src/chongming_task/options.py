@@ -73,8 +73,8 @@ class SubmitOptions:
                 raise InvalidValue(f"delay must be a number of seconds, got {delay!r}")
             if not math.isfinite(delay) or not 0 <= delay <= MAX_DURATION:
                 raise InvalidValue(
-                    f"delay must be a number of seconds from 0 to {MAX_DURATION:,} "
-                    f"(a century), got {delay!r}"
+                    f"delay must be a finite number of seconds >= 0, at most "
+                    f"{MAX_DURATION:,} (a century), got {delay!r}"
                 )
             if self.run_at is not None:
                 raise InvalidValue("give delay or run_at, not both")
@@ -101,7 +101,8 @@ class SubmitOptions:
                 raise InvalidValue(
                     f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}"
                 )
-        _key(self.dedupe_key, "dedupe_key", MAX_DEDUPE_KEY)
+        if self.dedupe_key is not None:  # the defaults cost one comparison each
+            _key(self.dedupe_key, "dedupe_key", MAX_DEDUPE_KEY)
         if self.on_duplicate not in ("return", "raise"):
             raise InvalidValue(
                 f"on_duplicate must be 'return' or 'raise', got {self.on_duplicate!r}"
@@ -112,13 +113,15 @@ class SubmitOptions:
                 raise InvalidValue(f"dedupe_window must be a number of seconds, got {window!r}")
             if not math.isfinite(window) or not 0 < window <= MAX_DURATION:
                 raise InvalidValue(
-                    f"dedupe_window must be a number of seconds above 0, up to "
-                    f"{MAX_DURATION:,} (a century), got {window!r}"
+                    f"dedupe_window must be finite and > 0, at most {MAX_DURATION:,} "
+                    f"seconds (a century), got {window!r}"
                 )
             if self.dedupe_key is None:
                 raise InvalidValue("dedupe_window needs a dedupe_key")
-        _key(self.concurrency_key, "concurrency_key", MAX_CONCURRENCY_KEY)
-        _key(self.bucket_key, "bucket_key", MAX_BUCKET_KEY)
+        if self.concurrency_key is not None:
+            _key(self.concurrency_key, "concurrency_key", MAX_CONCURRENCY_KEY)
+        if self.bucket_key is not None:
+            _key(self.bucket_key, "bucket_key", MAX_BUCKET_KEY)
         tags = self.tags
         if tags:
             if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
@@ -159,11 +162,10 @@ class SubmitOptions:
 def _key(value: object, what: str, limit: int) -> None:
     """A key option is text of at most ``limit`` characters (what the store can hold is
     checked against the node's store at submit)."""
-    if value is not None:
-        if not isinstance(value, str):
-            raise InvalidValue(f"{what} must be text, got {value!r}")
-        if len(value) > limit:
-            raise InvalidValue(too_long(what, value, limit))
+    if not isinstance(value, str):
+        raise InvalidValue(f"{what} must be text, got {value!r}")
+    if len(value) > limit:
+        raise InvalidValue(too_long(what, value, limit))
 
 
 class _Submits(Protocol):
