@@ -69,7 +69,9 @@ def test_the_cli_works_through_a_pooler_without_a_flag(bouncer: str, schema: str
             result = cli(bouncer, schema, *args)
             assert result.returncode in (0, 3), (args, result.stderr)
             assert "prepared statement" not in result.stderr
-            assert "poll commands" not in result.stderr  # only a node is told that
+    flagged = cli(bouncer, schema, "--pg-pooled", "ps", "--all")
+    assert flagged.returncode == 0, flagged.stderr
+    assert "poll commands" not in flagged.stderr  # only a node is told that
 
 
 def test_a_node_through_a_pooler_without_pooled_is_told_to_pass_it(
