@@ -1,6 +1,6 @@
 """The dashboard against a hostile page and a careless hand, as a real server process:
 a request naming another host (DNS rebinding), a control from another origin, framing,
-weak and guessed tokens, a redirect off the site, input that used to be a 500, a
+weak and guessed tokens, a redirect off the site, input no handler expects, a
 question that counted fewer tasks than the answer acted on, results of megabytes in a
 list, and paging deep into a large store."""
 
@@ -86,7 +86,7 @@ def test_a_request_naming_another_host_is_refused_and_changes_nothing(tmp_path: 
     try:
         wait_until(lambda: stored_status(db, task_id) is TaskStatus.RUNNING, what="running")
         evil = f"rebind.attacker.example:{web.port}"
-        # The issue's request: another page's name, resolved to 127.0.0.1, with a forged
+        # A rebinding page's request: its own name, resolved to 127.0.0.1, with a forged
         # double-submit pair.
         status, _, body = raw(
             web,
@@ -211,7 +211,7 @@ def test_guessing_the_token_is_slowed_and_never_a_500(tmp_path: Path) -> None:
         web.close()
 
 
-def test_text_that_used_to_be_a_500_is_a_4xx(tmp_path: Path) -> None:
+def test_odd_text_in_tokens_ids_times_and_globs_is_a_4xx_never_a_500(tmp_path: Path) -> None:
     db = tmp_path / "fivehundred.db"
     SqliteTaskStore(db).close()
     plain = Web(db)

@@ -56,7 +56,7 @@ def cmd_bulk_control(ctx: Context, action: CommandAction) -> int:
         raise UsageError("--wait follows one task: give its id (a selection answers at once)")
     query = task_query(ctx)
     # Only unfinished tasks can be controlled: --all or a finished --status selects
-    # none of the finished ones (a count that included them said more than was sent).
+    # none of the finished ones (a count including them would say more than is sent).
     unfinished = NON_TERMINAL if query.statuses is None else query.statuses & NON_TERMINAL
     if not unfinished:
         raise UsageError(
