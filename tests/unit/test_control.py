@@ -14,6 +14,7 @@ from chongming_task.cli import main
 from chongming_task.control import StoreControl
 from chongming_task.model import CommandAction, ControlOutcome
 from chongming_task.node.controller import Controller
+from tests.conftest import wait_until
 
 S = TaskStatus
 
@@ -164,6 +165,9 @@ def test_a_node_holding_the_task_carries_out_pending_commands_before_its_own_cal
 
     from chongming_task import CancellationToken
 
+    # A file where the wake-up folder would go: no wake-ups, so the console's pause stays
+    # pending until the test polls (the node's own poll is 30 s away), whatever the load.
+    (tmp_path / "s.db-wake").write_text("")
     store = SqliteTaskStore(tmp_path / "s.db")
     node = Controller(store, owner="holder", command_poll_interval=30)
     release = threading.Event()
@@ -184,8 +188,12 @@ def test_a_node_holding_the_task_carries_out_pending_commands_before_its_own_cal
         node.poll_commands_once()
         trail = [t.to_status for t in node.history(run.task_id)]
         assert S.PAUSING in trail
+        # Both carried out, in order (pausing, then running again). The store's running
+        # may be the one before the pause (the run's writes land behind it) while the
+        # resume's completion is still on its way: wait for the commands, then running.
+        wait_until(lambda: store.pending_commands(run.task_id) == [], what="none pending")
         node.wait_for(run.task_id, lambda s: s.status is S.RUNNING, timeout=10)
-        assert store.pending_commands(run.task_id) == []
+        assert [t.to_status for t in node.history(run.task_id)][-2:] == [S.PAUSING, S.RUNNING]
     finally:
         release.set()
         node.close()
