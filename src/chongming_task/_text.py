@@ -25,8 +25,9 @@ def utf8_fault(text: str) -> UnicodeEncodeError | None:
 # Control characters (C0, DEL, C1) and the bidirectional overrides that reorder what a
 # terminal shows ("Trojan source"): a name holding them could retitle the terminal, move
 # the cursor, split a table's row or disguise itself.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_UNPRINTABLE_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_DEL_C1_BIDI = "\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+_UNPRINTABLE = re.compile(f"[\x00-\x1f{_DEL_C1_BIDI}]")
+_UNPRINTABLE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_DEL_C1_BIDI}]")
 
 
 def _escaped(found: re.Match[str]) -> str:
@@ -43,7 +44,7 @@ def printable(text: str, *, lines: bool = False) -> str:
     return (_UNPRINTABLE_BUT_NEWLINE if lines else _UNPRINTABLE).sub(_escaped, text)
 
 
-_BEYOND_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_BEYOND_JSON = re.compile(f"[{_DEL_C1_BIDI}]")
 
 
 def json_for_terminal(text: str) -> str:

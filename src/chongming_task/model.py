@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
@@ -372,6 +372,19 @@ BRIEF_MESSAGE = 200
 """Characters of a progress message a ``brief`` query keeps (a list shows no more)."""
 
 
+_TEXT_FILTERS = (
+    "id_prefix",
+    "name",
+    "name_prefix",
+    "name_glob",
+    "tag",
+    "pipeline_run_id",
+    "pipeline_prefix",
+    "owner",
+    "dedupe_key",
+)
+
+
 def _creation(s: TaskSnapshot) -> tuple[datetime, str]:
     return s.created_at, s.task_id
 
@@ -423,21 +436,19 @@ class TaskQuery:
             object.__setattr__(self, "after", (utc(at, "after"), task_id))
         if self.id_prefix == "" or self.pipeline_prefix == "":
             raise ValueError("an id prefix must not be empty")
-        texts = (
-            "id_prefix",
-            "name",
-            "name_prefix",
-            "name_glob",
-            "tag",
-            "pipeline_run_id",
-            "pipeline_prefix",
-            "owner",
-            "dedupe_key",
-        )
-        for name in texts:
-            value = getattr(self, name)
-            if value is not None and utf8_fault(value) is not None:
+        for name, value in self.texts():
+            if utf8_fault(value) is not None:
                 raise InvalidValue(f"query {name} is not valid UTF-8 text: {value!a}")
+
+    def texts(self) -> Iterator[tuple[str, str]]:
+        """Each text the query filters by, with its field's name (``after``'s task id
+        too): what a store must be able to send."""
+        for name in _TEXT_FILTERS:
+            value = getattr(self, name)
+            if value is not None:
+                yield name, value
+        if self.after is not None:
+            yield "after", self.after[1]
 
     def matches(self, snapshot: TaskSnapshot) -> bool:
         """Whether ``snapshot`` passes every filter (ordering and limit aside)."""

@@ -20,15 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from . import _observe
 from ._observe import submitted
 from .errors import InvalidValue
-from .limits import (
-    MAX_BUCKET_KEY,
-    MAX_CONCURRENCY_KEY,
-    MAX_DEDUPE_KEY,
-    MAX_DURATION,
-    MAX_TAG,
-    MAX_TAGS,
-)
-from .values import too_long
+from .limits import MAX_BUCKET_KEY, MAX_CONCURRENCY_KEY, MAX_DEDUPE_KEY, MAX_DURATION
+from .values import check_bounded, check_tags
 
 if TYPE_CHECKING:
     from .definitions import TaskRef
@@ -102,7 +95,7 @@ class SubmitOptions:
                     f"priority must fit in 32 bits (-2**31 to 2**31-1), got {priority}"
                 )
         if self.dedupe_key is not None:  # the defaults cost one comparison each
-            _key(self.dedupe_key, "dedupe_key", MAX_DEDUPE_KEY)
+            check_bounded(self.dedupe_key, "dedupe_key", MAX_DEDUPE_KEY)
         if self.on_duplicate not in ("return", "raise"):
             raise InvalidValue(
                 f"on_duplicate must be 'return' or 'raise', got {self.on_duplicate!r}"
@@ -119,17 +112,14 @@ class SubmitOptions:
             if self.dedupe_key is None:
                 raise InvalidValue("dedupe_window needs a dedupe_key")
         if self.concurrency_key is not None:
-            _key(self.concurrency_key, "concurrency_key", MAX_CONCURRENCY_KEY)
+            check_bounded(self.concurrency_key, "concurrency_key", MAX_CONCURRENCY_KEY)
         if self.bucket_key is not None:
-            _key(self.bucket_key, "bucket_key", MAX_BUCKET_KEY)
+            check_bounded(self.bucket_key, "bucket_key", MAX_BUCKET_KEY)
         tags = self.tags
         if tags:
             if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
                 raise InvalidValue(f"tags must be an iterable of text, got {tags!r}")
-            if len(tags) > MAX_TAGS:
-                raise InvalidValue(f"{len(tags)} tags: at most {MAX_TAGS} (chongming_task.limits)")
-            for tag in tags:
-                _key(tag, "tag", MAX_TAG)
+            check_tags(tags, "tag", None)  # the store's rules are checked at submit
             if type(tags) is not frozenset:
                 self.tags = frozenset(tags)
         elif type(tags) is not frozenset:
@@ -157,15 +147,6 @@ class SubmitOptions:
         if self.run_at is not None and self.run_at > now:
             return self.run_at
         return None
-
-
-def _key(value: object, what: str, limit: int) -> None:
-    """A key option is text of at most ``limit`` characters (what the store can hold is
-    checked against the node's store at submit)."""
-    if not isinstance(value, str):
-        raise InvalidValue(f"{what} must be text, got {value!r}")
-    if len(value) > limit:
-        raise InvalidValue(too_long(what, value, limit))
 
 
 class _Submits(Protocol):

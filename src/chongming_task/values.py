@@ -38,6 +38,7 @@ from .model import Progress
 __all__ = [
     "STRICT",
     "ValueRules",
+    "check_bounded",
     "check_json",
     "check_progress",
     "check_tags",
@@ -98,14 +99,26 @@ def check_text(
         raise InvalidValue(f"{what} {fault}: {_shown(value)}")
 
 
-def check_tags(tags: Iterable[object], what: str, rules: ValueRules = STRICT) -> None:
-    """Each tag text the store can hold, within ``MAX_TAG`` characters, and at most
-    ``MAX_TAGS`` of them."""
+def check_bounded(value: object, what: str, limit: int) -> None:
+    """``value`` is text of at most ``limit`` characters (``InvalidValue``); what a
+    store can hold of it is ``check_text``'s, against that store's rules."""
+    if not isinstance(value, str):
+        raise InvalidValue(f"{what} must be text, got {value!r}")
+    if len(value) > limit:
+        raise InvalidValue(too_long(what, value, limit))
+
+
+def check_tags(tags: Iterable[object], what: str, rules: ValueRules | None = STRICT) -> None:
+    """At most ``MAX_TAGS`` tags, each within ``MAX_TAG`` characters and text the store
+    can hold; ``rules=None``: the bounds only (no store known yet)."""
     tags = list(tags)
     if len(tags) > MAX_TAGS:
         raise InvalidValue(f"{len(tags)} tags: at most {MAX_TAGS} (chongming_task.limits)")
     for tag in tags:
-        check_text(tag, what, rules, MAX_TAG)
+        if rules is None:
+            check_bounded(tag, what, MAX_TAG)
+        else:
+            check_text(tag, what, rules, MAX_TAG)
 
 
 def check_json(value: Any, what: str, rules: ValueRules = STRICT) -> str | None:

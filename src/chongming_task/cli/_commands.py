@@ -4,7 +4,6 @@ render the answer as a table or JSON."""
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import sys
 import threading
@@ -13,8 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
-from ..errors import StoreError, WaitTimeout
-from ..limits import MIN_REMOTE_TOKEN
+from ..errors import ConfigurationError, StoreError, WaitTimeout
 from ..model import CommandAction, ControlReceipt, TaskSnapshot, TaskStatus
 from ..node.signals import NotedSignals
 from ..policies import format_buckets
@@ -372,56 +370,24 @@ def cmd_migrate(ctx: Context) -> int:
     return 0
 
 
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-WILDCARD = {"0.0.0.0", "::", ""}
-_HOST_NAME = re.compile(r"\.?[a-z0-9_]([a-z0-9_.:-]*[a-z0-9_])?")
-"""A host name, an IP address, or ``.domain`` for a domain and its subdomains."""
-
-
-def web_hosts(host: str, token: str | None, allowed: list[str]) -> frozenset[str]:
-    """The host names the dashboard answers to, bound at ``host``; ``UsageError`` for a
-    token or a binding that would leave it open (docs/security.md)."""
-    if token is not None and not token.strip():
-        raise UsageError("--token (or CHONGMING_WEB_TOKEN) is blank: give a real one")
-    if host not in LOOPBACK:
-        if not token:
-            raise UsageError(
-                f"--host {host} is reachable from other machines: give --token "
-                "(or CHONGMING_WEB_TOKEN), or bind 127.0.0.1"
-            )
-        if len(token) < MIN_REMOTE_TOKEN:
-            raise UsageError(
-                f"--token is {len(token)} characters: off loopback it needs "
-                f"{MIN_REMOTE_TOKEN} or more (python -c 'import secrets; "
-                "print(secrets.token_urlsafe(24))')"
-            )
-    names = {h.strip().lower().strip("[]") for h in allowed if h.strip()}
-    if host in WILDCARD and not names:
-        raise UsageError(
-            f"--host {host or '*'} answers on every address: name the host people open it "
-            "by with --allowed-host (or '*' behind a proxy that checks it)"
-        )
-    bad = next((n for n in names if n != "*" and not _HOST_NAME.fullmatch(n)), None)
-    if bad is not None:
-        raise UsageError(f"--allowed-host {bad!a} is no host name")
-    bound = set() if host in WILDCARD else {host.lower().strip("[]")}
-    return frozenset(LOOPBACK | bound | names)
-
-
 def cmd_web(ctx: Context) -> int:
     """Serve the dashboard until Ctrl-C. Off loopback, only with an access token."""
     a = ctx.args
-    allowed = web_hosts(a.host, a.token, a.allowed_host)
     if not 0 < a.port < 65536:
         raise UsageError("--port must be 1-65535")
     try:
         import uvicorn
 
         from ..web import Dashboard, create_app
+        from ..web._access import answered_hosts
     except ImportError as exc:
         raise UsageError(
             f'the dashboard needs the [web] extra: pip install "chongming-task[web]" ({exc.name})'
         ) from None
+    try:
+        allowed = answered_hosts(a.host, a.token, a.allowed_host)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
     store = ctx.store()  # first: its errors are the ones to show
     aside = (
         None

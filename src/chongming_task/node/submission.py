@@ -20,13 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _observe
 from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed, TaskAlreadyExists
-from ..limits import (
-    MAX_BUCKET_KEY,
-    MAX_CONCURRENCY_KEY,
-    MAX_DEDUPE_KEY,
-    MAX_NODE_KEY,
-    MAX_PIPELINE_NAME,
-)
+from ..limits import MAX_BUCKET_KEY, MAX_NODE_KEY, MAX_PIPELINE_NAME
 from ..model import (
     PipelineRecord,
     TaskStatus,
@@ -196,16 +190,12 @@ class Submitter:
         return [run for run, _ in prepared]
 
     def check_keys(self, options: SubmitOptions) -> None:
-        """The options' keys are text the store can hold (once a call, not a task)."""
+        """The options' keys are text the store can hold (once a call, not a task);
+        ``SubmitOptions`` bounded their length when it was made."""
         if options.dedupe_key is not None:
-            check_text(options.dedupe_key, "dedupe_key", self._host.value_rules, MAX_DEDUPE_KEY)
+            check_text(options.dedupe_key, "dedupe_key", self._host.value_rules)
         if options.concurrency_key is not None:
-            check_text(
-                options.concurrency_key,
-                "concurrency_key",
-                self._host.value_rules,
-                MAX_CONCURRENCY_KEY,
-            )
+            check_text(options.concurrency_key, "concurrency_key", self._host.value_rules)
 
     def _queue(self, run: TaskRun) -> None:
         """To the dispatcher, or its delay heap until its ``run_at`` (the clock is read

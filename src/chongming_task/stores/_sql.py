@@ -94,7 +94,7 @@ class Dialect:
     """``SELECT <task columns> FROM tasks``."""
     brief_select: str
     """The same columns for a ``brief`` query: no result, no traceback, a progress
-    message of at most ``BRIEF_MESSAGE`` characters (``brief_columns``)."""
+    message of at most ``model.BRIEF_MESSAGE`` characters."""
     placeholder: str
     one_of: Callable[[str, list[Any]], Fragment]
     """``column`` is one of the values."""

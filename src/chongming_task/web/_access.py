@@ -1,6 +1,7 @@
 """Who may ask the dashboard anything: the host a request names, the origin a control
-comes from, the access token, and how fast a client may guess it. The headers every
-answer carries (no framing, only the dashboard's own scripts) are here too.
+comes from, the access token, and how fast a client may guess it; and what ``web``'s
+flags may set of these (``answered_hosts``). The headers every answer carries (no
+framing, only the dashboard's own scripts) are here too.
 
 - **Host.** A request must name a host the dashboard answers to: its bound address,
   ``localhost`` and the loopback addresses, or one the operator allowed
@@ -19,23 +20,32 @@ answer carries (no framing, only the dashboard's own scripts) are here too.
 from __future__ import annotations
 
 import hmac
+import re
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
+from ..errors import ConfigurationError
+from ..limits import MIN_REMOTE_TOKEN
+
 __all__ = [
     "LOOPBACK",
     "SECURITY_HEADERS",
     "Access",
+    "answered_hosts",
     "host_allowed",
     "parse_host",
     "same_origin",
 ]
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-"""The names a dashboard bound to loopback answers to, besides those allowed."""
+"""The names a dashboard answers to wherever it is bound, besides those allowed."""
+WILDCARD = frozenset({"0.0.0.0", "::", ""})
+"""Addresses that bind every interface: no one name is the dashboard's."""
+_HOST_NAME = re.compile(r"\.?[a-z0-9_]([a-z0-9_.:-]*[a-z0-9_])?")
+"""A host name, an IP address, or ``.domain`` for a domain and its subdomains."""
 GUESSES = 10
 """Wrong tokens one client may send within ``WINDOW`` seconds before it waits."""
 WINDOW = 60.0
@@ -57,6 +67,38 @@ SECURITY_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+
+
+def answered_hosts(host: str, token: str | None, allowed: Iterable[str]) -> frozenset[str]:
+    """The host names a dashboard bound at ``host`` answers to: the loopback names, its
+    own address, and ``allowed``. ``ConfigurationError`` for a token or a binding that
+    would leave it open: a blank token; off loopback, no token or one shorter than
+    ``MIN_REMOTE_TOKEN``; every address bound and no name allowed."""
+    if token is not None and not token.strip():
+        raise ConfigurationError("--token (or CHONGMING_WEB_TOKEN) is blank: give a real one")
+    if host not in LOOPBACK:
+        if not token:
+            raise ConfigurationError(
+                f"--host {host} is reachable from other machines: give --token "
+                "(or CHONGMING_WEB_TOKEN), or bind 127.0.0.1"
+            )
+        if len(token) < MIN_REMOTE_TOKEN:
+            raise ConfigurationError(
+                f"--token is {len(token)} characters: off loopback it needs "
+                f"{MIN_REMOTE_TOKEN} or more (python -c 'import secrets; "
+                "print(secrets.token_urlsafe(24))')"
+            )
+    names = {h.strip().lower().strip("[]") for h in allowed if h.strip()}
+    if host in WILDCARD and not names:
+        raise ConfigurationError(
+            f"--host {host or '*'} answers on every address: name the host people open it "
+            "by with --allowed-host (or '*' behind a proxy that checks it)"
+        )
+    bad = next((n for n in names if n != "*" and not _HOST_NAME.fullmatch(n)), None)
+    if bad is not None:
+        raise ConfigurationError(f"--allowed-host {bad!a} is no host name")
+    bound = set() if host in WILDCARD else {host.lower().strip("[]")}
+    return frozenset(LOOPBACK | bound | names)
 
 
 def parse_host(value: str) -> tuple[str, int | None] | None:

@@ -133,10 +133,11 @@ def create_app(dashboard: Dashboard) -> Starlette:
         # Keyset paging: one page and one more row, whatever page it is.
         found = d.store.query(replace(query, limit=PAGE + 1))
         listed = found[:PAGE]
+        # The filter without its page key: what "Older" and "all matching" carry on.
+        params = [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
         older = None
         if len(found) > PAGE:
             last = listed[-1]
-            params = [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
             older = urlencode(
                 [*params, ("until", last.created_at.isoformat()), ("before", last.task_id)]
             )
@@ -158,9 +159,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "matching_at_once": MATCHING_AT_ONCE,
                 # What the question counted: tasks created after it are left alone.
                 "newest": listed[0].created_at.isoformat() if listed else "",
-                "filter_query": urlencode(
-                    [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
-                ),
+                "filter_query": urlencode(params),
                 "older": older,
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],

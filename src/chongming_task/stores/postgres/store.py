@@ -105,19 +105,7 @@ _ANNOUNCE_EVERY = 0.1
 
 def _holds_nul(query: TaskQuery) -> bool:
     """Whether a text filter of ``query`` holds NUL, which PostgreSQL cannot be sent."""
-    texts = (
-        query.id_prefix,
-        query.name,
-        query.name_prefix,
-        query.name_glob,
-        query.tag,
-        query.pipeline_run_id,
-        query.pipeline_prefix,
-        query.owner,
-        query.dedupe_key,
-        None if query.after is None else query.after[1],
-    )
-    return any(text is not None and "\x00" in text for text in texts)
+    return any("\x00" in text for _, text in query.texts())
 
 
 class PostgresTaskStore(
