@@ -197,15 +197,8 @@ def test_controls_from_the_cli_and_the_dashboard_are_linked_to_the_task_s_trace(
     assert ("worker", "chongming.task.transitions") in receiver.metrics
 
 
-def test_the_setup_example_sends_one_trace_from_request_to_the_task_s_own_span(
-    tmp_path: Path, receiver: Receiver
-) -> None:
-    """examples/otel_app.py, as docs/observability.md gives it, run as a program."""
-    env = {
-        key: value
-        for key, value in _env(receiver, "ignored").items()
-        if not key.startswith("OTEL_") or key == "OTEL_EXPORTER_OTLP_ENDPOINT"
-    }
+def _example(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """examples/otel_app.py run as a program in ``tmp_path``; it must print its report."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "otel_app.py"), str(tmp_path / "tasks.db")],
         capture_output=True,
@@ -216,6 +209,19 @@ def test_the_setup_example_sends_one_trace_from_request_to_the_task_s_own_span(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "report for acme"
+    return done
+
+
+def test_the_setup_example_sends_one_trace_from_request_to_the_task_s_own_span(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """examples/otel_app.py, as docs/observability.md gives it, run as a program."""
+    env = {
+        key: value
+        for key, value in _env(receiver, "ignored").items()
+        if not key.startswith("OTEL_") or key == "OTEL_EXPORTER_OTLP_ENDPOINT"
+    }
+    done = _example(tmp_path, env)
     request = receiver.span("reports", "request")
     submit = receiver.span("reports", "submit report")
     run = receiver.span("reports", "run report")
@@ -232,16 +238,7 @@ def test_the_setup_example_without_a_collector_prints_its_spans_at_once(tmp_path
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "otel_app.py"), str(tmp_path / "tasks.db")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "report for acme"
+    done = _example(tmp_path, env)
     assert "no OTEL_EXPORTER_OTLP_ENDPOINT" in done.stderr
     assert '"name": "run report"' in done.stderr and '"name": "render"' in done.stderr
     # No collector is tried (one at localhost:4318 would be retried for 15 s).

@@ -94,22 +94,29 @@ def _read_pty(fd: int, until: float, *, seen: bytes | None = None) -> bytes:
     return got
 
 
+def _watch_on_a_terminal(db: Path, columns: int, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``watch`` on a pseudo-terminal ``columns`` wide; its process and the terminal's
+    side to read (close it when done)."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": "40"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", *args],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        close_fds=True,
+    )
+    os.close(follower)
+    return proc, leader
+
+
 def test_watch_on_a_terminal_redraws_a_live_table(tmp_path: Path) -> None:
     db = tmp_path / "live.db"
     with Controller(SqliteTaskStore(db), owner="node-live") as node:
         run = node.submit(slow, 200)
         wait_until(lambda: run.status is TaskStatus.RUNNING, what="running")
-        leader, follower = pty.openpty()
-        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "150", "LINES": "40"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", *LIVE_ARGS],
-            stdin=follower,
-            stdout=follower,
-            stderr=follower,
-            env=env,
-            close_fds=True,
-        )
-        os.close(follower)
+        proc, leader = _watch_on_a_terminal(db, 150, *LIVE_ARGS)
         try:
             # The first table drawn (a fixed sleep lost the race on a slow day: watch
             # started after the pause and only ever saw it paused).
@@ -154,17 +161,7 @@ def test_watch_in_80_columns_drops_whole_columns_and_cuts_no_status(tmp_path: Pa
         node.task(slow, name="a-task-with-a-rather-long-name.for-its-report")
         run = node.submit("a-task-with-a-rather-long-name.for-its-report", 400)
         wait_until(lambda: run.status is TaskStatus.RUNNING, what="running")
-        leader, follower = pty.openpty()
-        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "40"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chongming_task", "--db", str(db), "watch", "--count", "2"],
-            stdin=follower,
-            stdout=follower,
-            stderr=follower,
-            env=env,
-            close_fds=True,
-        )
-        os.close(follower)
+        proc, leader = _watch_on_a_terminal(db, 80, "--count", "2")
         try:
             screen = _read_pty(leader, time.monotonic() + 30)
             proc.wait(timeout=20)
