@@ -7,8 +7,8 @@ and raises these alarms:
 * ``duplicate-bucket``: a bucket declared by two live nodes (both may run its tasks);
 * ``uncovered-bucket``: a bucket no live node declares, in a partitioned fleet (a node
   not cleanly stopped declared buckets; a fleet stopped on purpose expects nothing);
-* ``num-buckets-mismatch``: live nodes (or the caller) disagree on the bucket count, so
-  one ``bucket_key`` lands in different buckets;
+* ``num-buckets-mismatch``: live nodes (or the caller, where it names a count) disagree
+  on the bucket count, so one ``bucket_key`` lands in different buckets;
 * ``orphan``: a task not finished, unchanged for ``orphan_after`` seconds, in a bucket no
   live node looks after;
 * ``stale-queued``: a task queued and unchanged for ``stale_after`` seconds, whoever
@@ -28,13 +28,14 @@ and its bucket is covered. The declarations never decide who runs what.
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from . import states
 from .model import NodeRecord, TaskScan, TaskSnapshot, TaskStatus
-from .policies import format_buckets
+from .policies import DEFAULT_NUM_BUCKETS, format_buckets
 from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
 
@@ -47,6 +48,7 @@ __all__ = [
     "NodeStatus",
     "bucket_alarms",
     "declared_buckets",
+    "declared_count",
     "examine",
     "lease_expired",
     "node_alarms",
@@ -98,11 +100,15 @@ class NodeStatus:
 class FleetReport:
     checked_at: datetime
     num_buckets: int
+    """The count judged by: the caller's, else the one the nodes declared
+    (``num_buckets_declared``)."""
     nodes: tuple[NodeStatus, ...]
     alarms: tuple[Alarm, ...] = field(default=())
     registry: bool = True
     """Whether the store keeps node declarations at all (``False``: bucket alarms are
     unavailable, task alarms still hold)."""
+    num_buckets_declared: bool = False
+    """Whether ``num_buckets`` was read from the nodes' declarations."""
 
     @property
     def healthy(self) -> bool:
@@ -141,18 +147,32 @@ def declared_buckets(live: list[NodeRecord]) -> dict[int, list[str]]:
     return declared
 
 
-def bucket_alarms(live: list[NodeRecord], num_buckets: int) -> list[Alarm]:
+def declared_count(nodes: list[NodeRecord]) -> int | None:
+    """The bucket count most of ``nodes`` declared (the larger on a tie); ``None`` when
+    there are none. What a tool not told the count judges by."""
+    counts = Counter(r.num_buckets for r in nodes)
+    if not counts:
+        return None
+    return max(counts, key=lambda n: (counts[n], n))
+
+
+def bucket_alarms(
+    live: list[NodeRecord], num_buckets: int, *, expected: bool = True
+) -> list[Alarm]:
     """What the live declarations say against each other: a bucket count other than
     ``num_buckets``, and buckets declared by two or more nodes (one alarm per set of
-    nodes). ``examine`` raises these; a node's beacon logs them at start-up."""
+    nodes). ``expected=False``: the count was read from these declarations, so only their
+    own disagreement is an alarm. ``examine`` raises these; a node's beacon logs them at
+    start-up."""
     alarms: list[Alarm] = []
     if any(r.num_buckets != num_buckets for r in live):
         said = ", ".join(f"{r.node}={r.num_buckets}" for r in live)
+        against = f"expected {num_buckets}, live nodes say" if expected else "live nodes say"
         alarms.append(
             Alarm(
                 kind=AlarmKind.NUM_BUCKETS_MISMATCH,
-                message=f"bucket counts disagree: expected {num_buckets}, live nodes say "
-                f"{said}; one bucket_key lands in different buckets",
+                message=f"bucket counts disagree: {against} {said}; one bucket_key lands "
+                "in different buckets",
                 nodes=tuple(r.node for r in live if r.num_buckets != num_buckets),
             )
         )
@@ -177,19 +197,28 @@ def bucket_alarms(live: list[NodeRecord], num_buckets: int) -> list[Alarm]:
 def examine(
     store: TaskStore | Capabilities,
     *,
-    num_buckets: int,
+    num_buckets: int | None,
     now: datetime | None = None,
     orphan_after: float = DEFAULT_ORPHAN_AFTER,
     stale_after: float = DEFAULT_STALE_AFTER,
     limit: int = 20,
 ) -> FleetReport:
     """Every alarm of the module's list, for the whole store (or its ``Capabilities``).
-    ``now`` is the store's clock where it has one (``Capabilities.now``)."""
+    ``now`` is the store's clock where it has one (``Capabilities.now``). ``num_buckets``
+    ``None``: the count the live nodes declared (else the latest declarations', else
+    ``DEFAULT_NUM_BUCKETS``), so a tool need not be told it."""
     caps = store if isinstance(store, Capabilities) else Capabilities(store)
     now = caps.now() if now is None else now
     nodes = node_statuses(caps, now)
     live = [n.record for n in nodes if n.live]
-    alarms = bucket_alarms(live, num_buckets)
+    declared_by_nodes = num_buckets is None
+    if num_buckets is None:
+        num_buckets = (
+            declared_count(live)
+            or declared_count([n.record for n in nodes if n.record.stopped_at is None])
+            or DEFAULT_NUM_BUCKETS
+        )
+    alarms = bucket_alarms(live, num_buckets, expected=not declared_by_nodes)
     declared = set(declared_buckets(live))
     covers_all = any(r.covers_all for r in live)
     # A partitioned fleet: some node not cleanly stopped (live, or dead) declared buckets.
@@ -257,6 +286,7 @@ def examine(
         nodes=tuple(nodes),
         alarms=tuple(alarms),
         registry=caps.has_node_registry,
+        num_buckets_declared=declared_by_nodes,
     )
 
 

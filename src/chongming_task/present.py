@@ -433,6 +433,7 @@ def doctor_text(report: FleetReport) -> str:
     lines = [
         f"checked at {ts(report.checked_at)}: {len(report.nodes)} node(s) declared, {live} "
         f"live; {report.num_buckets} buckets"
+        + (" (as the nodes declared)" if report.num_buckets_declared else "")
     ]
     if not report.registry:
         lines.append("note: this store keeps no node declarations; bucket checks skipped")

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("db")
     parser.add_argument("--owner", default=None)
     parser.add_argument("--owned", default=None, help="e.g. 0-31")
+    parser.add_argument("--num-buckets", type=int, default=64)
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--poll", default="0.05", help="seconds, or 'default'")
     parser.add_argument("--submit", action="append", default=[], help="name[:arg][@key]")
@@ -69,6 +70,7 @@ def main() -> None:
     node = Controller(
         store,
         owner=args.owner,
+        num_buckets=args.num_buckets,
         owned_buckets=owned,
         lease_ttl=args.lease_ttl,
         command_poll_interval=None if args.poll == "default" else float(args.poll),

@@ -99,6 +99,28 @@ def test_doctor_names_the_duplicate_and_the_gap_of_three_nodes(
     assert where.json("doctor")["healthy"] is True
 
 
+def test_doctor_judges_by_the_bucket_count_the_live_nodes_declared(
+    where: Where, started: list[Node]
+) -> None:
+    for owner, owned in (("node-a", "0-7"), ("node-b", "8-15")):
+        started.append(where.node("--owner", owner, "--owned", owned, "--num-buckets", "16"))
+    result = where.cli("doctor")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "16 buckets (as the nodes declared)" in result.stdout
+    report = where.json("doctor")
+    assert report["healthy"] and report["num_buckets"] == 16
+    # A count given on the command line is the one judged by.
+    told = where.json("--num-buckets", "64", "doctor", code=3)
+    (mismatch,) = alarms(told, "num-buckets-mismatch")
+    assert "expected 64" in mismatch["message"]
+    # A node that disagrees with the others is named, against no count of the CLI's.
+    started.append(where.node("--owner", "node-c", "--owned", "16-31", "--num-buckets", "32"))
+    report = where.json("doctor", code=3)
+    (mismatch,) = alarms(report, "num-buckets-mismatch")
+    assert mismatch["nodes"] == ["node-c"] and "node-c=32" in mismatch["message"]
+    assert "expected" not in mismatch["message"]
+
+
 def test_a_killed_node_shows_lease_expired_then_orphans_while_a_silent_task_is_fine(
     where: Where, started: list[Node]
 ) -> None:

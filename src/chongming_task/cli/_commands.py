@@ -339,7 +339,7 @@ def cmd_doctor(ctx: Context) -> int:
             raise UsageError(f"{flag} must be > 0 seconds")
     report = fleet.examine(
         ctx.store(),
-        num_buckets=ctx.policy.num_buckets,
+        num_buckets=ctx.policy.num_buckets if ctx.num_buckets_given else None,
         orphan_after=a.orphan_after,
         stale_after=a.stale_after,
         limit=a.limit,
@@ -397,7 +397,7 @@ def cmd_web(ctx: Context) -> int:
     dashboard = Dashboard(
         store,
         where=ctx.where(),
-        num_buckets=ctx.policy.num_buckets,
+        num_buckets=ctx.policy.num_buckets if ctx.num_buckets_given else None,
         read_only=a.read_only,
         token=a.token or None,
         allowed_hosts=allowed,

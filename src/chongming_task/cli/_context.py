@@ -18,7 +18,7 @@ from ..control import StoreControl
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
 from ..node.controller import Controller
-from ..policies import BucketPolicy, parse_buckets
+from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, parse_buckets
 from ..states import NON_TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
@@ -41,7 +41,10 @@ class Context:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        num = args.num_buckets
+        self.num_buckets_given = args.num_buckets is not None
+        """Whether a bucket count was given (flag or env): else the fleet checks read the
+        one the live nodes declared (``fleet.examine``)."""
+        num = args.num_buckets if args.num_buckets is not None else DEFAULT_NUM_BUCKETS
         try:
             check_target(args.db)
             if args.pg_schema is not None:

@@ -29,18 +29,20 @@ class Dashboard:
         store: TaskStore,
         *,
         where: str,
-        num_buckets: int = 64,
+        num_buckets: int | None = None,
         read_only: bool = False,
         token: str | None = None,
         allowed_hosts: Iterable[str] = LOOPBACK,
         aside: TaskStore | None = None,
     ) -> None:
         """``allowed_hosts``: the host names a request may name (``_access``); the
-        loopback names by default, so a dashboard made without any answers only there."""
+        loopback names by default, so a dashboard made without any answers only there.
+        ``num_buckets`` ``None``: the fleet checks judge by the count the live nodes
+        declared, and bucket filters by ``DEFAULT_NUM_BUCKETS``."""
         self.store = store
         self.caps = Capabilities(store)
         self.where = where
-        self.policy = BucketPolicy(num_buckets)
+        self.policy = BucketPolicy() if num_buckets is None else BucketPolicy(num_buckets)
         self.read_only = read_only
         self.access = Access(token=token, allowed_hosts=allowed_hosts)
         """Who may ask: the host named, the origin of a control, the token."""

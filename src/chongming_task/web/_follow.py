@@ -83,7 +83,7 @@ def read_finished(caps: Capabilities) -> Finished:
 
 
 def read_aggregates(
-    caps: Capabilities, num_buckets: int, *, finished: Finished | None = None
+    caps: Capabilities, num_buckets: int | None, *, finished: Finished | None = None
 ) -> Aggregates:
     """The store-wide aggregates; ``finished`` is kept if given (else read too)."""
     now = caps.now()
@@ -110,7 +110,7 @@ class Follower:
         caps: Capabilities,
         registry: CollectorRegistry,
         *,
-        num_buckets: int,
+        num_buckets: int | None,
         interval: float = 0.5,
     ) -> None:
         self.interval = interval

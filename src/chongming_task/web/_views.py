@@ -78,7 +78,7 @@ def overview(d: Dashboard) -> dict[str, Any]:
     per = present.by_bucket(unfinished)
     busiest = max((sum(c.values()) for c in per.values()), default=0)
     cells = []
-    for b in range(d.policy.num_buckets):
+    for b in range(report.num_buckets):  # the count judged by: given, or declared
         active = sum(per.get(b, {}).values())
         cells.append(
             {
