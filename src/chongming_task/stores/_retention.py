@@ -130,7 +130,10 @@ class RetentionSQL:
         where, params = ended_where(self._dialect, before, chosen, buckets)
         p = self._dialect.placeholder
         tasks = self._dialect.tasks
-        select = f"SELECT task_id, seq FROM {tasks} WHERE {where} ORDER BY created_at LIMIT {p}"
+        select = (
+            f"SELECT task_id, seq, pipeline_run_id FROM {tasks} WHERE {where} "
+            f"ORDER BY created_at LIMIT {p}"
+        )
         with self._sql_scope("prune by age", write=True) as cur:
             rows = [tuple(r) for r in cur.execute(select, [*params, limit]).fetchall()]
             if rows:
@@ -138,14 +141,21 @@ class RetentionSQL:
         return len(rows)
 
     def _delete_pruned(self, cur: _Executor, rows: list[tuple[Any, ...]]) -> None:
+        """Delete the tasks of ``rows`` (id, seq, pipeline run) with their trail, late
+        reports and finished commands, and the pipeline runs whose last task they were
+        (under steady retention the pipelines table stays as flat as the tasks)."""
         ids = [row[0] for row in rows]
+        runs = sorted({row[2] for row in rows if row[2] is not None})
         if "prune_ids" in self._sql:
             cur.execute(self._sql["prune_ids"], [ids, ids, ids, ids])
+            if runs:
+                cur.execute(self._sql["prune_pipelines"], [runs])
             return
-        cur.executemany(self._sql["prune_history"], rows)
+        cur.executemany(self._sql["prune_history"], [row[:2] for row in rows])
         single = [(task_id,) for task_id in ids]
         for name in ("prune_commands", "prune_late_report", "prune_task"):
             cur.executemany(self._sql[name], single)
+        cur.executemany(self._sql["prune_pipeline"], [(run,) for run in runs])
 
     def prune_finished_commands(self, *, before: datetime, limit: int = 500) -> int:
         """Optional capability (``SupportsPruneByAge``)."""

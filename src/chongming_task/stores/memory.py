@@ -509,8 +509,9 @@ class InMemoryTaskStore:
         return timeline_of(list(self._tasks.values()), since, width)
 
     def _forget(self, snapshot: TaskSnapshot) -> int:
-        """Delete a finished task with its trail and late report: 1, or 0 if it was
-        written since it was judged (no longer the row judged)."""
+        """Delete a finished task with its trail and late report (and its pipeline run's
+        record, if it was the run's last task): 1, or 0 if it was written since it was
+        judged (no longer the row judged). The caller holds ``_lock``."""
         task_id = snapshot.task_id
         with self._stripe(task_id):  # against a racing save
             if self._tasks.get(task_id) is not snapshot:
@@ -518,6 +519,11 @@ class InMemoryTaskStore:
             del self._tasks[task_id]
         self._history.pop(task_id, None)
         self._late.pop(task_id, None)
+        run = snapshot.pipeline_run_id
+        if run is not None:  # a pipeline run goes with its last task (under ``_lock``)
+            record = self._pipelines.get(run)
+            if record is not None and not any(t in self._tasks for t in record.tasks.values()):
+                del self._pipelines[run]
         key = snapshot.dedupe_key
         if key is not None:
             with self._dedupe_lock:  # a create with the key may be setting it

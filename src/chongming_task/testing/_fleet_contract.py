@@ -32,6 +32,7 @@ from ..stores.capabilities import (
     SupportsNodeRegistry,
     SupportsPendingCommands,
     SupportsPipelineRegistry,
+    SupportsPruneByAge,
     SupportsScheduleRegistry,
     SupportsStorageClock,
     SupportsTransitionWakeups,
@@ -369,6 +370,50 @@ class FleetCapabilityContract(ContractBase):
             assert store.pipeline_record("run-3") is None
             assert [r.pipeline_run_id for r in store.pipeline_records()] == ["run-2", "run-1"]
             assert [r.name for r in store.pipeline_records(limit=1)] == ["étl ✓"]
+
+    def test_capability_pipeline_registry_record_goes_with_its_last_task(self) -> None:
+        """Pruned by age or by count, a pipeline run's record goes once no task of it is
+        left, never while one is (steady retention keeps the table as flat as tasks)."""
+        with self._store() as store:
+            self._declares(store, SupportsPipelineRegistry, "the pipeline registry")
+            assert isinstance(store, SupportsPipelineRegistry)
+            done, busy = TaskStatus.SUCCEEDED, TaskStatus.RUNNING
+            layout = {"p-old": [done, done], "p-busy": [done, busy], "p-count": [done]}
+            for n, (run, statuses) in enumerate(layout.items()):
+                ids = {f"{run}-{i}": status for i, status in enumerate(statuses)}
+                for i, (task_id, status) in enumerate(ids.items()):
+                    ended = at(10 * n + i + 1) if status is done else None
+                    store.create(
+                        self.snapshot(
+                            task_id,
+                            status=status,
+                            created_at=at(10 * n + i),
+                            ended_at=ended,
+                            pipeline_run_id=run,
+                        )
+                    )
+                store.record_pipeline(
+                    PipelineRecord(
+                        pipeline_run_id=run,
+                        name="etl",
+                        node="node-a",
+                        created_at=at(10 * n),
+                        tasks={f"step{i}": task_id for i, task_id in enumerate(ids)},
+                        depends_on={},
+                    )
+                )
+
+            def runs() -> list[str]:
+                return sorted(r.pipeline_run_id for r in store.pipeline_records())
+
+            if isinstance(store, SupportsPruneByAge):
+                assert store.prune_ended(before=at(2), limit=1) == 1  # p-old-0 only
+                assert runs() == ["p-busy", "p-count", "p-old"]
+                assert store.prune_ended(before=at(15)) == 2  # p-old-1, p-busy-0
+                assert runs() == ["p-busy", "p-count"]
+            assert store.prune(keep_terminal=0) >= 1
+            assert runs() == ["p-busy"]  # its running task holds it
+            assert store.pipeline_record("p-busy") is not None
 
     def test_capability_command_log_lists_finished_commands_by_finish(self) -> None:
         with self._store() as store:

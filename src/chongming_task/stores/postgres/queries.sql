@@ -541,6 +541,17 @@ gone_commands AS (
 )
 DELETE FROM {schema}.tasks WHERE task_id = ANY(%s)
 
+-- A pipeline run goes with its last task: %s the runs of the tasks just pruned.
+-- name: prune_pipelines
+DELETE FROM {schema}.pipelines p WHERE p.pipeline_run_id = ANY(%s)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.tasks t WHERE t.pipeline_run_id = p.pipeline_run_id)
+
+-- Every pipeline run with no task left (``prune`` by count, which reads them all anyway).
+-- name: prune_orphan_pipelines
+DELETE FROM {schema}.pipelines p WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.tasks t WHERE t.pipeline_run_id = p.pipeline_run_id
+)
+
 -- Finished commands by age, oldest first, through the index of finished commands: the
 -- command log's own retention (a task that lives long gathers many).
 -- name: prune_finished_commands

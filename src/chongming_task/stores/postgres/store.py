@@ -597,7 +597,10 @@ class PostgresTaskStore(
             raise ValueError(f"keep_terminal must be >= 0, got {keep_terminal}")
         with self._cursor("prune") as cur:
             cur.execute(self._sql["prune"], [keep_terminal])
-            return cur.rowcount
+            pruned = cur.rowcount
+            if pruned:
+                cur.execute(self._sql["prune_orphan_pipelines"])
+            return pruned
 
     def close(self) -> None:
         """Close the pool (its connections are really closed). Idempotent; any later call

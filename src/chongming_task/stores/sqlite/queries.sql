@@ -230,6 +230,17 @@ SELECT COUNT(*) FROM late_reports
 -- name: prune_late_report
 DELETE FROM late_reports WHERE task_id = ?
 
+-- A pipeline run goes with its last task: ?1 the run of a task just pruned.
+-- name: prune_pipeline
+DELETE FROM pipelines WHERE pipeline_run_id = ?1
+  AND NOT EXISTS (SELECT 1 FROM tasks WHERE pipeline_run_id = ?1)
+
+-- Every pipeline run with no task left (``prune`` by count, which reads them all anyway).
+-- name: prune_orphan_pipelines
+DELETE FROM pipelines WHERE NOT EXISTS (
+    SELECT 1 FROM tasks WHERE tasks.pipeline_run_id = pipelines.pipeline_run_id
+)
+
 -- name: node_buckets
 SELECT node, bucket FROM node_buckets ORDER BY node, bucket
 

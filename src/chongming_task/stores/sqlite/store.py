@@ -513,6 +513,8 @@ class SqliteTaskStore(
             conn.executemany(_SQL["prune_commands"], doomed)
             conn.executemany(_SQL["prune_late_report"], doomed)
             conn.executemany(_SQL["prune_task"], doomed)
+            if doomed:
+                conn.execute(_SQL["prune_orphan_pipelines"])
         return len(doomed)
 
     def space(self) -> tuple[int, int]:
