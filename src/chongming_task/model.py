@@ -91,6 +91,9 @@ class FailureKind(enum.StrEnum):
     RESULT_INVALID = "result_invalid"
     LOST = "lost"
     DEPENDENCY = "dependency"
+    ABANDONED = "abandoned"
+    """Asked to stop, its carrier did not end in time and may still run (a coroutine
+    that refused its cancellation): the task ended as asked, ``carrier_may_run``."""
 
 
 class CommandAction(enum.StrEnum):
@@ -137,8 +140,9 @@ class Progress:
 class Failure:
     """Why a task did not succeed.
 
-    ``carrier_may_run`` is the honest part: after a timeout that the task ignored, or a
-    lost supervisor, the code may still be running somewhere (threads cannot be killed).
+    ``carrier_may_run`` is the honest part: after a timeout that the task ignored, a
+    cancellation a coroutine refused, or a lost supervisor, the code may still be running
+    somewhere (threads cannot be killed; a coroutine can refuse to end).
     """
 
     kind: FailureKind

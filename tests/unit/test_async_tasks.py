@@ -119,6 +119,8 @@ def test_a_timeout_cancels_the_coroutine_for_real(store: TaskStore, make_control
     assert final.status is S.FAILED and final.failure is not None
     assert final.failure.kind is FailureKind.TIMEOUT
     assert final.failure.carrier_may_run is False  # it cannot run on
+    assert "cancelled at an await" in final.failure.message
+    assert "checkpoint" not in final.failure.message
 
 
 def test_a_stop_whose_grace_runs_out_cancels(make_controller: Make) -> None:
@@ -132,7 +134,98 @@ def test_a_stop_whose_grace_runs_out_cancels(make_controller: Make) -> None:
     wait_until(lambda: run.status is S.RUNNING)
     c.stop(run.task_id)
     final = run.wait(timeout=10)
-    assert final.status is S.STOPPED
+    assert final.status is S.STOPPED and final.failure is None
+    assert c.history(run.task_id)[-1].reason == "cancelled at an await"
+
+
+class Refuser:
+    """An ``async def`` task that catches every cancellation and goes on awaiting, until
+    the test lets it go (so no coroutine outlives the test)."""
+
+    def __init__(self) -> None:
+        self.released = False
+        self.cancellations = 0
+        self.ended = False
+
+    async def run(self, token: CancellationToken) -> str:
+        try:
+            while not self.released:
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    self.cancellations += 1
+            return "let go"
+        finally:
+            self.ended = True
+
+
+def test_a_coroutine_that_refuses_every_cancellation_ends_stopped_after_the_grace(
+    make_controller: Make,
+) -> None:
+    c = make_controller()
+    refuser = Refuser()
+    c.task(name="refuser", timeout_grace=0.2)(refuser.run)
+    run = c.submit("refuser")
+    wait_until(lambda: run.status is S.RUNNING)
+    c.stop(run.task_id)
+    final = run.wait(timeout=15)
+    assert refuser.cancellations >= 1 and not refuser.ended  # it is still running
+    assert final.status is S.STOPPED and final.failure is not None
+    assert final.failure.kind is FailureKind.ABANDONED
+    assert final.failure.carrier_may_run is True
+    assert "coroutine refused cancellation" in final.failure.message
+    assert "thread" not in final.failure.message
+    assert c.history(run.task_id)[-1].reason == "stop; carrier abandoned"
+    assert c.store.get(run.task_id) == final  # written, as the run says
+    refuser.released = True
+    wait_until(lambda: refuser.ended, what="the coroutine let go")
+    assert run.snapshot() == final  # its late return changes nothing
+
+
+def test_a_coroutine_that_refuses_its_timeouts_cancellation_names_the_coroutine(
+    make_controller: Make,
+) -> None:
+    c = make_controller()
+    refuser = Refuser()
+    c.task(name="refuser", timeout=0.2, timeout_grace=0.3)(refuser.run)
+    run = c.submit("refuser")
+    final = run.wait(timeout=15)
+    assert final.status is S.FAILED and final.failure is not None
+    assert final.failure.kind is FailureKind.TIMEOUT and final.failure.carrier_may_run
+    assert "coroutine refused cancellation" in final.failure.message
+    assert "thread" not in final.failure.message
+    refuser.released = True
+    wait_until(lambda: refuser.ended, what="the coroutine let go")
+
+
+def test_close_returns_within_its_timeout_and_says_what_it_left(
+    make_controller: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make_controller()
+    refuser = Refuser()
+    c.task(name="refuser")(refuser.run)  # the default grace (5 s) is longer than the close
+
+    @c.task(name="sleeper")
+    async def sleeper(token: CancellationToken) -> None:
+        await asyncio.sleep(60)  # never checks its token, but can be cancelled
+
+    refused, slept = c.submit("refuser"), c.submit("sleeper")
+    wait_until(lambda: refused.status is S.RUNNING and slept.status is S.RUNNING)
+    with caplog.at_level(logging.WARNING, logger="chongming_task.controller"):
+        began = time.monotonic()
+        c.close(timeout=3)
+        took = time.monotonic() - began
+    assert took < 4.5, f"close(timeout=3) took {took:.1f} s"
+    assert slept.snapshot().status is S.STOPPED  # cancelled within the close's time
+    assert slept.snapshot().failure is None
+    final = refused.snapshot()
+    assert final.status is S.STOPPED and final.failure is not None
+    assert final.failure.carrier_may_run and "refused cancellation" in final.failure.message
+    assert c.store.get(refused.task_id) == final
+    closed = [r.getMessage() for r in caplog.records if "closed:" in r.getMessage()]
+    assert len(closed) == 1 and "refuser" in closed[0] and "refused cancellation" in closed[0]
+    refuser.released = True
+    wait_until(lambda: refuser.ended, what="the coroutine let go")
 
 
 def test_a_task_that_swallows_its_cancellation_still_ends_as_the_timeout_says(

@@ -8,7 +8,10 @@ slot (and its bucket's count) is released when the attempt ends, so per-bucket l
 count both kinds. A stop asks the task first (``acheckpoint`` raises); once its grace
 runs out, or at once for a timeout, the runner *cancels* the attempt: ``CancelledError``
 at its current ``await``, and the task ends as the stop or timeout says with
-``carrier_may_run=False``: it cannot run on.
+``carrier_may_run=False``: it cannot run on. A coroutine that catches every
+cancellation and goes on awaiting is abandoned by the supervisor (``CANCEL_WAIT``
+after a stop's cancellation, ``timeout_grace`` after a timeout's): ended as asked,
+``carrier_may_run=True``, its slot freed only when it does end.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .. import _observe
 from ..current import enter, leave
 from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
+from ..run.handle import CANCEL_WAIT
 
 if TYPE_CHECKING:
     from ..run.handle import TaskRun
@@ -81,6 +85,7 @@ def _ends_as_asked(run: TaskRun) -> None:
     """A cancelled attempt ends as the stop or timeout that cancelled it says (a stop,
     should it have been cancelled from outside the runtime): it cannot run on."""
     run.token.request_stop("stop", "cancelled")  # keeps a stop or timeout asked before
+    run.cancel_asked = True  # it ended at an await, not at a checkpoint of its own
     run.ended_by(StopRequested(f"task {run.task_id}: cancelled"), soon=True)
 
 
@@ -154,8 +159,8 @@ class AsyncRunner:
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for task in pending:
                 task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            if pending:  # a coroutine that refuses its cancellation is not waited for
+                loop.run_until_complete(asyncio.wait(pending, timeout=CANCEL_WAIT))
             loop.close()
 
     def _heartbeat(self) -> None:

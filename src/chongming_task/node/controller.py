@@ -38,7 +38,7 @@ from ..model import (
 from ..options import OnDuplicate, OptionsSubmitter, SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
-from ..run.handle import TaskRun
+from ..run.handle import CANCEL_WAIT, TaskRun
 from ..run.stored import StoredTask
 from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from ..stores import open_store
@@ -77,6 +77,9 @@ def _described(run: TaskRun) -> str:
 def _fate(run: TaskRun) -> str:
     """What became of a task the close waited for, in a few words."""
     if run.done():
+        failure = run.snapshot().failure
+        if failure is not None and failure.carrier_may_run:
+            return f"{run.name} {run.task_id[:12]} {run.status.value}: {failure.message}"
         return f"{run.name} {run.task_id[:12]} {run.status.value}"
     return (
         f"{run.name} {run.task_id[:12]} still {run.status.value}: it never reached a "
@@ -609,6 +612,11 @@ class Controller(AsyncFace):
         for run in unfinished:
             run.stop(reason="controller closed")
         deadline = time.monotonic() + timeout
+        # A coroutine is cancelled within the close's time, leaving it CANCEL_WAIT to end.
+        soon = max(0.0, timeout - CANCEL_WAIT)
+        for run in unfinished:
+            if run.definition.is_async and run.definition.timeout_grace > soon:
+                self._services.aio.cancel(run, after=soon)
         slow: list[TaskRun] = []
         if not self._registry.wait_all_done(min(QUIET, timeout)):
             slow = [run for run in unfinished if not run.done()]
@@ -621,10 +629,16 @@ class Controller(AsyncFace):
                 ", ".join(_described(run) for run in slow[:_NAMED]),
             )
             self._registry.wait_all_done(max(0.0, deadline - time.monotonic()))
+        # A coroutine still running was cancelled and refused it: it is ended as its
+        # stop asked, saying it may still run (a thread task keeps ``stopping``).
+        for run in unfinished:
+            if not run.done():
+                run.left_at_close(timeout)
         stuck = [run for run in unfinished if not run.done()]
         # A carrier still in a task that never checkpoints will not end: no join waits
-        # for it (its thread is abandoned, as a timeout abandons one).
-        self._services.stop(timeout, carriers_stuck=bool(stuck))
+        # for it (its thread is abandoned, as a timeout abandons one). The services
+        # share what is left of ``timeout``.
+        self._services.stop(deadline, carriers_stuck=bool(stuck))
         for run in self.held():
             run.catch_up()
         if slow:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["NodeServices"]
 
 _OPEN = NodeState.OPEN
+
+JOIN_FLOOR = 0.05
+"""Seconds each service is joined for at least at a close whose time is up."""
 
 
 class NodeServices:
@@ -206,8 +210,9 @@ class NodeServices:
             self.state = NodeState.CLOSING
             return True
 
-    def stop(self, timeout: float, *, carriers_stuck: bool = False) -> None:
-        """Stop every service, then join each (up to ``timeout`` seconds apiece): the
+    def stop(self, deadline: float, *, carriers_stuck: bool = False) -> None:
+        """Stop every service, then join each until the monotonic ``deadline`` (each
+        at least ``JOIN_FLOOR`` seconds, so a service that ends at once is seen to): the
         scheduler first (no new runs), the writer after the workers (it drains what
         they handed it). ``carriers_stuck``: a task never stopped, so its worker never
         ends: the workers are not waited for (the others are idle and end at once)."""
@@ -225,7 +230,8 @@ class NodeServices:
         for service in services:
             service.stop()
         for service in services:
-            service.join(0.5 if carriers_stuck and service is self.workers else timeout)
+            left = max(JOIN_FLOOR, deadline - time.monotonic())
+            service.join(min(0.5, left) if carriers_stuck and service is self.workers else left)
 
     def retire(self) -> None:
         """Take the node's schedules and its declaration out of the store: it is gone."""

@@ -12,6 +12,7 @@ from ..values import ValueRules, describe_exception, describe_traceback, storabl
 from ..values import storable_text as _storable_text
 
 __all__ = [
+    "abandoned_after_stop",
     "abandoned_after_timeout",
     "crash_failure",
     "exception_failure",
@@ -76,27 +77,52 @@ def crash_failure(exc: BaseException, rules: ValueRules) -> Failure:
 
 
 def stopped_end(
-    kind: str | None, was: TaskStatus, timeout: float | None
+    kind: str | None, was: TaskStatus, timeout: float | None, *, cancelled: bool = False
 ) -> tuple[TaskStatus, Failure | None, str]:
     """How a task that obeyed a stop ends: the status, its failure, the trail's reason.
-    ``kind`` is the token's stop kind; ``was`` what it was doing when asked."""
+    ``kind`` is the token's stop kind; ``was`` what it was doing when asked;
+    ``cancelled``: a coroutine the runtime cancelled at an ``await`` (it did not stop at a
+    checkpoint of its own)."""
+    where = "cancelled at an await" if cancelled else "stopped at a checkpoint"
     if kind == "timeout":
-        failure = Failure(
-            kind=FailureKind.TIMEOUT,
-            message=f"timed out after {timeout}s (the task stopped at a checkpoint)",
-        )
+        failure = Failure(kind=FailureKind.TIMEOUT, message=f"timed out after {timeout}s ({where})")
         return TaskStatus.FAILED, failure, "timeout"
     if kind == "cancel":
         return TaskStatus.CANCELLED, None, f"cancelled while {was.value}"
-    return TaskStatus.STOPPED, None, "stopped at a checkpoint"
+    return TaskStatus.STOPPED, None, where
 
 
-def abandoned_after_timeout(timeout: float | None, grace: float) -> Failure:
-    """The honest failure of a task that ignored its timeout's stop: its thread may
-    still run (threads cannot be killed)."""
+def _still_running(is_async: bool) -> str:
+    """What may still run, by the carrier that ran the task."""
+    if is_async:
+        return (
+            "its coroutine refused cancellation and may still be running on the node's event loop"
+        )
+    return "its thread may still be running (threads cannot be killed)"
+
+
+def abandoned_after_timeout(timeout: float | None, grace: float, *, is_async: bool) -> Failure:
+    """The honest failure of a task that ignored its timeout's stop (a thread) or its
+    cancellation (a coroutine) for ``grace`` seconds: its carrier may still run."""
     return Failure(
         kind=FailureKind.TIMEOUT,
         message=f"timed out after {timeout}s and did not stop within {grace}s; "
-        "its thread may still be running (threads cannot be killed)",
+        + _still_running(is_async),
         carrier_may_run=True,
     )
+
+
+def abandoned_after_stop(
+    kind: str | None, waited: float, *, is_async: bool
+) -> tuple[TaskStatus, Failure, str]:
+    """How a task ends whose carrier did not end ``waited`` seconds after it was asked to
+    stop (a coroutine cancelled after its grace, or left at a close): ended as the stop
+    asked, saying its carrier may still run. A timeout's is ``abandoned_after_timeout``."""
+    asked = "cancel" if kind == "cancel" else "stop"
+    failure = Failure(
+        kind=FailureKind.ABANDONED,
+        message=f"asked to {asked}, it did not end within {waited:g}s; " + _still_running(is_async),
+        carrier_may_run=True,
+    )
+    to = TaskStatus.CANCELLED if kind == "cancel" else TaskStatus.STOPPED
+    return to, failure, f"{asked}; carrier abandoned"

@@ -54,6 +54,11 @@ __all__ = ["RunGroup", "RunHost", "TaskRun"]
 
 log = logging.getLogger("chongming_task.run")
 
+CANCEL_WAIT = 1.0
+"""Seconds a coroutine cancelled after its stop's grace has to end (its ``finally``
+blocks, which may await); one still running then refused its cancellation and is
+abandoned: ended as the stop asked, ``carrier_may_run``."""
+
 # The statuses an attempt's hot path names, as module globals (the reason: ``writes``).
 _QUEUED, _RUNNING, _SUCCEEDED = S.QUEUED, S.RUNNING, S.SUCCEEDED
 
@@ -317,7 +322,11 @@ class TaskRun:
         # The token hears it only once the transition is legal and in the store.
         self._tell_token(S.STOPPING, lambda: self.token.request_stop(kind, reason))
         if self.definition.is_async:  # asked first; cancelled once its grace runs out
-            self._host.cancel_async(self, after=self.definition.timeout_grace)
+            grace = self.definition.timeout_grace
+            self._host.cancel_async(self, after=grace)
+            with self._lock:  # a coroutine that refuses its cancellation is abandoned
+                if self._grace_deadline is None:
+                    self._grace_deadline = self._host.clock.monotonic() + grace + CANCEL_WAIT
         return O.STOPPING
 
     def stop(self, reason: str | None = None, actor: str | None = None) -> O:
@@ -479,7 +488,7 @@ class TaskRun:
         last = self.writes.trail[-TRAIL_WIDTH:]  # version, from, to, at, reason, actor
         was = S(last[1]) if last and last[2] == S.STOPPING.value and last[1] else S.RUNNING
         to, failure, reason = attempt.stopped_end(
-            self.token.stop_kind, was, self.definition.timeout
+            self.token.stop_kind, was, self.definition.timeout, cancelled=self.cancel_asked
         )
         if failure is None:
             self._apply(to, reason=reason)
@@ -537,8 +546,9 @@ class TaskRun:
     def check_timeout(self, now: float) -> bool:
         """The supervisor's timeout check at monotonic ``now``. Paused time does not
         count against the timeout; a task that ignores its stop for the grace period is
-        abandoned ``failed``, its thread perhaps still running. Returns whether it did
-        either."""
+        abandoned ``failed``, its thread perhaps still running, and so is a coroutine
+        that refused its stop's cancellation (ended as the stop asked). Returns whether
+        it did either."""
         abandon = False
         with self._lock:
             status = self.writes.snapshot.status
@@ -547,11 +557,8 @@ class TaskRun:
             if self._grace_deadline is not None:
                 if now < self._grace_deadline:
                     return False
-                self.abandoned = abandon = True
-                failure = attempt.abandoned_after_timeout(
-                    self.definition.timeout, self.definition.timeout_grace
-                )
-                self._apply(S.FAILED, failure=failure, reason="timeout; carrier abandoned")
+                self._abandon(self.definition.timeout_grace)
+                abandon = True
             elif self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
                 return False
             else:
@@ -567,6 +574,35 @@ class TaskRun:
         )
         if self.definition.is_async:  # a coroutine can really be cancelled: at once
             self._host.cancel_async(self, after=0.0)
+        return True
+
+    def _abandon(self, waited: float) -> None:
+        """End the task as its stop or timeout asked although its carrier has not
+        ended: it may still run (``carrier_may_run``). Caller holds the lock."""
+        self.abandoned = True
+        kind = self.token.stop_kind
+        is_async = self.definition.is_async
+        if kind == "timeout":
+            failure = attempt.abandoned_after_timeout(
+                self.definition.timeout, waited, is_async=is_async
+            )
+            self._apply(S.FAILED, failure=failure, reason="timeout; carrier abandoned")
+        else:
+            to, failure, reason = attempt.abandoned_after_stop(kind, waited, is_async=is_async)
+            self._apply(to, failure=failure, reason=reason)
+
+    def left_at_close(self, waited: float) -> bool:
+        """The node's close waited ``waited`` seconds for this coroutine, stopped and
+        cancelled, and it has not ended: end it as its stop asked, saying it may still
+        run. Thread tasks keep their status (``close``). Whether it ended it."""
+        if not self.definition.is_async:
+            return False
+        with self._lock:
+            if self.writes.snapshot.status is not S.STOPPING:
+                return False
+            self._abandon(waited)
+        self.writes.write()
+        self._host.abandon(self)
         return True
 
     def lease_due(self, mono: float) -> bool:
