@@ -46,6 +46,7 @@ from chongming_task import (
     TaskSnapshot,
     Transition,
 )
+from chongming_task.stores.sqlite.store import DEFAULT_DURABILITY
 
 
 def noop() -> None:
@@ -146,10 +147,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="submit_many batch size")
     args = parser.parse_args()
     tmp = tempfile.TemporaryDirectory()
+    other = "normal" if DEFAULT_DURABILITY == "full" else "full"
     counter = iter(range(1_000_000))
 
     def sqlite_store() -> SqliteTaskStore:
         return SqliteTaskStore(Path(tmp.name) / f"bench-{next(counter)}.db")
+
+    def sqlite_other() -> SqliteTaskStore:
+        return SqliteTaskStore(Path(tmp.name) / f"bench-{next(counter)}.db", durability=other)
 
     contenders: dict[str, Callable[[], float]] = {
         "ThreadPoolExecutor (reference)": lambda: run_pool(args.tasks, args.workers),
@@ -163,6 +168,14 @@ def main() -> None:
             args.tasks, args.workers, sqlite_store, batch=args.batch
         ),
     }
+    # The durability the store is not made with by default, side by side: what each
+    # setting costs (docs/design.md, "What a commit survives").
+    contenders[f"  same, per call, durability={other}"] = lambda: run_controller(
+        args.tasks, args.workers, sqlite_other
+    )
+    contenders[f"  same, submit_many, durability={other}"] = lambda: run_controller(
+        args.tasks, args.workers, sqlite_other, batch=args.batch
+    )
     writes = record_writes(args.tasks, args.workers)
     floor = "SQLite store calls alone (see above)"
     contenders[floor] = lambda: run_store_alone(

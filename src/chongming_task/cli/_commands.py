@@ -392,7 +392,13 @@ def cmd_web(ctx: Context) -> int:
     aside = (
         None
         if is_postgres_dsn(ctx.db)
-        else open_store(ctx.db, schema=a.pg_schema, create=False, upgrade=False)
+        else open_store(
+            ctx.db,
+            schema=a.pg_schema,
+            create=False,
+            upgrade=False,
+            durability=a.sqlite_durability,
+        )
     )
     dashboard = Dashboard(
         store,

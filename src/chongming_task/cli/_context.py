@@ -100,6 +100,7 @@ class Context:
                 # A command runs a handful of statements: preparing them gains nothing,
                 # and without it a pooler in transaction mode carries them unflagged.
                 prepare=None if self.args.command == "demo" else False,
+                durability=self.args.sqlite_durability,
             )
         return self._store
 

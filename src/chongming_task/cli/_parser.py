@@ -19,6 +19,7 @@ from ..model import CommandAction, TaskStatus
 from ..policies import DEFAULT_NUM_BUCKETS
 from ..states import TERMINAL
 from ..stores import DEFAULT_DATABASE
+from ..stores.sqlite.store import DEFAULT_DURABILITY, DURABILITIES, Durability
 
 __all__ = ["PROG", "UsageError", "age", "build_parser", "env"]
 
@@ -47,6 +48,14 @@ def env(name: str, default: T, parse: Callable[[str], T]) -> T:
         return parse(raw)
     except ValueError as exc:
         raise UsageError(f"{name}={raw!r} is {exc}") from None
+
+
+def _durability(raw: str) -> Durability:
+    if raw == "full":
+        return "full"
+    if raw == "normal":
+        return "normal"
+    raise ValueError(f"not one of {', '.join(DURABILITIES)}")
 
 
 def _whole_number(raw: str) -> int:
@@ -146,6 +155,13 @@ def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         "--pg-listen-dsn",
         default=default(env("CHONGMING_PG_LISTEN_DSN", None, _text)),
         help="a direct DSN for LISTEN wake-ups when --pg-pooled (env CHONGMING_PG_LISTEN_DSN)",
+    )
+    parser.add_argument(
+        "--sqlite-durability",
+        choices=tuple(DURABILITIES),
+        default=default(env("CHONGMING_SQLITE_DURABILITY", DEFAULT_DURABILITY, _durability)),
+        help="what a SQLite commit survives: full (a power cut too) or normal (a process "
+        f"crash) (env CHONGMING_SQLITE_DURABILITY, default {DEFAULT_DURABILITY})",
     )
     parser.add_argument(
         "--json",

@@ -11,6 +11,7 @@ from pathlib import Path
 from .dsn import check_target, is_postgres_dsn
 from .memory import InMemoryTaskStore as InMemoryTaskStore
 from .protocol import TaskStore as TaskStore
+from .sqlite.store import DEFAULT_DURABILITY, Durability
 from .sqlite.store import SqliteTaskStore as SqliteTaskStore
 
 __all__ = ["InMemoryTaskStore", "SqliteTaskStore", "TaskStore", "is_postgres_dsn", "open_store"]
@@ -28,6 +29,7 @@ def open_store(
     pooled: bool = False,
     listen_dsn: str | None = None,
     prepare: bool | None = None,
+    durability: Durability = DEFAULT_DURABILITY,
 ) -> TaskStore:
     """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
     (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
@@ -35,8 +37,8 @@ def open_store(
     ``wait_for_server=False`` makes a PostgreSQL server that nothing listens for an
     error at once; ``pooled`` and ``listen_dsn``: a DSN that reaches it through a pooler
     in transaction mode, and ``prepare`` whether statements are prepared
-    (``PostgresTaskStore``). A URL of any other scheme is a
-    ``ConfigurationError``."""
+    (``PostgresTaskStore``); ``durability`` what a SQLite commit survives
+    (``SqliteTaskStore``). A URL of any other scheme is a ``ConfigurationError``."""
     check_target(target)
     if is_postgres_dsn(target):
         from .postgres.store import DEFAULT_SCHEMA, PostgresTaskStore
@@ -49,4 +51,4 @@ def open_store(
             listen_dsn=listen_dsn,
             prepare=prepare,
         )
-    return SqliteTaskStore(target, create=create, upgrade=upgrade)
+    return SqliteTaskStore(target, create=create, upgrade=upgrade, durability=durability)

@@ -52,7 +52,13 @@ _SCHEMA = [sql for name, sql in _SQL.items() if name.startswith("schema_")]
 
 
 def open_schema(
-    link: SqliteConnection, *, memory: bool, create: bool, timeout: float, upgrade: bool
+    link: SqliteConnection,
+    *,
+    memory: bool,
+    create: bool,
+    timeout: float,
+    upgrade: bool,
+    synchronous: str = "NORMAL",
 ) -> None:
     """Configure the connection; create or upgrade the schema only when it is not
     current. Opening a current file writes nothing and takes no lock, so a reader
@@ -60,9 +66,12 @@ def open_schema(
     lock, and never rewrites the header of a file it only reads."""
     conn = link.conn
     conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-    # Per connection, nothing written: NORMAL in WAL mode survives process crashes
-    # (only an OS crash or power loss may drop the last commits).
-    conn.execute("PRAGMA synchronous = NORMAL")
+    # Per connection, nothing written. In WAL mode NORMAL survives process crashes (an
+    # OS crash or power loss may drop the last commits); FULL syncs the WAL at each
+    # commit and survives those too (``SqliteTaskStore``'s ``durability``).
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
     # No automatic checkpoints: the Checkpointer's thread makes them (a commit that
     # took the WAL past the threshold made its caller wait for ~8,000 pages copied).
     conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT if memory else 0}")

@@ -23,9 +23,9 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
+from ...errors import ConcurrencyConflict, ConfigurationError, StoreError, TaskAlreadyExists
 from ...model import (
     BRIEF_MESSAGE,
     Command,
@@ -60,9 +60,21 @@ from .group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_r
 from .schema import AUTOCHECKPOINT, PAGE_SIZE, SCHEMA_VERSION, open_schema
 from .wakeups import announce, subscribe, wake_directory
 
-__all__ = ["PAGE_SIZE", "SCHEMA_VERSION", "SqliteTaskStore"]
+__all__ = [
+    "DEFAULT_DURABILITY",
+    "DURABILITIES",
+    "PAGE_SIZE",
+    "SCHEMA_VERSION",
+    "Durability",
+    "SqliteTaskStore",
+]
 
 log = logging.getLogger("chongming_task.store")
+
+Durability = Literal["full", "normal"]
+DURABILITIES: dict[str, str] = {"full": "FULL", "normal": "NORMAL"}
+"""Each ``durability`` and the ``PRAGMA synchronous`` it sets."""
+DEFAULT_DURABILITY: Durability = "normal"
 
 _SQL = load_named(__package__)
 # save writes every column but the lease, in queries.sql's order (docs/design.md, "Leases
@@ -144,12 +156,26 @@ class SqliteTaskStore(
         create: bool = True,
         timeout: float = 30.0,
         upgrade: bool = True,
+        durability: Durability = DEFAULT_DURABILITY,
     ) -> None:
         """``create=False`` refuses a file that does not exist or holds no tasks table;
         ``upgrade=False`` refuses a file of an older schema instead of upgrading it (the
         CLI's commands other than ``migrate`` and ``run``: an upgraded file is one the
         running nodes of an older release can no longer use, and some upgrades rebuild
-        the trail while every other process waits)."""
+        the trail while every other process waits).
+
+        ``durability`` is what a commit this store acknowledged survives
+        (docs/design.md, "What a commit survives"): ``"full"`` flushes the WAL to the
+        disk at each commit (one a group commit, however many writes share it), so an
+        acknowledged write survives a power cut or an OS crash; ``"normal"`` leaves the
+        flush to checkpoints, so an acknowledged write survives the process's crash but
+        the last commits before a power cut may be lost (the file stays consistent)."""
+        if durability not in DURABILITIES:
+            raise ConfigurationError(
+                f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}"
+            )
+        self.durability: Durability = durability
+        """What an acknowledged commit of this store survives (see ``__init__``)."""
         self.path = str(path)
         memory = self.path == ":memory:"
         if not memory and not create and not Path(self.path).exists():
@@ -175,7 +201,14 @@ class SqliteTaskStore(
         )
         try:
             with link.guard("open"):
-                open_schema(link, memory=memory, create=create, timeout=timeout, upgrade=upgrade)
+                open_schema(
+                    link,
+                    memory=memory,
+                    create=create,
+                    timeout=timeout,
+                    upgrade=upgrade,
+                    synchronous=DURABILITIES[durability],
+                )
         except StoreError:
             link.close()
             raise
