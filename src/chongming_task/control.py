@@ -17,10 +17,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from . import _observe, states
-from .errors import TaskNotFound, WaitTimeout
+from .errors import StoreUnavailable, TaskNotFound, WaitTimeout
 from .limits import MAX_OWNER, MAX_REASON
 from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from .model import TaskStatus as S
@@ -48,6 +48,11 @@ def answer_from_status(action: CommandAction, status: S) -> ControlOutcome | Non
 
 _UNTIL_PENDING = frozenset({ControlOutcome.ALREADY_PAUSED, ControlOutcome.NOT_PAUSED})
 """Answers from a status that a pending command could still change."""
+
+
+RESOLVE_WAIT = 3.0
+"""Seconds a control whose command write failed with the store away asks whether it
+was stored after all, before it says it cannot tell."""
 
 
 def _utc_now() -> datetime:
@@ -125,7 +130,11 @@ class StoreControl:
             issued_by=self.owner,
             reason=reason,
         )
-        self.store.submit_command(command)
+        try:
+            self.store.submit_command(command)
+        except StoreUnavailable as exc:
+            if not self._landed(command, exc):
+                raise
         return ControlReceipt(
             task_id=task_id,
             action=action,
@@ -134,6 +143,35 @@ class StoreControl:
             status=status,
             behind=None if behind is None else behind.action,
         )
+
+    def _landed(self, command: Command, exc: StoreUnavailable) -> bool:
+        """After ``submit_command`` failed with the store away: whether the command was
+        stored all the same (its commit landed unheard: docs/design.md, "A commit nobody
+        heard"), asked by its id for up to ``RESOLVE_WAIT`` seconds. ``False``: it was
+        not (the failure stands). Still unknown then: ``StoreUnavailable`` saying the
+        command may have been recorded, and how to tell."""
+        deadline = time.monotonic() + RESOLVE_WAIT
+        tick = threading.Event()
+        while True:
+            try:
+                pending = self._caps.commands.pending(command.task_id)
+                finished = self._caps.commands.finished(
+                    after=command.created_at - timedelta(minutes=1), limit=10_000
+                )
+            except StoreUnavailable:
+                if time.monotonic() >= deadline:
+                    break
+                tick.wait(0.1)
+                continue
+            if pending is None and not self._caps.commands.has_log:
+                break  # the store cannot tell
+            ids = {c.command_id for c in [*(pending or ()), *finished]}
+            return command.command_id in ids
+        raise StoreUnavailable(
+            f"{exc}; the {command.action.value} command {command.command_id} for task "
+            f"{command.task_id} may have been recorded all the same, and is carried out "
+            "if it was (the task's history will show it)"
+        ) from exc
 
     def wait_for(
         self,

@@ -23,7 +23,7 @@ from .._observe import submitted
 from ..clock import Clock, SystemClock
 from ..current import install_log_context
 from ..definitions import Definitions, TaskDefinition, TaskRef
-from ..errors import ConfigurationError, InvalidValue, TaskNotFound
+from ..errors import ConfigurationError, InvalidValue, StoreError, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
 from ..limits import MAX_OWNER, MAX_SCHEDULE_NAME
 from ..model import (
@@ -641,6 +641,17 @@ class Controller(AsyncFace):
         self._services.stop(deadline, carriers_stuck=bool(stuck))
         for run in self.held():
             run.catch_up()
+        try:  # a create whose commit went unheard: ended now if it landed
+            self._services.supervisor.doubtful.run_once(time.monotonic())
+        except StoreError as exc:
+            left = len(self._registry.doubtful())
+            log.warning(
+                "node %s closed with %d failed submit(s) unresolved (%s): if they were "
+                "stored, a reconcile marks them lost once their lease ends",
+                self.owner,
+                left,
+                exc,
+            )
         if slow:
             log.warning(
                 "node %s closed: %s", self.owner, "; ".join(_fate(run) for run in slow[:_NAMED])

@@ -24,7 +24,11 @@ if TYPE_CHECKING:
     from ..model import TaskSnapshot
     from ..run.handle import TaskRun
 
-__all__ = ["RunRegistry"]
+__all__ = ["MAX_DOUBTFUL", "RunRegistry"]
+
+MAX_DOUBTFUL = 10_000
+"""Doubtful creates a node keeps to resolve (a submit loop through a long outage makes
+one a failed call)."""
 
 
 class RunRegistry:
@@ -44,6 +48,7 @@ class RunRegistry:
         self._behind: set[str] = set()
         self._desynced: set[str] = set()
         self._late: list[TaskSnapshot] = []
+        self._doubtful: dict[str, TaskSnapshot] = {}  # created, commit outcome unknown
 
     # -- held ---------------------------------------------------------------------------------
 
@@ -75,8 +80,36 @@ class RunRegistry:
         return list(self._held.values())
 
     def held_ids(self) -> set[str]:
+        """The held runs' ids, and the doubtful creates' (nobody else's to judge)."""
         with self._lock:
-            return set(self._held)
+            return set(self._held) | set(self._doubtful)
+
+    # -- creates whose commit outcome is unknown ----------------------------------------------
+
+    def doubt(self, snapshots: Iterable[TaskSnapshot]) -> int:
+        """Keep the snapshots of creates that failed with the store unreachable: their
+        commit may have landed though the caller was told it failed (docs/design.md,
+        "A commit nobody heard"). At most ``MAX_DOUBTFUL``; returns how many were left
+        out (their tasks, if stored, are judged by a reconcile once their lease ends)."""
+        left_out = 0
+        with self._lock:
+            for snapshot in snapshots:
+                if len(self._doubtful) >= MAX_DOUBTFUL:
+                    left_out += 1
+                else:
+                    self._doubtful[snapshot.task_id] = snapshot
+        return left_out
+
+    def doubtful(self) -> list[TaskSnapshot]:
+        with self._lock:
+            return list(self._doubtful.values())
+
+    def is_doubtful(self, task_id: str) -> bool:
+        return task_id in self._doubtful
+
+    def resolved(self, task_id: str) -> None:
+        with self._lock:
+            self._doubtful.pop(task_id, None)
 
     def forget(self, runs: Iterable[TaskRun]) -> None:
         """Drop runs that were never stored."""

@@ -15,14 +15,22 @@ import random
 import secrets
 import socket
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _observe
-from ..errors import ChongmingTaskError, ConfigurationError, ControllerClosed, TaskAlreadyExists
+from .. import _observe, states
+from ..errors import (
+    ChongmingTaskError,
+    ConcurrencyConflict,
+    ConfigurationError,
+    ControllerClosed,
+    StoreUnavailable,
+    TaskAlreadyExists,
+)
 from ..limits import MAX_BUCKET_KEY, MAX_NODE_KEY, MAX_PIPELINE_NAME
 from ..model import (
     PipelineRecord,
+    TaskSnapshot,
     TaskStatus,
     Transition,
     submitted_snapshot,
@@ -33,21 +41,74 @@ from ..pipelines import Pipeline, PipelineRun
 from ..policies import BucketPolicy, format_buckets
 from ..run.handle import RunHost, TaskRun
 from ..run.stored import StoredTask
-from ..stores.capabilities import PartialCreate
+from ..stores.capabilities import Capabilities, PartialCreate
 from ..values import check_tags, check_text, storable_text
 from .services import NodeContext
 
 if TYPE_CHECKING:
     from ..definitions import TaskDefinition, TaskRef
     from .dispatch import Dispatcher
+    from .registry import RunRegistry
 
-__all__ = ["Ownership", "Submitter", "default_owner", "new_task_id"]
+__all__ = [
+    "NEVER_STARTED",
+    "Ownership",
+    "Submitter",
+    "default_owner",
+    "end_doubtful",
+    "new_task_id",
+]
+
+NEVER_STARTED = "submit reported as failed; never started"
+"""The trail's reason for a task whose create landed though its caller was told the
+submit failed (the store went away before the commit was acknowledged)."""
 
 Prepared = tuple[TaskRun, Transition]
 
 _NO_OPTIONS = (None, 0, None, None, None)
 
 log = logging.getLogger("chongming_task.submit")
+
+
+def end_doubtful(
+    caps: Capabilities,
+    registry: RunRegistry,
+    doubtful: TaskSnapshot,
+    *,
+    now: datetime,
+    actor: str,
+) -> str:
+    """Resolve one create whose commit outcome was unknown (docs/design.md, "A commit
+    nobody heard"), by its id: ``"absent"`` (nothing was stored), ``"cancelled"`` (it
+    was stored and never started: ended now, ``NEVER_STARTED``), or ``"moved"`` (stored,
+    and changed since: not this node's to judge). ``StoreUnavailable`` while the store
+    is away; it stays doubtful then."""
+    task_id = doubtful.task_id
+    stored = caps.store.get(task_id)
+    if stored is None or stored.status_version != doubtful.status_version:
+        registry.resolved(task_id)
+        return "absent" if stored is None else "moved"
+    states.check(task_id, stored.status, TaskStatus.CANCELLED)
+    version = stored.status_version + 1
+    ended = stored.evolve(status=TaskStatus.CANCELLED, status_version=version, ended_at=now)
+    transition = trusted_transition(
+        task_id=task_id,
+        version=version,
+        from_status=stored.status,
+        to_status=TaskStatus.CANCELLED,
+        at=now,
+        reason=NEVER_STARTED,
+        actor=actor,
+    )
+    try:
+        caps.compare_and_write(
+            ended, expect_version=stored.status_version, transitions=[transition]
+        )
+    except ConcurrencyConflict:
+        registry.resolved(task_id)
+        return "moved"
+    registry.resolved(task_id)
+    return "cancelled"
 
 
 def default_owner() -> str:
@@ -216,11 +277,12 @@ class Submitter:
         run, created = self.prepare(
             task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
         )
-        try:
-            holder = self._caps.create_deduped(run.writes.snapshot, created)
-        except BaseException:
-            self._registry.forget([run])
-            raise
+        holder = self._create_deduped(run, created)
+        if holder is not None and self._registry.is_doubtful(holder):
+            # The key's holder is an earlier submit of this node that was told it failed
+            # (its commit went unheard): it never started. End it, and create this one.
+            self._end_doubtful(holder)
+            holder = self._create_deduped(run, created)
         if holder is None:
             run.stored(created, appended=True)
             self._stored()
@@ -230,6 +292,38 @@ class Submitter:
         if options.on_duplicate == "raise":
             raise TaskAlreadyExists(f"dedupe key {key!r} is held by task {holder}")
         return self._registry.get(holder) or StoredTask(holder, self._caps.store)
+
+    def _create_deduped(self, run: TaskRun, created: Transition) -> str | None:
+        """``create_deduped`` for a prepared run: the holder's id, or ``None`` once
+        created. On failure the run is forgotten, and doubtful where the store went
+        away during it."""
+        try:
+            return self._caps.create_deduped(run.writes.snapshot, created)
+        except BaseException as exc:
+            self._registry.forget([run])
+            if isinstance(exc, StoreUnavailable):
+                self._doubt([run.writes.snapshot])
+            raise
+
+    def _doubt(self, snapshots: list[TaskSnapshot]) -> None:
+        """Creates that failed with the store away may have landed: kept to be resolved
+        by id once it answers (the supervisor's ``DoubtfulCreates``)."""
+        left_out = self._registry.doubt(snapshots)
+        if left_out:
+            log.warning(
+                "node %s: %d failed submit(s) not kept to be resolved (too many at once); "
+                "if stored, a reconcile marks them lost once their lease ends",
+                self._host.owner,
+                left_out,
+            )
+
+    def _end_doubtful(self, task_id: str) -> None:
+        for snapshot in self._registry.doubtful():
+            if snapshot.task_id == task_id:
+                end_doubtful(
+                    self._caps, self._registry, snapshot, now=self._now(), actor=self._host.owner
+                )
+                return
 
     def submit_many(
         self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
@@ -386,8 +480,10 @@ class Submitter:
                 run.cancel(reason=reason)
             self._registry.forget(run for run, _ in prepared[exc.created :])
             raise cause from None
-        except BaseException:
+        except BaseException as exc:
             self._registry.forget(run for run, _ in prepared)
+            if isinstance(exc, StoreUnavailable):
+                self._doubt([run.writes.snapshot for run, _ in prepared])
             raise
         for run, created in prepared:
             run.stored(created, appended=appended)

@@ -25,6 +25,7 @@ from ..errors import StoreError, StoreUnavailable
 from ..late import LateReport
 from ..model import Failure, FailureKind, Progress, TaskScan
 from .services import LoopService, NodeContext, Pass
+from .submission import end_doubtful
 
 if TYPE_CHECKING:
     from ..run.handle import TaskRun
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActivityFlush",
+    "DoubtfulCreates",
     "Duty",
     "LateReporting",
     "LeaseRenewal",
@@ -253,6 +255,40 @@ class TimeoutCheck:
         return Pass(done=acted)
 
 
+class DoubtfulCreates:
+    """Resolve, by id, the creates that failed with the store away (docs/design.md, "A
+    commit nobody heard"): one that landed after all was never started, since its caller
+    was told it failed, and is ended ``cancelled`` (``NEVER_STARTED``), never left to
+    become ``lost``. The store still away ends the pass; the rest wait for the next."""
+
+    name = "doubtful creates"
+
+    def __init__(self, node: NodeContext) -> None:
+        self._owner = node.owner
+        self._now = node.now
+        self._registry = node.registry
+        self._caps = node.capabilities
+
+    def run_once(self, now: float) -> Pass:
+        ended: list[str] = []
+        for snapshot in self._registry.doubtful():
+            outcome = end_doubtful(
+                self._caps, self._registry, snapshot, now=self._now(), actor=self._owner
+            )
+            if outcome == "cancelled":
+                ended.append(snapshot.task_id)
+        if ended:
+            log.warning(
+                "node %s: %d task(s) whose submit was reported as failed had been stored "
+                "after all (the store went away before acknowledging the commit); ended "
+                "cancelled, never started: %s",
+                self._owner,
+                len(ended),
+                ", ".join(ended[:5]) + (" ..." if len(ended) > 5 else ""),
+            )
+        return Pass(done=len(ended))
+
+
 class WriteCatchUp:
     """Retry the buffered writes of runs that are behind in the store."""
 
@@ -341,12 +377,15 @@ class Supervisor(LoopService):
         self.interval = interval
         self._clock = node.clock
         self._faults = node.health.faults
+        self.doubtful = DoubtfulCreates(node)
+        """Also run once by the node's close."""
         self.duties: tuple[Duty, ...] = (
             LeaseRenewal(node, lease_ttl=lease_ttl, reachable=self._reachable),
             RetryRelease(dispatcher),
             ActivityFlush(node, reachable=self._reachable),
             TimeoutCheck(node),
             WriteCatchUp(node),
+            self.doubtful,
             LateReporting(node),
         )
 

@@ -43,7 +43,7 @@ from ..model import (
 )
 from ..model import TaskStatus as S
 from ..stores.capabilities import PartialWrite
-from ..trail import Trail, trail_items
+from ..trail import TRAIL_WIDTH, Trail, trail_items
 from .host import Handoff, Taken, WritesHost
 
 __all__ = ["Handoff", "RunWrites", "Taken", "WritesHost"]
@@ -512,7 +512,13 @@ class RunWrites:
             # stays buffered (appends are idempotent, so rewriting them is harmless).
             self._written = snapshot.status_version
         elif isinstance(exc, ConcurrencyConflict):
-            self.desync(exc)
+            if not self._landed_unheard(snapshot):
+                self.desync(exc)
+                return False
+            # An earlier write of ours had landed though it raised: the catch-up writes
+            # the rest from the version it left (the caller keeps ``pending``).
+            if catching_up:
+                self._host.behind(self.task_id)
             return False
         self._error = exc
         # A store fault is one episode for the node (one line when it starts, one when
@@ -527,6 +533,36 @@ class RunWrites:
         )
         if catching_up:
             self._host.behind(self.task_id)
+        return False
+
+    def _landed_unheard(self, snapshot: TaskSnapshot) -> bool:
+        """After a version conflict: whether the stored row is one of this run's own
+        writes that failed as far as it knew (the connection died before the commit was
+        acknowledged: docs/design.md, "A commit nobody heard"). So it is if the stored
+        version lies past the one last written and up to ``snapshot``'s, holds the
+        status this run's trail made at that version, and no other node holds the task.
+        Then that version is taken as written. The store unreadable: not (the conflict
+        stands)."""
+        try:
+            stored = self._host.capabilities.store.get(self.task_id)
+        except Exception:
+            return False
+        if stored is None or not self._written < stored.status_version <= snapshot.status_version:
+            return False
+        if stored.lease_owner not in (None, self._host.owner):
+            return False
+        trail = self.trail
+        for i in range(0, len(trail), TRAIL_WIDTH):
+            if trail[i] == stored.status_version:
+                if trail[i + 2] != stored.status.value:
+                    return False
+                log.info(
+                    "task %s: a write that failed had landed (version %d); catching up from there",
+                    self.task_id,
+                    stored.status_version,
+                )
+                self._written = stored.status_version
+                return True
         return False
 
     def _flush(self, snapshot: TaskSnapshot, pending: Sequence[Transition] = ()) -> bool:

@@ -80,6 +80,11 @@ class CommandChannel:
         cannot tell (then any control may be behind one: send it as a command)."""
         return None if self._pending is None else self._pending(task_id)
 
+    @property
+    def has_log(self) -> bool:
+        """Whether the store keeps finished commands (``SupportsCommandLog``)."""
+        return self._log is not None
+
     def finished(self, *, after: datetime, limit: int = 500) -> list[Command]:
         """Commands finished after ``after``; empty where the store keeps no log."""
         return [] if self._log is None else self._log.finished_commands(after=after, limit=limit)
