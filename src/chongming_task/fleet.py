@@ -19,7 +19,11 @@ and raises these alarms:
   of it died (``NodeHealth``);
 * ``desynced-runs``: a live node holds runs whose stored task another writer ended;
 * ``late-report``: a task the store holds as ``lost`` (or otherwise ended) whose node
-  later reported it finished: its work may be done, so do not simply re-run it.
+  later reported it finished: its work may be done, so do not simply re-run it;
+* ``dead-node-tasks``: unfinished tasks of a node whose declaration expired (dead by the
+  fleet's own rule, not cleanly stopped), delayed ones included, whose leases may run
+  far past its death: none can run (the function lived in that process), and the
+  owner of their bucket marks them ``lost`` at its next reconcile.
 
 A node's long task that never checkpoints is none of these: its node renews its lease
 and its bucket is covered. The declarations never decide who runs what.
@@ -34,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import states
-from .model import NodeRecord, TaskScan, TaskSnapshot, TaskStatus
+from .model import NodeRecord, TaskQuery, TaskScan, TaskSnapshot, TaskStatus
 from .policies import DEFAULT_NUM_BUCKETS, format_buckets
 from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
@@ -47,6 +51,8 @@ __all__ = [
     "FleetReport",
     "NodeStatus",
     "bucket_alarms",
+    "dead_node_alarms",
+    "dead_nodes",
     "declared_buckets",
     "declared_count",
     "examine",
@@ -71,6 +77,7 @@ class AlarmKind(enum.StrEnum):
     NODE_UNHEALTHY = "node-unhealthy"
     DESYNCED_RUNS = "desynced-runs"
     LATE_REPORT = "late-report"
+    DEAD_NODE_TASKS = "dead-node-tasks"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,6 +273,7 @@ def examine(
         "them lost)",
     )
     alarms += node_alarms(live)
+    alarms += dead_node_alarms(caps, nodes, limit=limit)
     reports = caps.late_reports(limit=limit)
     if reports:
         count = caps.count_late_reports()
@@ -288,6 +296,43 @@ def examine(
         registry=caps.has_node_registry,
         num_buckets_declared=declared_by_nodes,
     )
+
+
+def dead_nodes(nodes: list[NodeStatus]) -> list[NodeRecord]:
+    """The nodes dead by the fleet's own rule: declaration expired, never stopped."""
+    return [n.record for n in nodes if not n.live and n.record.stopped_at is None]
+
+
+def dead_node_alarms(caps: Capabilities, nodes: list[NodeStatus], *, limit: int) -> list[Alarm]:
+    """One alarm per dead node that still has unfinished tasks (a count by owner, then
+    the oldest ``limit`` of each such node)."""
+    dead = dead_nodes(nodes)
+    if not dead:
+        return []
+    counts = caps.count_tasks("owner", statuses=states.NON_TERMINAL)
+    alarms: list[Alarm] = []
+    for record in dead:
+        count = counts.get(record.node, 0)
+        if not count:
+            continue
+        tasks = caps.store.query(
+            TaskQuery(owner=record.node, statuses=states.NON_TERMINAL, limit=limit, brief=True)
+        )
+        died = record.seen_at + timedelta(seconds=record.ttl_seconds)
+        alarms.append(
+            Alarm(
+                kind=AlarmKind.DEAD_NODE_TASKS,
+                message=f"node {record.node} is dead (its declaration expired at "
+                f"{died:%Y-%m-%d %H:%M:%S} UTC) and holds {count} unfinished task(s), "
+                "delayed ones included: none can run there (the function lived in that "
+                "process); the owner of their buckets marks them lost at its next "
+                "reconcile",
+                nodes=(record.node,),
+                task_ids=tuple(t.task_id for t in tasks),
+                count=count,
+            )
+        )
+    return alarms
 
 
 def node_alarms(live: list[NodeRecord]) -> list[Alarm]:

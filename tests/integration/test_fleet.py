@@ -121,6 +121,49 @@ def test_doctor_judges_by_the_bucket_count_the_live_nodes_declared(
     assert "expected" not in mismatch["message"]
 
 
+def test_a_dead_nodes_delayed_task_is_named_at_once_and_marked_lost_by_the_heir(
+    where: Where, started: list[Node]
+) -> None:
+    node = where.node(
+        "--owner", "node-a", "--owned", "0-63", "--lease-ttl", "1.5",
+        "--delay", "120", "--submit", "loop",
+    )  # fmt: skip
+    started.append(node)
+    (task_id,) = node.task_ids
+    node.kill()
+    wait_until(
+        lambda: [n["state"] for n in where.json("nodes")] == ["dead"],
+        timeout=20,
+        what="node-a dead by its declaration",
+    )
+    # At once, long before its lease (its run time and a TTL past it) expires.
+    report = where.json("doctor", code=3)
+    (alarm,) = alarms(report, "dead-node-tasks")
+    assert alarm["nodes"] == ["node-a"] and alarm["task_ids"] == [task_id]
+    assert alarm["count"] == 1 and "delayed ones included" in alarm["message"]
+    assert not alarms(report, "lease-expired")
+    (waiting,) = where.json("ps")
+    assert waiting["status"] == "queued"
+
+    # The heir owns its buckets: its reconcile marks the task lost, naming the dead
+    # node and the time the task waited for.
+    started.append(where.node("--owner", "node-b", "--owned", "0-63", "--lease-ttl", "1.5"))
+    wait_until(
+        lambda: where.json("show", task_id)["status"] == "lost",
+        timeout=30,
+        what="the heir's reconcile",
+    )
+    shown = where.json("show", task_id)
+    failure = shown["failure"]
+    assert failure["kind"] == "lost" and failure["carrier_may_run"] is True
+    assert "node node-a died" in failure["message"]
+    assert "before the task's run time" in failure["message"]
+    assert shown["run_at"][:16].replace("T", " ") in failure["message"]
+    (marked,) = [t for t in where.json("history", task_id) if t["to"] == "lost"]
+    assert marked["actor"] == "node-b" and marked["reason"] == "reconcile: node node-a dead"
+    assert where.json("doctor")["healthy"]  # the heir covers the buckets; nothing left
+
+
 def test_a_killed_node_shows_lease_expired_then_orphans_while_a_silent_task_is_fine(
     where: Where, started: list[Node]
 ) -> None:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import psycopg
 import pytest
 
 from chongming_task import CancellationToken, Controller, TaskDesynced, TaskStatus
@@ -24,14 +25,19 @@ from tests.integration.postgres_support import schema as schema
 S = TaskStatus
 
 
+def proxied(dsn: str) -> tuple[Proxy, str]:
+    """A proxy to the server ``dsn`` names, and a DSN that goes through it."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    proxy = Proxy((str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)))
+    return proxy, psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
+
+
 def test_a_cut_off_nodes_tasks_finish_lost_in_the_store_with_their_late_report(
     pg_dsn: str,
     schema: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    proxy = Proxy(("127.0.0.1", 5432))
-    via_proxy = pg_dsn.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-    assert via_proxy != pg_dsn
+    proxy, via_proxy = proxied(pg_dsn)
     a_store = PostgresTaskStore(via_proxy, schema=schema, connect_timeout=2)
     b_store = PostgresTaskStore(pg_dsn, schema=schema)
     a = Controller(a_store, owner="node-a", lease_ttl=1.5, reconcile_interval=None)
@@ -121,3 +127,58 @@ def test_a_cut_off_nodes_tasks_finish_lost_in_the_store_with_their_late_report(
         b_store.close()
         proxy.close()
         time.sleep(0)
+
+
+def test_a_cut_off_nodes_delayed_task_found_lost_when_it_comes_back(
+    pg_dsn: str, schema: str
+) -> None:
+    """Dead by the fleet's rule (its declaration expired), a node's delayed task is
+    marked lost by the buckets' owner long before its run time; the node was only cut
+    off, comes back, runs it at its time and reports late: the store keeps lost."""
+    proxy, via_proxy = proxied(pg_dsn)
+    a_store = PostgresTaskStore(via_proxy, schema=schema, connect_timeout=2)
+    b_store = PostgresTaskStore(pg_dsn, schema=schema)
+    a = Controller(
+        a_store, owner="node-a", owned_buckets=range(64), lease_ttl=1.5, reconcile_interval=None
+    )
+    b = Controller(
+        b_store, owner="node-b", owned_buckets=range(64), lease_ttl=1.5, reconcile_interval=None
+    )
+    ran = threading.Event()
+
+    @a.task(name="later")
+    def later(token: CancellationToken) -> str:
+        ran.set()
+        return "ran late"
+
+    try:
+        run = a.options(delay=6).submit("later")
+        caps = Capabilities(b_store)
+        wait_until(lambda: any(r.node == "node-a" for r in caps.nodes()), what="declared")
+        proxy.cut()
+        wait_until(
+            lambda: any(r.node == "node-a" and not r.is_live(caps.now()) for r in caps.nodes()),
+            timeout=20,
+            what="node-a's declaration expired",
+        )
+        assert run.task_id in b.reconcile().lost  # long before its run time
+        stored = b.get(run.task_id)
+        assert stored.status is S.LOST and stored.failure is not None
+        assert "node node-a died" in stored.failure.message
+        proxy.heal()
+        assert ran.wait(30), "the cut-off node never ran it at its time"
+        wait_until(
+            lambda: len(caps.late_reports(task_ids=[run.task_id])) == 1,
+            timeout=30,
+            what="node-a's late report",
+        )
+        (report,) = caps.late_reports(task_ids=[run.task_id])
+        assert report.status is S.SUCCEEDED and report.reported_by == "node-a"
+        assert b.get(run.task_id) == stored  # lost stands, never rewritten
+        assert run.wait(timeout=5).status is S.LOST  # the node tells its caller the same
+    finally:
+        a.close(timeout=5)
+        b.close()
+        a_store.close()
+        b_store.close()
+        proxy.close()

@@ -16,14 +16,15 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from .. import states
 from ..current import running
 from ..errors import StoreError, StoreUnavailable
 from ..late import LateReport
-from ..model import Failure, FailureKind, Progress, TaskScan
+from ..model import Failure, FailureKind, NodeRecord, Progress, TaskQuery, TaskScan, TaskSnapshot
+from ..stores.capabilities import lost_mark
 from .services import LoopService, NodeContext, Pass
 from .submission import end_doubtful
 
@@ -462,18 +463,50 @@ class Reconciler:
         if dry_run:
             _, expired = self._caps.scan_tasks(scan)
             candidates = [s.task_id for s in expired if s.task_id not in held]
+            candidates += [s.task_id for s, _ in self._of_dead_nodes(now, held)]
+            candidates = list(dict.fromkeys(candidates))
             return ReconcileReport(
                 dry_run=True, examined=len(candidates), lost=tuple(candidates), let_go=()
             )
         lost, let_go = self._caps.mark_expired_lost(
             scan, exclude=held, at=now, actor=self._owner, verdict=self.verdict
         )
+        # Then the dead nodes' tasks whose leases run on (delayed ones): a CAS each.
+        marks = [
+            lost_mark(s, now, self._owner, _dead_verdict(record, s, now))
+            for s, record in self._of_dead_nodes(now, held | set(lost) | set(let_go))
+        ]
+        if marks:
+            won = self._caps.mark_lost(marks)
+            lost = [*lost, *(m.task_id for m, _ in marks if m.task_id in won)]
+            let_go = [*let_go, *(m.task_id for m, _ in marks if m.task_id not in won)]
         return ReconcileReport(
             dry_run=False,
             examined=len(lost) + len(let_go),
             lost=tuple(lost),
             let_go=tuple(let_go),
         )
+
+    def _of_dead_nodes(
+        self, now: datetime, exclude: frozenset[str] | set[str]
+    ) -> list[tuple[TaskSnapshot, NodeRecord]]:
+        """The unfinished tasks, in this reconciler's buckets, of the nodes dead by the
+        fleet's own rule (declaration expired, never stopped): their leases may run far
+        past the death (a delayed task's runs to its time), yet nothing can run them
+        (docs/design.md, "Reconcile"). None where the store keeps no declarations."""
+        found: list[tuple[TaskSnapshot, NodeRecord]] = []
+        for record in self._caps.nodes():
+            if record.node == self._owner or record.stopped_at is not None:
+                continue
+            if record.is_live(now):
+                continue
+            query = TaskQuery(
+                owner=record.node, statuses=states.LOSABLE, buckets=self._buckets, brief=True
+            )
+            found += [
+                (s, record) for s in self._caps.store.query(query) if s.task_id not in exclude
+            ]
+        return found
 
     def verdict(self, owner: str | None) -> tuple[Failure, str]:
         """The failure and trail reason of the tasks whose lease ``owner`` let expire
@@ -491,6 +524,33 @@ class Reconciler:
             )
             found = self._verdicts[owner] = (failure, f"reconcile: {expired}")
         return found
+
+
+def _dead_verdict(
+    record: NodeRecord, s: TaskSnapshot, now: datetime
+) -> Callable[[str | None], tuple[Failure, str]]:
+    """The verdict on a dead node's task: the node, when it died, and the time a delayed
+    task was waiting for."""
+    died = record.seen_at + timedelta(seconds=record.ttl_seconds)
+    dead = f"node {record.node} died (its declaration expired at {died:%Y-%m-%d %H:%M:%S} UTC)"
+    if s.status in states.WAITING and s.run_at is not None and s.run_at > died:
+        message = (
+            f"{dead} before the task's run time {s.run_at:%Y-%m-%d %H:%M:%S} UTC: it never "
+            "started, and no other node holds its function; had the node only been cut "
+            "off, it may still run it"
+        )
+    elif s.status in states.WAITING:
+        message = (
+            f"{dead} while the task waited: it had not started, and no other node holds "
+            "its function; had the node only been cut off, it may still run it"
+        )
+    else:
+        message = f"{dead}; result unknown: the task had started, and may have run partly or fully"
+    found = (
+        Failure(kind=FailureKind.LOST, message=message, carrier_may_run=True),
+        f"reconcile: node {record.node} dead",
+    )
+    return lambda _lease_owner: found
 
 
 class ReconcileLoop(LoopService):
