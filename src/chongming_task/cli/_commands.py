@@ -4,6 +4,7 @@ render the answer as a table or JSON."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -388,7 +389,10 @@ def cmd_web(ctx: Context) -> int:
         allowed = answered_hosts(a.host, a.token, a.allowed_host)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    store = ctx.store()  # first: its errors are the ones to show
+    # First: its errors are the ones to show. On PostgreSQL one pooled connection (the
+    # pages' short reads and the follower's take turns on it) and the LISTEN one: the 2
+    # the README budgets for a dashboard; the server names them by this process.
+    store = ctx.store(pool_size=1, application_name=f"chongming-task web:{os.getpid()}")
     aside = (
         None
         if is_postgres_dsn(ctx.db)

@@ -84,7 +84,10 @@ class Context:
             words += ["--pg-pooled"]
         return shlex.join([*words, *args])
 
-    def store(self, *, create: bool = False) -> TaskStore:
+    def store(self, *, create: bool = False, **postgres: Any) -> TaskStore:
+        """The store ``--db`` names, opened once; ``postgres``: ``open_store``'s
+        ``pool_size`` and ``application_name`` for a command that holds the store long
+        (the dashboard), taken at the first call."""
         if self._store is None:
             # Only the commands that create (migrate, and the nodes run and demo) upgrade
             # an older file: a node of the older release may still be using it.
@@ -101,6 +104,7 @@ class Context:
                 # and without it a pooler in transaction mode carries them unflagged.
                 prepare=None if self.args.command == "demo" else False,
                 durability=self.args.sqlite_durability,
+                **postgres,
             )
         return self._store
 

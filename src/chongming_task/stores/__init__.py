@@ -30,6 +30,8 @@ def open_store(
     listen_dsn: str | None = None,
     prepare: bool | None = None,
     durability: Durability = DEFAULT_DURABILITY,
+    pool_size: int | None = None,
+    application_name: str | None = None,
 ) -> TaskStore:
     """Open the store a ``--db`` value names: a ``postgresql://`` DSN, or a SQLite path
     (or ``:memory:``). ``create=False`` refuses to create a missing SQLite file;
@@ -37,7 +39,9 @@ def open_store(
     ``wait_for_server=False`` makes a PostgreSQL server that nothing listens for an
     error at once; ``pooled`` and ``listen_dsn``: a DSN that reaches it through a pooler
     in transaction mode, and ``prepare`` whether statements are prepared
-    (``PostgresTaskStore``); ``durability`` what a SQLite commit survives
+    (``PostgresTaskStore``), with ``pool_size`` its pool's most connections and
+    ``application_name`` the name the server shows for them (each ``None``: the
+    store's default); ``durability`` what a SQLite commit survives
     (``SqliteTaskStore``). A URL of any other scheme is a ``ConfigurationError``."""
     check_target(target)
     if is_postgres_dsn(target):
@@ -50,5 +54,7 @@ def open_store(
             pooled=pooled,
             listen_dsn=listen_dsn,
             prepare=prepare,
+            max_size=3 if pool_size is None else pool_size,
+            application_name=application_name or "chongming-task",
         )
     return SqliteTaskStore(target, create=create, upgrade=upgrade, durability=durability)
