@@ -47,6 +47,7 @@ def node_main(argv: list[str]) -> int:
     p.add_argument("--loops", type=int, default=0, help="looping tasks to submit")
     p.add_argument("--busy", type=int, default=0, help="checkpointing tasks, each N s")
     p.add_argument("--flows", action="store_true", help="pipelines and a 1 s schedule")
+    p.add_argument("--delayed", type=int, default=0, help="tasks delayed 120 s to submit")
     p.add_argument("--finish-on", default=None, help="tasks finish once this file exists")
     p.add_argument("--tell", action="store_true", help="print what result() told, at exit")
     a = p.parse_args(argv)
@@ -101,6 +102,8 @@ def node_main(argv: list[str]) -> int:
     )
     runs = [node.submit("loop", bucket_key=key) for _ in range(a.loops)]
     runs += [node.submit("busy", 1.0 + n % 3, bucket_key=key) for n in range(a.busy)]
+    later = node.options(delay=120, bucket_key=key)
+    runs += [later.submit("step", 0.1) for _ in range(a.delayed)]  # type: ignore[misc]
     for run in runs:
         print(json.dumps({"task_id": run.task_id}), flush=True)
     print(json.dumps({"ready": os.getpid()}), flush=True)

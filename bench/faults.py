@@ -20,6 +20,12 @@ Scenarios (every node is a real process; the controls are real CLI processes):
   controls    Both stores. Quick control sequences from CLI processes (pause then
               resume, resume then pause, stop then resume, pause then stop, pause then
               resume then pause) on running tasks of another process.
+  unheard     PostgreSQL. A node submits as fast as four threads can (one task a call,
+              and batches) through a TCP proxy that, again and again, drops the
+              server's answers and then cuts: commits done by the server that their
+              callers were told failed. Every call is tagged, so each is followed.
+  dead-delayed  Both stores. A node submits tasks delayed 120 s and is killed; doctor
+              is asked as soon as its declaration expires; an heir takes its buckets.
 
 Exits 1 when a must-be-0 line is not 0.
 """
@@ -373,6 +379,158 @@ def partition(dsn: str, work: Path) -> Figures:
     return f
 
 
+def unheard(dsn: str, work: Path, rounds: int) -> Figures:
+    """Commits nobody heard, from a node in this process (its calls are followed)."""
+    import threading
+
+    import psycopg
+
+    from chongming_task import CancellationToken, StoreUnavailable
+    from chongming_task.model import TaskQuery
+    from chongming_task.node.submission import NEVER_STARTED
+    from chongming_task.testing.proxy import Proxy
+
+    f = Figures("unheard", "PostgreSQL")
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    proxy = Proxy((str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)))
+    via = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
+    with place("PostgreSQL", dsn, work) as (db, schema):
+        store = open_store(db, schema=schema)
+        node = Controller(
+            open_store(via, schema=schema), owner="node-u", lease_ttl=5.0, activity_interval=0.05
+        )
+        ran: set[str] = set()
+        told_ok: set[str] = set()
+        told_failed: set[str] = set()
+        stop = threading.Event()
+
+        @node.task(name="call")
+        def call(token: CancellationToken, tag: str) -> str:
+            ran.add(tag)
+            return tag
+
+        def submitting(thread: int) -> None:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                tag = f"t{thread}-{n}"
+                try:
+                    if thread == 0:  # batches of 5, one tag for the batch
+                        node.options(tags={tag}).submit_many("call", [(tag,)] * 5)
+                    else:
+                        node.options(tags={tag}).submit("call", tag)
+                    told_ok.add(tag)
+                except StoreUnavailable:
+                    told_failed.add(tag)
+                    time.sleep(0.05)
+
+        threads = [threading.Thread(target=submitting, args=(i,)) for i in range(4)]
+        try:
+            for thread in threads:
+                thread.start()
+            for _ in range(rounds * 4):
+                time.sleep(0.5)
+                proxy.deafen()
+                time.sleep(0.3)
+                proxy.cut()
+                proxy.heal()
+            time.sleep(1.0)
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+            caps = Capabilities(store)
+            settled = wait_for(lambda: not _unfinished(caps), 60)
+            everything = store.query(TaskQuery(brief=True))
+            by_tag: dict[str, list[Any]] = {}
+            for s in everything:
+                for tag in s.tags:
+                    by_tag.setdefault(tag, []).append(s)
+            stored_anyway = [t for t in told_failed if t in by_tag]
+            cancelled_so = sum(
+                1
+                for t in stored_anyway
+                for s in by_tag[t]
+                if s.status is S.CANCELLED and store.history(s.task_id)[-1].reason == NEVER_STARTED
+            )
+            f.counts["cuts"] = rounds * 4
+            f.counts["calls told they succeeded"] = len(told_ok)
+            f.counts["calls told they failed"] = len(told_failed)
+            f.counts["of those, stored all the same"] = len(stored_anyway)
+            f.counts["tasks ended 'submit reported as failed; never started'"] = cancelled_so
+            f.must_be_0["calls told they failed whose task ran"] = len(told_failed & ran)
+            f.must_be_0["tasks of failed calls not ended cancelled"] = sum(
+                1 for t in stored_anyway for s in by_tag[t] if s.status is not S.CANCELLED
+            )
+            f.must_be_0["calls told they succeeded whose tasks did not all succeed"] = sum(
+                1
+                for t in told_ok
+                if not by_tag.get(t) or any(s.status is not S.SUCCEEDED for s in by_tag[t])
+            )
+            f.must_be_0["tasks left unfinished"] = 0 if settled else _unfinished(caps)
+            f.must_be_0["tasks lost"] = sum(s.status is S.LOST for s in everything)
+            f.must_be_0["runs desynced (their own write taken for another's)"] = (
+                node.health().desynced
+            )
+            f.must_be_0["illegal or broken transitions"] = illegal_moves(
+                store, [s.task_id for s in everything], f.problems
+            )
+        finally:
+            stop.set()
+            node.close(timeout=10)
+            node.store.close()
+            store.close()
+            proxy.close()
+    return f
+
+
+def dead_delayed(kind: str, dsn: str | None, work: Path) -> Figures:
+    f = Figures("dead-delayed", kind)
+    ttl = 1.5
+    with place(kind, dsn, work) as (db, schema):
+        store = open_store(db, schema=schema)
+        try:
+            node = NodeProc(db, schema, "--owner", "d-0", "--ttl", str(ttl), "--delayed", "20")
+            ids = node.task_ids
+            node.kill()
+            killed = time.monotonic()
+            caps = Capabilities(store)
+            dead = wait_for(
+                lambda: any(r.node == "d-0" and not r.is_live(caps.now()) for r in caps.nodes()),
+                4 * ttl + 10,
+            )
+            doctor = cli(db, schema, "--json", "doctor")
+            alarms = json.loads(doctor.stdout)["alarms"] if doctor.stdout else []
+            named = sum(a["count"] for a in alarms if a["kind"] == "dead-node-tasks")
+            f.counts["delayed tasks of the killed node"] = len(ids)
+            f.counts["seconds from the kill to doctor's answer"] = round(
+                time.monotonic() - killed, 1
+            )
+            heir = NodeProc(db, schema, "--owner", "d-heir", "--ttl", str(ttl))
+            settled = wait_for(lambda: not _unfinished(caps), 4 * ttl + 10)
+            marked = [store.get(t) for t in ids]
+            f.counts["marked lost by the heir"] = sum(
+                s is not None and s.status is S.LOST for s in marked
+            )
+            f.must_be_0["the node never judged dead"] = int(not dead)
+            f.must_be_0["delayed tasks of the dead node doctor did not name"] = len(ids) - named
+            f.must_be_0["delayed tasks still waiting after the heir's reconcile"] = (
+                0 if settled else _unfinished(caps)
+            )
+            f.must_be_0["lost without naming the dead node and its run time"] = sum(
+                1
+                for s in marked
+                if s is None
+                or s.failure is None
+                or "node d-0 died" not in s.failure.message
+                or "run time" not in s.failure.message
+            )
+            f.must_be_0["illegal or broken transitions"] = illegal_moves(store, ids, f.problems)
+            heir.finish()
+        finally:
+            store.close()
+    return f
+
+
 def _all_lost(store: TaskStore, ids: list[str]) -> bool:
     return all(store.get(t).status is S.LOST for t in ids)  # type: ignore[union-attr]
 
@@ -441,7 +599,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="kills and control rounds (3)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    wanted = set(a.only or ["skew", "full-disk", "kill", "partition", "controls"])
+    everything = ["skew", "full-disk", "kill", "partition", "controls", "unheard", "dead-delayed"]
+    wanted = set(a.only or everything)
     results: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="chongming-faults-") as tmp:
         work = Path(tmp)
@@ -460,6 +619,13 @@ def main() -> int:
             if "controls" in wanted:
                 plan.append(
                     ("controls", kind, lambda kind=kind: controls(kind, a.dsn, work, a.rounds))
+                )
+        if "unheard" in wanted and a.dsn:
+            plan.append(("unheard", "PostgreSQL", lambda: unheard(a.dsn, work, a.rounds)))
+        for kind in stores:
+            if "dead-delayed" in wanted:
+                plan.append(
+                    ("dead-delayed", kind, lambda kind=kind: dead_delayed(kind, a.dsn, work))
                 )
         for _, _, run in plan:
             started = time.monotonic()
