@@ -3,10 +3,14 @@ and the dashboard both take short ids), in either case."""
 
 from __future__ import annotations
 
-from .model import TaskQuery, TaskSnapshot
+from dataclasses import replace
+
+from .model import TaskQuery, TaskSnapshot, TaskStatus
+from .states import WAITING
+from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
 
-__all__ = ["MIN_PREFIX", "AmbiguousId", "find_pipeline_run", "find_task"]
+__all__ = ["MIN_PREFIX", "AmbiguousId", "find_pipeline_run", "find_task", "with_held"]
 
 MIN_PREFIX = 6
 """The shortest id prefix resolved (shorter ones are too likely to clash)."""
@@ -59,3 +63,27 @@ def find_pipeline_run(store: TaskStore, given: str) -> str | None:
     if len(found) > 1:
         raise LookupError(f"pipeline prefix {given} is ambiguous: it matches {', '.join(found)}")
     return found[0] if found else None
+
+
+def with_held(
+    caps: Capabilities, query: TaskQuery, found: list[TaskSnapshot]
+) -> list[TaskSnapshot]:
+    """``found`` (what ``query`` read) and, where the query asks for ``paused`` tasks,
+    the tasks a pause holds before their start that match the rest of it (``queued``
+    or ``pending`` in the store: docs/design.md, "A pause before the start"), in the
+    query's order and within its limit."""
+    if query.statuses is None or TaskStatus.PAUSED not in query.statuses:
+        return found
+    ids = list(caps.holds())
+    if not ids:
+        return found
+    waiting = replace(query, statuses=WAITING, limit=None)
+    held = [s for s in (caps.store.get(t) for t in ids) if s is not None and waiting.matches(s)]
+    if not held:
+        return found
+    merged = sorted(
+        {s.task_id: s for s in [*found, *held]}.values(),
+        key=lambda s: (s.created_at, s.task_id),
+        reverse=query.newest_first,
+    )
+    return merged if query.limit is None else merged[: query.limit]

@@ -3,6 +3,7 @@ and JSON, shared by the CLI and the dashboard. Nothing here touches a store."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -186,9 +187,12 @@ def clock(at: datetime) -> str:
     return at.astimezone().strftime("%H:%M:%S")
 
 
-def status_text(s: TaskSnapshot, now: datetime) -> str:
-    """Its status, and when a delayed task that has not started runs:
-    ``queued (runs at 14:05:00, in 3m)``."""
+def status_text(s: TaskSnapshot, now: datetime, held: datetime | None = None) -> str:
+    """Its status, and what a task that has not started waits for: a resume, since a
+    pause holds it (``queued (held by a pause since 14:02:11)``), or its time
+    (``queued (runs at 14:05:00, in 3m)``)."""
+    if held is not None and s.status in WAITING:
+        return f"{s.status.value} (held by a pause since {clock(held)})"
     if s.run_at is None or s.status not in WAITING or s.run_at <= now:
         return s.status.value
     left = age((s.run_at - now).total_seconds())
@@ -248,7 +252,12 @@ def control_outcome(receipt: ControlReceipt) -> str:
     return str(receipt.outcome).replace("-", " ")
 
 
-def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], list[list[str]]]:
+def ps_rows(
+    snapshots: list[TaskSnapshot], now: datetime, holds: Mapping[str, datetime] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """A table of ``snapshots``; ``holds``: the tasks a pause holds before their start,
+    and since when (``Capabilities.holds``)."""
+    held = holds or {}
     headers = [
         "TASK ID",
         "NAME",
@@ -265,7 +274,7 @@ def ps_rows(snapshots: list[TaskSnapshot], now: datetime) -> tuple[list[str], li
         [
             short_id(s.task_id),
             s.name,
-            status_text(s, now),
+            status_text(s, now, held.get(s.task_id)),
             str(s.attempt),
             "-" if s.bucket is None else str(s.bucket),
             s.owner or "-",
@@ -474,11 +483,14 @@ def trace_id(context: str) -> str:
     return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else context
 
 
-def show_text(s: TaskSnapshot, now: datetime, late: LateReport | None = None) -> str:
+def show_text(
+    s: TaskSnapshot, now: datetime, late: LateReport | None = None, held: datetime | None = None
+) -> str:
     fields: list[tuple[str, str]] = [
         ("task", s.task_id),
         ("name", s.name),
         ("status", f"{s.status.value} (version {s.status_version}, attempt {s.attempt})"),
+        *([("held", f"by a pause since {ts(held)}: it waits for a resume")] if held else []),
         *([("runs at", f"{ts(s.run_at)} ({status_text(s, now)})")] if s.run_at else []),
         *([("priority", str(s.priority))] if s.priority else []),
         *([("dedupe key", dedupe(s))] if s.dedupe_key is not None else []),

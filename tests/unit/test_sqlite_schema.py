@@ -212,7 +212,8 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = sql(reopened).execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 14
+        assert now == SCHEMA_VERSION == 15
+        assert reopened.holds() == {}  # schema 15: the holds of a pause before the start
         # Schema 12: what nodes say of their health, and the late reports beside tasks.
         assert "health" in [r[1] for r in sql(reopened).execute("PRAGMA table_info(nodes)")]
         assert reopened.late_reports() == []

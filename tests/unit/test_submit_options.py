@@ -25,6 +25,7 @@ from chongming_task.present import ps_rows, show_text
 from chongming_task.run.stored import StoredTask
 from chongming_task.stores import codec
 from chongming_task.stores.protocol import TaskStore
+from chongming_task.stores.sqlite import SCHEMA_VERSION
 from tests.unit.older_files import older_file
 
 S = TaskStatus
@@ -195,7 +196,7 @@ def test_a_schema_12_file_with_tasks_gains_the_option_columns(tmp_path: Path) ->
     finally:
         store.close()
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone() == (14,)
+    assert check.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     plan = check.execute(
         "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE dedupe_key = 'k'"
     ).fetchall()

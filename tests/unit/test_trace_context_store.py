@@ -10,7 +10,7 @@ from pathlib import Path
 
 from chongming_task import Controller, TaskStatus, present
 from chongming_task.stores import codec
-from chongming_task.stores.sqlite import SqliteTaskStore
+from chongming_task.stores.sqlite import SCHEMA_VERSION, SqliteTaskStore
 from tests.unit.older_files import older_file
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -77,5 +77,5 @@ def test_a_schema_13_file_with_tasks_gains_the_trace_context(tmp_path: Path) -> 
     finally:
         store.close()
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone() == (14,)
+    assert check.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     check.close()

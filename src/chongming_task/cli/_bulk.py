@@ -18,7 +18,7 @@ from .. import present
 from ..errors import ChongmingTaskError
 from ..model import CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from ..states import NON_TERMINAL
-from ._context import Context, task_query
+from ._context import Context, find_tasks, holds_of, task_query
 from ._parser import PROG, UsageError
 
 __all__ = ["SELECTION_FLAGS", "cmd_bulk_control", "outcome_label"]
@@ -63,10 +63,10 @@ def cmd_bulk_control(ctx: Context, action: CommandAction) -> int:
             f"{action.value} acts on unfinished tasks only: --status "
             f"{','.join(sorted(s.value for s in query.statuses or ()))} selects none"
         )
-    chosen = ctx.store().query(replace(query, statuses=unfinished))
+    chosen = find_tasks(ctx, replace(query, statuses=unfinished))  # held ones with paused
     verb = action.value
     if a.dry_run or not chosen:
-        headers, rows = present.ps_rows(chosen, ctx.now())
+        headers, rows = present.ps_rows(chosen, ctx.now(), holds_of(ctx, chosen))
         what = f"would {verb} {len(chosen)} task(s); nothing sent" if chosen else "no task matches"
         ctx.emit(
             {"action": verb, "dry_run": a.dry_run, "selected": len(chosen), "tasks": [

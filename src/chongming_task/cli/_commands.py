@@ -21,7 +21,7 @@ from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from ._bulk import SELECTION_FLAGS, cmd_bulk_control
-from ._context import Context, find_tasks, get_task, task_query
+from ._context import Context, find_tasks, get_task, holds_of, task_query
 from ._parser import PROG, UsageError
 from ._prune import cmd_prune
 from ._watch import cmd_watch
@@ -51,10 +51,15 @@ def cmd_ps(ctx: Context) -> int:
             "--limit 0 for all, or narrow with --status, --name, --older-than..."
         )
     now = ctx.now()
-    headers, rows = present.ps_rows(snapshots, now)
+    held = holds_of(ctx, snapshots)
+    headers, rows = present.ps_rows(snapshots, now, held)
     ctx.emit(
         [
-            {**present.snapshot_json(s, brief=True), **present.health_json(s, now)}
+            {
+                **present.snapshot_json(s, brief=True),
+                **present.health_json(s, now),
+                "held_since": present.ts(held.get(s.task_id)),
+            }
             for s in snapshots
         ],
         present.table(headers, rows) + (f"\n{more}" if more else ""),
@@ -82,13 +87,15 @@ def cmd_show(ctx: Context) -> int:
     caps = Capabilities(ctx.store())
     now = caps.now()
     late = next(iter(caps.late_reports(task_ids=[snapshot.task_id])), None)
+    held = holds_of(ctx, [snapshot]).get(snapshot.task_id)
     ctx.emit(
         {
             **present.snapshot_json(snapshot),
             **present.health_json(snapshot, now),
+            "held_since": present.ts(held),
             "late_report": None if late is None else present.late_report_json(late),
         },
-        present.show_text(snapshot, now, late),
+        present.show_text(snapshot, now, late, held),
     )
     return 0
 

@@ -12,14 +12,14 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from .._lookup import find_pipeline_run, find_task
+from .._lookup import find_pipeline_run, find_task, with_held
 from .._text import json_for_terminal, printable
 from ..control import StoreControl
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
 from ..node.controller import Controller
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, parse_buckets
-from ..states import NON_TERMINAL
+from ..states import NON_TERMINAL, WAITING
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from ..stores.dsn import check_schema_name, check_target, shown_dsn
@@ -30,6 +30,7 @@ __all__ = [
     "Context",
     "find_tasks",
     "get_task",
+    "holds_of",
     "pipeline_run",
     "program_words",
     "task_query",
@@ -193,9 +194,17 @@ def pipeline_run(ctx: Context, given: str | None) -> str | None:
     return find_pipeline_run(ctx.store(), given) or given
 
 
-def find_tasks(ctx: Context) -> list[TaskSnapshot]:
-    """The tasks the filter flags select (``--name`` is a glob)."""
-    return ctx.store().query(task_query(ctx))
+def find_tasks(ctx: Context, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+    """The tasks the filter flags select (``--name`` is a glob), or ``query``; with
+    ``paused`` among the statuses, the tasks a pause holds before their start too."""
+    query = task_query(ctx) if query is None else query
+    return with_held(Capabilities(ctx.store()), query, ctx.store().query(query))
+
+
+def holds_of(ctx: Context, snapshots: list[TaskSnapshot]) -> dict[str, datetime]:
+    """Which of ``snapshots`` a pause holds before their start, and since when."""
+    waiting = [s.task_id for s in snapshots if s.status in WAITING]
+    return Capabilities(ctx.store()).holds(task_ids=waiting) if waiting else {}
 
 
 def get_task(ctx: Context, given: str) -> TaskSnapshot:

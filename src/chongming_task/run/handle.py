@@ -75,6 +75,7 @@ class TaskRun:
         "_finished",
         "_flushed_activity",
         "_grace_deadline",
+        "_held",
         "_host",
         "_kwargs",
         "_lease_renew_at",
@@ -130,6 +131,7 @@ class TaskRun:
         self.node_key: str | None = None
         self._deadline: float | None = None
         self._grace_deadline: float | None = None
+        self._held = False  # a pause holds it before its start, as the store says
         self._paused_at: float | None = None
         self._flushed_activity = 0
         self._lease_renew_at = 0.0  # monotonic time when the node renews the lease
@@ -272,6 +274,9 @@ class TaskRun:
         write lock. No state lock: a waiter makes its event under that lock and then
         reads ``_finished``, so either it sees ``_finished`` or this sees its event."""
         self._finished = True
+        if self._held:  # ended while a pause held it (cancelled, say)
+            self._held = False
+            self._mark_hold(False)
         # A terminal run acknowledges no pause: the token lets go of the run (the one
         # reference cycle), so a run its caller lets go of is freed at once.
         self.token.detach()
@@ -338,7 +343,9 @@ class TaskRun:
         return self._control_stop("cancel", reason, actor)
 
     def pause(self, reason: str | None = None, actor: str | None = None) -> O:
-        """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint."""
+        """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint. A
+        task that has not started is held until resumed, and the store says so (its
+        ``holds``: docs/design.md, "A pause before the start")."""
         self._check_words(reason, actor)
         with self._lock:
             status = self.writes.snapshot.status
@@ -350,11 +357,35 @@ class TaskRun:
                 return O.STOPPING
             if status is not S.RUNNING:
                 self.token.request_pause()  # queued / starting: pauses as soon as it runs
-                return O.PAUSE_PENDING
-            self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
+                hold = status in states.WAITING and not self._held
+                self._held = self._held or hold
+            else:
+                hold = False
+                self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
+        if status is not S.RUNNING:
+            if hold:  # every process can see that it waits for a resume
+                self._mark_hold(True)
+            return O.PAUSE_PENDING
         self.writes.write()
         self._tell_token(S.PAUSING, self.token.request_pause)
         return O.PAUSING
+
+    def _mark_hold(self, held: bool) -> None:
+        """Keep (or forget) in the store that a pause holds this task before its start.
+        A store fault costs the task nothing: it only goes unseen by other processes."""
+        caps = self._host.capabilities
+        try:
+            if held:
+                caps.hold_task(self.task_id, since=self._host.clock.now(), by=self._host.owner)
+            else:
+                caps.release_hold(self.task_id)
+        except Exception as exc:
+            log.warning(
+                "task %s: the store could not %s its hold by a pause: %s",
+                self.task_id,
+                "keep" if held else "forget",
+                exc,
+            )
 
     def resume(self, reason: str | None = None, actor: str | None = None) -> O:
         self._check_words(reason, actor)
@@ -364,16 +395,21 @@ class TaskRun:
                 return O.ALREADY_TERMINAL
             if status is S.STOPPING:
                 return O.STOPPING
+            held = False
             if status in states.PAUSE_HELD:
                 if self._paused_at is not None and self._deadline is not None:
                     self._deadline += self._host.clock.monotonic() - self._paused_at
                 self._paused_at = None
                 self._apply(S.RUNNING, reason=reason or "resumed", actor=actor)
             elif self.token.pause_requested:
-                self.token.resume()  # not started yet: nothing to write
-                return O.RESUMED
+                self.token.resume()  # not started yet: no transition to write
+                held, self._held = self._held, False
             else:
                 return O.NOT_PAUSED
+        if status not in states.PAUSE_HELD:
+            if held:
+                self._mark_hold(False)
+            return O.RESUMED
         self.writes.write()
         self._tell_token(S.RUNNING, self.token.resume)
         return O.RESUMED
@@ -413,6 +449,9 @@ class TaskRun:
                     self._apply(S.PAUSING, reason="pause requested before start")
             joins = joins and not stopped
             taken = None if joins else self.writes.take_if_free()
+            held, self._held = self._held, False  # its status says it from here on
+        if held:
+            self._mark_hold(False)
         if joins and writer is not None:
             writer.watch(self.writes)
         else:

@@ -147,13 +147,13 @@ class RetentionSQL:
         ids = [row[0] for row in rows]
         runs = sorted({row[2] for row in rows if row[2] is not None})
         if "prune_ids" in self._sql:
-            cur.execute(self._sql["prune_ids"], [ids, ids, ids, ids])
+            cur.execute(self._sql["prune_ids"], [ids, ids, ids, ids, ids])
             if runs:
                 cur.execute(self._sql["prune_pipelines"], [runs])
             return
         cur.executemany(self._sql["prune_history"], [row[:2] for row in rows])
         single = [(task_id,) for task_id in ids]
-        for name in ("prune_commands", "prune_late_report", "prune_task"):
+        for name in ("prune_commands", "prune_late_report", "prune_hold", "prune_task"):
             cur.executemany(self._sql[name], single)
         cur.executemany(self._sql["prune_pipeline"], [(run,) for run in runs])
 

@@ -46,6 +46,7 @@ __all__ = [
     "SupportsDedupe",
     "SupportsEndedTimeline",
     "SupportsHolderClaim",
+    "SupportsHolds",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -453,6 +454,29 @@ class SupportsLateReports(Protocol):
         ...
 
     def count_late_reports(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsHolds(Protocol):
+    """The tasks a pause holds before they started (docs/design.md, "A pause before the
+    start"): their status stays ``queued`` or ``pending``, and this says they wait for a
+    resume, to every process."""
+
+    def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
+        """Keep that ``by`` (a node) holds ``task_id`` since ``since`` (a later hold of
+        the task replaces it); pruned with its task."""
+        ...
+
+    def release_hold(self, task_id: str) -> None:
+        """Forget the task's hold, if any."""
+        ...
+
+    def holds(
+        self, *, task_ids: Sequence[str] | None = None, limit: int = 1000
+    ) -> dict[str, datetime]:
+        """Each held task of ``task_ids`` (``None``: any, at most ``limit``) and since
+        when."""
+        ...
 
 
 @runtime_checkable

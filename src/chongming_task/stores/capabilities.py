@@ -52,6 +52,7 @@ from ._supports import (
     SupportsDedupe,
     SupportsEndedTimeline,
     SupportsHolderClaim,
+    SupportsHolds,
     SupportsLateReports,
     SupportsMarkExpired,
     SupportsMarkLost,
@@ -91,6 +92,7 @@ __all__ = [
     "SupportsDedupe",
     "SupportsEndedTimeline",
     "SupportsHolderClaim",
+    "SupportsHolds",
     "SupportsLateReports",
     "SupportsMarkExpired",
     "SupportsMarkLost",
@@ -123,6 +125,7 @@ class Capabilities:
         "_connections",
         "_create_many",
         "_dedupe",
+        "_holds",
         "_late",
         "_mark_expired",
         "_mark_lost",
@@ -199,6 +202,7 @@ class Capabilities:
         self._late: SupportsLateReports | None = (
             store if isinstance(store, SupportsLateReports) else None
         )
+        self._holds: SupportsHolds | None = store if isinstance(store, SupportsHolds) else None
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
         self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
@@ -228,6 +232,7 @@ class Capabilities:
                 ("schedule registry", self._schedules),
                 ("pipeline registry", self._pipelines),
                 ("late reports", self._late),
+                ("holds", self._holds),
                 ("storage clock", self._storage_now),
                 ("task scan", self._scan),
                 ("create_schema", self._schema),
@@ -530,6 +535,30 @@ class Capabilities:
 
     def count_late_reports(self) -> int:
         return 0 if self._late is None else self._late.count_late_reports()
+
+    # -- holds of a pause before the start ----------------------------------------------------
+
+    @property
+    def has_holds(self) -> bool:
+        return self._holds is not None
+
+    def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
+        """Keep the hold where the store can (``SupportsHolds``); nothing elsewhere."""
+        if self._holds is not None:
+            self._holds.hold_task(task_id, since=since, by=by)
+
+    def release_hold(self, task_id: str) -> None:
+        if self._holds is not None:
+            self._holds.release_hold(task_id)
+
+    def holds(
+        self, *, task_ids: Sequence[str] | None = None, limit: int = 1000
+    ) -> dict[str, datetime]:
+        """The held tasks of ``task_ids`` (``None``: any) and since when; empty where the
+        store keeps none."""
+        if self._holds is None:
+            return {}
+        return self._holds.holds(task_ids=task_ids, limit=limit)
 
     @property
     def has_storage_clock(self) -> bool:

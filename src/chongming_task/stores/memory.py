@@ -62,6 +62,7 @@ class InMemoryTaskStore:
         self._nodes: dict[str, NodeRecord] = {}
         self._schedules: dict[tuple[str, str], ScheduleRecord] = {}
         self._pipelines: dict[str, PipelineRecord] = {}
+        self._holds: dict[str, datetime] = {}
         self._late: dict[str, LateReport] = {}
         self._keyed: dict[str, str] = {}  # a dedupe key: the last task created with it
         self._dedupe_lock = threading.Lock()
@@ -404,6 +405,28 @@ class InMemoryTaskStore:
             self._check_open()
             return len(self._late)
 
+    # -- holds of a pause before the start (SupportsHolds) ----------------------------------
+
+    def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
+        with self._lock:
+            self._check_open()
+            self._holds[task_id] = since
+
+    def release_hold(self, task_id: str) -> None:
+        with self._lock:
+            self._check_open()
+            self._holds.pop(task_id, None)
+
+    def holds(
+        self, *, task_ids: Sequence[str] | None = None, limit: int = 1000
+    ) -> dict[str, datetime]:
+        with self._lock:
+            self._check_open()
+            if task_ids is not None:
+                return {t: self._holds[t] for t in task_ids if t in self._holds}
+            oldest = sorted(self._holds.items(), key=lambda item: item[1])[:limit]
+            return dict(oldest)
+
     # -- pipeline shapes (SupportsPipelineRegistry) ---------------------------------------------
 
     def record_pipeline(self, record: PipelineRecord) -> None:
@@ -519,6 +542,7 @@ class InMemoryTaskStore:
             del self._tasks[task_id]
         self._history.pop(task_id, None)
         self._late.pop(task_id, None)
+        self._holds.pop(task_id, None)
         run = snapshot.pipeline_run_id
         if run is not None:  # a pipeline run goes with its last task (under ``_lock``)
             record = self._pipelines.get(run)

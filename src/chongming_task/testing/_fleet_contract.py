@@ -27,6 +27,7 @@ from ..stores.capabilities import (
     SupportsCommandLog,
     SupportsCommandWakeups,
     SupportsHolderClaim,
+    SupportsHolds,
     SupportsLateReports,
     SupportsNodePulse,
     SupportsNodeRegistry,
@@ -370,6 +371,27 @@ class FleetCapabilityContract(ContractBase):
             assert store.pipeline_record("run-3") is None
             assert [r.pipeline_run_id for r in store.pipeline_records()] == ["run-2", "run-1"]
             assert [r.name for r in store.pipeline_records(limit=1)] == ["étl ✓"]
+
+    def test_capability_holds_are_kept_replaced_released_and_pruned(self) -> None:
+        with self._store() as store:
+            self._declares(store, SupportsHolds, "holds")
+            assert isinstance(store, SupportsHolds)
+            for task_id in ("h1", "h2", "h3"):
+                store.create(self.snapshot(task_id))
+            store.hold_task("h1", since=at(5), by="node-a")
+            store.hold_task("h2", since=at(3), by="node-a")
+            store.hold_task("h1", since=at(7), by="node-b")  # a later hold replaces it
+            assert store.holds() == {"h2": at(3), "h1": at(7)}
+            assert list(store.holds(limit=1)) == ["h2"]  # the oldest first
+            assert store.holds(task_ids=["h1", "h3"]) == {"h1": at(7)}
+            assert store.holds(task_ids=[]) == {}
+            store.release_hold("h2")
+            store.release_hold("h3")  # never held: nothing to do
+            assert store.holds() == {"h1": at(7)}
+            done = self.snapshot("h1", status=TaskStatus.CANCELLED, ended_at=at(8))
+            store.save(done, expect_version=1)
+            assert store.prune(keep_terminal=0) == 1
+            assert store.holds() == {}
 
     def test_capability_pipeline_registry_record_goes_with_its_last_task(self) -> None:
         """Pruned by age or by count, a pipeline run's record goes once no task of it is

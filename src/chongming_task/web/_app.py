@@ -44,11 +44,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .._lookup import AmbiguousId, find_pipeline_run, find_task
+from .._lookup import AmbiguousId, find_pipeline_run, find_task, with_held
 from ..errors import ChongmingTaskError, InvalidValue, StoreError
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
-from ..states import NON_TERMINAL, TERMINAL
+from ..states import NON_TERMINAL, TERMINAL, WAITING
 from ..values import check_text
 from . import _views
 from ._access import SECURITY_HEADERS, same_origin
@@ -132,6 +132,8 @@ def create_app(dashboard: Dashboard) -> Starlette:
         now = d.now()  # once: on PostgreSQL it is a round trip
         # Keyset paging: one page and one more row, whatever page it is.
         found = d.store.query(replace(query, limit=PAGE + 1))
+        if query.after is None:  # the first page: with the tasks a pause holds, if asked
+            found = with_held(d.caps, replace(query, limit=PAGE + 1), found)
         listed = found[:PAGE]
         # The filter without its page key: what "Older" and "all matching" carry on.
         params = [(k, v) for k, v in request.query_params.multi_items() if k not in PAGING]
@@ -164,6 +166,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
                 "health": {s.task_id: _views.health(s, now) for s in listed},
+                "held": d.caps.holds(task_ids=[s.task_id for s in listed if s.status in WAITING]),
             },
         )
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import fleet, present
 from .._lookup import find_pipeline_run
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
+from ..states import WAITING
 from ._follow import SLOT, SLOTS, Finished
 
 if TYPE_CHECKING:
@@ -56,9 +57,10 @@ def status_style(status: TaskStatus | str) -> str:
     return _STYLE.get(str(status), "")
 
 
-def status_text(t: TaskSnapshot) -> str:
-    """Its status, and when a delayed task that has not started runs."""
-    return present.status_text(t, datetime.now(UTC))
+def status_text(t: TaskSnapshot, held: datetime | None = None) -> str:
+    """Its status, and what a task that has not started waits for: a resume (``held``:
+    since when a pause holds it) or its time."""
+    return present.status_text(t, datetime.now(UTC), held)
 
 
 def clock(at: datetime | None) -> str:
@@ -143,9 +145,11 @@ def _chart(finished: Finished) -> dict[str, Any]:
 def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
     now = d.now()
     late = next(iter(d.caps.late_reports(task_ids=[s.task_id])), None)
+    held = d.caps.holds(task_ids=[s.task_id]).get(s.task_id) if s.status in WAITING else None
     return {
         "now": now,
         "t": s,
+        "held": held,
         "late": None if late is None else late.summary(),
         "trail": d.store.history(s.task_id),
         "health": present.health(s, now),
@@ -156,7 +160,7 @@ def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
         else present.age(max(0.0, (now - s.last_heartbeat_at).total_seconds())),
         "lease_left": None if s.lease_until is None else (s.lease_until - now).total_seconds(),
         **_preview(s),
-        "controls": _controls(s),
+        "controls": _controls(s, held is not None),
         # A finished task changes no more (a lost one may still get a late report): its
         # page stops fetching itself again.
         "follow": not s.is_terminal or s.status is TaskStatus.LOST,
@@ -182,10 +186,10 @@ def _preview(s: TaskSnapshot) -> dict[str, Any]:
     return {"result_preview": "".join(shown), "result_cut": False}
 
 
-def _controls(s: TaskSnapshot) -> list[str]:
+def _controls(s: TaskSnapshot, held: bool = False) -> list[str]:
     if s.is_terminal:
         return []
-    if s.status in (TaskStatus.PAUSED, TaskStatus.PAUSING):
+    if held or s.status in (TaskStatus.PAUSED, TaskStatus.PAUSING):
         return ["resume", "stop", "cancel"]
     return ["pause", "stop", "cancel"]
 

@@ -158,6 +158,7 @@ WITH doomed AS (
 ),
 gone_history AS (DELETE FROM {schema}.transitions WHERE task_id IN (SELECT task_id FROM doomed)),
 gone_reports AS (DELETE FROM {schema}.late_reports WHERE task_id IN (SELECT task_id FROM doomed)),
+gone_holds AS (DELETE FROM {schema}.holds WHERE task_id IN (SELECT task_id FROM doomed)),
 gone_commands AS (
     DELETE FROM {schema}.commands WHERE finished_at IS NOT NULL
     AND task_id IN (SELECT task_id FROM doomed)
@@ -211,6 +212,19 @@ UPDATE {schema}.nodes SET stopped_at = COALESCE(%s::timestamptz, statement_times
 SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
        pid, health
 FROM {schema}.nodes
+
+-- name: hold_task
+INSERT INTO {schema}.holds (task_id, since, held_by) VALUES (%s, %s::timestamptz, %s)
+ON CONFLICT (task_id) DO UPDATE SET since = excluded.since, held_by = excluded.held_by
+
+-- name: release_hold
+DELETE FROM {schema}.holds WHERE task_id = %s
+
+-- name: holds
+SELECT task_id, since FROM {schema}.holds ORDER BY since LIMIT %s
+
+-- name: holds_of
+SELECT task_id, since FROM {schema}.holds WHERE task_id = ANY(%s::text[])
 
 -- name: record_late_report
 INSERT INTO {schema}.late_reports (task_id, reported_by, reported_at, status, ended_at, outcome,
@@ -536,6 +550,7 @@ WHERE dedupe_key = %s
 -- name: prune_ids
 WITH gone_history AS (DELETE FROM {schema}.transitions WHERE task_id = ANY(%s)),
 gone_reports AS (DELETE FROM {schema}.late_reports WHERE task_id = ANY(%s)),
+gone_holds AS (DELETE FROM {schema}.holds WHERE task_id = ANY(%s)),
 gone_commands AS (
     DELETE FROM {schema}.commands WHERE finished_at IS NOT NULL AND task_id = ANY(%s)
 )

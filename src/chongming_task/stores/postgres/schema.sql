@@ -109,6 +109,12 @@ CREATE TABLE IF NOT EXISTS {schema}.late_reports (
     stored_status TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_late_reports_at ON {schema}.late_reports (reported_at);
+-- Tasks a pause holds before they started (SupportsHolds): their status stays queued.
+CREATE TABLE IF NOT EXISTS {schema}.holds (
+    task_id TEXT PRIMARY KEY,
+    since   TIMESTAMPTZ NOT NULL,
+    held_by TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS {schema}.node_buckets (
     bucket     INTEGER NOT NULL,
     node       TEXT NOT NULL,

@@ -46,6 +46,7 @@ from .. import codec
 from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
 from .._dedupe import DedupeSQL
+from .._holds import HoldsSQL
 from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._retention import RetentionSQL
@@ -112,6 +113,7 @@ class PostgresTaskStore(
     ActivitySQL,
     CommandQueueSQL,
     DedupeSQL,
+    HoldsSQL,
     LateReportsSQL,
     NodeRegistrySQL,
     ScheduleRegistrySQL,

@@ -230,6 +230,21 @@ SELECT COUNT(*) FROM late_reports
 -- name: prune_late_report
 DELETE FROM late_reports WHERE task_id = ?
 
+-- name: prune_hold
+DELETE FROM holds WHERE task_id = ?
+
+-- name: hold_task
+INSERT OR REPLACE INTO holds (task_id, since, held_by) VALUES (?, ?, ?)
+
+-- name: release_hold
+DELETE FROM holds WHERE task_id = ?
+
+-- name: holds
+SELECT task_id, since FROM holds ORDER BY since LIMIT ?
+
+-- name: holds_of
+SELECT task_id, since FROM holds WHERE task_id IN (SELECT value FROM json_each(?))
+
 -- A pipeline run goes with its last task: ?1 the run of a task just pruned.
 -- name: prune_pipeline
 DELETE FROM pipelines WHERE pipeline_run_id = ?1

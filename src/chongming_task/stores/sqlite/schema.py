@@ -23,14 +23,14 @@ __all__ = [
     "pragma_value",
 ]
 
-SCHEMA_VERSION = 14  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 15  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
 # (task_writes_life); 9: tasks.seq, the trail keyed by it (_rebuild_trail); 10: the
 # trail of tasks not held in loose_transitions; 11: the trail keyed by rowid, seq * 2^24 +
 # version (_rebuild_trail); 12: nodes.health, late_reports, idx_commands_pending; 13: the
 # option columns (run_at, priority, dedupe_key, dedupe_window, concurrency_key); 14:
-# tasks.trace_context
+# tasks.trace_context; 15: holds
 PAGE_SIZE = 1024  # for new files; see open_schema
 AUTOCHECKPOINT = 8192
 """Pages in the WAL past which a commit checkpoints, where commits do (without the
@@ -139,10 +139,10 @@ def _schema_is_current(link: SqliteConnection) -> bool:
         "SELECT COUNT(*) FROM sqlite_master "
         "WHERE name IN ('task_writes_trail', 'node_buckets', 'schedules', 'pipelines', "
         "'idx_commands_finished', 'idx_commands_pending', 'idx_tasks_owner', "
-        "'loose_transitions', 'late_reports')"
+        "'loose_transitions', 'late_reports', 'holds')"
     ).fetchone()
     mode = link.conn.execute("PRAGMA journal_mode").fetchone()[0]
-    return found == 9 and (link.path == ":memory:" or mode == "wal")
+    return found == 10 and (link.path == ":memory:" or mode == "wal")
 
 
 def _has_tables(link: SqliteConnection) -> bool:

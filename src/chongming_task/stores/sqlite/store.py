@@ -41,6 +41,7 @@ from .. import codec
 from .._activity import ActivitySQL
 from .._commands import CommandQueueSQL
 from .._dedupe import DedupeSQL
+from .._holds import HoldsSQL
 from .._late import LateReportsSQL
 from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
 from .._retention import RetentionSQL
@@ -136,6 +137,7 @@ class SqliteTaskStore(
     ActivitySQL,
     CommandQueueSQL,
     DedupeSQL,
+    HoldsSQL,
     LateReportsSQL,
     NodeRegistrySQL,
     ScheduleRegistrySQL,
@@ -545,6 +547,7 @@ class SqliteTaskStore(
             conn.executemany(_SQL["prune_history"], keyed)
             conn.executemany(_SQL["prune_commands"], doomed)
             conn.executemany(_SQL["prune_late_report"], doomed)
+            conn.executemany(_SQL["prune_hold"], doomed)
             conn.executemany(_SQL["prune_task"], doomed)
             if doomed:
                 conn.execute(_SQL["prune_orphan_pipelines"])
