@@ -101,6 +101,8 @@ class RunRegistry:
         return left_out
 
     def doubtful(self) -> list[TaskSnapshot]:
+        if not self._doubtful:  # the common case, every supervisor pass: no lock
+            return []
         with self._lock:
             return list(self._doubtful.values())
 

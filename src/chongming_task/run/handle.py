@@ -431,6 +431,7 @@ class TaskRun:
         writer that ``joins_start``)."""
         writer = self._host.writer
         joins = writer is not None and writer.joins_start
+        held = False
         with self._lock:
             if self.writes.snapshot.status is not _QUEUED:
                 return False  # cancelled or stopped while it waited
@@ -447,9 +448,9 @@ class TaskRun:
                     self._deadline = self._host.clock.monotonic() + self.definition.timeout
                 if self.token.pause_requested:
                     self._apply(S.PAUSING, reason="pause requested before start")
+                    held, self._held = self._held, False  # its status says it now
             joins = joins and not stopped
             taken = None if joins else self.writes.take_if_free()
-            held, self._held = self._held, False  # its status says it from here on
         if held:
             self._mark_hold(False)
         if joins and writer is not None:
