@@ -73,16 +73,25 @@ def define(
     func: TaskFunction,
     *,
     name: str | None = None,
-    retries: int = 0,
+    retries: int | None = None,
     backoff: RetryPolicy | None = None,
     timeout: float | None = None,
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
 ) -> TaskDefinition:
-    """Build a ``TaskDefinition``; ``backoff`` shapes the delays, ``retries`` counts them."""
+    """Build a ``TaskDefinition``. ``backoff`` shapes the delays and may count the
+    retries; ``retries`` counts them. Given both, they must agree, unless the policy
+    counts none of its own (``RetryPolicy(base_delay=2)``: the shape alone): a policy of
+    5 retries beside ``retries=2`` is a ``ConfigurationError``, never silently one or
+    the other."""
     policy = backoff or RetryPolicy()
-    if retries != policy.retries:
+    if retries is not None and backoff is not None and backoff.retries not in (0, retries):
+        raise ConfigurationError(
+            f"task {name or default_name(func)}: retries={retries} disagrees with "
+            f"backoff=RetryPolicy(retries={backoff.retries}, ...): give the count once"
+        )
+    if retries is not None and retries != policy.retries:
         policy = RetryPolicy(
             retries=retries,
             base_delay=policy.base_delay,
@@ -162,7 +171,7 @@ class Definitions:
         /,
         *,
         name: str | None = None,
-        retries: int = 0,
+        retries: int | None = None,
         backoff: RetryPolicy | None = None,
         timeout: float | None = None,
         timeout_grace: float = 5.0,
@@ -177,7 +186,7 @@ class Definitions:
         /,
         *,
         name: str | None = None,
-        retries: int = 0,
+        retries: int | None = None,
         backoff: RetryPolicy | None = None,
         timeout: float | None = None,
         timeout_grace: float = 5.0,
@@ -191,7 +200,7 @@ class Definitions:
         /,
         *,
         name: str | None = None,
-        retries: int = 0,
+        retries: int | None = None,
         backoff: RetryPolicy | None = None,
         timeout: float | None = None,
         timeout_grace: float = 5.0,

@@ -12,12 +12,14 @@ import pytest
 
 from chongming_task import (
     CancellationToken,
+    ConfigurationError,
     FailureKind,
     InMemoryTaskStore,
     Progress,
     RetryPolicy,
     TaskStore,
 )
+from chongming_task.definitions import define
 from chongming_task.run import TaskRun
 from chongming_task.run.writes import RunWrites
 from chongming_task.testing import FakeClock, FaultyStore
@@ -46,6 +48,34 @@ def test_retries_with_backoff_then_success(store: TaskStore, make_controller: Ma
     assert len(retries) == 2
     assert retries[0].reason is not None and "retry 1/3" in retries[0].reason
     assert "ConnectionError: boom 1" in retries[0].reason
+
+
+def test_the_retry_count_is_given_once(make_controller: Make) -> None:
+    """``retries=`` or a ``RetryPolicy`` counts the retries; given both, they agree, or
+    the policy gives the shape alone (its own count 0)."""
+
+    def work(token: CancellationToken) -> None:
+        return None
+
+    assert define(work, backoff=RetryPolicy(retries=5)).retry.retries == 5
+    shaped = define(work, retries=3, backoff=RetryPolicy(base_delay=2.0))
+    assert (shaped.retry.retries, shaped.retry.base_delay) == (3, 2.0)
+    assert define(work, retries=5, backoff=RetryPolicy(retries=5)).retry.retries == 5
+    assert define(work).retry.retries == 0
+    with pytest.raises(ConfigurationError, match="retries=2 disagrees with"):
+        define(work, retries=2, backoff=RetryPolicy(retries=5))
+    # And the node runs what the policy counts: two retries, three attempts.
+    c = make_controller()
+    tries: list[int] = []
+
+    @c.task(name="twice", backoff=dataclasses.replace(FAST, retries=2))
+    def twice(token: CancellationToken) -> None:
+        tries.append(token.attempt)
+        raise ConnectionError("again")
+
+    run = c.submit(twice)
+    assert run.wait(timeout=10).status is S.FAILED
+    assert tries == [1, 2, 3]
 
 
 def test_a_retry_starts_with_the_activity_its_last_attempt_reported(

@@ -388,3 +388,12 @@ def test_serve_off_the_main_thread_needs_an_event(make_controller: Make) -> None
     thread.join(10)
     assert len(failed) == 1 and "until=" in str(failed[0])
     c.submit(c.task(lambda token: None, name="still")).wait(10)  # still open
+
+
+def test_help_of_the_node_names_every_argument_of_its_constructor() -> None:
+    import inspect
+
+    documented = inspect.getdoc(Controller.__init__) or ""
+    for name in inspect.signature(Controller.__init__).parameters:
+        if name != "self":
+            assert f"``{name}``" in documented, f"Controller({name}=...) is not in help()"

@@ -113,6 +113,40 @@ class Controller(AsyncFace):
         max_async: int = 1000,
         retention: Mapping[str | TaskStatus, timedelta] | None = None,
     ) -> None:
+        """Make a node on ``store``.
+
+        ``store``: a ``TaskStore``, or what ``open_store`` opens (a SQLite path or a
+        ``postgresql://`` DSN; default ``chongming-task.db``), which the node then
+        closes with itself.
+        ``owner``: the node's name in the store, the trail and ``nodes`` (default
+        ``host:pid``). ``num_buckets``: the deployment's bucket count, the same on every
+        node (default 64). ``owned_buckets``: the buckets this node runs; ``None`` runs
+        every bucket. A node that owns only some needs a ``bucket_key`` on every submit,
+        pipeline step and schedule, so that its tasks land in its own buckets.
+
+        ``max_workers``: worker threads (default ``min(32, cores + 4)``);
+        ``max_parallel_per_bucket``: at most that many of one bucket's tasks at once
+        (``None``: no limit); ``max_async``: ``async def`` attempts at once on the
+        node's event loop (1000).
+
+        ``lease_ttl``: seconds a task's supervisor lease lasts (30); the node renews it
+        every third, and the fleet judges a node dead once its declaration is that old.
+        ``reconcile_interval``: seconds between the node's own reconciles of its buckets
+        (``"lease_ttl"``, the default; ``None``: never on its own).
+        ``activity_interval``: seconds between the supervisor's passes (0.2): progress
+        and heartbeats written, timeouts checked, failed writes caught up.
+        ``writethrough_buffer``: transitions a task keeps while the store refuses its
+        writes (1000). ``retention``: finished tasks of its buckets deleted once that
+        old, by status (``{"*": timedelta(days=7), "failed": timedelta(days=30)}``).
+
+        ``command_poll_interval``: seconds between polls for controls sent from other
+        processes (``None``: 0.5, or 10 to 60 where the store wakes the node);
+        ``command_lease``: seconds a claimed command stays this node's (30);
+        ``poll_commands``: ``False`` for a tool that acts for nodes and takes no
+        commands (``None``: as a node does). ``run_schedules``: ``False`` to fire
+        schedules only by hand (tests). ``clock`` and ``seed``: the node's clock and its
+        random choices (backoff jitter), for tests.
+        """
         install_log_context()  # records made while a task runs name it
         self.bucket_policy = BucketPolicy(num_buckets)
         self.owned_buckets: frozenset[int] | None = (
