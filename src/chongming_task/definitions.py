@@ -14,7 +14,14 @@ from .limits import MAX_TASK_NAME
 from .policies import RetryPolicy
 from .values import ValueRules, check_tags, check_text
 
-__all__ = ["Definitions", "TaskDefinition", "TaskFunction", "TaskRef", "define"]
+__all__ = [
+    "Definitions",
+    "TaskDefinition",
+    "TaskFunction",
+    "TaskRef",
+    "check_arguments",
+    "define",
+]
 
 TaskFunction = Callable[..., Any]
 """Called as ``func(token, *args, **kwargs)``; returns a JSON-serializable result."""
@@ -38,11 +45,29 @@ class TaskDefinition:
     is_async: bool = field(init=False, default=False)
     """An ``async def`` function: it runs on the node's event loop, not a worker thread.
     Its tasks carry the tag ``async`` (``show`` says it, ``ps --tag async`` finds them)."""
+    arity: int | None = field(init=False, default=None, repr=False, compare=False)
+    """How many arguments a submit passes when the function takes exactly that many
+    positional ones and nothing else (the common case ``check_arguments`` answers with
+    one comparison); ``None`` otherwise."""
+    signature: inspect.Signature | None = field(init=False, default=None, repr=False, compare=False)
+    """The function's signature, where Python can tell it (``check_arguments``)."""
 
     def __post_init__(self) -> None:
         if inspect.iscoroutinefunction(self.func):
             object.__setattr__(self, "is_async", True)
             object.__setattr__(self, "tags", self.tags | {"async"})
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):  # a builtin without one: not checked at submit
+            signature = None
+        if signature is not None:
+            object.__setattr__(self, "signature", signature)
+            plain = all(
+                p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
+                for p in signature.parameters.values()
+            )
+            if plain and signature.parameters:
+                object.__setattr__(self, "arity", len(signature.parameters) - 1)
         if not self.name:
             raise ConfigurationError("a task definition needs a non-empty name")
         if self.timeout is not None and self.timeout <= 0:
@@ -54,6 +79,29 @@ class TaskDefinition:
             raise ConfigurationError(f"task {self.name}: max_per_key must be an int, got {limit!r}")
         if limit is not None and limit < 1:
             raise ConfigurationError(f"task {self.name}: max_per_key must be >= 1, got {limit}")
+
+
+def check_arguments(
+    definition: TaskDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Refuse, at submit, arguments the task's function could not be called with
+    (``func(token, *args, **kwargs)``): a ``TypeError`` naming the task and what is
+    wrong, before anything is stored, instead of a failure in a worker after every
+    retry. The common case (positional arguments only, a function of that many) is one
+    comparison; the rest is ``Signature.bind``."""
+    if not kwargs and len(args) == definition.arity:
+        return
+    signature = definition.signature
+    if signature is None:
+        return
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"task {definition.name}: {exc} (it is called as "
+            f"{definition.func.__name__ if hasattr(definition.func, '__name__') else 'func'}"
+            f"(token, *args, **kwargs)); nothing was submitted"
+        ) from None
 
 
 TaskRef: TypeAlias = TaskDefinition | TaskFunction | str

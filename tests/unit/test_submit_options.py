@@ -16,6 +16,7 @@ from chongming_task import (
     CancellationToken,
     Controller,
     InMemoryTaskStore,
+    IntervalTrigger,
     InvalidValue,
     SqliteTaskStore,
     TaskAlreadyExists,
@@ -385,3 +386,36 @@ def test_pruning_a_finished_deduplicated_task_leaves_its_key_free(store: TaskSto
         assert store.prune(keep_terminal=0) == 1
         again = node.options(dedupe_key="once").submit("echo", "b")
         assert again.task_id != first.task_id and again.result(10) == "b"
+
+
+def test_arguments_the_function_cannot_take_are_refused_at_submit() -> None:
+    """A missing, extra or misspelt argument (an option's name given to the options
+    submitter, say) is a TypeError at submit naming the task: nothing is stored, and no
+    worker fails on it after its retries."""
+    node = Controller(InMemoryTaskStore(), owner="args")
+    try:
+
+        @node.task(name="export", retries=3)
+        def export(token: CancellationToken, customer: str, *, fmt: str = "csv") -> str:
+            return f"{customer}.{fmt}"
+
+        @node.task(name="pair")
+        def pair(token: CancellationToken, a: int, b: int) -> int:
+            return a + b
+
+        refused = [
+            lambda: node.submit(export),  # missing
+            lambda: node.submit(export, "c1", "extra"),  # one too many
+            lambda: node.submit(export, "c1", fromat="json"),  # misspelt
+            lambda: node.options(tags={"x"}).submit(export, "c1", bucket_key="c1"),
+            lambda: node.submit_many(pair, [(1, 2), (1,)]),  # one call of the batch
+            lambda: node.schedule("nightly", pair, IntervalTrigger(seconds=60), 1),
+        ]
+        for submit in refused:
+            with pytest.raises(TypeError, match=r"task (export|pair): .*nothing was submitted"):
+                submit()
+        assert node.store.query() == []  # nothing stored, nothing to fail later
+        assert node.submit(export, "c1", fmt="json").result(timeout=10) == "c1.json"
+        assert node.submit(pair, 1, b=2).result(timeout=10) == 3
+    finally:
+        node.close()

@@ -22,7 +22,7 @@ from .. import _observe
 from .._observe import submitted
 from ..clock import Clock, SystemClock
 from ..current import install_log_context
-from ..definitions import Definitions, TaskDefinition, TaskRef
+from ..definitions import Definitions, TaskDefinition, TaskRef, check_arguments
 from ..errors import ConfigurationError, InvalidValue, StoreError, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
 from ..limits import MAX_OWNER, MAX_SCHEDULE_NAME
@@ -441,6 +441,7 @@ class Controller(AsyncFace):
         # the first firing.
         check_text(name, "schedule name", self.value_rules, MAX_SCHEDULE_NAME)
         definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
+        check_arguments(definition, args, kwargs)  # every firing would fail otherwise
         self._submitter.check_keys(SubmitOptions(priority=priority, dedupe_key=dedupe_key))
         if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
             trigger.start_at = self._now()

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import _observe, states
+from ..definitions import check_arguments
 from ..errors import (
     ChongmingTaskError,
     ConcurrencyConflict,
@@ -419,6 +420,7 @@ class Submitter:
         """Build and register a run and its creation transition; nothing stored yet."""
         host = self._host
         definition, bucket = self.check(task, bucket_key, tags)
+        check_arguments(definition, args, kwargs)
         now = self._now()
         starts = None if options is None else options.starts_at(now)
         # A delayed task's lease runs to its time and a TTL past it: nothing renews it
