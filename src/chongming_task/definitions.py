@@ -100,8 +100,24 @@ def check_arguments(
         raise TypeError(
             f"task {definition.name}: {exc} (it is called as "
             f"{definition.func.__name__ if hasattr(definition.func, '__name__') else 'func'}"
-            f"(token, *args, **kwargs)); nothing was submitted"
+            f"(token, *args, **kwargs)){_as_options(signature, kwargs)}; nothing was submitted"
         ) from None
+
+
+def _as_options(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
+    """Where the keywords the function does not take are submit options: how to give
+    them (``node.options(bucket_key=...)``), as the refusal's last words."""
+    from dataclasses import fields
+
+    from .options import SubmitOptions  # the error path only: no import cycle to fear
+
+    options = {f.name for f in fields(SubmitOptions)}
+    named = sorted(k for k in kwargs if k in options and k not in signature.parameters)
+    if not named:
+        return ""
+    given = ", ".join(f"{k}=..." for k in named)
+    what = "is an option" if len(named) == 1 else "are options"
+    return f": {', '.join(named)} {what}, given as node.options({given}).submit(...)"
 
 
 TaskRef: TypeAlias = TaskDefinition | TaskFunction | str

@@ -414,6 +414,8 @@ def test_arguments_the_function_cannot_take_are_refused_at_submit() -> None:
         for submit in refused:
             with pytest.raises(TypeError, match=r"task (export|pair): .*nothing was submitted"):
                 submit()
+        with pytest.raises(TypeError, match=r"bucket_key is an option, given as node\.options"):
+            node.options(tags={"x"}).submit(export, "c1", bucket_key="c1")
         assert node.store.query() == []  # nothing stored, nothing to fail later
         assert node.submit(export, "c1", fmt="json").result(timeout=10) == "c1.json"
         assert node.submit(pair, 1, b=2).result(timeout=10) == 3
