@@ -31,7 +31,7 @@ announce = sys.argv[3:] != ["quiet"]
 store = (PostgresTaskStore(target, schema=sys.argv[2], announce_writes=announce)
          if target.startswith("postgresql") else SqliteTaskStore(target))
 with Controller(store, owner="writer", poll_commands=False) as node:
-    node.submit(lambda token: None, name="noticed").wait(30)
+    node.submit(node.task(lambda token: None, name="noticed")).result(30)
 store.close()
 """
 
