@@ -491,9 +491,10 @@ def dead_delayed(kind: str, dsn: str | None, work: Path) -> Figures:
         try:
             node = NodeProc(db, schema, "--owner", "d-0", "--ttl", str(ttl), "--delayed", "20")
             ids = node.task_ids
+            caps = Capabilities(store)
+            wait_for(lambda: any(r.node == "d-0" for r in caps.nodes()), 20)  # declared
             node.kill()
             killed = time.monotonic()
-            caps = Capabilities(store)
             dead = wait_for(
                 lambda: any(r.node == "d-0" and not r.is_live(caps.now()) for r in caps.nodes()),
                 4 * ttl + 10,

@@ -130,6 +130,10 @@ def test_a_dead_nodes_delayed_task_is_named_at_once_and_marked_lost_by_the_heir(
     )  # fmt: skip
     started.append(node)
     (task_id,) = node.task_ids
+    wait_until(  # declared: its beacon writes the declaration beside its first work
+        lambda: [n["state"] for n in where.json("nodes")] == ["live"],
+        what="node-a declared",
+    )
     node.kill()
     wait_until(
         lambda: [n["state"] for n in where.json("nodes")] == ["dead"],
