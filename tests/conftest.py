@@ -13,6 +13,18 @@ from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskS
 from chongming_task.stores import open_store
 
 
+@pytest.fixture(autouse=True)
+def _sigpipe_as_it_was() -> Iterator[None]:
+    """The CLI's ``main()`` lets SIGPIPE kill the process (``ps | head`` ends quietly);
+    called in a test, it would leave pytest to die at its next write to a closed socket
+    or pipe (a test proxy's, say). Every test gets back the handler it started with."""
+    import signal
+
+    pipe = signal.getsignal(signal.SIGPIPE)
+    yield
+    signal.signal(signal.SIGPIPE, pipe)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     """Re-check ``predicate`` until it holds; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

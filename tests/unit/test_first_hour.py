@@ -456,11 +456,7 @@ def _control_pressing_ctrl_c(
         return receipt
 
     monkeypatch.setattr(StoreControl, "send", send_then_ctrl_c)
-    pipe = signal.getsignal(signal.SIGPIPE)  # main() resets it for the CLI
-    try:
-        return main(["--db", str(db), "stop", task_id, "--wait", "60"])
-    finally:
-        signal.signal(signal.SIGPIPE, pipe)
+    return main(["--db", str(db), "stop", task_id, "--wait", "60"])  # conftest restores SIGPIPE
 
 
 def test_ctrl_c_while_the_request_is_written_is_heard_once_it_is(
