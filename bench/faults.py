@@ -52,6 +52,7 @@ from typing import Any
 from _faultnode import NodeProc, node_main  # bench/ is on sys.path when run as a script
 from chongming_task import Controller, TaskStatus
 from chongming_task.control import StoreControl
+from chongming_task.fleet import dead_nodes
 from chongming_task.model import CommandAction
 from chongming_task.states import is_legal
 from chongming_task.stores import open_store
@@ -496,7 +497,7 @@ def dead_delayed(kind: str, dsn: str | None, work: Path) -> Figures:
             node.kill()
             killed = time.monotonic()
             dead = wait_for(
-                lambda: any(r.node == "d-0" and not r.is_live(caps.now()) for r in caps.nodes()),
+                lambda: any(r.node == "d-0" for r in dead_nodes(caps.nodes(), caps.now())),
                 4 * ttl + 10,
             )
             doctor = cli(db, schema, "--json", "doctor")

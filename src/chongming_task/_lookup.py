@@ -4,13 +4,21 @@ and the dashboard both take short ids), in either case."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 
 from .model import TaskQuery, TaskSnapshot, TaskStatus
 from .states import WAITING
 from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
 
-__all__ = ["MIN_PREFIX", "AmbiguousId", "find_pipeline_run", "find_task", "with_held"]
+__all__ = [
+    "MIN_PREFIX",
+    "AmbiguousId",
+    "find_pipeline_run",
+    "find_task",
+    "holds_of",
+    "with_held",
+]
 
 MIN_PREFIX = 6
 """The shortest id prefix resolved (shorter ones are too likely to clash)."""
@@ -63,6 +71,13 @@ def find_pipeline_run(store: TaskStore, given: str) -> str | None:
     if len(found) > 1:
         raise LookupError(f"pipeline prefix {given} is ambiguous: it matches {', '.join(found)}")
     return found[0] if found else None
+
+
+def holds_of(caps: Capabilities, snapshots: list[TaskSnapshot]) -> dict[str, datetime]:
+    """Which of ``snapshots`` a pause holds before their start, and since when (only
+    a waiting task can be held: none asked for when none waits)."""
+    waiting = [s.task_id for s in snapshots if s.status in WAITING]
+    return caps.holds(task_ids=waiting) if waiting else {}
 
 
 def with_held(

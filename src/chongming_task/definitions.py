@@ -99,8 +99,8 @@ def check_arguments(
     except TypeError as exc:
         raise TypeError(
             f"task {definition.name}: {exc} (it is called as "
-            f"{definition.func.__name__ if hasattr(definition.func, '__name__') else 'func'}"
-            f"(token, *args, **kwargs)){_as_options(signature, kwargs)}; nothing was submitted"
+            f"{getattr(definition.func, '__name__', 'func')}(token, *args, **kwargs))"
+            f"{_as_options(signature, kwargs)}; nothing was submitted"
         ) from None
 
 

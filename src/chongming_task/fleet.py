@@ -273,7 +273,7 @@ def examine(
         "them lost)",
     )
     alarms += node_alarms(live)
-    alarms += dead_node_alarms(caps, nodes, limit=limit)
+    alarms += dead_node_alarms(caps, nodes, now, limit=limit)
     reports = caps.late_reports(limit=limit)
     if reports:
         count = caps.count_late_reports()
@@ -298,15 +298,18 @@ def examine(
     )
 
 
-def dead_nodes(nodes: list[NodeStatus]) -> list[NodeRecord]:
-    """The nodes dead by the fleet's own rule: declaration expired, never stopped."""
-    return [n.record for n in nodes if not n.live and n.record.stopped_at is None]
+def dead_nodes(records: list[NodeRecord], now: datetime) -> list[NodeRecord]:
+    """The nodes dead by the fleet's own rule at ``now``: declaration expired, never
+    stopped (``doctor``'s ``dead-node-tasks``, and each reconcile's)."""
+    return [r for r in records if r.stopped_at is None and not r.is_live(now)]
 
 
-def dead_node_alarms(caps: Capabilities, nodes: list[NodeStatus], *, limit: int) -> list[Alarm]:
+def dead_node_alarms(
+    caps: Capabilities, nodes: list[NodeStatus], now: datetime, *, limit: int
+) -> list[Alarm]:
     """One alarm per dead node that still has unfinished tasks (a count by owner, then
     the oldest ``limit`` of each such node)."""
-    dead = dead_nodes(nodes)
+    dead = dead_nodes([n.record for n in nodes], now)
     if not dead:
         return []
     counts = caps.count_tasks("owner", statuses=states.NON_TERMINAL)

@@ -75,3 +75,16 @@ def schema(pg_dsn: str) -> Iterator[str]:
     name = made_schema(pg_dsn)
     yield name
     drop_schemas(pg_dsn, [name])
+
+
+def server_connections(dsn: str, application_name: str) -> int:
+    """How many connections the server holds under ``application_name`` now."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            [application_name],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

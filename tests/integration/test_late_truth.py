@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from chongming_task import CancellationToken, Controller, TaskDesynced, TaskStatus
+from chongming_task.fleet import dead_nodes
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.stores.postgres import PostgresTaskStore
 from chongming_task.testing.proxy import Proxy
@@ -157,7 +158,7 @@ def test_a_cut_off_nodes_delayed_task_found_lost_when_it_comes_back(
         wait_until(lambda: any(r.node == "node-a" for r in caps.nodes()), what="declared")
         proxy.cut()
         wait_until(
-            lambda: any(r.node == "node-a" and not r.is_live(caps.now()) for r in caps.nodes()),
+            lambda: any(r.node == "node-a" for r in dead_nodes(caps.nodes(), caps.now())),
             timeout=20,
             what="node-a's declaration expired",
         )

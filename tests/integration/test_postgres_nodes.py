@@ -14,7 +14,13 @@ from chongming_task import Controller, TaskSnapshot, TaskStatus
 from chongming_task.policies import BucketPolicy
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.conftest import wait_until
-from tests.integration.postgres_support import drop_schemas, new_schema, pg_dsn, schema
+from tests.integration.postgres_support import (
+    drop_schemas,
+    new_schema,
+    pg_dsn,
+    schema,
+    server_connections,
+)
 from tests.integration.test_cross_process import Node
 
 __all__ = ["pg_dsn", "schema"]
@@ -230,8 +236,6 @@ def test_nodes_shows_the_connections_each_node_holds(pg_dsn: str, schema: str) -
     LISTEN), and ``nodes`` shows it: the server counts the same, and at most 4."""
     import json
 
-    import psycopg
-
     name = f"conns-{schema[-8:]}"
     store = PostgresTaskStore(pg_dsn, schema=schema, application_name=name)
     cli = [sys.executable, "-m", "chongming_task", "--db", pg_dsn, "--pg-schema", schema]
@@ -243,12 +247,7 @@ def test_nodes_shows_the_connections_each_node_holds(pg_dsn: str, schema: str) -
         return node["connections"]  # type: ignore[no-any-return]
 
     def held() -> int:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
+        return server_connections(pg_dsn, name)
 
     try:
         with Controller(store, owner="counted", owned_buckets=range(64), lease_ttl=3):

@@ -8,13 +8,13 @@ import threading
 import time
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 from chongming_task import Controller
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.integration.postgres_support import pg_dsn as pg_dsn
 from tests.integration.postgres_support import schema as schema
+from tests.integration.postgres_support import server_connections
 from tests.integration.test_web import Web
 
 
@@ -35,14 +35,6 @@ def test_the_dashboard_holds_two_server_connections_under_load(
     web = Web(pg_dsn, "--pg-schema", schema)
     name = f"chongming-task web:{web.proc.pid}"
 
-    def held() -> int:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     stop = threading.Event()
     answers: list[int] = []
 
@@ -58,7 +50,7 @@ def test_the_dashboard_holds_two_server_connections_under_load(
         seen = []
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
-            seen.append(held())
+            seen.append(server_connections(pg_dsn, name))
             time.sleep(0.05)
     finally:
         stop.set()

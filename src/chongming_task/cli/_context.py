@@ -13,13 +13,14 @@ from datetime import datetime
 from typing import Any
 
 from .._lookup import find_pipeline_run, find_task, with_held
+from .._lookup import holds_of as held_in
 from .._text import json_for_terminal, printable
 from ..control import StoreControl
 from ..errors import ConfigurationError
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
 from ..node.controller import Controller
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, parse_buckets
-from ..states import NON_TERMINAL, WAITING
+from ..states import NON_TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from ..stores.dsn import check_schema_name, check_target, shown_dsn
@@ -203,8 +204,7 @@ def find_tasks(ctx: Context, query: TaskQuery | None = None) -> list[TaskSnapsho
 
 def holds_of(ctx: Context, snapshots: list[TaskSnapshot]) -> dict[str, datetime]:
     """Which of ``snapshots`` a pause holds before their start, and since when."""
-    waiting = [s.task_id for s in snapshots if s.status in WAITING]
-    return Capabilities(ctx.store()).holds(task_ids=waiting) if waiting else {}
+    return held_in(Capabilities(ctx.store()), snapshots)
 
 
 def get_task(ctx: Context, given: str) -> TaskSnapshot:

@@ -131,7 +131,7 @@ def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         type=int,
         default=default(env("CHONGMING_NUM_BUCKETS", None, _whole_number)),
         help=f"deployment-wide bucket count (env CHONGMING_NUM_BUCKETS; default: what the "
-        f"live nodes declared for doctor, buckets and the dashboard, else "
+        f"live nodes declared for doctor and the dashboard, else "
         f"{DEFAULT_NUM_BUCKETS})",
     )
     parser.add_argument(

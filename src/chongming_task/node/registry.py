@@ -106,8 +106,9 @@ class RunRegistry:
         with self._lock:
             return list(self._doubtful.values())
 
-    def is_doubtful(self, task_id: str) -> bool:
-        return task_id in self._doubtful
+    def doubted(self, task_id: str) -> TaskSnapshot | None:
+        """The doubtful create of ``task_id``, if it is one."""
+        return self._doubtful.get(task_id)
 
     def resolved(self, task_id: str) -> None:
         with self._lock:

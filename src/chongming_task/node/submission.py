@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _observe, states
+from .. import _observe
 from ..definitions import check_arguments
 from ..errors import (
     ChongmingTaskError,
@@ -42,7 +42,7 @@ from ..pipelines import Pipeline, PipelineRun
 from ..policies import BucketPolicy, format_buckets
 from ..run.handle import RunHost, TaskRun
 from ..run.stored import StoredTask
-from ..stores.capabilities import Capabilities, PartialCreate
+from ..stores.capabilities import Capabilities, PartialCreate, ended_mark
 from ..values import check_tags, check_text, storable_text
 from .services import NodeContext
 
@@ -84,31 +84,24 @@ def end_doubtful(
     was stored and never started: ended now, ``NEVER_STARTED``), or ``"moved"`` (stored,
     and changed since: not this node's to judge). ``StoreUnavailable`` while the store
     is away; it stays doubtful then."""
-    task_id = doubtful.task_id
-    stored = caps.store.get(task_id)
-    if stored is None or stored.status_version != doubtful.status_version:
-        registry.resolved(task_id)
-        return "absent" if stored is None else "moved"
-    states.check(task_id, stored.status, TaskStatus.CANCELLED)
-    version = stored.status_version + 1
-    ended = stored.evolve(status=TaskStatus.CANCELLED, status_version=version, ended_at=now)
-    transition = trusted_transition(
-        task_id=task_id,
-        version=version,
-        from_status=stored.status,
-        to_status=TaskStatus.CANCELLED,
-        at=now,
-        reason=NEVER_STARTED,
-        actor=actor,
-    )
+    outcome = _end_if_stored(caps, doubtful, now=now, actor=actor)
+    registry.resolved(doubtful.task_id)
+    return outcome
+
+
+def _end_if_stored(caps: Capabilities, doubtful: TaskSnapshot, *, now: datetime, actor: str) -> str:
+    stored = caps.store.get(doubtful.task_id)
+    if stored is None:
+        return "absent"
+    if stored.status_version != doubtful.status_version:
+        return "moved"
+    ended, transition = ended_mark(stored, TaskStatus.CANCELLED, now, actor, NEVER_STARTED)
     try:
         caps.compare_and_write(
             ended, expect_version=stored.status_version, transitions=[transition]
         )
     except ConcurrencyConflict:
-        registry.resolved(task_id)
         return "moved"
-    registry.resolved(task_id)
     return "cancelled"
 
 
@@ -279,10 +272,13 @@ class Submitter:
             task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
         )
         holder = self._create_deduped(run, created)
-        if holder is not None and self._registry.is_doubtful(holder):
+        doubtful = None if holder is None else self._registry.doubted(holder)
+        if doubtful is not None:
             # The key's holder is an earlier submit of this node that was told it failed
             # (its commit went unheard): it never started. End it, and create this one.
-            self._end_doubtful(holder)
+            end_doubtful(
+                self._caps, self._registry, doubtful, now=self._now(), actor=self._host.owner
+            )
             holder = self._create_deduped(run, created)
         if holder is None:
             run.stored(created, appended=True)
@@ -317,14 +313,6 @@ class Submitter:
                 self._host.owner,
                 left_out,
             )
-
-    def _end_doubtful(self, task_id: str) -> None:
-        for snapshot in self._registry.doubtful():
-            if snapshot.task_id == task_id:
-                end_doubtful(
-                    self._caps, self._registry, snapshot, now=self._now(), actor=self._host.owner
-                )
-                return
 
     def submit_many(
         self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None

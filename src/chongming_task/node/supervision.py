@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from .. import states
 from ..current import running
 from ..errors import StoreError, StoreUnavailable
+from ..fleet import dead_nodes
 from ..late import LateReport
 from ..model import Failure, FailureKind, NodeRecord, Progress, TaskQuery, TaskScan, TaskSnapshot
 from ..stores.capabilities import lost_mark
@@ -495,10 +496,8 @@ class Reconciler:
         past the death (a delayed task's runs to its time), yet nothing can run them
         (docs/design.md, "Reconcile"). None where the store keeps no declarations."""
         found: list[tuple[TaskSnapshot, NodeRecord]] = []
-        for record in self._caps.nodes():
-            if record.node == self._owner or record.stopped_at is not None:
-                continue
-            if record.is_live(now):
+        for record in dead_nodes(self._caps.nodes(), now):
+            if record.node == self._owner:
                 continue
             query = TaskQuery(
                 owner=record.node, statuses=states.LOSABLE, buckets=self._buckets, brief=True

@@ -439,17 +439,17 @@ class RunWrites:
         buffer.extend(pending)
         return self._flush(snapshot)
 
-    def desync(self, exc: ConcurrencyConflict) -> None:
+    def desync(
+        self, exc: ConcurrencyConflict, *, read: tuple[TaskSnapshot | None] | tuple[()] = ()
+    ) -> None:
         """Another writer changed the task in the store (``exc`` says how it showed):
         nothing of this run is written any more. The store's view is read once (what
-        ``wait()`` then tells); a run that has ended here is reported late at once."""
+        ``wait()`` then tells), unless the caller has just read it (``read``: that
+        view); a run that has ended here is reported late at once."""
         if self._desynced:
             return
         self._buffer = None
-        try:
-            self.stored_instead = self._host.capabilities.store.get(self.task_id)
-        except Exception:  # the store's word is then unknown; the desync still holds
-            self.stored_instead = None
+        self.stored_instead = read[0] if read else self._read_stored()
         # The node lists it before the run says so: whoever sees ``desynced`` sees both.
         self._host.desynced(self.task_id, exc, self.snapshot, self.stored_instead)
         self._desynced = True
@@ -512,8 +512,9 @@ class RunWrites:
             # stays buffered (appends are idempotent, so rewriting them is harmless).
             self._written = snapshot.status_version
         elif isinstance(exc, ConcurrencyConflict):
-            if not self._landed_unheard(snapshot):
-                self.desync(exc)
+            stored = self._read_stored()
+            if not self._landed_unheard(snapshot, stored):
+                self.desync(exc, read=(stored,))
                 return False
             # An earlier write of ours had landed though it raised: the catch-up writes
             # the rest from the version it left (the caller keeps ``pending``).
@@ -535,18 +536,22 @@ class RunWrites:
             self._host.behind(self.task_id)
         return False
 
-    def _landed_unheard(self, snapshot: TaskSnapshot) -> bool:
-        """After a version conflict: whether the stored row is one of this run's own
-        writes that failed as far as it knew (the connection died before the commit was
-        acknowledged: docs/design.md, "A commit nobody heard"). So it is if the stored
-        version lies past the one last written and up to ``snapshot``'s, holds the
-        status this run's trail made at that version, and no other node holds the task.
-        Then that version is taken as written. The store unreadable: not (the conflict
-        stands)."""
+    def _read_stored(self) -> TaskSnapshot | None:
+        """The task as the store holds it; ``None`` where it holds none or cannot be
+        read (the store's word is then unknown)."""
         try:
-            stored = self._host.capabilities.store.get(self.task_id)
+            return self._host.capabilities.store.get(self.task_id)
         except Exception:
-            return False
+            return None
+
+    def _landed_unheard(self, snapshot: TaskSnapshot, stored: TaskSnapshot | None) -> bool:
+        """After a version conflict: whether ``stored`` (the task as just read) is one of
+        this run's own writes that failed as far as it knew (the connection died before
+        the commit was acknowledged: docs/design.md, "A commit nobody heard"). So it is if
+        the stored version lies past the one last written and up to ``snapshot``'s, holds
+        the status this run's trail made at that version, and no other node holds the
+        task. Then that version is taken as written. Nothing read: not (the conflict
+        stands)."""
         if stored is None or not self._written < stored.status_version <= snapshot.status_version:
             return False
         if stored.lease_owner not in (None, self._host.owner):

@@ -4,13 +4,12 @@ every process can find them (docs/design.md, "A pause before the start")."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 
 from . import codec
-from ._sql import Executor
+from ._sql import Executor, json_id_list
 
 __all__ = ["HoldsSQL"]
 
@@ -26,10 +25,7 @@ class HoldsSQL:
     def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
         raise NotImplementedError
 
-    @staticmethod
-    def _id_list(task_ids: Sequence[str]) -> object:
-        """A list of ids as one parameter: JSON text here (SQLite's ``json_each``)."""
-        return json.dumps(list(task_ids))
+    _id_list = staticmethod(json_id_list)
 
     def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
         """Optional capability (``SupportsHolds``)."""

@@ -4,13 +4,12 @@ truth"), kept beside the task and pruned with it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from ..late import LateReport
 from . import codec
-from ._sql import Executor
+from ._sql import Executor, json_id_list
 
 __all__ = ["LateReportsSQL"]
 
@@ -27,10 +26,7 @@ class LateReportsSQL:
     def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
         raise NotImplementedError
 
-    @staticmethod
-    def _id_list(task_ids: Sequence[str]) -> object:
-        """A list of ids as one parameter: JSON text here (SQLite's ``json_each``)."""
-        return json.dumps(list(task_ids))
+    _id_list = staticmethod(json_id_list)
 
     def record_late_report(self, report: LateReport) -> None:
         """Optional capability (``SupportsLateReports``)."""

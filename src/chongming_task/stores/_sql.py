@@ -4,8 +4,9 @@ one ``TaskQuery`` to ``SELECT`` builder, written once over a small dialect."""
 from __future__ import annotations
 
 import functools
+import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
@@ -24,6 +25,7 @@ __all__ = [
     "Executor",
     "TaskScanSQL",
     "count_sql",
+    "json_id_list",
     "load_named",
     "newer_schema",
     "older_schema",
@@ -54,6 +56,12 @@ def older_schema(holder: str, found: int, understood: int) -> StoreError:
         f"chongming-task reads version {understood}: run `chongming-task migrate` (DDL "
         "rights, once)"
     )
+
+
+def json_id_list(task_ids: Sequence[str]) -> object:
+    """A list of task ids as one parameter: JSON text (SQLite's ``json_each``); the
+    mixins' ``_id_list`` unless their store spells it otherwise (PostgreSQL: a text[])."""
+    return json.dumps(list(task_ids))
 
 
 @functools.cache  # read once a process: the store and its group commit both use them

@@ -31,7 +31,7 @@ from ..model import (
     Transition,
 )
 from ._channel import CommandChannel
-from ._lost import lost_mark
+from ._lost import ended_mark, lost_mark
 from ._read_whole import ReadWhole
 from ._supports import (
     CountBy,
@@ -111,6 +111,7 @@ __all__ = [
     "SupportsWriteTogether",
     "SupportsWriteTransitions",
     "Verdict",
+    "ended_mark",
     "lost_mark",
     "rules_of",
 ]

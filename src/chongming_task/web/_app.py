@@ -44,11 +44,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .._lookup import AmbiguousId, find_pipeline_run, find_task, with_held
+from .._lookup import AmbiguousId, find_pipeline_run, find_task, holds_of, with_held
 from ..errors import ChongmingTaskError, InvalidValue, StoreError
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
-from ..states import NON_TERMINAL, TERMINAL, WAITING
+from ..states import NON_TERMINAL, TERMINAL
 from ..values import check_text
 from . import _views
 from ._access import SECURITY_HEADERS, same_origin
@@ -166,7 +166,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
                 "health": {s.task_id: _views.health(s, now) for s in listed},
-                "held": d.caps.holds(task_ids=[s.task_id for s in listed if s.status in WAITING]),
+                "held": holds_of(d.caps, listed),
             },
         )
 

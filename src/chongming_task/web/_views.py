@@ -8,9 +8,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
-from .._lookup import find_pipeline_run
+from .._lookup import find_pipeline_run, holds_of
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
-from ..states import WAITING
 from ._follow import SLOT, SLOTS, Finished
 
 if TYPE_CHECKING:
@@ -145,7 +144,7 @@ def _chart(finished: Finished) -> dict[str, Any]:
 def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
     now = d.now()
     late = next(iter(d.caps.late_reports(task_ids=[s.task_id])), None)
-    held = d.caps.holds(task_ids=[s.task_id]).get(s.task_id) if s.status in WAITING else None
+    held = holds_of(d.caps, [s]).get(s.task_id)
     return {
         "now": now,
         "t": s,
