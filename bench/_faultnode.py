@@ -100,20 +100,22 @@ def node_main(argv: list[str]) -> int:
             if BucketPolicy(64).bucket_for(k) in owned
         )
     )
-    runs = [node.submit("loop", bucket_key=key) for _ in range(a.loops)]
-    runs += [node.submit("busy", 1.0 + n % 3, bucket_key=key) for n in range(a.busy)]
-    later = node.options(delay=120, bucket_key=key)
-    runs += [later.submit("step", 0.1) for _ in range(a.delayed)]  # type: ignore[misc]
+    runs = [node.tasks["loop"].configure(bucket_key=key).submit() for _ in range(a.loops)]
+    runs += [
+        node.tasks["busy"].configure(bucket_key=key).submit(1.0 + n % 3) for n in range(a.busy)
+    ]
+    later = node.tasks["step"].configure(delay=120, bucket_key=key)
+    runs += [later.submit(0.1) for _ in range(a.delayed)]
     for run in runs:
         print(json.dumps({"task_id": run.task_id}), flush=True)
     print(json.dumps({"ready": os.getpid()}), flush=True)
     if a.flows:
-        node.schedule("tick", "step", IntervalTrigger(seconds=1.0), 0.2, bucket_key=key)
+        node.schedule("tick", "step", IntervalTrigger(seconds=1.0), args=(0.2,), bucket_key=key)
         while not stop.is_set():
             flow = Pipeline("chain")
-            flow.add("a", "step", 0.3, bucket_key=key)
-            flow.add("b", "step", 0.3, depends_on=["a"], bucket_key=key)
-            flow.add("c", "step", 0.3, depends_on=["b"], bucket_key=key)
+            flow.add("a", "step", args=(0.3,), bucket_key=key)
+            flow.add("b", "step", args=(0.3,), depends_on=["a"], bucket_key=key)
+            flow.add("c", "step", args=(0.3,), depends_on=["b"], bucket_key=key)
             node.submit_pipeline(flow)
             stop.wait(0.4)
     else:

@@ -50,7 +50,7 @@ def start(
         while True:  # a stop ends the sleep at once
             token.sleep(3600)
 
-    task = node.submit("hold", bucket_key=key_for(index, node.bucket_policy))
+    task = node.tasks["hold"].configure(bucket_key=key_for(index, node.bucket_policy)).submit()
     return node, store, task.task_id
 
 

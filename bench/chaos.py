@@ -146,7 +146,7 @@ def node_main(argv: list[str]) -> int:
         while len(inflight) < IN_FLIGHT:
             kind = rng.choice([quiet, busy, hostile])
             seconds = rng.uniform(0.2, 2 * a.ttl)
-            inflight.append(node.submit(kind, seconds, bucket_key=rng.choice(keys)))
+            inflight.append(node.tasks[kind].configure(bucket_key=rng.choice(keys)).submit(seconds))
         stop.wait(0.05)
     node.close(timeout=4 * a.ttl)
     store.close()

@@ -417,9 +417,9 @@ def unheard(dsn: str, work: Path, rounds: int) -> Figures:
                 tag = f"t{thread}-{n}"
                 try:
                     if thread == 0:  # batches of 5, one tag for the batch
-                        node.options(tags={tag}).submit_many("call", [(tag,)] * 5)
+                        node.tasks["call"].configure(tags={tag}).submit_many([(tag,)] * 5)
                     else:
-                        node.options(tags={tag}).submit("call", tag)
+                        node.tasks["call"].configure(tags={tag}).submit(tag)
                     told_ok.add(tag)
                 except StoreUnavailable:
                     told_failed.add(tag)

@@ -106,14 +106,14 @@ def node_main(argv: list[str]) -> int:
         key = keys[tick % len(keys)]
         try:
             for n in range(2):
-                node.submit("work", tick * 2 + n, bucket_key=key)
-                node.submit("awork", tick * 2 + n, bucket_key=key)
+                node.tasks["work"].configure(bucket_key=key).submit(tick * 2 + n)
+                node.tasks["awork"].configure(bucket_key=key).submit(tick * 2 + n)
             submitted += 4
             if tick % 10 == 0:
-                node.options(delay=3.0, bucket_key=key).submit("work", -1)
-                node.options(dedupe_key=f"{a.owner}-{tick // 10 % 5}", bucket_key=key).submit(
-                    "slow"
-                )
+                node.tasks["work"].configure(delay=3.0, bucket_key=key).submit(-1)
+                node.tasks["slow"].configure(
+                    dedupe_key=f"{a.owner}-{tick // 10 % 5}", bucket_key=key
+                ).submit()
                 submitted += 2
             if tick % 50 == 0:
                 flow = Pipeline("chain")

@@ -5,7 +5,7 @@
 
 * **options** (in memory, SQLite, and PostgreSQL with ``--dsn``): no-op tasks submitted
   one by one and waited for, from the first submit to the last end, plain against
-  ``options(priority=1)`` and ``options(dedupe_key=<one per task>)``, each run on an empty
+  ``configure(priority=1)`` and ``configure(dedupe_key=<one per task>)``, each run on an empty
   store of its own (a store grown by the runs before would slow a round's later
   contenders), in rounds of one run each (target: each at most 10 % slower, a ratio of
   at least 0.91). SQLite's group commits a task and writes a commit are printed beside:
@@ -98,10 +98,10 @@ def _rate(
     if kind == "plain":
         submit = lambda i: node.submit("noop")  # noqa: E731
     elif kind == "priority":
-        prioritised = node.options(priority=1)
-        submit = lambda i: prioritised.submit("noop")  # noqa: E731
+        prioritised = node.tasks["noop"].configure(priority=1)
+        submit = lambda i: prioritised.submit()  # noqa: E731
     else:
-        submit = lambda i: node.options(dedupe_key=f"k{i}").submit("noop")  # noqa: E731
+        submit = lambda i: node.tasks["noop"].configure(dedupe_key=f"k{i}").submit()  # noqa: E731
     started = time.perf_counter()
     runs = [submit(i) for i in range(n)]
     for run in runs:
@@ -237,7 +237,7 @@ def delayed_rows(count: int, spread: float, tmp: Path) -> None:
         runs = []
         for k in range(0, count, per):
             at = first + timedelta(seconds=spread * k / count)
-            runs += node.options(run_at=at).submit_many("note", calls[k : k + per])
+            runs += node.tasks["note"].configure(run_at=at).submit_many(calls[k : k + per])
         submitted = time.perf_counter() - made
         wait_left = (first - datetime.now(UTC)).total_seconds()
         waiting_cpu = _cpu_over(min(2.0, max(0.0, wait_left - 0.5)))

@@ -66,7 +66,7 @@ print(node.submit(held).task_id, flush=True)
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 while not stop.wait(0.05):
-    node.submit(short, bucket_key=f"k{random.randrange(10**6)}")
+    node.task(short).configure(bucket_key=f"k{random.randrange(10**6)}").submit()
 node.close(timeout=5)
 """
 

@@ -51,12 +51,12 @@ def long(token):
         token.sleep(0.05)
 
 for k in range(8):
-    node.submit(long, bucket_key=f"long-{k}")
+    node.task(long).configure(bucket_key=f"long-{k}").submit()
 print("ready", flush=True)
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 while not stop.wait(0.05):
-    node.submit(short, bucket_key=f"k{random.randrange(10**6)}")
+    node.task(short).configure(bucket_key=f"k{random.randrange(10**6)}").submit()
 node.close(timeout=5)
 """
 

@@ -69,7 +69,7 @@ def report(token: CancellationToken, customer: str) -> str:
 
 
 with tracer.start_as_current_span("request"):
-    run = node.submit("report", "acme")
+    run = report.submit("acme")
 print(run.result(timeout=30))
 node.close()
 tracer_provider.shutdown()  # sends what is still batched

@@ -55,6 +55,9 @@ from .schedules import Schedule as Schedule
 from .stores import InMemoryTaskStore as InMemoryTaskStore
 from .stores import SqliteTaskStore as SqliteTaskStore
 from .stores import TaskStore as TaskStore
+from .tasks import ConfiguredTask as ConfiguredTask
+from .tasks import Task as Task
+from .tasks import task as task
 
 __version__ = "0.1.0"
 
@@ -67,6 +70,7 @@ __all__ = [
     "CommandAction",
     "ConcurrencyConflict",
     "ConfigurationError",
+    "ConfiguredTask",
     "ControlOutcome",
     "ControlReceipt",
     "Controller",
@@ -93,6 +97,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredTask",
     "SystemClock",
+    "Task",
     "TaskAlreadyExists",
     "TaskDefinition",
     "TaskDesynced",
@@ -108,6 +113,7 @@ __all__ = [
     "WaitTimeout",
     "current",
     "define",
+    "task",
 ]
 
 

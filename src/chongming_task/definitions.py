@@ -7,12 +7,15 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .errors import ConfigurationError, UnknownTask
 from .limits import MAX_TASK_NAME
 from .policies import RetryPolicy
 from .values import ValueRules, check_tags, check_text
+
+if TYPE_CHECKING:
+    from .tasks import Task
 
 __all__ = [
     "Definitions",
@@ -106,7 +109,7 @@ def check_arguments(
 
 def _as_options(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
     """Where the keywords the function does not take are submit options: how to give
-    them (``node.options(bucket_key=...)``), as the refusal's last words."""
+    them (``task.configure(bucket_key=...)``), as the refusal's last words."""
     from dataclasses import fields
 
     from .options import SubmitOptions  # the error path only: no import cycle to fear
@@ -117,12 +120,13 @@ def _as_options(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
         return ""
     given = ", ".join(f"{k}=..." for k in named)
     what = "is an option" if len(named) == 1 else "are options"
-    return f": {', '.join(named)} {what}, given as node.options({given}).submit(...)"
+    return f": {', '.join(named)} {what}, given as task.configure({given}).submit(...)"
 
 
-TaskRef: TypeAlias = TaskDefinition | TaskFunction | str
-"""What ``submit`` and ``Pipeline.add`` take: a definition, a plain function (defined on
-first use with the defaults), or the name of a task defined on the node."""
+TaskRef: TypeAlias = "Task[Any] | TaskDefinition | TaskFunction | str"
+"""What ``node.submit``, ``node.schedule`` and ``Pipeline.add`` take: a ``Task``, a
+definition, a plain function (defined on first use with the defaults), or the name of a
+task defined on the node."""
 
 
 def default_name(func: TaskFunction) -> str:
@@ -149,6 +153,11 @@ def define(
     counts none of its own (``RetryPolicy(base_delay=2)``: the shape alone): a policy of
     5 retries beside ``retries=2`` is a ``ConfigurationError``, never silently one or
     the other."""
+    if isinstance(getattr(func, "definition", None), TaskDefinition):
+        raise ConfigurationError(
+            f"{func!r} is a task already: submit it (.submit, .configure(...).submit), or "
+            "register it on a node (node.register(task))"
+        )
     policy = backoff or RetryPolicy()
     if retries is not None and backoff is not None and backoff.retries not in (0, retries):
         raise ConfigurationError(
@@ -193,13 +202,18 @@ class Definitions:
         check_tags(definition.tags, f"tag of task {definition.name!r}", self._rules)
         with self._lock:
             existing = self._by_name.get(definition.name)
-            if existing is not None and existing is not definition:
+            if existing is not None and existing == definition:
+                return existing  # the same function with the same settings, defined again
+            if existing is not None:
                 raise ConfigurationError(f"a task named {definition.name!r} is already defined")
             self._by_name[definition.name] = definition
         # The plain function submitted later means this definition (the first made of
         # it), not a second one with the default name; setdefault is atomic on its own.
         self._by_func.setdefault(definition.func, definition)
         return definition
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
 
     def get(self, name: str) -> TaskDefinition:
         try:
@@ -216,6 +230,9 @@ class Definitions:
             if self._by_name.get(task.name) is task:
                 return task  # every submit passes here: registered already
             return self.register(task)
+        defined = getattr(task, "definition", None)  # a Task: its definition
+        if isinstance(defined, TaskDefinition):
+            return self.resolve(defined)
         if not callable(task):
             raise ConfigurationError(
                 f"not a task: {task!r} (give a function, a TaskDefinition or a task name)"
@@ -227,69 +244,3 @@ class Definitions:
                 if found is None:
                     found = self._by_func[task] = self.register(define(task))
         return found
-
-    @overload
-    def task(
-        self,
-        func: TaskFunction,
-        /,
-        *,
-        name: str | None = None,
-        retries: int | None = None,
-        backoff: RetryPolicy | None = None,
-        timeout: float | None = None,
-        timeout_grace: float = 5.0,
-        tags: Iterable[str] = (),
-        max_per_key: int | None = None,
-    ) -> TaskDefinition: ...
-
-    @overload
-    def task(
-        self,
-        func: None = None,
-        /,
-        *,
-        name: str | None = None,
-        retries: int | None = None,
-        backoff: RetryPolicy | None = None,
-        timeout: float | None = None,
-        timeout_grace: float = 5.0,
-        tags: Iterable[str] = (),
-        max_per_key: int | None = None,
-    ) -> Callable[[TaskFunction], TaskDefinition]: ...
-
-    def task(
-        self,
-        func: TaskFunction | None = None,
-        /,
-        *,
-        name: str | None = None,
-        retries: int | None = None,
-        backoff: RetryPolicy | None = None,
-        timeout: float | None = None,
-        timeout_grace: float = 5.0,
-        tags: Iterable[str] = (),
-        max_per_key: int | None = None,
-    ) -> TaskDefinition | Callable[[TaskFunction], TaskDefinition]:
-        """Define a task on this node: ``@node.task(retries=3)``, or ``node.task(fn,
-        max_per_key=2)``. ``max_per_key``: at most that many of its runs sharing one
-        ``concurrency_key`` (``node.options``) run at once here.
-
-        The function is called as ``func(token, *args, **kwargs)``.
-        """
-
-        def decorate(f: TaskFunction) -> TaskDefinition:
-            return self.register(
-                define(
-                    f,
-                    name=name,
-                    retries=retries,
-                    backoff=backoff,
-                    timeout=timeout,
-                    timeout_grace=timeout_grace,
-                    tags=tags,
-                    max_per_key=max_per_key,
-                )
-            )
-
-        return decorate(func) if func is not None else decorate

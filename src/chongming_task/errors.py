@@ -74,8 +74,12 @@ class TaskNotFound(ChongmingTaskError, LookupError):
     """No task with that id exists in the store."""
 
 
-class UnknownTask(ChongmingTaskError, LookupError):
-    """No task definition of that name is registered on this controller."""
+class UnknownTask(ChongmingTaskError, KeyError):
+    """No task definition of that name is registered on this controller (a ``KeyError``:
+    ``node.tasks[name]``)."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class IllegalTransition(ChongmingTaskError):

@@ -1,35 +1,27 @@
-"""``node.options(...)``: when and in what order a task runs, checked where the user
+"""``task.configure(...)``: when and in what order a task runs, checked where the user
 hands the options over (docs/design.md, "When and in what order").
 
 ``SubmitOptions`` holds them, checked at once: a bad option is an ``InvalidValue`` naming
-it, and nothing is stored. ``OptionsSubmitter`` is what ``node.options`` returns: its
-``submit`` and ``submit_many`` take the task's own arguments only, so an option never
-collides with a keyword argument of the task.
+it, and nothing is stored. They never reach the task's function: ``ConfiguredTask``'s
+``submit`` takes the function's own arguments only (``tasks``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
-from . import _observe
-from ._observe import submitted
 from .errors import InvalidValue
 from .limits import MAX_BUCKET_KEY, MAX_CONCURRENCY_KEY, MAX_DEDUPE_KEY, MAX_DURATION
 from .values import check_bounded, check_tags
 
 if TYPE_CHECKING:
-    from .definitions import TaskRef
-    from .run.handle import TaskRun
-    from .run.stored import StoredTask
+    pass
 
 
-__all__ = ["OnDuplicate", "OptionsSubmitter", "SubmitOptions"]
+__all__ = ["OnDuplicate", "SubmitOptions"]
 
 OnDuplicate = Literal["return", "raise"]
 """What a submit whose dedupe key is held gets: the holder's handle, or an error."""
@@ -147,51 +139,3 @@ class SubmitOptions:
         if self.run_at is not None and self.run_at > now:
             return self.run_at
         return None
-
-
-class _Submits(Protocol):
-    def submit_with(
-        self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> TaskRun | StoredTask: ...
-
-    def submit_many_with(
-        self, options: SubmitOptions, task: TaskRef, calls: Iterable[tuple[Any, ...]]
-    ) -> list[TaskRun | StoredTask]: ...
-
-
-class OptionsSubmitter:
-    """``node.options(...)``: ``submit`` and ``submit_many`` with these options."""
-
-    __slots__ = ("_node", "options")
-
-    def __init__(self, node: _Submits, options: SubmitOptions) -> None:
-        self._node = node
-        self.options = options
-
-    def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun | StoredTask:
-        """Queue one run of ``task`` with ``args``/``kwargs`` (every keyword is the
-        task's own); return its handle. With a ``dedupe_key`` another task holds: that
-        task's handle (``on_duplicate="return"``: a ``TaskRun`` if this node holds it,
-        else a ``StoredTask`` following it in the store), or ``TaskAlreadyExists``
-        (``"raise"``)."""
-        if (watch := _observe.watcher) is not None:
-            return submitted(
-                watch, "submit", self._node.submit_with, self.options, task, args, kwargs
-            )
-        return self._node.submit_with(self.options, task, args, kwargs)
-
-    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun | StoredTask:
-        """``submit`` for a program that runs an event loop: the store write happens on a
-        thread, never blocking the caller's loop."""
-        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
-
-    def submit_many(
-        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /
-    ) -> list[TaskRun | StoredTask]:
-        """Queue one run of ``task`` per positional-argument tuple in ``calls``, all
-        with these options (stored together, or none, as ``node.submit_many``; with a
-        ``dedupe_key``, one by one, each as ``submit``)."""
-        if (watch := _observe.watcher) is not None:
-            submit = self._node.submit_many_with
-            return submitted(watch, "submit_many", submit, self.options, task, calls)
-        return self._node.submit_many_with(self.options, task, calls)

@@ -76,19 +76,27 @@ class Pipeline:
         key: str,
         task: TaskRef,
         /,
-        *args: Any,
+        *,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
         depends_on: Iterable[str] = (),
         bucket_key: str | None = None,
-        **kwargs: Any,
     ) -> str:
-        """Declare a node; its dependencies must be declared already. Returns ``key``."""
+        """Declare a node: ``task`` called with ``args`` and ``kwargs`` (checked when the
+        pipeline is submitted), after every node in ``depends_on`` (declared already)
+        succeeded, in the bucket ``bucket_key`` picks. Returns ``key``."""
+        if isinstance(depends_on, str):
+            raise ConfigurationError(
+                f"pipeline {self.name}: depends_on must be a list of keys, not the text "
+                f"{depends_on!r}"
+            )
         if key in self.nodes:
             raise ConfigurationError(f"pipeline {self.name}: node {key!r} declared twice")
         node = PipelineNode(
             key=key,
             task=task,
-            args=args,
-            kwargs=kwargs,
+            args=tuple(args),
+            kwargs=dict(kwargs or {}),
             depends_on=tuple(depends_on),
             bucket_key=bucket_key,
         )

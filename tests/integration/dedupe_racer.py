@@ -23,7 +23,7 @@ def main() -> None:
             return owner
 
         time.sleep(max(0.0, float(at) - time.time()))
-        handle = node.options(dedupe_key=key).submit("once")
+        handle = node.tasks["once"].configure(dedupe_key=key).submit()
         print(json.dumps({"task_id": handle.task_id, "mine": type(handle).__name__}), flush=True)
         handle.wait(60)
     store.close()

@@ -101,8 +101,8 @@ def main() -> None:
     for spec in args.submit:
         spec, _, key = spec.partition("@")
         name, _, arg = spec.partition(":")
-        submitter = node.options(delay=args.delay, bucket_key=key or None)
-        run = submitter.submit(name, *([arg] if arg else []))
+        submitter = node.tasks[name].configure(delay=args.delay, bucket_key=key or None)
+        run = submitter.submit(*([arg] if arg else []))
         print(json.dumps({"task_id": run.task_id, "bucket": run.bucket}), flush=True)
     print(json.dumps({"ready": os.getpid()}), flush=True)
 

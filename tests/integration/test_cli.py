@@ -455,7 +455,7 @@ def test_ps_pipeline_lists_one_pipeline_run(tmp_path: Path) -> None:
         node.task(lambda token, x: x, name="value")
         node.task(lambda token: sum(token.upstream.values()), name="add")
         pipe = Pipeline("tiny")
-        pipe.add("a", "value", 1)
+        pipe.add("a", "value", args=(1,))
         pipe.add("b", "add", depends_on=["a"])
         run = node.submit_pipeline(pipe)
         other = node.submit_pipeline(pipe)

@@ -349,8 +349,8 @@ def test_a_backlog_in_one_bucket_does_not_starve_another() -> None:
     try:
         # The order is pinned by the held task, not by how fast the submitter is: the
         # whole backlog is queued while a0 holds bucket a and a worker is free.
-        backlog = [c.submit(slow, f"a{i}", bucket_key=key_a) for i in range(20)]
-        other = c.submit(slow, "b", bucket_key=key_b)
+        backlog = [slow.configure(bucket_key=key_a).submit(f"a{i}") for i in range(20)]
+        other = slow.configure(bucket_key=key_b).submit("b")
         other.wait(10)
         assert order == ["a0", "b"], order  # served next, not after a's 20
         held.set()

@@ -89,10 +89,10 @@ def test_ps_finds_a_dedupe_key_and_show_names_every_option(tmp_path: Path) -> No
         def bill(token: CancellationToken, account: str) -> str:
             return account
 
-        keyed = node.options(dedupe_key="acct-9", dedupe_window=3600, priority=2)
-        first = keyed.submit("bill", "9")
+        keyed = bill.configure(dedupe_key="acct-9", dedupe_window=3600, priority=2)
+        first = keyed.submit("9")
         assert first.result(10) == "9"
-        node.options(dedupe_key="acct-10").submit("bill", "10").wait(10)
+        node.tasks["bill"].configure(dedupe_key="acct-10").submit("10").wait(10)
         node.submit("bill", "plain").wait(10)
 
     rows: Any = cli_json(db, "ps", "--all", "--dedupe-key", "acct-9")

@@ -153,7 +153,7 @@ def test_a_cut_off_nodes_delayed_task_found_lost_when_it_comes_back(
         return "ran late"
 
     try:
-        run = a.options(delay=6).submit("later")
+        run = a.tasks["later"].configure(delay=6).submit()
         caps = Capabilities(b_store)
         wait_until(lambda: any(r.node == "node-a" for r in caps.nodes()), what="declared")
         proxy.cut()

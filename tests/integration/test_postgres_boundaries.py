@@ -69,7 +69,7 @@ def test_names_tags_keys_and_reasons_with_nul_are_refused_at_submit(node: Contro
         node.submit(node.task(lambda token: None, name="tagged", tags={"t\x00"}))
     ok = node.task(lambda token: None, name="ok")
     with pytest.raises(InvalidValue, match="NUL"):
-        node.submit(ok, bucket_key="k\x00")
+        ok.configure(bucket_key="k\x00").submit()
     run = node.submit(ok)
     run.wait(10)
     with pytest.raises(InvalidValue, match="NUL"):

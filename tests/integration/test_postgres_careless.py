@@ -121,11 +121,11 @@ def test_a_holder_name_too_long_for_a_wake_up_never_refuses_a_command(schema: st
 def test_dedupe_keys_of_four_byte_characters_hold_at_their_bound(schema: str) -> None:
     key = "\U0001f600" * MAX_DEDUPE_KEY  # 2,000 bytes: within an index entry
     with Controller(PostgresTaskStore(require_dsn(), schema=schema), owner="keys") as node:
-        first = node.options(dedupe_key=key).submit(_sleep)
-        second = node.options(dedupe_key=key).submit(_sleep)
+        first = node.task(_sleep).configure(dedupe_key=key).submit()
+        second = node.task(_sleep).configure(dedupe_key=key).submit()
         assert second.task_id == first.task_id
         with pytest.raises(InvalidValue, match="dedupe_key"):
-            node.options(dedupe_key=key + "x")
+            node.task(_sleep).configure(dedupe_key=key + "x")
         node.cancel(first.task_id)
 
 

@@ -1,4 +1,4 @@
-"""``node.options(...)`` on a real PostgreSQL: a delayed task stored ``queued`` with its
+"""``task.configure(...)`` on a real PostgreSQL: a delayed task stored ``queued`` with its
 time, priorities, and a schema of the release before the option columns, with a task
 in it, migrated in place by the CLI."""
 
@@ -46,7 +46,7 @@ def test_delayed_and_prioritised_tasks_on_postgres(pg_dsn: str, schemas: list[st
         with Controller(store, max_workers=1) as node:
             node.task(hold, name="hold")
             node.task(note, name="note")
-            later = node.options(delay=0.5).submit("note", "later")
+            later = node.tasks["note"].configure(delay=0.5).submit("later")
             stored = store.get(later.task_id)
             assert stored is not None and stored.status is S.QUEUED
             assert stored.run_at is not None and stored.run_at > datetime.now(UTC)
@@ -54,7 +54,7 @@ def test_delayed_and_prioritised_tasks_on_postgres(pg_dsn: str, schemas: list[st
             while blocker.status is not S.RUNNING:
                 time.sleep(0.005)
             for label, priority in [("low", -1), ("plain", 0), ("top", 5)]:
-                node.options(priority=priority).submit("note", label)
+                node.tasks["note"].configure(priority=priority).submit(label)
             gate.set()
             assert later.result(10) == "later"
             assert node.wait_idle(10)
@@ -104,7 +104,7 @@ def test_a_schema_of_an_earlier_release_is_migrated_with_its_tasks(
         assert got.trace_context is None
         with Controller(store) as node:
             node.task(lambda token: "new", name="new")
-            run = node.options(priority=7).submit("new")
+            run = node.tasks["new"].configure(priority=7).submit()
             assert run.result(10) == "new"
         assert store.get(run.task_id).priority == 7  # type: ignore[union-attr]
     finally:

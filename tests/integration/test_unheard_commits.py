@@ -131,7 +131,7 @@ def test_a_submit_told_it_failed_is_ended_cancelled_and_never_runs(
     road: Road, node: tuple[Controller, set[int]]
 ) -> None:
     c, ran = node
-    tag, n = road.landed_unheard(lambda tag, n: c.options(tags={tag}).submit("call", n))
+    tag, n = road.landed_unheard(lambda tag, n: c.tasks["call"].configure(tags={tag}).submit(n))
     (stored,) = tagged(road, tag)  # the server did carry out the create
     wait_until(
         lambda: road.direct.get(stored.task_id).status is S.CANCELLED,  # type: ignore[union-attr]
@@ -151,7 +151,9 @@ def test_a_batch_told_it_failed_is_ended_cancelled_whole(
 ) -> None:
     c, ran = node
     tag, n = road.landed_unheard(
-        lambda tag, n: c.options(tags={tag}).submit_many("call", [(10 * n + i,) for i in range(3)]),
+        lambda tag, n: (
+            c.tasks["call"].configure(tags={tag}).submit_many([(10 * n + i,) for i in range(3)])
+        ),
         after=b"COMMIT",  # a transaction of several statements: its commit goes unheard
     )
     assert len(tagged(road, tag)) == 3
@@ -168,14 +170,14 @@ def test_a_retry_with_the_dedupe_key_runs_in_place_of_the_unheard_one(
 ) -> None:
     c, _ = node
     tag, _ = road.landed_unheard(
-        lambda tag, n: c.options(dedupe_key=tag, tags={tag}).submit("call", 7)
+        lambda tag, n: c.tasks["call"].configure(dedupe_key=tag, tags={tag}).submit(7)
     )
     # The caller retries at once: the key's holder is the unheard create, which never
     # started; it is ended, and the retry is a task that runs. (A pooled connection the
     # cut left dead can fail a retry too, as it would fail a caller's: it retries.)
     for _ in range(10):
         try:
-            again = c.options(dedupe_key=tag, tags={tag}).submit("call", 7)
+            again = c.tasks["call"].configure(dedupe_key=tag, tags={tag}).submit(7)
             break
         except StoreUnavailable:
             time.sleep(0.2)
@@ -197,7 +199,7 @@ def test_a_command_that_landed_unheard_is_answered_accepted(
     road: Road, node: tuple[Controller, set[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c, _ = node
-    task = c.options(delay=3600).submit("call", 99)  # waits: another's to control
+    task = c.tasks["call"].configure(delay=3600).submit(99)  # waits: another's to control
     control = StoreControl(road.proxied, owner="cli:test")
     unheard: list[str] = []  # the command writes that raised
     write = road.proxied.submit_command

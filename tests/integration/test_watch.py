@@ -142,7 +142,7 @@ def test_watch_says_when_a_delayed_task_runs(tmp_path: Path) -> None:
     db = tmp_path / "delayed.db"
     with Controller(SqliteTaskStore(db), owner="node-d") as node:
         node.task(quick, name="quick")
-        run = node.options(delay=300).submit("quick")
+        run = node.tasks["quick"].configure(delay=300).submit()
         watch = _watch(db, "--interval", "0.2", "--count", "1")
         out, err = watch.communicate(timeout=30)
         assert watch.returncode == 0, err

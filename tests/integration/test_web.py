@@ -557,7 +557,7 @@ def test_a_delayed_task_shows_when_it_runs(tmp_path: Path) -> None:
         def report(token: CancellationToken) -> None:
             return None
 
-        run = node.options(delay=600, priority=4).submit("report")
+        run = node.tasks["report"].configure(delay=600, priority=4).submit()
         web = Web(db)
         try:
             status, listed = web.get("/tasks")

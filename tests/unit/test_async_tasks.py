@@ -388,8 +388,8 @@ def test_a_buckets_limit_counts_async_and_thread_tasks_together(make_controller:
 
     runs = []
     for _ in range(5):
-        runs.append(c.submit("athing", bucket_key="tenant-1"))
-        runs.append(c.submit("sthing", bucket_key="tenant-1"))
+        runs.append(c.tasks["athing"].configure(bucket_key="tenant-1").submit())
+        runs.append(c.tasks["sthing"].configure(bucket_key="tenant-1").submit())
     for run in runs:
         assert run.wait(timeout=20).status is S.SUCCEEDED
     assert overlaps == []

@@ -303,9 +303,9 @@ def test_submit_refuses_names_tags_and_keys_the_store_cannot_hold(
     with pytest.raises(InvalidValue, match="tag"):
         c.submit(c.task(noop, name="tagged", tags={"caf\udce9"}))
     with pytest.raises(InvalidValue, match="bucket_key"):
-        c.submit(c.task(noop, name="keyed"), bucket_key="tenant-\udcff")
+        c.task(noop, name="keyed").configure(bucket_key="tenant-\udcff").submit()
     with pytest.raises(InvalidValue, match="bucket_key"):
-        c.submit(c.task(noop, name="keyed2"), bucket_key=42)  # type: ignore[arg-type]
+        c.task(noop, name="keyed2").configure(bucket_key=42).submit()  # type: ignore[arg-type]
     assert sum(store.counts().values()) == 0  # nothing stored
     run = c.submit(c.task(noop, name="fine"))
     run.wait(5)

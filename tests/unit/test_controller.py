@@ -299,8 +299,8 @@ def test_bucket_ownership_is_checked_at_submit_and_construction(make_controller:
     mine = next(k for k in (f"k{i}" for i in range(1000)) if c.bucket_policy.bucket_for(k) < 16)
     theirs = next(k for k in (f"k{i}" for i in range(1000)) if c.bucket_policy.bucket_for(k) >= 16)
     with pytest.raises(ConfigurationError, match="does not own"):
-        c.submit(job, bucket_key=theirs)
-    run = c.submit(job, bucket_key=mine)
+        job.configure(bucket_key=theirs).submit()
+    run = job.configure(bucket_key=mine).submit()
     assert run.wait(5).bucket == c.bucket_policy.bucket_for(mine)
     assert c.get(run.task_id).bucket_key == mine
     everything = make_controller(owned_buckets=range(64))

@@ -45,7 +45,7 @@ def test_a_thread_task_knows_itself_and_its_log_records_name_it(
 
     key = next(f"k{i}" for i in range(1000) if c.bucket_policy.bucket_for(f"k{i}") == 3)
     with caplog.at_level(logging.INFO):
-        run = c.submit("flaky", bucket_key=key)
+        run = c.tasks["flaky"].configure(bucket_key=key).submit()
         assert run.wait(timeout=10).status is TaskStatus.SUCCEEDED
         log.warning("outside any task")
     assert seen == [

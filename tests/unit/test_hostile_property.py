@@ -1,5 +1,5 @@
 """Generated text, numbers and durations thrown at the command line's parser and
-commands, and at ``node.options(...)``. The only outcomes allowed: an answer, or a
+commands, and at ``task.configure(...)``. The only outcomes allowed: an answer, or a
 one-line error with a non-zero exit (CLI); ``InvalidValue`` or ``TypeError`` (library).
 Never a traceback."""
 
@@ -161,11 +161,11 @@ def node() -> Iterator[Controller]:
 @given(options=OPTIONS)
 def test_options_take_a_value_or_refuse_it(node: Controller, options: dict[str, object]) -> None:
     try:
-        submitter = node.options(**options)  # type: ignore[arg-type]
+        submitter = node.tasks["noop"].configure(**options)  # type: ignore[arg-type]
     except (InvalidValue, TypeError):
         return
     try:
-        run = submitter.submit("noop")
+        run = submitter.submit()
     except (InvalidValue, TypeError):
         return  # checked against the store at submit (UTF-8, NUL)
     node.cancel(run.task_id)

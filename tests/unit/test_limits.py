@@ -54,17 +54,19 @@ def test_the_limits_table_names_each_bound_once() -> None:
         ({"tags": {f"t{i}" for i in range(MAX_TAGS + 1)}}, "tags"),
     ],
 )
-def test_a_key_past_its_bound_is_refused_at_options(options: dict[str, object], named: str) -> None:
+def test_a_key_past_its_bound_is_refused_at_configure(
+    options: dict[str, object], named: str
+) -> None:
     with Controller(InMemoryTaskStore()) as node:
         with pytest.raises(InvalidValue, match=named) as raised:
-            node.options(**options)  # type: ignore[arg-type]
+            node.task(_noop).configure(**options)  # type: ignore[arg-type]
         assert "chongming_task.limits" in str(raised.value)
         assert node.store.query() == []
 
 
 def test_a_key_at_its_bound_is_taken() -> None:
     with Controller(InMemoryTaskStore()) as node:
-        run = node.options(dedupe_key="k" * MAX_DEDUPE_KEY).submit(_noop)
+        run = node.task(_noop).configure(dedupe_key="k" * MAX_DEDUPE_KEY).submit()
         assert run.result(timeout=10) is None
 
 
@@ -80,7 +82,7 @@ def test_names_reasons_and_owners_past_their_bounds_are_refused() -> None:
         with pytest.raises(InvalidValue, match="task name"):
             node.task(_noop, name="n" * (MAX_TASK_NAME + 1))
         with pytest.raises(InvalidValue, match="bucket_key"):
-            node.submit(_noop, bucket_key="b" * 501)
+            node.task(_noop).configure(bucket_key="b" * 501).submit()
         with pytest.raises(InvalidValue, match="schedule name"):
             node.schedule("s" * 201, _noop, IntervalTrigger(60))
         pipeline = Pipeline("p" * 201)

@@ -104,7 +104,7 @@ def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel
 
     key = next(f"k{i}" for i in range(100) if c.bucket_policy.bucket_for(f"k{i}") == 2)
     with otel.tracer.start_as_current_span("request") as request:
-        run = c.submit("flaky", bucket_key=key)
+        run = c.tasks["flaky"].configure(bucket_key=key).submit()
     assert run.wait(10).status is TaskStatus.SUCCEEDED
     wait_for(lambda: len(otel.finished("run flaky")) == 2)
     (submit,) = otel.finished("submit flaky")
@@ -215,8 +215,8 @@ def test_a_pipeline_is_one_trace_and_a_schedule_firing_starts_its_own(
     c = make_controller(clock=clock, run_schedules=False)
     c.task(lambda token, x=0: x, name="value")
     pipe = Pipeline("two")
-    pipe.add("a", "value", 1)
-    pipe.add("b", "value", 2, depends_on=["a"])
+    pipe.add("a", "value", args=(1,))
+    pipe.add("b", "value", args=(2,), depends_on=["a"])
     c.schedule("every-10s", "value", IntervalTrigger(10))
     with otel.tracer.start_as_current_span("caller"):
         done = c.submit_pipeline(pipe)
@@ -395,8 +395,8 @@ def test_a_duplicate_submit_says_which_task_holds_its_key(
                 gate.wait(10)
 
         with caplog.at_level(logging.ERROR, logger="chongming_task.otel"):
-            first = a.options(dedupe_key="2026-12-06").submit("daily")
-            again = b.options(dedupe_key="2026-12-06").submit("daily")
+            first = a.tasks["daily"].configure(dedupe_key="2026-12-06").submit()
+            again = b.tasks["daily"].configure(dedupe_key="2026-12-06").submit()
             gate.set()
         assert type(again).__name__ == "StoredTask" and again.task_id == first.task_id
         assert first.wait(10).status is TaskStatus.SUCCEEDED

@@ -56,7 +56,7 @@ def test_a_diamond_succeeds_and_results_flow_to_dependents(
     c = make_controller(store)
     define(c)
     pipe = Pipeline("diamond")
-    pipe.add("a", "value", 1)
+    pipe.add("a", "value", args=(1,))
     pipe.add("b", "add", depends_on=["a"])
     pipe.add("c", "add", depends_on=["a"])
     pipe.add("d", "add", depends_on=["b", "c"])
@@ -80,7 +80,7 @@ def test_a_failed_middle_node_cancels_only_its_dependents(make_controller: Make)
     c = make_controller()
     define(c)
     pipe = Pipeline("partial")
-    pipe.add("a", "value", 1)
+    pipe.add("a", "value", args=(1,))
     pipe.add("b", "boom", depends_on=["a"])
     pipe.add("c", "add", depends_on=["b"])
     pipe.add("d", "add", depends_on=["c"])
@@ -142,12 +142,12 @@ def test_a_user_cancel_never_triggers_fail_fast(make_controller: Make) -> None:
 
 def test_declaration_rejects_unknown_dependencies_and_cycles() -> None:
     pipe = Pipeline("p")
-    pipe.add("a", "value", 1)
+    pipe.add("a", "value", args=(1,))
     with pytest.raises(ConfigurationError, match="unknown node"):
         pipe.add("b", "add", depends_on=["nope"])
     assert list(pipe.nodes) == ["a"]
     with pytest.raises(ConfigurationError, match="declared twice"):
-        pipe.add("a", "value", 2)
+        pipe.add("a", "value", args=(2,))
     with pytest.raises(ConfigurationError, match="dependency cycle among 'x', 'y', 'z'"):
         Pipeline(
             "cyclic",
@@ -166,7 +166,7 @@ def test_pipeline_nodes_obey_bucket_ownership(make_controller: Make) -> None:
     c = make_controller(owned_buckets=range(0, 8))
     define(c)
     pipe = Pipeline("owned")
-    pipe.add("a", "value", 1)  # no bucket key on a partitioned node
+    pipe.add("a", "value", args=(1,))  # no bucket key on a partitioned node
     with pytest.raises(ConfigurationError, match="needs a bucket_key"):
         c.submit_pipeline(pipe)
     assert c.held() == [] and c.list_tasks() == []

@@ -1,4 +1,4 @@
-"""``node.options(...)``: delayed and timed tasks and priorities, on every built-in
+"""``task.configure(...)``: delayed and timed tasks and priorities, on every built-in
 store; bad options refused with nothing stored; an older SQLite file gains the option
 columns with its tasks kept."""
 
@@ -70,24 +70,24 @@ def test_a_bad_option_is_refused_where_it_is_given_and_nothing_is_stored(
     with Controller(store) as node:
         node.task(echo, name="echo")
         with pytest.raises(InvalidValue, match=says):
-            node.options(**options).submit("echo", "x")  # type: ignore[arg-type]
+            node.tasks["echo"].configure(**options).submit("x")  # type: ignore[arg-type]
         assert store.query() == []
 
 
 def test_an_unknown_option_is_pythons_own_type_error(store: TaskStore) -> None:
     with Controller(store) as node:
         with pytest.raises(TypeError, match="priorty"):
-            node.options(priorty=3)  # type: ignore[call-arg]
+            node.task(echo, name="echo").configure(priorty=3)  # type: ignore[call-arg]
         # The task's own keyword arguments never meet the options.
         node.task(echo, name="echo")
-        assert node.options(priority=1).submit("echo", x="delay").result(10) == "delay"
+        assert node.tasks["echo"].configure(priority=1).submit(x="delay").result(10) == "delay"
 
 
 def test_a_delayed_task_waits_queued_with_its_time_then_runs(store: TaskStore) -> None:
     with Controller(store, lease_ttl=2.0) as node:
         node.task(echo, name="echo")
         asked = datetime.now(UTC)
-        run = node.options(delay=0.6, priority=3, tags=["later"]).submit("echo", "done")
+        run = node.tasks["echo"].configure(delay=0.6, priority=3, tags=["later"]).submit("done")
         stored = store.get(run.task_id)
         assert stored is not None and stored.status is S.QUEUED
         assert stored.run_at is not None and stored.priority == 3 and "later" in stored.tags
@@ -112,11 +112,11 @@ def test_a_time_already_past_runs_at_once_and_submit_many_takes_options(
     with Controller(store) as node:
         node.task(echo, name="echo")
         past = datetime.now(UTC) - timedelta(hours=1)
-        run = node.options(run_at=past.astimezone(timezone_east())).submit("echo", "now")
+        run = node.tasks["echo"].configure(run_at=past.astimezone(timezone_east())).submit("now")
         assert run.result(10) == "now"
         stored_at = store.get(run.task_id).run_at  # type: ignore[union-attr]
         assert stored_at == past and stored_at.tzinfo is UTC  # type: ignore[union-attr]
-        runs = node.options(priority=-2, delay=0.1).submit_many("echo", [("a",), ("b",)])
+        runs = node.tasks["echo"].configure(priority=-2, delay=0.1).submit_many([("a",), ("b",)])
         assert [r.result(10) for r in runs] == ["a", "b"]
         assert {store.get(r.task_id).priority for r in runs} == {-2}  # type: ignore[union-attr]
 
@@ -135,7 +135,7 @@ def test_a_delayed_task_cancelled_before_its_time_never_runs(store: TaskStore) -
 
     with Controller(store) as node:
         node.task(record, name="record")
-        run = node.options(delay=1.0).submit("record")
+        run = node.tasks["record"].configure(delay=1.0).submit()
         assert node.cancel(run.task_id).outcome.value == "cancelled"
         time.sleep(1.3)  # past its time
         assert run.status is S.CANCELLED and ran == []
@@ -161,8 +161,8 @@ def test_higher_priorities_start_first_and_one_priority_in_arrival_order(
         while blocker.status is not S.RUNNING:
             time.sleep(0.005)
         for label, priority in [("low", -5), ("first-0", 0), ("top", 9), ("second-0", 0)]:
-            node.options(priority=priority).submit("note", label)
-        node.options(priority=9).submit("note", "top-later")
+            node.tasks["note"].configure(priority=priority).submit(label)
+        node.tasks["note"].configure(priority=9).submit("top-later")
         gate.set()
         assert node.wait_idle(10)
     assert started == ["top", "top-later", "first-0", "second-0", "low"]
@@ -191,7 +191,7 @@ def test_a_schema_12_file_with_tasks_gains_the_option_columns(tmp_path: Path) ->
         assert [t.reason for t in store.history("old")] == ["made by the older release"]
         with Controller(store) as node:
             node.task(echo, name="echo")
-            run = node.options(priority=4, delay=0.05).submit("echo", "new")
+            run = node.tasks["echo"].configure(priority=4, delay=0.05).submit("new")
             assert run.result(10) == "new"
         assert store.get(run.task_id).priority == 4  # type: ignore[union-attr]
     finally:
@@ -214,19 +214,21 @@ def test_a_dedupe_key_answers_a_duplicate_with_the_task_that_holds_it(store: Tas
 
     with Controller(store) as node:
         node.task(slow, name="slow")
-        first = node.options(dedupe_key="invoice-7").submit("slow", "a")
-        assert node.options(dedupe_key="invoice-7").submit("slow", "b") is first  # held here
+        first = node.tasks["slow"].configure(dedupe_key="invoice-7").submit("a")
+        assert (
+            node.tasks["slow"].configure(dedupe_key="invoice-7").submit("b") is first
+        )  # held here
         with pytest.raises(TaskAlreadyExists, match="invoice-7"):
-            node.options(dedupe_key="invoice-7", on_duplicate="raise").submit("slow", "c")
+            node.tasks["slow"].configure(dedupe_key="invoice-7", on_duplicate="raise").submit("c")
         assert [s.task_id for s in store.query() if s.dedupe_key == "invoice-7"] == [first.task_id]
         gate.set()
         assert first.result(10) == "a"
-        again = node.options(dedupe_key="invoice-7").submit("slow", "d")  # free once ended
+        again = node.tasks["slow"].configure(dedupe_key="invoice-7").submit("d")  # free once ended
         assert again.task_id != first.task_id and again.result(10) == "d"
         # A success with a window keeps its key that long.
-        daily = node.options(dedupe_key="daily", dedupe_window=30).submit("slow", "e")
+        daily = node.tasks["slow"].configure(dedupe_key="daily", dedupe_window=30).submit("e")
         assert daily.result(10) == "e"
-        assert node.options(dedupe_key="daily").submit("slow", "f").task_id == daily.task_id
+        assert node.tasks["slow"].configure(dedupe_key="daily").submit("f").task_id == daily.task_id
         assert store.get(daily.task_id).dedupe_window == 30  # type: ignore[union-attr]
 
 
@@ -244,8 +246,8 @@ def test_a_duplicate_of_another_nodes_task_follows_it_in_the_store(tmp_path: Pat
     ):
         holder.task(slow, name="slow")
         other.task(slow, name="slow")
-        held = holder.options(dedupe_key="nightly").submit("slow")
-        follow = other.options(dedupe_key="nightly").submit("slow")
+        held = holder.tasks["slow"].configure(dedupe_key="nightly").submit()
+        follow = other.tasks["slow"].configure(dedupe_key="nightly").submit()
         assert isinstance(follow, StoredTask) and follow.task_id == held.task_id
         assert follow.status is S.RUNNING or follow.status is S.QUEUED
         gate.set()
@@ -269,7 +271,7 @@ def test_max_per_key_holds_back_runs_sharing_a_key(store: TaskStore, fair: bool)
     limit = {"max_parallel_per_bucket": 8} if fair else {}
     with Controller(store, max_workers=8, **limit) as node:  # type: ignore[arg-type]
         node.task(work, name="work", max_per_key=2)
-        runs = [node.options(concurrency_key=k).submit("work", k) for k in "aaaaaabbb"]
+        runs = [node.tasks["work"].configure(concurrency_key=k).submit(k) for k in "aaaaaabbb"]
         runs += [node.submit("work", "-") for _ in range(3)]  # no key: no limit
         assert all(r.wait(20).status is S.SUCCEEDED for r in runs)
     assert peak == {"a": 2, "b": 2, "-": 3}
@@ -291,14 +293,14 @@ def test_max_per_key_counts_async_tasks_and_is_checked(store: TaskStore) -> None
 
     with Controller(store) as node:
         node.task(call, name="call", max_per_key=1)
-        runs = [node.options(concurrency_key="api").submit("call") for _ in range(4)]
+        runs = [node.tasks["call"].configure(concurrency_key="api").submit() for _ in range(4)]
         assert all(r.wait(20).status is S.SUCCEEDED for r in runs)
         assert peak == [1]
         for bad in (0, -1, True, 1.5):
             with pytest.raises(ConfigurationError, match="max_per_key"):
                 node.task(call, name=f"bad-{bad}", max_per_key=bad)  # type: ignore[arg-type]
         with pytest.raises(InvalidValue, match="concurrency_key must be text"):
-            node.options(concurrency_key=7).submit("call")  # type: ignore[arg-type]
+            node.tasks["call"].configure(concurrency_key=7).submit()  # type: ignore[arg-type]
         assert len(store.query()) == 4
     assert asyncio.iscoroutinefunction(call)
 
@@ -314,7 +316,7 @@ def test_a_pause_holds_a_delayed_task_past_its_time_until_it_is_resumed(
 
     with Controller(store) as node:
         node.task(note, name="note")
-        run = node.options(delay=1.0).submit("note")
+        run = node.tasks["note"].configure(delay=1.0).submit()
         assert node.pause(run.task_id).outcome.value == "pause-pending"
         time.sleep(1.4)  # well past its time: held, never started
         assert ran == [] and store.get(run.task_id).status is S.QUEUED  # type: ignore[union-attr]
@@ -367,8 +369,8 @@ def test_options_submit_from_an_event_loop(store: TaskStore) -> None:
         return x
 
     async def main(node: Controller) -> object:
-        run = await node.options(priority=2, dedupe_key="from-loop").asubmit("held", "hi")
-        again = await node.options(dedupe_key="from-loop").asubmit("held", "other")
+        run = await node.tasks["held"].configure(priority=2, dedupe_key="from-loop").asubmit("hi")
+        again = await node.tasks["held"].configure(dedupe_key="from-loop").asubmit("other")
         assert again is run  # still running here: the duplicate answers with it
         gate.set()
         return await run.aresult(10)
@@ -381,10 +383,10 @@ def test_options_submit_from_an_event_loop(store: TaskStore) -> None:
 def test_pruning_a_finished_deduplicated_task_leaves_its_key_free(store: TaskStore) -> None:
     with Controller(store) as node:
         node.task(echo, name="echo")
-        first = node.options(dedupe_key="once").submit("echo", "a")
+        first = node.tasks["echo"].configure(dedupe_key="once").submit("a")
         assert first.result(10) == "a"
         assert store.prune(keep_terminal=0) == 1
-        again = node.options(dedupe_key="once").submit("echo", "b")
+        again = node.tasks["echo"].configure(dedupe_key="once").submit("b")
         assert again.task_id != first.task_id and again.result(10) == "b"
 
 
@@ -407,15 +409,17 @@ def test_arguments_the_function_cannot_take_are_refused_at_submit() -> None:
             lambda: node.submit(export),  # missing
             lambda: node.submit(export, "c1", "extra"),  # one too many
             lambda: node.submit(export, "c1", fromat="json"),  # misspelt
-            lambda: node.options(tags={"x"}).submit(export, "c1", bucket_key="c1"),
+            lambda: export.configure(tags={"x"}).submit("c1", bucket_key="c1"),
+            lambda: node.submit(export, "c1", bucket_key="c1"),  # an option's name
             lambda: node.submit_many(pair, [(1, 2), (1,)]),  # one call of the batch
-            lambda: node.schedule("nightly", pair, IntervalTrigger(seconds=60), 1),
+            lambda: node.schedule("nightly", pair, IntervalTrigger(seconds=60), args=(1,)),
+            lambda: export.submit("c1", priority=3),
         ]
         for submit in refused:
             with pytest.raises(TypeError, match=r"task (export|pair): .*nothing was submitted"):
                 submit()
-        with pytest.raises(TypeError, match=r"bucket_key is an option, given as node\.options"):
-            node.options(tags={"x"}).submit(export, "c1", bucket_key="c1")
+        with pytest.raises(TypeError, match=r"bucket_key is an option, given as task\.configure"):
+            export.configure(tags={"x"}).submit("c1", bucket_key="c1")
         assert node.store.query() == []  # nothing stored, nothing to fail later
         assert node.submit(export, "c1", fmt="json").result(timeout=10) == "c1.json"
         assert node.submit(pair, 1, b=2).result(timeout=10) == 3

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..model import Progress, TaskStatus
 from ..node.controller import Controller
@@ -22,9 +23,11 @@ from ..node.signals import NotedSignals
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import RetryPolicy
 from ..run.handle import TaskRun
+from ..run.stored import StoredTask
 from ..run.token import CancellationToken
 from ..schedules import IntervalTrigger
 from ..stores.protocol import TaskStore
+from ..tasks import Task
 
 __all__ = ["run_node"]
 
@@ -34,7 +37,7 @@ SUMMARY_EVERY = 10.0
 """Seconds between two status lines on the demo's own terminal."""
 
 
-def _define(node: Controller) -> None:
+def _define(node: Controller) -> dict[str, Task[Any]]:
     @node.task(name="ingest", tags={"io"})
     def ingest(token: CancellationToken, rows: int) -> dict[str, int]:
         for done in range(rows + 1):
@@ -91,6 +94,15 @@ def _define(node: Controller) -> None:
         token.sleep(2.0)
         return _field(record, "customer_id")  # the record has no such field: KeyError
 
+    return {
+        "ingest": ingest,
+        "listen": listen,
+        "report": report,
+        "heartbeat": heartbeat,
+        "flaky": flaky,
+        "parse": parse,
+    }
+
 
 def _field(record: dict[str, str], key: str) -> str:
     return record[key]
@@ -98,9 +110,9 @@ def _field(record: dict[str, str], key: str) -> str:
 
 def _pipeline(node: Controller) -> PipelineRun:
     etl = Pipeline("etl")
-    etl.add("extract", "etl.extract", 20, bucket_key="etl")
-    etl.add("transform", "etl.transform", 30, depends_on=["extract"], bucket_key="etl")
-    etl.add("load", "etl.load", 15, depends_on=["transform"], bucket_key="etl")
+    etl.add("extract", "etl.extract", args=(20,), bucket_key="etl")
+    etl.add("transform", "etl.transform", args=(30,), depends_on=["extract"], bucket_key="etl")
+    etl.add("load", "etl.load", args=(15,), depends_on=["transform"], bucket_key="etl")
     return node.submit_pipeline(etl)
 
 
@@ -108,7 +120,7 @@ def _banner(
     node: Controller,
     where: str,
     command: Callable[..., str],
-    runs: dict[str, TaskRun],
+    runs: dict[str, TaskRun | StoredTask],
     pipeline: PipelineRun,
 ) -> str:
     def short(key: str) -> str:
@@ -144,19 +156,22 @@ def run_node(
     its tasks are then stopped and their state stays stored. ``command`` spells a CLI
     command that works pasted into another terminal."""
     node = Controller(store, owner=f"demo:{os.getpid()}")
-    _define(node)
+    tasks = _define(node)
     pipeline = _pipeline(node)
     # Bucket keys spread the tasks over the 64 buckets (the dashboard's map shows them).
-    runs = {
-        "listen": node.submit("listen", bucket_key="tenant-g"),
-        "ingest": node.submit("ingest", 1200, bucket_key="tenant-a"),
-        "ingest2": node.submit("ingest", 2400, bucket_key="tenant-b"),
-        "report": node.submit("report", 300, bucket_key="tenant-c"),
-        "flaky": node.submit("flaky", 2, bucket_key="tenant-d"),
-        "parse": node.submit("parse", {"name": "Ada"}, bucket_key="tenant-e"),
+    ingest = tasks["ingest"]
+    runs: dict[str, TaskRun | StoredTask] = {
+        "listen": tasks["listen"].configure(bucket_key="tenant-g").submit(),
+        "ingest": ingest.configure(bucket_key="tenant-a").submit(1200),
+        "ingest2": ingest.configure(bucket_key="tenant-b").submit(2400),
+        "report": tasks["report"].configure(bucket_key="tenant-c").submit(300),
+        "flaky": tasks["flaky"].configure(bucket_key="tenant-d").submit(2),
+        "parse": tasks["parse"].configure(bucket_key="tenant-e").submit({"name": "Ada"}),
     }
     node.schedule("heartbeat", "heartbeat", IntervalTrigger(10), bucket_key="tenant-f")
-    node.schedule("flaky-every-minute", "flaky", IntervalTrigger(60), 2, bucket_key="tenant-d")
+    node.schedule(
+        "flaky-every-minute", "flaky", IntervalTrigger(60), args=(2,), bucket_key="tenant-d"
+    )
     with NotedSignals() as signals:
         print(_banner(node, where, command, runs, pipeline), end="\n\n", flush=True)
         started = last_summary = time.monotonic()

@@ -5,13 +5,10 @@ caller's loop never waits on the store, and ``async with`` closes the node."""
 from __future__ import annotations
 
 import asyncio
-import functools
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
-    from ..definitions import TaskRef
     from ..model import ControlReceipt
-    from ..run.handle import TaskRun
 
 __all__ = ["AsyncFace"]
 
@@ -23,7 +20,6 @@ class AsyncFace:
 
     if TYPE_CHECKING:
 
-        def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun: ...
         def stop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt: ...
         def pause(self, task_id: str, *, reason: str | None = None) -> ControlReceipt: ...
         def resume(self, task_id: str, *, reason: str | None = None) -> ControlReceipt: ...
@@ -35,11 +31,6 @@ class AsyncFace:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
-
-    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
-        """``submit`` for a program that runs an event loop: the store write happens on a
-        thread, never blocking the caller's loop."""
-        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
 
     async def astop(self, task_id: str, *, reason: str | None = None) -> ControlReceipt:
         return await asyncio.to_thread(self.stop, task_id, reason=reason)

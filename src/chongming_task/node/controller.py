@@ -8,6 +8,8 @@ other task writes a ``Command`` to the store for the holder's poller.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import random
 import threading
@@ -16,13 +18,20 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Concatenate, Literal, ParamSpec, overload
 
 from .. import _observe
 from .._observe import submitted
 from ..clock import Clock, SystemClock
 from ..current import install_log_context
-from ..definitions import Definitions, TaskDefinition, TaskRef, check_arguments
+from ..definitions import (
+    Definitions,
+    TaskDefinition,
+    TaskFunction,
+    TaskRef,
+    check_arguments,
+    define,
+)
 from ..errors import ConfigurationError, InvalidValue, StoreError, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
 from ..limits import MAX_OWNER, MAX_SCHEDULE_NAME
@@ -35,15 +44,16 @@ from ..model import (
     Transition,
     utc,
 )
-from ..options import OnDuplicate, OptionsSubmitter, SubmitOptions
+from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
-from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy
+from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy
 from ..run.handle import CANCEL_WAIT, TaskRun
 from ..run.stored import StoredTask
 from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
+from ..tasks import NodeTasks, Task
 from ..values import check_text
 from ._process import OPEN, check_settings
 from .aface import AsyncFace
@@ -62,6 +72,8 @@ from .supervision import Reconciler, ReconcileReport
 __all__ = ["Controller", "ReconcileReport", "default_owner", "new_task_id"]
 
 log = logging.getLogger("chongming_task.controller")
+
+P = ParamSpec("P")
 
 
 QUIET = 1.0
@@ -190,9 +202,6 @@ class Controller(AsyncFace):
         self.writethrough_buffer = writethrough_buffer
         self._ownership = Ownership(self.bucket_policy, self.owned_buckets, self.owner)
         self._definitions = Definitions(self.owner, self.value_rules)
-        self.task = self._definitions.task
-        """Decorator defining a task on this node: ``@node.task(retries=3)``; the function
-        is called as ``func(token, *args, **kwargs)``."""
         self._registry = RunRegistry()
         self._dispatcher = make_dispatcher(
             self.clock, max_parallel_per_bucket=max_parallel_per_bucket
@@ -312,91 +321,125 @@ class Controller(AsyncFace):
 
     # -- definitions ------------------------------------------------------------------------------
 
-    def register(self, definition: TaskDefinition) -> TaskDefinition:
-        return self._definitions.register(definition)
+    @overload
+    def task(
+        self,
+        func: Callable[Concatenate[Any, P], Any],
+        /,
+        *,
+        name: str | None = None,
+        retries: int | None = None,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+        max_per_key: int | None = None,
+    ) -> Task[P]: ...
 
-    def definition(self, name: str) -> TaskDefinition:
-        return self._definitions.get(name)
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int | None = None,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+        max_per_key: int | None = None,
+    ) -> Callable[[Callable[Concatenate[Any, P], Any]], Task[P]]: ...
+
+    def task(
+        self,
+        func: TaskFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int | None = None,
+        backoff: RetryPolicy | None = None,
+        timeout: float | None = None,
+        timeout_grace: float = 5.0,
+        tags: Iterable[str] = (),
+        max_per_key: int | None = None,
+    ) -> Task[Any] | Callable[[TaskFunction], Task[Any]]:
+        """Define a task on this node: ``@node.task(retries=3)`` or ``node.task(fn)``;
+        a ``Task`` to submit (``.submit(...)``, ``.configure(...).submit(...)``). The
+        function is called as ``func(token, *args, **kwargs)``.
+
+        ``name``: its name in the store (default ``module.qualname``). ``retries``: how
+        many times a failed attempt is retried; ``backoff``: the ``RetryPolicy`` that
+        shapes the delays between them (give the count once: in either, or the same in
+        both). ``timeout``: seconds an attempt may run (paused time not counted) before
+        it is asked to stop, and ``timeout_grace`` more before it is abandoned.
+        ``tags``: on every run. ``max_per_key``: at most that many of its runs sharing
+        one ``concurrency_key`` (``configure``) run at once on this node.
+        """
+
+        def decorate(f: TaskFunction) -> Task[Any]:
+            definition = define(
+                f,
+                name=name,
+                retries=retries,
+                backoff=backoff,
+                timeout=timeout,
+                timeout_grace=timeout_grace,
+                tags=tags,
+                max_per_key=max_per_key,
+            )
+            return Task(self._definitions.register(definition), self._submitter)
+
+        return decorate(func) if func is not None else decorate
+
+    def register(self, task: Task[P] | TaskDefinition) -> Task[P]:
+        """Make ``task`` (from ``@chongming_task.task``, or a ``define``d definition) one
+        this node runs; the ``Task`` that submits to it. A task no open node registered
+        before submits to this one from now on; one another open node registered keeps
+        submitting there, and the ``Task`` returned submits here."""
+        if isinstance(task, TaskDefinition):
+            return Task(self._definitions.register(task), self._submitter)
+        self._definitions.register(task.definition)
+        return task.bound_to(self._submitter)
+
+    @property
+    def tasks(self) -> NodeTasks:
+        """The tasks this node runs, by name: ``node.tasks["report"].submit(3)``."""
+        return NodeTasks(self._definitions, self._submitter)
 
     # -- submit -----------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        task: TaskRef,
-        /,
-        *args: Any,
-        bucket_key: str | None = None,
-        **kwargs: Any,
-    ) -> TaskRun:
-        """Queue one run of ``task`` with ``args``/``kwargs``; return its handle.
+    def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
+        """Queue one run of ``task`` (a ``Task``, a plain function, a definition or a
+        task name) with ``args``/``kwargs``, every one the function's own; its handle.
+        A submit with options is ``node.task(fn).configure(...).submit(...)``.
 
-        ``bucket_key`` (a business key such as a tenant id) picks the bucket; a node that
-        owns only some buckets refuses keys that map elsewhere (``ConfigurationError``).
-        Raises ``StoreError`` if the store refuses the new task: then nothing was queued.
+        A missing, extra or misspelt argument is a ``TypeError`` here; ``StoreError`` if
+        the store refuses the new task. Either way nothing was queued.
         """
         if (watch := _observe.watcher) is not None:
-            return submitted(
-                watch, "submit", self._submitter.submit, task, args, kwargs, bucket_key=bucket_key
-            )
-        return self._submitter.submit(task, args, kwargs, bucket_key=bucket_key)
+            return submitted(watch, "submit", self._submitter.submit, task, args, kwargs)
+        return self._submitter.submit(task, args, kwargs)
 
-    def options(
-        self,
-        *,
-        delay: float | None = None,
-        run_at: datetime | None = None,
-        priority: int = 0,
-        dedupe_key: str | None = None,
-        on_duplicate: OnDuplicate = "return",
-        dedupe_window: float | None = None,
-        concurrency_key: str | None = None,
-        bucket_key: str | None = None,
-        tags: Iterable[str] = (),
-    ) -> OptionsSubmitter:
-        """A submitter whose ``submit`` and ``submit_many`` apply these options: start
-        ``delay`` seconds from now or at ``run_at`` (an aware datetime), ``priority``
-        (higher first in this node's queue), ``dedupe_key`` (at most one unfinished task
-        in the store holds it; a duplicate answers with that task, or raises with
-        ``on_duplicate="raise"``; ``dedupe_window``: a success keeps it that many seconds
-        more), ``concurrency_key`` (the task's ``max_per_key`` counts the runs sharing
-        it), ``bucket_key``, extra ``tags``. A bad option raises ``InvalidValue`` here;
-        an unknown one, Python's ``TypeError`` (docs/design.md, "When and in what
-        order")."""
-        if isinstance(tags, str):
-            raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
-        return OptionsSubmitter(
-            self._submitter,
-            SubmitOptions(
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                dedupe_key=dedupe_key,
-                on_duplicate=on_duplicate,
-                dedupe_window=dedupe_window,
-                concurrency_key=concurrency_key,
-                bucket_key=bucket_key,
-                tags=tags if type(tags) is frozenset else frozenset(tags),
-            ),
-        )
+    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
+        """``submit``, the store write on a thread: the caller's event loop never waits."""
+        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
 
-    def submit_many(
-        self,
-        task: TaskRef,
-        calls: Iterable[tuple[Any, ...]],
-        /,
-        *,
-        bucket_key: str | None = None,
-    ) -> list[TaskRun]:
+    def submit_many(self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
         """Queue one run of ``task`` per positional-argument tuple in ``calls``.
 
         With a store that can create in one transaction (the built-in SQL stores), all
         the tasks are stored, or none (``StoreError``).
         """
         if (watch := _observe.watcher) is not None:
-            return submitted(
-                watch, "submit_many", self._submitter.submit_many, task, calls, bucket_key
-            )
-        return self._submitter.submit_many(task, calls, bucket_key)
+            return submitted(watch, "submit_many", self._submitter.submit_many, task, calls)
+        return self._submitter.submit_many(task, calls)
+
+    async def asubmit_many(
+        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /
+    ) -> list[TaskRun]:
+        """``submit_many``, the store write on a thread."""
+        return await asyncio.to_thread(self.submit_many, task, list(calls))
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
         """Submit every node of ``pipeline`` under one new ``pipeline_run_id``.
@@ -418,7 +461,9 @@ class Controller(AsyncFace):
         task: TaskRef,
         trigger: Trigger,
         /,
-        *args: Any,
+        *,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
         overlap: Overlap = "skip",
         misfire_grace: float | None = None,
         jitter: float = 0.0,
@@ -426,20 +471,24 @@ class Controller(AsyncFace):
         tags: Iterable[str] = (),
         priority: int = 0,
         dedupe_key: str | None = None,
-        **kwargs: Any,
     ) -> Schedule:
-        """Fire ``task`` on ``trigger`` from this node.
+        """Fire ``task`` on ``trigger`` from this node, called with ``args`` and
+        ``kwargs`` (checked now against its function).
 
         ``overlap="skip"`` (default) skips a firing while the previous run of this
         schedule is still active. After downtime the missed firings coalesce into one
         run, skipped if the latest missed one is more than ``misfire_grace`` seconds old
         (``None``: never too late). ``jitter`` delays each firing by up to that many
         seconds. Ownership is checked now: a key in another node's bucket is refused.
-        ``priority`` and ``dedupe_key`` apply to each firing as ``node.options`` does.
+        ``bucket_key``, ``tags``, ``priority`` and ``dedupe_key`` apply to each firing as
+        ``task.configure`` does.
         """
         # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
         # the first firing.
         check_text(name, "schedule name", self.value_rules, MAX_SCHEDULE_NAME)
+        if isinstance(tags, str):
+            raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
+        args, kwargs = tuple(args), dict(kwargs or {})
         definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
         check_arguments(definition, args, kwargs)  # every firing would fail otherwise
         self._submitter.check_keys(SubmitOptions(priority=priority, dedupe_key=dedupe_key))
@@ -447,7 +496,7 @@ class Controller(AsyncFace):
             trigger.start_at = self._now()
         entry = Schedule(
             name=name,
-            task=task,
+            task=definition,
             trigger=trigger,
             args=args,
             kwargs=kwargs,

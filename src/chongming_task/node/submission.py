@@ -187,6 +187,10 @@ class Submitter:
         self._accepting = accepting
         self._stored = stored  # called after each success: starts the node's services
 
+    def accepting(self) -> bool:
+        """Whether the node takes new tasks (it has not begun to close)."""
+        return self._accepting()
+
     def submit(
         self,
         task: TaskRef,
@@ -204,7 +208,7 @@ class Submitter:
     def submit_with(
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> TaskRun | StoredTask:
-        """``submit`` with ``options`` (``node.options``)."""
+        """``submit`` with ``options`` (``task.configure``)."""
         self.check_keys(options)
         if options.dedupe_key is not None:
             return self._deduped(options, task, args, kwargs)
@@ -315,7 +319,7 @@ class Submitter:
             )
 
     def submit_many(
-        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None
+        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], bucket_key: str | None = None
     ) -> list[TaskRun]:
         prepared = [self.prepare(task, tuple(args), {}, bucket_key=bucket_key) for args in calls]
         self.persist(prepared)
