@@ -58,6 +58,7 @@ from chongming_task import (
     Progress,
     TaskStatus,
     TaskStore,
+    current,
 )
 from chongming_task.policies import BucketPolicy, parse_buckets
 from chongming_task.states import NON_TERMINAL, is_legal
@@ -70,6 +71,13 @@ IN_FLIGHT = 8
 
 
 # -- the node process -------------------------------------------------------------------------
+
+
+def current_id() -> str:
+    """The running task's id (called inside a task function)."""
+    running = current()
+    assert running is not None
+    return running.task_id
 
 
 def node_main(argv: list[str]) -> int:
@@ -111,7 +119,7 @@ def node_main(argv: list[str]) -> int:
     @node.task(name="quiet")
     def quiet(token: CancellationToken, seconds: float) -> dict[str, float]:
         time.sleep(seconds)  # CPU-bound work, say: no checkpoint for up to 2 TTL
-        returned(token.task_id)
+        returned(current_id())
         return {"slept": seconds}
 
     @node.task(name="busy")
@@ -122,7 +130,7 @@ def node_main(argv: list[str]) -> int:
             token.checkpoint(Progress(current=steps, message=f"step {steps}"))
             time.sleep(0.05)
             steps += 1
-        returned(token.task_id)
+        returned(current_id())
         return steps
 
     @node.task(name="hostile")
@@ -134,9 +142,9 @@ def node_main(argv: list[str]) -> int:
                 token.checkpoint(bad)
         time.sleep(seconds)
         if rng.random() < 0.5:
-            returned(token.task_id, "invalid")
+            returned(current_id(), "invalid")
             return {"file": "report-\udcff.csv"}
-        returned(token.task_id)
+        returned(current_id())
         return "fine"
 
     print("ready", flush=True)

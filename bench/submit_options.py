@@ -41,10 +41,17 @@ from _stats import (  # bench/ is on sys.path when run as a script
     in_rounds,
     percentile,
 )
-from chongming_task import CancellationToken, Controller, InMemoryTaskStore
+from chongming_task import CancellationToken, Controller, InMemoryTaskStore, current
 from chongming_task.stores import open_store
 
 WORKERS = 4
+
+
+def current_id() -> str:
+    """The running task's id (called inside a task function)."""
+    running = current()
+    assert running is not None
+    return running.task_id
 
 
 def _noop(token: CancellationToken) -> None:
@@ -221,7 +228,7 @@ def delayed_rows(count: int, spread: float, tmp: Path) -> None:
     def note(token: CancellationToken) -> None:
         now = time.time()
         with lock:
-            started[token.task_id] = now
+            started[current_id()] = now
 
     store = open_store(str(tmp / "delayed.db"))
     with Controller(store, max_workers=WORKERS) as node:

@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskStatus, TaskStore
+from chongming_task import (
+    Controller,
+    CurrentTask,
+    InMemoryTaskStore,
+    SqliteTaskStore,
+    TaskRun,
+    TaskStatus,
+    TaskStore,
+    current,
+)
+from chongming_task.run.life import Run
 from chongming_task.stores import open_store
 
 
@@ -23,6 +33,18 @@ def _sigpipe_as_it_was() -> Iterator[None]:
     pipe = signal.getsignal(signal.SIGPIPE)
     yield
     signal.signal(signal.SIGPIPE, pipe)
+
+
+def here() -> CurrentTask:
+    """The task running here (inside a task function): its id and attempt."""
+    running = current()
+    assert running is not None, "called outside a task"
+    return running
+
+
+def run_of(handle: TaskRun) -> Run:
+    """The node's run behind a handle: for the tests that look at the engine itself."""
+    return handle._run
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from .model import CommandAction, ControlReceipt, TaskSnapshot
-    from .run.handle import TaskRun
+    from .run.life import Run
 
 __all__ = ["Seen", "Watcher", "install", "remove", "submitted", "watcher"]
 
@@ -53,10 +53,10 @@ class Watcher(Protocol):
     def firing(self, schedule: str) -> AbstractContextManager[None]:
         """Around one firing of ``schedule`` (its submit is inside)."""
 
-    def began(self, run: TaskRun) -> Seen:
+    def began(self, run: Run) -> Seen:
         """``run``'s attempt began, here: its function is called next."""
 
-    def run_ended(self, run: TaskRun) -> None:
+    def run_ended(self, run: Run) -> None:
         """``run`` is terminal (its last transitions made)."""
 
     def controlling(

@@ -32,7 +32,7 @@ class _Token(Protocol):
 
 
 class _Run(Protocol):
-    """What the context needs of a run (a ``TaskRun``)."""
+    """What the context needs of a run (a ``Run``)."""
 
     @property
     def task_id(self) -> str: ...
@@ -44,7 +44,7 @@ class _Run(Protocol):
     def bucket(self) -> int | None: ...
 
     @property
-    def token(self) -> _Token: ...
+    def signals(self) -> _Token: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ def current() -> CurrentTask | None:
     if run is None:
         return None
     return CurrentTask(
-        task_id=run.task_id, name=run.name, attempt=run.token.attempt, bucket=run.bucket
+        task_id=run.task_id, name=run.name, attempt=run.signals.attempt, bucket=run.bucket
     )
 
 
@@ -113,7 +113,7 @@ def install_log_context() -> None:
             if run is not None:
                 record.task_id = run.task_id
                 record.task_name = run.name
-                record.attempt = run.token.attempt
+                record.attempt = run.signals.attempt
                 if (watch := _observe.watcher) is not None:
                     watch.annotate(record)  # the trace and span ids, when instrumented
             return record

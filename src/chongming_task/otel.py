@@ -57,7 +57,7 @@ from .pipelines import PipelineRun
 from .trail import TRAIL_WIDTH
 
 if TYPE_CHECKING:
-    from .run.handle import TaskRun
+    from .run.life import Run
 
 __all__ = ["ChongmingTaskInstrumentor"]
 
@@ -125,7 +125,7 @@ class _Attempt:
 
     __slots__ = ("began", "finished", "first", "run", "span", "token", "watcher")
 
-    def __init__(self, watcher: _Watcher, run: TaskRun, span: trace.Span) -> None:
+    def __init__(self, watcher: _Watcher, run: Run, span: trace.Span) -> None:
         self.watcher = watcher
         self.run = run
         self.span = span
@@ -289,7 +289,7 @@ class _Watcher:
 
     # -- attempts ------------------------------------------------------------------------------
 
-    def began(self, run: TaskRun) -> _observe.Seen:
+    def began(self, run: Run) -> _observe.Seen:
         try:
             snapshot = run.writes.snapshot
             attributes: dict[str, Any] = {
@@ -337,7 +337,7 @@ class _Watcher:
                 self._tracks.pop(run.task_id, None)
         self._finish(attempt, raised)
 
-    def run_ended(self, run: TaskRun) -> None:
+    def run_ended(self, run: Run) -> None:
         try:
             track = self._tracks.get(run.task_id)
             if track is None:
@@ -368,7 +368,7 @@ class _Watcher:
                 continue
             name = _EVENTS.get(to, "")
             if to == TaskStatus.STOPPING.value:
-                name = run.token.stop_kind or "stop"
+                name = run.signals.stop_kind or "stop"
             elif to == TaskStatus.RUNNING.value and was not in ("paused", "pausing"):
                 continue
             event: dict[str, Any] = {"chongming.task.status": to}
@@ -396,7 +396,7 @@ class _Watcher:
         self.meter.running(run.name, -1)
         span.end()
 
-    def _count(self, run: TaskRun, track: _Track, upto: int | None = None) -> None:
+    def _count(self, run: Run, track: _Track, upto: int | None = None) -> None:
         """Count the run's transitions not counted yet (up to ``upto`` trail items).
         Caller holds the track's lock."""
         trail = run.writes.trail

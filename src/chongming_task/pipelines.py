@@ -18,11 +18,11 @@ Semantics:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
     from .run.handle import TaskRun
+    from .run.life import Run
 
 __all__ = ["Pipeline", "PipelineNode", "PipelineRun", "PipelineRunner"]
 
@@ -149,12 +150,15 @@ class PipelineRun:
         self,
         pipeline: Pipeline,
         pipeline_run_id: str,
-        runs: dict[str, TaskRun],
-        enqueue: Any,
+        runs: dict[str, Run],
+        enqueue: Callable[[Run, str], bool],
+        handle: Callable[[Run], TaskRun],
     ) -> None:
         self.pipeline = pipeline
         self.pipeline_run_id = pipeline_run_id
-        self.nodes = runs
+        self._runs = runs
+        self.nodes: dict[str, TaskRun] = {key: handle(run) for key, run in runs.items()}
+        """Each node's handle, by its key."""
         self._enqueue = enqueue  # Controller._enqueue_pending
         self._dependents = pipeline.dependents()
         self._lock = threading.Lock()
@@ -167,7 +171,7 @@ class PipelineRun:
     # -- the handle ------------------------------------------------------------------------------
 
     def snapshots(self) -> dict[str, TaskSnapshot]:
-        return {key: run.snapshot() for key, run in self.nodes.items()}
+        return {key: run.snapshot() for key, run in self._runs.items()}
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -175,23 +179,16 @@ class PipelineRun:
     def wait(self, timeout: float | None = None) -> dict[str, TaskSnapshot]:
         """Block until every node is terminal; return their final snapshots."""
         if not self._done.wait(timeout):
-            waiting = sorted(k for k, r in self.nodes.items() if not r.done())
+            waiting = sorted(k for k, r in self._runs.items() if not r.done())
             raise WaitTimeout(
                 f"pipeline {self.pipeline.name} ({self.pipeline_run_id}): "
                 f"{', '.join(waiting)} not finished after {timeout}s"
             )
         return self.snapshots()
 
-    @property
-    def outcome(self) -> TaskStatus | None:
-        """The run's ``status``, under its former name (deprecated: a task's ``outcome``
-        is its result, not a status)."""
-        warnings.warn(
-            "PipelineRun.outcome is deprecated: use PipelineRun.status",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.status
+    async def await_(self, timeout: float | None = None) -> dict[str, TaskSnapshot]:
+        """``wait()``, awaited."""
+        return await asyncio.to_thread(self.wait, timeout)
 
     @property
     def status(self) -> TaskStatus | None:
@@ -200,21 +197,26 @@ class PipelineRun:
         ``cancelled``."""
         if not self._done.is_set():
             return None
-        ends = {run.status for run in self.nodes.values()}
+        ends = {run.status for run in self._runs.values()}
         for status in states.WORST_FIRST:
             if status in ends:
                 return status
         return S.SUCCEEDED
 
     def result(self, key: str, timeout: float | None = None) -> JSONValue:
-        final = self.nodes[key].wait(timeout)
+        """Node ``key``'s return value; ``TaskUnsuccessful`` if it did not succeed."""
+        final = self._runs[key].wait(timeout)
         if final.status is not S.SUCCEEDED:
             raise TaskUnsuccessful(final)
         return final.outcome
 
+    async def aresult(self, key: str, timeout: float | None = None) -> JSONValue:
+        """``result()``, awaited."""
+        return await asyncio.to_thread(self.result, key, timeout)
+
     # -- reactions (on the controller's pipeline thread, holding no run lock) ---------------------
 
-    def node_finished(self, run: TaskRun) -> None:
+    def node_finished(self, run: Run) -> None:
         """A node ended (the node's pipeline thread calls this)."""
         key = run.node_key
         assert key is not None
@@ -222,9 +224,9 @@ class PipelineRun:
         if status is S.SUCCEEDED:
             for child in self._dependents[key]:
                 deps = self.pipeline.nodes[child].depends_on
-                if all(self.nodes[d].status is S.SUCCEEDED for d in deps):
-                    child_run = self.nodes[child]
-                    child_run.token.upstream = {d: self.nodes[d].snapshot().outcome for d in deps}
+                if all(self._runs[d].status is S.SUCCEEDED for d in deps):
+                    child_run = self._runs[child]
+                    child_run.signals.upstream = {d: self._runs[d].snapshot().outcome for d in deps}
                     self._enqueue(child_run, f"dependencies {', '.join(deps)} succeeded")
         else:
             self._cancel_dependents(key, status)
@@ -240,7 +242,7 @@ class PipelineRun:
             if child in seen:
                 continue
             seen.add(child)
-            self.nodes[child].cancel_waiting(
+            self._runs[child].cancel_waiting(
                 Failure(
                     kind=FailureKind.DEPENDENCY,
                     message=f"dependency {key!r} ended {status.value}",
@@ -254,7 +256,7 @@ class PipelineRun:
                 return
             self._fast_failed = True
         reason = f"fail-fast: node {key!r} {status.value}"
-        for other, run in self.nodes.items():
+        for other, run in self._runs.items():
             if other == key or run.done():
                 continue
             failure = Failure(kind=FailureKind.DEPENDENCY, message=reason)
@@ -262,7 +264,7 @@ class PipelineRun:
                 run.stop(reason=reason)
 
     def _check_done(self) -> None:
-        if all(run.done() for run in self.nodes.values()):
+        if all(run.done() for run in self._runs.values()):
             self._done.set()
 
 
@@ -273,14 +275,14 @@ class PipelineRunner:
 
     def __init__(self, *, owner: str) -> None:
         self.name = f"chongming-pipelines[{owner}]"
-        self._events: queue.SimpleQueue[TaskRun | None] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.thread_watch: ThreadWatch | None = None
         """Told when the thread dies and is started again (a node's health)."""
 
-    def node_ended(self, run: TaskRun) -> None:
+    def node_ended(self, run: Run) -> None:
         """Called by the run's transition to a terminal status (any thread)."""
         self._events.put(run)
 
@@ -299,7 +301,7 @@ class PipelineRunner:
             self._react(run)
             reacted += 1
 
-    def _react(self, run: TaskRun) -> None:
+    def _react(self, run: Run) -> None:
         try:
             if run.pipeline is not None:
                 run.pipeline.node_finished(run)

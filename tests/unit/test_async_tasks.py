@@ -315,7 +315,7 @@ def test_the_async_faces_of_node_and_run(store: TaskStore) -> None:
 
             run = await c.asubmit("hello", "async")
             assert await run.aresult(timeout=10) == "hello async"
-            assert (await run.wait_async(timeout=10)).status is S.SUCCEEDED
+            assert (await run.await_(timeout=10)).status is S.SUCCEEDED
             stuck = await c.asubmit("long")
             while stuck.status is not S.RUNNING:
                 await asyncio.sleep(0.01)

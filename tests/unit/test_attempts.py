@@ -23,7 +23,7 @@ from chongming_task.definitions import define
 from chongming_task.run import TaskRun
 from chongming_task.run.writes import RunWrites
 from chongming_task.testing import FakeClock, FaultyStore
-from tests.conftest import wait_until
+from tests.conftest import here, wait_until
 from tests.unit.test_controller import FAST, Make, S, looping, statuses
 
 
@@ -33,7 +33,7 @@ def test_retries_with_backoff_then_success(store: TaskStore, make_controller: Ma
 
     @c.task(name="flaky", retries=3, backoff=FAST)
     def flaky(token: CancellationToken) -> str:
-        calls.append(token.attempt)
+        calls.append(here().attempt)
         if len(calls) < 3:
             raise ConnectionError(f"boom {len(calls)}")
         return "ok"
@@ -70,7 +70,7 @@ def test_the_retry_count_is_given_once(make_controller: Make) -> None:
 
     @c.task(name="twice", backoff=dataclasses.replace(FAST, retries=2))
     def twice(token: CancellationToken) -> None:
-        tries.append(token.attempt)
+        tries.append(here().attempt)
         raise ConnectionError("again")
 
     run = c.submit(twice)
@@ -87,7 +87,7 @@ def test_a_retry_starts_with_the_activity_its_last_attempt_reported(
 
     @c.task(name="reports_then_fails", retries=1, backoff=FAST)
     def reports_then_fails(token: CancellationToken) -> str:
-        if token.attempt == 1:
+        if here().attempt == 1:
             token.checkpoint(Progress(current=3, total=10, message="three"))
             raise ConnectionError("boom")
         second.set()
@@ -122,7 +122,7 @@ def test_a_success_is_written_with_its_outcome_and_what_the_task_reported(
 
     @c.task(name="fails_once", retries=1, backoff=FAST)
     def fails_once(token: CancellationToken) -> str:
-        if token.attempt == 1:
+        if here().attempt == 1:
             raise ConnectionError("boom")
         return "ok"
 
@@ -188,7 +188,7 @@ def test_retries_exhausted_fail_with_the_last_exception(make_controller: Make) -
 
     @c.task(name="bad", retries=2, backoff=FAST)
     def bad(token: CancellationToken) -> None:
-        raise ValueError(f"attempt {token.attempt}")
+        raise ValueError(f"attempt {here().attempt}")
 
     final = c.submit(bad).wait(5)
     assert final.status is S.FAILED and final.attempt == 3

@@ -29,7 +29,7 @@ from chongming_task import (
 )
 from chongming_task.run.writers import BehindWriter
 from chongming_task.stores._supports import LifeWrite, PendingWrites
-from tests.conftest import wait_until
+from tests.conftest import here, wait_until
 
 Make = Callable[..., Controller]
 S = TaskStatus
@@ -115,7 +115,7 @@ def conflict_tasks(
 
     @c.task(name="moved")
     def moved(token: CancellationToken) -> None:
-        stored = outsider.get(token.task_id)
+        stored = outsider.get(here().task_id)
         assert stored is not None
         outsider.save(
             replace(stored, status_version=stored.status_version + 1),

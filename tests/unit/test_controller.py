@@ -28,7 +28,7 @@ from chongming_task import (
     present,
 )
 from chongming_task.testing import FaultyStore
-from tests.conftest import wait_until
+from tests.conftest import run_of, wait_until
 
 S = TaskStatus
 Make = Callable[..., Controller]
@@ -86,7 +86,7 @@ def test_a_finished_runs_history_is_nothing_the_garbage_collector_walks(
     run = c.submit(noop)
     run.wait(5)
     gc.collect()
-    assert not gc.is_tracked(run.writes.trail)
+    assert not gc.is_tracked(run_of(run).writes.trail)
     if isinstance(store, InMemoryTaskStore):
         assert not gc.is_tracked(store._history[run.task_id])
     assert statuses(c, run.task_id) == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
@@ -209,7 +209,7 @@ def test_pause_resume_pause_is_acknowledged_every_time(make_controller: Make) ->
         # Resume and pause again while the task thread cannot re-check its wait condition
         # (we hold the token's condition): it wakes to find "paused" again, exactly the
         # window of the original defect.
-        with run.token._lock:
+        with run_of(run).signals._lock:
             c.resume(run.task_id)
             c.pause(run.task_id)
         wait_until(lambda: run.status is S.PAUSED, timeout=5, what=f"re-pause #{round_}")

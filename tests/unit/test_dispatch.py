@@ -15,7 +15,7 @@ from chongming_task.node.dispatch import FifoDispatcher
 from tests.conftest import wait_until
 
 if TYPE_CHECKING:
-    from chongming_task.run import TaskRun
+    from chongming_task.run.life import Run
 
 
 def _switches(thread: threading.Thread) -> int:
@@ -50,7 +50,7 @@ class _Run(str):
     priority = 0
     definition = _Plain()
     concurrency_key = None
-    token = _Unpaused()
+    signals = _Unpaused()
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,13 @@ class Bucketed:
     priority: int = 0
     definition: object = _Plain()
     concurrency_key: str | None = None
-    token: object = _Unpaused()
+    signals: object = _Unpaused()
 
 
-def _run(n: int, priority: int = 0) -> TaskRun:
+def _run(n: int, priority: int = 0) -> Run:
     run = _Run(f"run-{n}")
     run.priority = priority
-    return cast("TaskRun", run)
+    return cast("Run", run)
 
 
 class _Workers:
@@ -229,10 +229,10 @@ def test_get_nowait_hands_over_what_may_start_and_never_waits() -> None:
     fair = FairDispatcher(SystemClock(), max_parallel_per_bucket=1)
     a1, a2, b1 = Bucketed("a1", 0), Bucketed("a2", 0), Bucketed("b1", 1)
     for run in (a1, a2, b1):
-        fair.put(cast("TaskRun", run))
+        fair.put(cast("Run", run))
     taken = [fair.get_nowait(), fair.get_nowait(), fair.get_nowait()]
     assert taken == [a1, b1, None]  # a2 waits: bucket 0 is at its limit
-    fair.done(cast("TaskRun", a1))
+    fair.done(cast("Run", a1))
     assert fair.get_nowait() == a2
     fair.close()
     assert fair.get_nowait() is None
@@ -254,12 +254,12 @@ def test_higher_priorities_go_first_and_each_priority_in_arrival_order() -> None
     runs = [Bucketed("a-low", 0), Bucketed("b-mid", 1, 3), Bucketed("a-top", 0, 7)]
     runs += [Bucketed("c-zero", 2), Bucketed("b-top", 1, 9)]
     for run in runs:
-        fair.put(cast("TaskRun", run))
+        fair.put(cast("Run", run))
     first = [fair.get_nowait() for _ in range(4)]
     assert [r.name for r in first if r is not None] == ["b-top", "a-top", "c-zero"]
     assert first[3] is None  # every bucket at its limit
     for run in first[:3]:
-        fair.done(cast("TaskRun", run))
+        fair.done(cast("Run", run))
     assert [getattr(fair.get_nowait(), "name", None) for _ in range(3)] == [
         "b-mid",
         "a-low",

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import here
+
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace
@@ -98,7 +100,7 @@ def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel
 
     @c.task(name="flaky", retries=1, backoff=RetryPolicy(base_delay=0.001, jitter=0.0))
     def flaky(token: CancellationToken) -> str:
-        if token.attempt == 1:
+        if here().attempt == 1:
             raise ValueError("first try fails")
         return "done"
 

@@ -19,7 +19,7 @@ from chongming_task import (
     TaskStatus,
     TaskStore,
 )
-from tests.conftest import wait_until
+from tests.conftest import run_of, wait_until
 
 S = TaskStatus
 Make = Callable[..., Controller]
@@ -64,9 +64,8 @@ def test_a_diamond_succeeds_and_results_flow_to_dependents(
     final = run.wait(10)
     assert {k: s.status for k, s in final.items()} == dict.fromkeys("abcd", S.SUCCEEDED)
     assert run.result("d") == 2 and run.status is S.SUCCEEDED
-    with pytest.warns(DeprecationWarning, match="use PipelineRun.status"):
-        assert run.outcome is S.SUCCEEDED  # the former name still answers
-    assert run.nodes["d"].token.upstream == {"b": 1, "c": 1}
+    assert not hasattr(run, "outcome")  # a status, never under a result's name
+    assert run_of(run.nodes["d"]).signals.upstream == {"b": 1, "c": 1}
     stored = c.list_tasks(TaskQuery(pipeline_run_id=run.pipeline_run_id))
     assert sorted(s.task_id for s in stored) == sorted(r.task_id for r in run.nodes.values())
     history = [t.to_status for t in c.history(run.nodes["d"].task_id)]

@@ -16,7 +16,7 @@ from chongming_task import (
     TaskStatus,
 )
 from chongming_task.testing import FaultyStore
-from tests.conftest import wait_until
+from tests.conftest import here, run_of, wait_until
 
 S = TaskStatus
 
@@ -53,14 +53,14 @@ def test_a_slow_write_of_a_control_call_never_blocks_the_tasks_checkpoint() -> N
                     time.sleep(0.01)
             except StopRequested:
                 # The token heard the stop: its transition must be in the store already.
-                seen_in_store.append(store.inner.get(token.task_id).status)  # type: ignore[union-attr]
+                seen_in_store.append(store.inner.get(here().task_id).status)  # type: ignore[union-attr]
                 raise
 
         run = c.submit(beating)
         wait_until(lambda: len(beats) > 5, what="the task beating")
         store.slow.set()
         started = time.monotonic()
-        assert run.stop() == "stopping"  # returns once the (slow) write is done
+        assert run.stop().outcome == "stopping"  # returns once the (slow) write is done
         assert time.monotonic() - started >= 2.9
         during = [b for b in beats if started <= b <= started + 2.9]
         gaps = [b - a for a, b in itertools.pairwise([started, *during, started + 2.9])]
@@ -104,6 +104,6 @@ def test_pause_and_resume_raced_from_two_threads_end_consistent() -> None:
             t.join(30)
         run.resume()
         wait_until(lambda: run.status is S.RUNNING, what="running after the last resume")
-        assert not run.token.pause_requested
+        assert not run_of(run).signals.pause_requested
         release.set()
         assert run.wait(5).status is S.SUCCEEDED

@@ -255,7 +255,7 @@ def test_a_schedule_fires_with_its_priority_and_dedupe_key(make_controller: Make
     assert stored is not None and stored.priority == 3 and stored.dedupe_key == "night"
     clock.advance(10)
     (again,) = c.tick_schedules()
-    assert again is first  # the key is still held: no second task
+    assert again == first  # the key is still held: no second task
     assert len(store.query()) == 1
     gate.set()
     first.wait(10)

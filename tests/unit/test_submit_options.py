@@ -4,6 +4,7 @@ columns with its tasks kept."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from chongming_task import (
     CancellationToken,
     Controller,
+    ControlOutcome,
     InMemoryTaskStore,
     IntervalTrigger,
     InvalidValue,
@@ -27,6 +29,7 @@ from chongming_task.run.stored import StoredTask
 from chongming_task.stores import codec
 from chongming_task.stores.protocol import TaskStore
 from chongming_task.stores.sqlite import SCHEMA_VERSION
+from tests.conftest import here
 from tests.unit.older_files import older_file
 
 S = TaskStatus
@@ -131,7 +134,7 @@ def test_a_delayed_task_cancelled_before_its_time_never_runs(store: TaskStore) -
     ran: list[str] = []
 
     def record(token: CancellationToken) -> None:
-        ran.append(token.task_id)
+        ran.append(here().task_id)
 
     with Controller(store) as node:
         node.task(record, name="record")
@@ -216,7 +219,7 @@ def test_a_dedupe_key_answers_a_duplicate_with_the_task_that_holds_it(store: Tas
         node.task(slow, name="slow")
         first = node.tasks["slow"].configure(dedupe_key="invoice-7").submit("a")
         assert (
-            node.tasks["slow"].configure(dedupe_key="invoice-7").submit("b") is first
+            node.tasks["slow"].configure(dedupe_key="invoice-7").submit("b") == first
         )  # held here
         with pytest.raises(TaskAlreadyExists, match="invoice-7"):
             node.tasks["slow"].configure(dedupe_key="invoice-7", on_duplicate="raise").submit("c")
@@ -249,9 +252,15 @@ def test_a_duplicate_of_another_nodes_task_follows_it_in_the_store(tmp_path: Pat
         held = holder.tasks["slow"].configure(dedupe_key="nightly").submit()
         follow = other.tasks["slow"].configure(dedupe_key="nightly").submit()
         assert isinstance(follow, StoredTask) and follow.task_id == held.task_id
-        assert follow.status is S.RUNNING or follow.status is S.QUEUED
+        assert follow.snapshot().status in (S.RUNNING, S.QUEUED)
+        pending = follow.pause()  # for its holder: a command, carried out there
+        assert pending.accepted and pending.task_id == held.task_id
         gate.set()
         assert follow.result(10) == "theirs" and follow.done()
+        ended = follow.stop()
+        assert ended.outcome is ControlOutcome.ALREADY_TERMINAL and not ended.accepted
+        assert asyncio.run(follow.aresult(5)) == "theirs"
+        assert follow.history()[-1].to_status is S.SUCCEEDED
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["fifo", "per-bucket limit"])
@@ -371,7 +380,7 @@ def test_options_submit_from_an_event_loop(store: TaskStore) -> None:
     async def main(node: Controller) -> object:
         run = await node.tasks["held"].configure(priority=2, dedupe_key="from-loop").asubmit("hi")
         again = await node.tasks["held"].configure(dedupe_key="from-loop").asubmit("other")
-        assert again is run  # still running here: the duplicate answers with it
+        assert again == run  # still running here: the duplicate answers with it
         gate.set()
         return await run.aresult(10)
 

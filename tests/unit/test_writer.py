@@ -28,7 +28,7 @@ from chongming_task import (
     WaitTimeout,
 )
 from chongming_task.run.writers import BehindWriter, Writer
-from tests.conftest import wait_until
+from tests.conftest import here, wait_until
 from tests.unit.test_behind_writer import (
     LIFE,
     Make,
@@ -138,7 +138,7 @@ def test_a_control_call_returns_once_its_transition_is_stored(
     run = c.submit(loop)
     assert running.wait(5) and store.holding.wait(5)
     outcome: list[ControlOutcome] = []
-    stopper = threading.Thread(target=lambda: outcome.append(run.stop(reason="enough")))
+    stopper = threading.Thread(target=lambda: outcome.append(run.stop(reason="enough").outcome))
     stopper.start()
     stopper.join(0.3)
     assert stopper.is_alive() and not outcome  # its write waits behind the held start
@@ -184,7 +184,7 @@ def test_a_store_without_group_commit_writes_on_the_worker(make_controller: Make
 
     @c.task(name="look")
     def look(token: CancellationToken) -> None:
-        stored = store.get(token.task_id)  # written before the function is called
+        stored = store.get(here().task_id)  # written before the function is called
         assert stored is not None and stored.status is S.RUNNING
         started.set()
 

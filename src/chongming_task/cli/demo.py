@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..current import current as current_task
 from ..model import Progress, TaskStatus
 from ..node.controller import Controller
 from ..node.signals import NotedSignals
@@ -77,11 +78,10 @@ def _define(node: Controller) -> dict[str, Task[Any]]:
         token.checkpoint(Progress(current=1, total=1, message="tick"))
         return "ok"
 
-    attempts: dict[str, int] = {}
-
     @node.task(name="flaky", retries=3, backoff=RetryPolicy(base_delay=2.0))
     def flaky(token: CancellationToken, fail_times: int) -> str:
-        seen = attempts[token.task_id] = attempts.get(token.task_id, 0) + 1
+        here = current_task()  # which attempt this is
+        seen = 1 if here is None else here.attempt
         token.checkpoint(Progress(current=seen, total=fail_times + 1, message=f"try {seen}"))
         token.sleep(1.0)
         if seen <= fail_times:

@@ -29,10 +29,11 @@ from .. import _observe
 from ..current import enter, leave
 from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
-from ..run.handle import CANCEL_WAIT
+from ..run.life import CANCEL_WAIT
+from ..run.token import CancellationToken, task_of
 
 if TYPE_CHECKING:
-    from ..run.handle import TaskRun
+    from ..run.life import Run
 
 __all__ = ["AsyncRunner", "attempt"]
 
@@ -44,7 +45,7 @@ STALL = 0.1
 """A loop that misses its heartbeat by this much is blocked (about 100 ms)."""
 
 
-async def attempt(run: TaskRun) -> None:
+async def attempt(run: Run) -> None:
     """One attempt of an ``async def`` task, on the node's loop: the sync path's steps,
     its function awaited, its writes handed to the node's writer."""
     if not run.begin_attempt():
@@ -81,10 +82,10 @@ async def attempt(run: TaskRun) -> None:
         seen.ended(None)
 
 
-def _ends_as_asked(run: TaskRun) -> None:
+def _ends_as_asked(run: Run) -> None:
     """A cancelled attempt ends as the stop or timeout that cancelled it says (a stop,
     should it have been cancelled from outside the runtime): it cannot run on."""
-    run.token.request_stop("stop", "cancelled")  # keeps a stop or timeout asked before
+    run.signals.request_stop("stop", "cancelled")  # keeps a stop or timeout asked before
     run.cancel_asked = True  # it ended at an await, not at a checkpoint of its own
     run.ended_by(StopRequested(f"task {run.task_id}: cancelled"), soon=True)
 
@@ -99,8 +100,8 @@ class AsyncRunner:
         *,
         owner: str,
         max_async: int,
-        released: Callable[[TaskRun], None],
-        crashed: Callable[[TaskRun, BaseException], None],
+        released: Callable[[Run], None],
+        crashed: Callable[[Run, BaseException], None],
     ) -> None:
         self.name = f"chongming-async[{owner}]"
         self.thread_watch: ThreadWatch | None = None
@@ -113,7 +114,7 @@ class AsyncRunner:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._inbox: list[TaskRun] = []  # handed, not yet taken by the loop
+        self._inbox: list[Run] = []  # handed, not yet taken by the loop
         self._waking = False  # a wake-up to take them is on its way
         self._waiting = 0  # taken by the loop, not yet begun (the loop's thread only)
         self._slots: asyncio.Semaphore | None = None
@@ -201,18 +202,17 @@ class AsyncRunner:
 
     def _blocking(self) -> tuple[str, int] | None:
         """The task the loop thread is in, and its frame, from the thread's frames (a
-        task's own frame holds its ``token``); ``None`` outside any task."""
+        task's own frame holds its token, whatever its name); ``None`` outside any task."""
         thread = self._thread
         frame = None if thread is None else sys._current_frames().get(thread.ident or -1)
         while frame is not None:
-            token = frame.f_locals.get("token")
-            task_id = getattr(token, "task_id", None)
-            if isinstance(task_id, str):
-                return f"task {task_id} ({frame.f_code.co_name})", id(frame)
+            for value in frame.f_locals.values():
+                if isinstance(value, CancellationToken):
+                    return f"task {task_of(value)} ({frame.f_code.co_name})", id(frame)
             frame = frame.f_back
         return None
 
-    def hand(self, run: TaskRun) -> None:
+    def hand(self, run: Run) -> None:
         """Carry ``run``'s attempt on the loop (from any thread, never waiting for it).
         Runs handed while the loop has not yet taken the earlier ones ride the same
         wake-up (one write to the loop's self-pipe for a burst, not one a run)."""
@@ -234,7 +234,7 @@ class AsyncRunner:
                 runs, self._inbox = self._inbox, []
             self._refuse(runs)
 
-    def _refuse(self, runs: list[TaskRun]) -> None:
+    def _refuse(self, runs: list[Run]) -> None:
         for run in runs:
             self._crashed(run, RuntimeError("the node's event loop has stopped"))
             self._released(run)
@@ -253,7 +253,7 @@ class AsyncRunner:
         behind may then ride with theirs, as with the dispatcher's backlog."""
         return self._waiting > 0 or bool(self._inbox)
 
-    async def _carry(self, run: TaskRun) -> None:
+    async def _carry(self, run: Run) -> None:
         assert self._slots is not None
         try:
             async with self._slots:
@@ -269,7 +269,7 @@ class AsyncRunner:
             self._tasks.pop(run.task_id, None)
             self._released(run)
 
-    def cancel(self, run: TaskRun, *, after: float = 0.0) -> None:
+    def cancel(self, run: Run, *, after: float = 0.0) -> None:
         """Cancel ``run``'s attempt now, or ``after`` seconds if it has not ended by then
         (a stop's grace). Nothing if it runs on no loop."""
         loop = self._loop
@@ -283,7 +283,7 @@ class AsyncRunner:
         except RuntimeError:  # the loop closed meanwhile
             return
 
-    def _cancel_now(self, run: TaskRun) -> None:
+    def _cancel_now(self, run: Run) -> None:
         task = self._tasks.get(run.task_id)
         if task is not None and not task.done() and not run.done():
             run.cancel_asked = True

@@ -18,7 +18,7 @@ from ..control import StoreControl
 from ..errors import StoreUnavailable
 from ..limits import MAX_REASON
 from ..model import CommandAction, ControlOutcome, ControlReceipt
-from ..run.handle import TaskRun
+from ..run.life import Run
 from ..values import check_text
 from .services import LoopService, NodeContext, Pass
 
@@ -27,9 +27,7 @@ __all__ = ["CommandPoller", "ControlRouter", "act"]
 log = logging.getLogger("chongming_task.commands")
 
 
-def act(
-    run: TaskRun, action: CommandAction, reason: str | None, actor: str | None
-) -> ControlOutcome:
+def act(run: Run, action: CommandAction, reason: str | None, actor: str | None) -> ControlOutcome:
     """Carry out ``action`` on a run this process holds."""
     if action is CommandAction.STOP:
         return run.stop(reason, actor)

@@ -2,14 +2,12 @@
 their tasks (``NodeServices``: submission's workers, supervision, the command poller, the
 beacon, the schedule runner and the pipeline runner, started and stopped in one place).
 
-Control of a task this process holds acts directly on its ``TaskRun``; control of any
+Control of a task this process holds acts directly on its ``Run``; control of any
 other task writes a ``Command`` to the store for the holder's poller.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import random
 import threading
@@ -47,7 +45,8 @@ from ..model import (
 from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy
-from ..run.handle import CANCEL_WAIT, TaskRun
+from ..run.handle import TaskRun
+from ..run.life import CANCEL_WAIT, Run
 from ..run.stored import StoredTask
 from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
 from ..stores import open_store
@@ -82,11 +81,11 @@ _NAMED = 20
 """Tasks named one by one in the closing lines (more: counted, not named)."""
 
 
-def _described(run: TaskRun) -> str:
+def _described(run: Run) -> str:
     return f"{run.name} {run.task_id[:12]} ({run.status.value})"
 
 
-def _fate(run: TaskRun) -> str:
+def _fate(run: Run) -> str:
     """What became of a task the close waited for, in a few words."""
     if run.done():
         failure = run.snapshot().failure
@@ -260,6 +259,9 @@ class Controller(AsyncFace):
             faults=node.health.faults,
             aio=services.aio,
         )
+        self._router = ControlRouter(node)
+        if services.polling:
+            self._router.wake = services.poller.wake
         self._submitter = Submitter(
             node,
             host=host,
@@ -269,10 +271,8 @@ class Controller(AsyncFace):
             resolve=self._definitions.resolve,
             accepting=services.accepting,
             stored=services.start_work,
+            control=self._router.route,
         )
-        self._router = ControlRouter(node)
-        if services.polling:
-            self._router.wake = services.poller.wake
         # Schedules fire from the scheduler's thread, or only through tick_schedules()
         # when run_schedules=False (tests with a fake clock drive them that way).
         self._run_schedules = run_schedules
@@ -421,10 +421,6 @@ class Controller(AsyncFace):
             return submitted(watch, "submit", self._submitter.submit, task, args, kwargs)
         return self._submitter.submit(task, args, kwargs)
 
-    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
-        """``submit``, the store write on a thread: the caller's event loop never waits."""
-        return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
-
     def submit_many(self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
         """Queue one run of ``task`` per positional-argument tuple in ``calls``.
 
@@ -434,12 +430,6 @@ class Controller(AsyncFace):
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit_many", self._submitter.submit_many, task, calls)
         return self._submitter.submit_many(task, calls)
-
-    async def asubmit_many(
-        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /
-    ) -> list[TaskRun]:
-        """``submit_many``, the store write on a thread."""
-        return await asyncio.to_thread(self.submit_many, task, list(calls))
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
         """Submit every node of ``pipeline`` under one new ``pipeline_run_id``.
@@ -635,8 +625,8 @@ class Controller(AsyncFace):
         return self._registry.desynced()
 
     def held(self) -> list[TaskRun]:
-        """Runs this process holds (non-terminal, or not yet fully written)."""
-        return self._registry.held()
+        """The tasks this process holds (unfinished, or not yet fully written)."""
+        return [self._submitter.handle(run) for run in self._registry.held()]
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every task this process holds is terminal; return whether it is."""
@@ -692,7 +682,7 @@ class Controller(AsyncFace):
         """
         if not self._services.begin_close():
             return
-        unfinished = [run for run in self.held() if not run.done()]
+        unfinished = [run for run in self._registry.held() if not run.done()]
         for run in unfinished:
             run.stop(reason="controller closed")
         deadline = time.monotonic() + timeout
@@ -701,7 +691,7 @@ class Controller(AsyncFace):
         for run in unfinished:
             if run.definition.is_async and run.definition.timeout_grace > soon:
                 self._services.aio.cancel(run, after=soon)
-        slow: list[TaskRun] = []
+        slow: list[Run] = []
         if not self._registry.wait_all_done(min(QUIET, timeout)):
             slow = [run for run in unfinished if not run.done()]
             log.warning(
@@ -723,7 +713,7 @@ class Controller(AsyncFace):
         # for it (its thread is abandoned, as a timeout abandons one). The services
         # share what is left of ``timeout``.
         self._services.stop(deadline, carriers_stuck=bool(stuck))
-        for run in self.held():
+        for run in self._registry.held():
             run.catch_up()
         try:  # a create whose commit went unheard: ended now if it landed
             self._services.supervisor.doubtful.run_once(time.monotonic())

@@ -38,27 +38,27 @@ from ..clock import Clock
 from ..loops import keep_running
 
 if TYPE_CHECKING:
-    from ..run.handle import TaskRun
+    from ..run.life import Run
 
 __all__ = ["Dispatcher", "FairDispatcher", "FifoDispatcher", "make_dispatcher"]
 
 
 class Dispatcher(Protocol):
-    def put(self, run: TaskRun) -> None: ...
+    def put(self, run: Run) -> None: ...
 
-    def schedule(self, run: TaskRun, delay: float) -> None:
+    def schedule(self, run: Run, delay: float) -> None:
         """Make ``run`` ready after ``delay`` seconds (a retry's backoff)."""
 
-    def get(self) -> TaskRun | None:
+    def get(self) -> Run | None:
         """Block until a run may start; ``None`` once closed."""
 
-    def get_nowait(self) -> TaskRun | None:
+    def get_nowait(self) -> Run | None:
         """A run that may start now, or ``None`` (never waits)."""
 
     def backlog(self) -> bool:
         """Whether runs are ready and waiting for a worker (a moment's reading)."""
 
-    def done(self, run: TaskRun) -> None:
+    def done(self, run: Run) -> None:
         """The carrier finished with ``run`` (whatever its outcome)."""
 
     def release_due(self) -> int:
@@ -81,14 +81,14 @@ class Lane:
     __slots__ = ("_order", "plain", "ranked")
 
     def __init__(self) -> None:
-        self.plain: deque[TaskRun] = deque()
-        self.ranked: dict[int, deque[TaskRun]] = {}  # only priorities with runs waiting
+        self.plain: deque[Run] = deque()
+        self.ranked: dict[int, deque[Run]] = {}  # only priorities with runs waiting
         self._order: list[int] = []  # the keys of ``ranked``, highest first
 
     def __bool__(self) -> bool:
         return bool(self.plain or self.ranked)
 
-    def push(self, run: TaskRun) -> None:
+    def push(self, run: Run) -> None:
         priority = run.priority
         if not priority:
             self.plain.append(run)
@@ -110,7 +110,7 @@ class Lane:
             return order[0]
         return 0 if self.plain else None
 
-    def pop(self) -> TaskRun | None:
+    def pop(self) -> Run | None:
         """The next run (``None``: empty): a ranked run ahead of priority 0 if its
         priority is higher, behind it if lower."""
         order = self._order
@@ -142,11 +142,11 @@ class KeyGate:
         self._waiting: dict[tuple[str, str], Lane] = {}
 
     @staticmethod
-    def _key(run: TaskRun) -> tuple[str, str] | None:
+    def _key(run: Run) -> tuple[str, str] | None:
         key = run.concurrency_key
         return None if key is None else (run.definition.name, key)
 
-    def admit(self, run: TaskRun) -> bool:
+    def admit(self, run: Run) -> bool:
         """Whether ``run`` passes now; if not, it waits here for ``release``."""
         limit = run.definition.max_per_key
         key = None if limit is None else self._key(run)
@@ -160,7 +160,7 @@ class KeyGate:
             self._waiting.setdefault(key, Lane()).push(run)
             return False
 
-    def release(self, run: TaskRun) -> TaskRun | None:
+    def release(self, run: Run) -> Run | None:
         """``run`` (past the gate) is done: the next run of its key, which takes its
         place, or ``None``."""
         if run.definition.max_per_key is None or (key := self._key(run)) is None:
@@ -185,16 +185,16 @@ class _DelayHeap:
     once due (started with the first; a node that never delays has none). A run due
     while a pause is asked of it is held by its token until resumed, then released."""
 
-    def __init__(self, clock: Clock, release: Callable[[TaskRun], None]) -> None:
+    def __init__(self, clock: Clock, release: Callable[[Run], None]) -> None:
         self._clock = clock
         self._release = release
         self._cond = threading.Condition(threading.Lock())
-        self.heap: list[tuple[float, int, TaskRun]] = []
+        self.heap: list[tuple[float, int, Run]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def push(self, run: TaskRun, delay: float) -> None:
+    def push(self, run: Run, delay: float) -> None:
         with self._cond:
             heapq.heappush(self.heap, (self._clock.monotonic() + delay, next(self._seq), run))
             if self.heap[0][2] is run:
@@ -204,11 +204,11 @@ class _DelayHeap:
                 self._thread = threading.Thread(target=target, name="chongming-timer", daemon=True)
                 self._thread.start()
 
-    def pop_due(self) -> list[TaskRun]:
+    def pop_due(self) -> list[Run]:
         if not self.heap:
             return []
         now = self._clock.monotonic()
-        due: list[TaskRun] = []
+        due: list[Run] = []
         with self._cond:
             while self.heap and self.heap[0][0] <= now:
                 due.append(heapq.heappop(self.heap)[2])
@@ -218,7 +218,7 @@ class _DelayHeap:
         due = self.pop_due()
         release = self._release
         for run in due:
-            if not run.token.hold_while_paused(functools.partial(release, run)):
+            if not run.signals.hold_while_paused(functools.partial(release, run)):
                 release(run)
         return len(due)
 
@@ -265,17 +265,17 @@ class FifoDispatcher:
         self._own = threading.local()  # each worker's parking lock
         self._delayed = _DelayHeap(clock, self.put)
         self._gate = KeyGate()
-        self.direct: Callable[[TaskRun], None] | None = None
+        self.direct: Callable[[Run], None] | None = None
         """Where an async run goes straight, skipping a worker's hand-over (this
         dispatcher keeps no count a worker would have to release): one wake-up a run,
         the loop's, not a worker's and then the loop's."""
 
-    def put(self, run: TaskRun) -> None:
+    def put(self, run: Run) -> None:
         if run.definition.max_per_key is not None and not self._gate.admit(run):
             return  # waits at the gate for one of its key to be done
         self._pass(run)
 
-    def _pass(self, run: TaskRun) -> None:
+    def _pass(self, run: Run) -> None:
         direct = self.direct
         if direct is not None and run.definition.is_async:
             direct(run)
@@ -295,13 +295,13 @@ class FifoDispatcher:
                 return
             parked.release()
 
-    def schedule(self, run: TaskRun, delay: float) -> None:
+    def schedule(self, run: Run, delay: float) -> None:
         if delay <= 0:
             self.put(run)
             return
         self._delayed.push(run, delay)
 
-    def get(self) -> TaskRun | None:
+    def get(self) -> Run | None:
         runs, parked = self._runs, self._parked
         park: threading.Lock | None = getattr(self._own, "park", None)
         if park is None:
@@ -337,7 +337,7 @@ class FifoDispatcher:
         except ValueError:
             park.acquire()  # released by the put that took it off the list (or close())
 
-    def get_nowait(self) -> TaskRun | None:
+    def get_nowait(self) -> Run | None:
         if self._delayed.heap:
             self._delayed.release_due()
         if self._lane.ranked:
@@ -351,7 +351,7 @@ class FifoDispatcher:
     def backlog(self) -> bool:
         return bool(self._lane)
 
-    def done(self, run: TaskRun) -> None:
+    def done(self, run: Run) -> None:
         following = self._gate.release(run)
         if following is not None:
             self._pass(following)
@@ -378,20 +378,20 @@ class FairDispatcher:
         self._gate = KeyGate()
         self._closed = False
 
-    def put(self, run: TaskRun) -> None:
+    def put(self, run: Run) -> None:
         if run.definition.max_per_key is not None and not self._gate.admit(run):
             return  # waits at the gate for one of its key to be done
         with self._cond:
             self._enqueue(run)
             self._cond.notify()
 
-    def schedule(self, run: TaskRun, delay: float) -> None:
+    def schedule(self, run: Run, delay: float) -> None:
         if delay <= 0:
             self.put(run)
             return
         self._delayed.push(run, delay)
 
-    def get(self) -> TaskRun | None:
+    def get(self) -> Run | None:
         with self._cond:
             while True:
                 if self._closed:
@@ -401,7 +401,7 @@ class FairDispatcher:
                     return run
                 self._cond.wait()
 
-    def get_nowait(self) -> TaskRun | None:
+    def get_nowait(self) -> Run | None:
         with self._cond:
             if self._closed:
                 return None
@@ -411,7 +411,7 @@ class FairDispatcher:
     def backlog(self) -> bool:
         return bool(self._rotation)  # a bucket at its limit counts: its runs wait too
 
-    def done(self, run: TaskRun) -> None:
+    def done(self, run: Run) -> None:
         following = self._gate.release(run)
         with self._cond:
             self._running[run.bucket] -= 1
@@ -431,7 +431,7 @@ class FairDispatcher:
 
     # -- internals (caller holds the condition) -------------------------------------------------
 
-    def _enqueue(self, run: TaskRun) -> None:
+    def _enqueue(self, run: Run) -> None:
         bucket = run.bucket
         runs = self._queues.get(bucket)
         if runs is None:
@@ -440,7 +440,7 @@ class FairDispatcher:
             self._rotation.append(bucket)
         runs.push(run)
 
-    def _pick(self) -> TaskRun | None:
+    def _pick(self) -> Run | None:
         """The highest priority at the head of a bucket below its limit; among equal
         heads, the next bucket in the rotation."""
         rotation, best, best_at = self._rotation, None, 0

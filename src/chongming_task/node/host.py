@@ -17,7 +17,7 @@ from ..values import ValueRules
 
 if TYPE_CHECKING:
     from ..pipelines import PipelineRunner
-    from ..run.handle import TaskRun
+    from ..run.life import Run
     from ..run.writers import BehindWriter, Writer
     from .aio import AsyncRunner
     from .dispatch import Dispatcher
@@ -78,7 +78,7 @@ class NodeHost:
         self._pipelines = pipelines
         self.writer = writer
 
-    def ended(self, run: TaskRun) -> None:
+    def ended(self, run: Run) -> None:
         """``run`` is terminal (its end written, or buffered after a failed write)."""
         watch = _observe.watcher
         if watch is not None:
@@ -87,15 +87,15 @@ class NodeHost:
             self._pipelines.node_ended(run)
         self._registry.ended(run, written=run.written)
 
-    def requeue(self, run: TaskRun, delay: float) -> None:
+    def requeue(self, run: Run, delay: float) -> None:
         self._dispatcher.schedule(run, delay)
 
-    def abandon(self, run: TaskRun) -> None:
+    def abandon(self, run: Run) -> None:
         if run.definition.is_async:
             return  # it holds no thread: its slot is freed when its coroutine ends
         self._workers.abandon(run)
 
-    def cancel_async(self, run: TaskRun, *, after: float) -> None:
+    def cancel_async(self, run: Run, *, after: float) -> None:
         self._aio.cancel(run, after=after)
 
     def desynced(

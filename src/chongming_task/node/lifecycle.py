@@ -36,6 +36,7 @@ from .workers import WorkerPool, crashed
 if TYPE_CHECKING:
     from ..model import TaskStatus
     from ..run.handle import TaskRun
+    from ..run.life import Run
     from ..run.stored import StoredTask
     from ..schedules import Schedule
 
@@ -105,7 +106,7 @@ class NodeServices:
         )
         registry = node.registry
 
-        def released(run: TaskRun) -> None:
+        def released(run: Run) -> None:
             registry.finished(run)
             dispatcher.done(run)
 
@@ -115,7 +116,7 @@ class NodeServices:
         self.workers.hand_async = self.aio.hand
         if isinstance(dispatcher, FifoDispatcher):
 
-            def direct(run: TaskRun) -> None:
+            def direct(run: Run) -> None:
                 registry.started(run)
                 self.aio.hand(run)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..model import TaskSnapshot
-    from ..run.handle import TaskRun
+    from ..run.life import Run
 
 __all__ = ["MAX_DOUBTFUL", "RunRegistry"]
 
@@ -40,11 +40,11 @@ class RunRegistry:
         self._idle_waiters = 0
         # Single dict operations are atomic on their own: the hot paths (submit, a worker
         # taking a run) take no lock another thread holds across a GIL switch.
-        self._held: dict[str, TaskRun] = {}
-        self._leased: dict[str, TaskRun] = {}  # held, the renewal's to look at
-        self._waiting: list[tuple[float, int, TaskRun]] = []  # held, leased from then on
+        self._held: dict[str, Run] = {}
+        self._leased: dict[str, Run] = {}  # held, the renewal's to look at
+        self._waiting: list[tuple[float, int, Run]] = []  # held, leased from then on
         self._order = itertools.count()
-        self._active: dict[str, TaskRun] = {}
+        self._active: dict[str, Run] = {}
         self._behind: set[str] = set()
         self._desynced: set[str] = set()
         self._late: list[TaskSnapshot] = []
@@ -52,7 +52,7 @@ class RunRegistry:
 
     # -- held ---------------------------------------------------------------------------------
 
-    def add(self, run: TaskRun, *, leased_from: float | None = None) -> None:
+    def add(self, run: Run, *, leased_from: float | None = None) -> None:
         """Hold ``run``; ``leased_from``: the monotonic time its lease comes due, for a
         run waiting for its time (the renewal looks at it from then on)."""
         self._held[run.task_id] = run
@@ -62,7 +62,7 @@ class RunRegistry:
         with self._lock:
             heapq.heappush(self._waiting, (leased_from, next(self._order), run))
 
-    def leased(self, now: float) -> list[TaskRun]:
+    def leased(self, now: float) -> list[Run]:
         """The held runs whose lease the renewal looks after at monotonic ``now``."""
         waiting = self._waiting
         if waiting and waiting[0][0] <= now:
@@ -73,10 +73,10 @@ class RunRegistry:
                         self._leased[run.task_id] = run
         return list(self._leased.values())
 
-    def get(self, task_id: str) -> TaskRun | None:
+    def get(self, task_id: str) -> Run | None:
         return self._held.get(task_id)
 
-    def held(self) -> list[TaskRun]:
+    def held(self) -> list[Run]:
         return list(self._held.values())
 
     def held_ids(self) -> set[str]:
@@ -114,14 +114,14 @@ class RunRegistry:
         with self._lock:
             self._doubtful.pop(task_id, None)
 
-    def forget(self, runs: Iterable[TaskRun]) -> None:
+    def forget(self, runs: Iterable[Run]) -> None:
         """Drop runs that were never stored."""
         with self._lock:
             for run in runs:
                 self._held.pop(run.task_id, None)
                 self._leased.pop(run.task_id, None)
 
-    def ended(self, run: TaskRun, *, written: bool) -> None:
+    def ended(self, run: Run, *, written: bool) -> None:
         """``run`` is terminal: no longer held once ``written``. Wakes ``wait_all_done``."""
         if written:
             self._held.pop(run.task_id, None)
@@ -145,13 +145,13 @@ class RunRegistry:
 
     # -- on a carrier -------------------------------------------------------------------------
 
-    def started(self, run: TaskRun) -> None:
+    def started(self, run: Run) -> None:
         self._active[run.task_id] = run
 
-    def finished(self, run: TaskRun) -> None:
+    def finished(self, run: Run) -> None:
         self._active.pop(run.task_id, None)
 
-    def active(self) -> list[TaskRun]:
+    def active(self) -> list[Run]:
         return list(self._active.values())
 
     # -- store state --------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class RunRegistry:
         with self._lock:
             self._behind.add(task_id)
 
-    def take_behind(self) -> list[TaskRun]:
+    def take_behind(self) -> list[Run]:
         """The held runs marked behind since the last call (the marks are cleared)."""
         with self._lock:
             found = (self._held.get(t) for t in self._behind)

@@ -40,7 +40,8 @@ from ..model import (
 from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import BucketPolicy, format_buckets
-from ..run.handle import RunHost, TaskRun
+from ..run.handle import Control, TaskRun
+from ..run.life import Run, RunHost
 from ..run.stored import StoredTask
 from ..stores.capabilities import Capabilities, PartialCreate, ended_mark
 from ..values import check_tags, check_text, storable_text
@@ -64,7 +65,7 @@ NEVER_STARTED = "submit reported as failed; never started"
 """The trail's reason for a task whose create landed though its caller was told the
 submit failed (the store went away before the commit was acknowledged)."""
 
-Prepared = tuple[TaskRun, Transition]
+Prepared = tuple[Run, Transition]
 
 _NO_OPTIONS = (None, 0, None, None, None)
 
@@ -172,6 +173,7 @@ class Submitter:
         resolve: Callable[[TaskRef], TaskDefinition],
         accepting: Callable[[], bool],
         stored: Callable[[], None],
+        control: Control,
     ) -> None:
         self._host = host
         self._registry = node.registry
@@ -186,6 +188,7 @@ class Submitter:
         self._resolve = resolve
         self._accepting = accepting
         self._stored = stored  # called after each success: starts the node's services
+        self._control = control  # the handles' controls go through the node's router
 
     def accepting(self) -> bool:
         """Whether the node takes new tasks (it has not begun to close)."""
@@ -203,7 +206,15 @@ class Submitter:
         prepared = self.prepare(task, args, kwargs, bucket_key=bucket_key, tags=tags)
         self.persist([prepared])
         self._dispatcher.put(prepared[0])
-        return prepared[0]
+        return TaskRun(prepared[0], self._control)
+
+    def handle(self, run: Run) -> TaskRun:
+        """The user's handle on ``run``."""
+        return TaskRun(run, self._control)
+
+    def follow(self, task_id: str) -> StoredTask:
+        """A handle on a task held elsewhere, read from the store."""
+        return StoredTask(task_id, self._caps.store, self._control)
 
     def submit_with(
         self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -217,7 +228,7 @@ class Submitter:
         )
         self.persist([prepared])
         self._queue(prepared[0])
-        return prepared[0]
+        return TaskRun(prepared[0], self._control)
 
     def submit_many_with(
         self,
@@ -246,7 +257,7 @@ class Submitter:
         self.persist(prepared)
         for run, _ in prepared:
             self._queue(run)
-        return [run for run, _ in prepared]
+        return [TaskRun(run, self._control) for run, _ in prepared]
 
     def check_keys(self, options: SubmitOptions) -> None:
         """The options' keys are text the store can hold (once a call, not a task);
@@ -256,7 +267,7 @@ class Submitter:
         if options.concurrency_key is not None:
             check_text(options.concurrency_key, "concurrency_key", self._host.value_rules)
 
-    def _queue(self, run: TaskRun) -> None:
+    def _queue(self, run: Run) -> None:
         """To the dispatcher, or its delay heap until its ``run_at`` (the clock is read
         only for a run that has one)."""
         run_at = run.writes.snapshot.run_at
@@ -288,13 +299,14 @@ class Submitter:
             run.stored(created, appended=True)
             self._stored()
             self._queue(run)
-            return run
+            return TaskRun(run, self._control)
         self._registry.forget([run])
         if options.on_duplicate == "raise":
             raise TaskAlreadyExists(f"dedupe key {key!r} is held by task {holder}")
-        return self._registry.get(holder) or StoredTask(holder, self._caps.store)
+        held = self._registry.get(holder)
+        return self.follow(holder) if held is None else TaskRun(held, self._control)
 
-    def _create_deduped(self, run: TaskRun, created: Transition) -> str | None:
+    def _create_deduped(self, run: Run, created: Transition) -> str | None:
         """``create_deduped`` for a prepared run: the holder's id, or ``None`` once
         created. On failure the run is forgotten, and doubtful where the store went
         away during it."""
@@ -323,10 +335,12 @@ class Submitter:
     ) -> list[TaskRun]:
         prepared = [self.prepare(task, tuple(args), {}, bucket_key=bucket_key) for args in calls]
         self.persist(prepared)
-        runs = [run for run, _ in prepared]
-        for run in runs:
+        control = self._control
+        handles = []
+        for run, _ in prepared:
             self._dispatcher.put(run)
-        return runs
+            handles.append(TaskRun(run, control))
+        return handles
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
         rules = self._host.value_rules
@@ -348,7 +362,7 @@ class Submitter:
         self.persist(list(prepared.values()))
         nodes = {key: run for key, (run, _) in prepared.items()}
         self._record_shape(pipeline, run_id, nodes)
-        handle = PipelineRun(pipeline, run_id, nodes, self.enqueue_pending)
+        handle = PipelineRun(pipeline, run_id, nodes, self.enqueue_pending, self.handle)
         for key, run in nodes.items():
             run.pipeline, run.node_key = handle, key
         for run in nodes.values():
@@ -356,7 +370,7 @@ class Submitter:
                 self._dispatcher.put(run)
         return handle
 
-    def _record_shape(self, pipeline: Pipeline, run_id: str, nodes: dict[str, TaskRun]) -> None:
+    def _record_shape(self, pipeline: Pipeline, run_id: str, nodes: dict[str, Run]) -> None:
         """The run's graph, for people (the dashboard draws it). A failed write costs the
         run nothing: it is logged."""
         record = PipelineRecord(
@@ -374,7 +388,7 @@ class Submitter:
                 "pipeline %s (%s): its shape was not recorded: %s", pipeline.name, run_id, exc
             )
 
-    def enqueue_pending(self, run: TaskRun, reason: str) -> bool:
+    def enqueue_pending(self, run: Run, reason: str) -> bool:
         """Move a ``pending`` run to ``queued``: its dependencies are met."""
         if not run.dependencies_met(reason):
             return False
@@ -445,7 +459,7 @@ class Submitter:
             reason="submitted",
             actor=host.owner,
         )
-        run = TaskRun(host, definition, snapshot, args, kwargs, created=created)
+        run = Run(host, definition, snapshot, args, kwargs, created=created)
         renew_at = self._clock.monotonic() + self._lease_ttl / 3
         if starts is None:
             run.lease_renewed(renew_at)

@@ -30,7 +30,7 @@ from .services import LoopService, NodeContext, Pass
 from .submission import end_doubtful
 
 if TYPE_CHECKING:
-    from ..run.handle import TaskRun
+    from ..run.life import Run
     from ..stores._activity import Activity
     from .dispatch import Dispatcher
 
@@ -179,7 +179,7 @@ class ActivityFlush:
         """Per task: the progress last written, and when (monotonic)."""
 
     def run_once(self, now: float) -> Pass:
-        readings: list[tuple[TaskRun, int]] = []
+        readings: list[tuple[Run, int]] = []
         items: list[Activity] = []
         previous = self._written
         fresh: dict[str, tuple[Progress | None, float]] = {}
@@ -218,7 +218,7 @@ class ActivityFlush:
             run.activity_flushed(seq)
         return Pass(done=len(items) - len(refused))
 
-    def _one_by_one(self, readings: list[tuple[TaskRun, int]], items: list[Activity]) -> set[str]:
+    def _one_by_one(self, readings: list[tuple[Run, int]], items: list[Activity]) -> set[str]:
         """After a failed batch: each task's activity on its own, so one task's values
         cost the others nothing. Returns the ids the store refused."""
         refused: set[str] = set()

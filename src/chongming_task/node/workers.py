@@ -21,7 +21,7 @@ from ..loops import Pass, ThreadWatch, keep_running
 from .registry import RunRegistry
 
 if TYPE_CHECKING:
-    from ..run.handle import TaskRun
+    from ..run.life import Run
     from .dispatch import Dispatcher
 
 __all__ = ["WorkerPool", "attempt", "crashed"]
@@ -51,7 +51,7 @@ class WorkerPool:
         self._stopping = False
         self.thread_watch: ThreadWatch | None = None
         """Told when a worker thread dies and is started again (a node's health)."""
-        self.hand_async: Callable[[TaskRun], None] | None = None
+        self.hand_async: Callable[[Run], None] | None = None
         """Where an ``async def`` task's attempt goes (the node's event loop)."""
 
     @property
@@ -77,7 +77,7 @@ class WorkerPool:
         self._threads.append(thread)
         thread.start()
 
-    def abandon(self, run: TaskRun) -> None:
+    def abandon(self, run: Run) -> None:
         """A timed-out carrier ignored its stop: free its slot and start a new carrier."""
         self._registry.finished(run)
         self._dispatcher.done(run)
@@ -116,7 +116,7 @@ class WorkerPool:
             if not self._carry(run):
                 return  # abandon() released the slot and started a replacement carrier
 
-    def _carry(self, run: TaskRun) -> bool:
+    def _carry(self, run: Run) -> bool:
         """One attempt of ``run``; ``False`` if its carrier was abandoned."""
         if self._woken is not None:
             self._woken()
@@ -139,7 +139,7 @@ class WorkerPool:
         return True
 
 
-def attempt(run: TaskRun) -> None:
+def attempt(run: Run) -> None:
     """One attempt of a thread task, on the calling (worker) thread: its start
     recorded, its function called, its end recorded (``node.aio.attempt`` for
     ``async def`` ones)."""
@@ -162,7 +162,7 @@ def attempt(run: TaskRun) -> None:
             seen.ended(raised)
 
 
-def crashed(run: TaskRun, exc: BaseException) -> None:
+def crashed(run: Run, exc: BaseException) -> None:
     """The runtime itself failed while carrying ``run``: the task is ended ``failed``,
     never left active with nobody to finish it."""
     log.exception("task %s: carrier crashed", run.task_id)

@@ -1,6 +1,6 @@
-"""One task's life: the handle ``submit`` returns (``TaskRun``), one attempt on a worker
-thread, the run's writes to the store, and the token its function holds. The node drives
-a run through the handle's node-side methods; nothing here knows the node's services."""
+"""One task's life: the node's ``Run`` (one attempt on a worker thread, the run's writes
+to the store, the signals its token hears), the handle ``submit`` returns (``TaskRun``),
+and the token its function holds. Nothing here knows the node's services."""
 
 from __future__ import annotations
 

@@ -1,661 +1,164 @@
-"""``TaskRun``: one task's life in the process that holds it, and the handle ``submit``
-returns.
+"""``TaskRun``: the handle ``submit`` returns for a task this node holds. It shows the
+user's part of the run: reading (status, snapshot, progress, history), waiting, and
+control; the attempt, lease and write machinery stays in the node's ``Run``.
 
-Every status change goes through ``_apply``: ``states`` checks it against the one table,
-the snapshot is replaced and a ``Transition`` made and queued under the run's state lock;
-the run's ``RunWrites`` then brings it to the store, holding only the write lock.
-Control calls (stop, pause, resume, cancel) arrive from any thread; the token hears them
-once their transition is in the store, and the task at its next ``checkpoint``. What an
-attempt's ending becomes is decided in ``attempt``.
-
-The methods under "the node's side" are how the node's services drive a run (a worker
-executes it, the supervisor checks its timeout and catches its writes up); task code
-never needs them.
+Every call that waits or touches the store has an awaited twin named with an ``a``
+(``await_`` for ``wait``, ``await`` being Python's own word): the same arguments and
+the same answer, the blocking part on a thread, so the caller's event loop never waits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
-from _thread import RLock as _RLock
 from collections.abc import Callable
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING
 
-from .. import states
-from ..errors import (
-    StopRequested,
-    TaskDesynced,
-    TaskUnsuccessful,
-    WaitTimeout,
-)
-from ..limits import MAX_ACTOR, MAX_REASON
-from ..model import ControlOutcome as O
-from ..model import (
-    Failure,
-    JSONValue,
-    Progress,
-    TaskSnapshot,
-    Transition,
-)
+from ..model import CommandAction, ControlReceipt, JSONValue, Progress, TaskSnapshot, Transition
 from ..model import TaskStatus as S
-from ..trail import TRAIL_WIDTH, trail_transitions
-from ..values import check_text
-from . import attempt
-from .host import RunGroup, RunHost
-from .token import CancellationToken, StopKind
-from .writes import RunWrites
 
 if TYPE_CHECKING:
-    from ..definitions import TaskDefinition
+    from .life import Run
 
-__all__ = ["RunGroup", "RunHost", "TaskRun"]
+__all__ = ["Control", "TaskRun"]
 
-log = logging.getLogger("chongming_task.run")
-
-CANCEL_WAIT = 1.0
-"""Seconds a coroutine cancelled after its stop's grace has to end (its ``finally``
-blocks, which may await); one still running then refused its cancellation and is
-abandoned: ended as the stop asked, ``carrier_may_run``."""
-
-# The statuses an attempt's hot path names, as module globals (the reason: ``writes``).
-_QUEUED, _RUNNING, _SUCCEEDED = S.QUEUED, S.RUNNING, S.SUCCEEDED
+Control = Callable[[str, CommandAction, "str | None"], ControlReceipt]
+"""How a handle's control goes out: the node's router (to the run held here, or as a
+command for the holder, judged after any command still pending for the task)."""
 
 
 class TaskRun:
-    """A submitted task: ``task_id``, ``wait()``, ``result()``, ``snapshot()``, control."""
+    """A task this node holds: ``task_id``, ``status``, ``snapshot()``, ``wait()``,
+    ``result()`` and control (``stop``, ``pause``, ``resume``, ``cancel``), each
+    blocking call with its awaited twin. Two handles of one run are equal."""
 
-    # Slots: a node holds many runs, and an instance dict is one more object for the
-    # cyclic garbage collector to walk on every full collection.
-    __slots__ = (
-        "_args",
-        "_deadline",
-        "_done",
-        "_finished",
-        "_flushed_activity",
-        "_grace_deadline",
-        "_held",
-        "_host",
-        "_kwargs",
-        "_lease_renew_at",
-        "_lock",
-        "_paused_at",
-        "abandoned",
-        "cancel_asked",
-        "definition",
-        "node_key",
-        "pipeline",
-        "task_id",
-        "token",
-        "writes",
-    )
+    __slots__ = ("_control", "_run", "task_id")
 
-    def __init__(
-        self,
-        host: RunHost,
-        definition: TaskDefinition,
-        snapshot: TaskSnapshot,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        created: Transition,
-    ) -> None:
-        """``created`` is the transition that creates the task (the first of its
-        history); the node stores it with ``snapshot``, then calls ``stored``."""
-        self._host = host
-        self.task_id: Final[str] = snapshot.task_id  # an attribute: read on every hot path
-        self.definition = definition
-        self._args = args
-        self._kwargs = kwargs
-        # The state lock guards the snapshot and the queue of unwritten transitions; the
-        # token shares it (checkpoint() takes it), and so do the run's writes.
-        self._lock = _RLock()  # threading.RLock() is a Python function around it
-        self.writes = RunWrites(host, snapshot, created, lock=self._lock, on_end=self._end)
-        """How this run's transitions reach the store (the node's writers use it)."""
-        self._finished = False
-        self._done: threading.Event | None = None  # made by the first waiter: runs are many
-        self.token = CancellationToken(
-            snapshot.task_id,
-            host.clock,
-            on_pause_ack=self._ack_pause,
-            lock=self._lock,
-            rules=host.value_rules,
-        )
-        if definition.is_async:
-            self.token.make_async()
-        self.abandoned = False
-        self.cancel_asked = False
-        """An async attempt's cancellation was asked (a stop's grace ran out, a timeout)."""
-        self.pipeline: RunGroup | None = None  # set for pipeline nodes
-        self.node_key: str | None = None
-        self._deadline: float | None = None
-        self._grace_deadline: float | None = None
-        self._held = False  # a pause holds it before its start, as the store says
-        self._paused_at: float | None = None
-        self._flushed_activity = 0
-        self._lease_renew_at = 0.0  # monotonic time when the node renews the lease
+    def __init__(self, run: Run, control: Control) -> None:
+        self._run = run
+        self._control = control
+        self.task_id = run.task_id
 
     def __repr__(self) -> str:
-        s = self.writes.snapshot
-        return f"<TaskRun {s.task_id} {s.name} {s.status.value} v{s.status_version}>"
+        return f"<TaskRun {self.task_id} {self._run.name} {self._run.status.value}>"
 
-    # -- the handle ------------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TaskRun) and other._run is self._run
+
+    def __hash__(self) -> int:
+        return hash(self.task_id)
+
+    # -- reading (this process's view: no store read) ------------------------------------------
 
     @property
     def name(self) -> str:
-        return self.writes.snapshot.name
+        return self._run.name
 
     @property
     def status(self) -> S:
-        return self.writes.snapshot.status
+        return self._run.status
 
     @property
     def bucket(self) -> int | None:
-        return self.writes.snapshot.bucket
+        return self._run.bucket
 
     @property
     def priority(self) -> int:
         """Its place in the node's queue: higher first (fixed at submit)."""
-        return self.writes.snapshot.priority
+        return self._run.priority
 
     @property
     def concurrency_key(self) -> str | None:
-        """What its definition's ``max_per_key`` counts (fixed at submit)."""
-        return self.writes.snapshot.concurrency_key
+        """What its task's ``max_per_key`` counts (fixed at submit)."""
+        return self._run.concurrency_key
+
+    @property
+    def progress(self) -> Progress | None:
+        """The progress the task last reported at a checkpoint."""
+        return self._run.snapshot().progress
 
     def snapshot(self) -> TaskSnapshot:
         """This process's view of the task, with the latest progress and heartbeat."""
-        with self._lock:
-            return self._refreshed(self.writes.snapshot)
+        return self._run.snapshot()
 
     def history(self) -> list[Transition]:
         """Every transition this process made, in order (the store's trail may be behind)."""
-        with self._lock:
-            trail = self.writes.trail
-        return trail_transitions(self.task_id, trail)
+        return self._run.history()
 
     def done(self) -> bool:
-        return self._finished
-
-    def wait(self, timeout: float | None = None) -> TaskSnapshot:
-        """Block until the task is terminal; return its final snapshot: what the store
-        holds (a desynced run's store may hold ``lost`` while it ended otherwise here:
-        ``result()`` says both).
-
-        Raises ``WaitTimeout`` if it is not terminal within ``timeout`` seconds.
-        """
-        if self._finished:
-            return self._final()
-        with self._lock:
-            if self._done is None:
-                self._done = threading.Event()
-                if self._finished:
-                    self._done.set()
-            done = self._done
-        if not done.wait(timeout):
-            raise WaitTimeout(f"task {self.task_id} still {self.status.value} after {timeout}s")
-        return self._final()
-
-    def _final(self) -> TaskSnapshot:
-        """The ended run's snapshot, or what the store holds instead once desynced."""
-        if self.writes.desynced and self.writes.stored_instead is not None:
-            return self.writes.stored_instead
-        return self.snapshot()
-
-    async def wait_async(self, timeout: float | None = None) -> TaskSnapshot:
-        """``wait()``, awaited on a thread: the caller's loop never blocks."""
-        return self._final() if self._finished else await asyncio.to_thread(self.wait, timeout)
-
-    async def aresult(self, timeout: float | None = None) -> JSONValue:
-        """``result()`` for a program that runs an event loop."""
-        return await asyncio.to_thread(self.result, timeout)
-
-    def result(self, timeout: float | None = None) -> JSONValue:
-        """The task's return value; raises ``TaskUnsuccessful`` if it did not succeed,
-        ``TaskDesynced`` (one) if the store ended it without this process, whatever it
-        came to here."""
-        final = self.wait(timeout)
-        if self.writes.desynced:
-            raise TaskDesynced(final, self.snapshot())
-        if final.status is not S.SUCCEEDED:
-            raise TaskUnsuccessful(final)
-        return final.outcome
+        """Whether the task ended (and its end was written, or never will be)."""
+        return self._run.done()
 
     @property
     def desynced(self) -> bool:
         """Another writer changed the task in the store: its writes stopped."""
-        return self.writes.desynced
+        return self._run.desynced
 
     @property
     def written(self) -> bool:
         """Whether the store has every transition this process made (or never will:
         desynced)."""
-        return not self.writes.behind
+        return self._run.written
 
     @property
     def write_error(self) -> BaseException | None:
         """Why the latest write of this task failed (``None``: none has)."""
-        return self.writes.error
+        return self._run.write_error
 
-    # -- the one path every transition takes --------------------------------------------------
+    # -- waiting -------------------------------------------------------------------------------
 
-    def _activity(self) -> dict[str, Any]:
-        """The token's heartbeat and progress (which the supervisor writes via ``touch``)
-        as snapshot changes, so a write of the snapshot never writes them back older."""
-        if not self.token.checkpointed:
-            return {}
-        _, progress, heartbeat = self.token.activity()
-        changes: dict[str, Any] = {}
-        if progress is not None:
-            changes["progress"] = progress
-        if heartbeat is not None:
-            changes["last_heartbeat_at"] = heartbeat
-        return changes
+    def wait(self, timeout: float | None = None) -> TaskSnapshot:
+        """Block until the task is terminal; its final snapshot: what the store holds (a
+        desynced run's store may hold ``lost`` while it ended otherwise here: ``result()``
+        says both). ``WaitTimeout`` if it is not terminal within ``timeout`` seconds."""
+        return self._run.wait(timeout)
 
-    def _refreshed(self, snapshot: TaskSnapshot) -> TaskSnapshot:
-        changes = self._activity()
-        return snapshot.evolve(**changes) if changes else snapshot
+    async def await_(self, timeout: float | None = None) -> TaskSnapshot:
+        """``wait()``, awaited."""
+        if self._run.done():
+            return self._run.wait(0)
+        return await asyncio.to_thread(self._run.wait, timeout)
 
-    def _apply(
-        self, to: S, *, reason: str | None = None, actor: str | None = None, **changes: Any
-    ) -> TaskSnapshot:
-        """Make one transition, holding the state lock (the run's writes check it
-        against the one table and queue it); the caller has them write it once it lets
-        go of the lock. The token's activity joins the snapshot, so a write of it never
-        writes progress and heartbeat back older."""
-        with self._lock:
-            if self.token.checkpointed:
-                changes.update(self._activity())
-            return self.writes.move(((to, reason),), actor, changes)
+    def result(self, timeout: float | None = None) -> JSONValue:
+        """The task's return value; ``TaskUnsuccessful`` if it did not succeed,
+        ``TaskDesynced`` (one) if the store ended it without this process, whatever it
+        came to here; ``WaitTimeout`` as ``wait``."""
+        return self._run.result(timeout)
 
-    def _end(self) -> None:
-        """Called by the run's writes once its terminal write was made, holding the
-        write lock. No state lock: a waiter makes its event under that lock and then
-        reads ``_finished``, so either it sees ``_finished`` or this sees its event."""
-        self._finished = True
-        if self._held:  # ended while a pause held it (cancelled, say)
-            self._held = False
-            self._mark_hold(False)
-        # A terminal run acknowledges no pause: the token lets go of the run (the one
-        # reference cycle), so a run its caller lets go of is freed at once.
-        self.token.detach()
-        done = self._done
-        if done is not None:
-            done.set()
-        self._host.ended(self)
+    async def aresult(self, timeout: float | None = None) -> JSONValue:
+        """``result()``, awaited."""
+        return await asyncio.to_thread(self._run.result, timeout)
 
-    # -- control (any thread) ----------------------------------------------------------------
+    # -- control -------------------------------------------------------------------------------
 
-    def _check_words(self, reason: str | None, actor: str | None) -> None:
-        """A reason and an actor go into the trail: refuse what the store cannot hold
-        here, in the caller's thread, not on the write path."""
-        rules = self._host.value_rules
-        if reason is not None:
-            check_text(reason, "reason", rules, MAX_REASON)
-        if actor is not None:
-            check_text(actor, "actor", rules, MAX_ACTOR)
+    def stop(self, reason: str | None = None) -> ControlReceipt:
+        """Stop the task: a running one at its next checkpoint, a waiting one is
+        cancelled now. The receipt says what it did (``stopping``, ``cancelled``,
+        ``already-terminal``, ...), as ``node.stop`` does."""
+        return self._control(self.task_id, CommandAction.STOP, reason)
 
-    def _tell_token(self, status: S, tell: Callable[[], None]) -> None:
-        """After a control call's write: signal the token only if the run is still in the
-        ``status`` that call set (a racing call may have moved it on), so the token and
-        the status never disagree."""
-        with self._lock:
-            if self.writes.snapshot.status is status:
-                tell()
+    async def astop(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.stop, reason)
 
-    def _control_stop(self, kind: StopKind, reason: str | None, actor: str | None) -> O:
-        self._check_words(reason, actor)
-        with self._lock:
-            status = self.writes.snapshot.status
-            if status.is_terminal:
-                return O.ALREADY_TERMINAL
-            if status is S.STOPPING:
-                return O.ALREADY_STOPPING
-            if status is S.STARTING:
-                # Nothing to write: the attempt sees the request before calling the function.
-                self.token.request_stop(kind, reason)
-                return O.STOPPING
-            waiting = status in states.WAITING
-            if waiting:
-                self._apply(S.CANCELLED, reason=reason or f"{kind} before start", actor=actor)
-            else:
-                self._apply(S.STOPPING, reason=reason or f"{kind} requested", actor=actor)
-        self.writes.write()
-        if waiting:
-            return O.CANCELLED
-        # The token hears it only once the transition is legal and in the store.
-        self._tell_token(S.STOPPING, lambda: self.token.request_stop(kind, reason))
-        if self.definition.is_async:  # asked first; cancelled once its grace runs out
-            grace = self.definition.timeout_grace
-            self._host.cancel_async(self, after=grace)
-            with self._lock:  # a coroutine that refuses its cancellation is abandoned
-                if self._grace_deadline is None:
-                    self._grace_deadline = self._host.clock.monotonic() + grace + CANCEL_WAIT
-        return O.STOPPING
+    def pause(self, reason: str | None = None) -> ControlReceipt:
+        """Pause the task: a running one acknowledges at its next checkpoint
+        (``pausing``), one that has not started is held until resumed
+        (``pause-pending``)."""
+        return self._control(self.task_id, CommandAction.PAUSE, reason)
 
-    def stop(self, reason: str | None = None, actor: str | None = None) -> O:
-        """Ask the task to stop at its next checkpoint; a waiting task is cancelled now."""
-        return self._control_stop("stop", reason, actor)
+    async def apause(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.pause, reason)
 
-    def cancel(self, reason: str | None = None, actor: str | None = None) -> O:
-        """Cancel: a waiting task never runs; a running one stops and ends ``cancelled``."""
-        return self._control_stop("cancel", reason, actor)
+    def resume(self, reason: str | None = None) -> ControlReceipt:
+        """Resume a paused (or held) task."""
+        return self._control(self.task_id, CommandAction.RESUME, reason)
 
-    def pause(self, reason: str | None = None, actor: str | None = None) -> O:
-        """Ask the task to pause; it acknowledges (``paused``) at its next checkpoint. A
-        task that has not started is held until resumed, and the store says so (its
-        ``holds``: docs/design.md, "A pause before the start")."""
-        self._check_words(reason, actor)
-        with self._lock:
-            status = self.writes.snapshot.status
-            if status.is_terminal:
-                return O.ALREADY_TERMINAL
-            if status in states.PAUSE_HELD:
-                return O.ALREADY_PAUSED
-            if status is S.STOPPING:
-                return O.STOPPING
-            if status is not S.RUNNING:
-                self.token.request_pause()  # queued / starting: pauses as soon as it runs
-                hold = status in states.WAITING and not self._held
-                self._held = self._held or hold
-            else:
-                hold = False
-                self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
-        if status is not S.RUNNING:
-            if hold:  # every process can see that it waits for a resume
-                self._mark_hold(True)
-            return O.PAUSE_PENDING
-        self.writes.write()
-        self._tell_token(S.PAUSING, self.token.request_pause)
-        return O.PAUSING
+    async def aresume(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.resume, reason)
 
-    def _mark_hold(self, held: bool) -> None:
-        """Keep (or forget) in the store that a pause holds this task before its start.
-        A store fault costs the task nothing: it only goes unseen by other processes."""
-        caps = self._host.capabilities
-        try:
-            if held:
-                caps.hold_task(self.task_id, since=self._host.clock.now(), by=self._host.owner)
-            else:
-                caps.release_hold(self.task_id)
-        except Exception as exc:
-            log.warning(
-                "task %s: the store could not %s its hold by a pause: %s",
-                self.task_id,
-                "keep" if held else "forget",
-                exc,
-            )
+    def cancel(self, reason: str | None = None) -> ControlReceipt:
+        """Cancel: a waiting task never runs; a running one stops and ends
+        ``cancelled`` (never ``failed``)."""
+        return self._control(self.task_id, CommandAction.CANCEL, reason)
 
-    def resume(self, reason: str | None = None, actor: str | None = None) -> O:
-        self._check_words(reason, actor)
-        with self._lock:
-            status = self.writes.snapshot.status
-            if status.is_terminal:
-                return O.ALREADY_TERMINAL
-            if status is S.STOPPING:
-                return O.STOPPING
-            held = False
-            if status in states.PAUSE_HELD:
-                if self._paused_at is not None and self._deadline is not None:
-                    self._deadline += self._host.clock.monotonic() - self._paused_at
-                self._paused_at = None
-                self._apply(S.RUNNING, reason=reason or "resumed", actor=actor)
-            elif self.token.pause_requested:
-                self.token.resume()  # not started yet: no transition to write
-                held, self._held = self._held, False
-            else:
-                return O.NOT_PAUSED
-        if status not in states.PAUSE_HELD:
-            if held:
-                self._mark_hold(False)
-            return O.RESUMED
-        self.writes.write()
-        self._tell_token(S.RUNNING, self.token.resume)
-        return O.RESUMED
-
-    def _ack_pause(self) -> None:
-        """Called by the token on the task thread: the task reached a checkpoint."""
-        with self._lock:
-            if self.writes.snapshot.status is S.PAUSING:
-                self._paused_at = self._host.clock.monotonic()
-                self._apply(S.PAUSED, reason="acknowledged at a checkpoint")
-        self.writes.write(soon=self.definition.is_async)
-
-    # -- the node's side: one attempt (``node.workers.attempt``, ``node.aio.attempt``) ------------
-
-    def begin_attempt(self) -> bool:
-        """Start an attempt; whether to call the function. The start is written before
-        the function is called, or handed to the node's writer (the function runs while
-        it is written), or left queued to join a quick task's end in one write (a
-        writer that ``joins_start``)."""
-        writer = self._host.writer
-        joins = writer is not None and writer.joins_start
-        held = False
-        with self._lock:
-            if self.writes.snapshot.status is not _QUEUED:
-                return False  # cancelled or stopped while it waited
-            attempt_no = self.writes.snapshot.attempt + 1
-            self.token.attempt = attempt_no
-            stopped = self.token.stop_requested
-            reason = f"attempt {attempt_no}"
-            if stopped:
-                self._apply(S.STARTING, reason=reason, attempt=attempt_no)
-                self._finish_stopped()
-            else:
-                self.writes.start(attempt_no, reason)
-                if self.definition.timeout is not None:
-                    self._deadline = self._host.clock.monotonic() + self.definition.timeout
-                if self.token.pause_requested:
-                    self._apply(S.PAUSING, reason="pause requested before start")
-                    held, self._held = self._held, False  # its status says it now
-            joins = joins and not stopped
-            taken = None if joins else self.writes.take_if_free()
-        if held:
-            self._mark_hold(False)
-        if joins and writer is not None:
-            writer.watch(self.writes)
-        else:
-            self.writes.hand_off(taken)
-        return not stopped
-
-    def call(self) -> Any:
-        """The task's function called with its arguments (an ``async def`` one gives its
-        coroutine, for the node's event loop to await)."""
-        return self.definition.func(self.token, *self._args, **self._kwargs)
-
-    def ended_by(self, exc: BaseException, *, soon: bool = False) -> None:
-        """Record what the function raised: a stop obeyed, an exception (retried by the
-        policy), a ``BaseException`` (never retried). ``soon``: handed to the writer."""
-        if isinstance(exc, StopRequested):
-            with self._lock:
-                if not self.writes.snapshot.is_terminal:
-                    self._finish_stopped()
-            self.writes.write(soon=soon)
-        else:
-            self._failed(exc, retry=isinstance(exc, Exception), soon=soon)
-
-    def settle(self, result: Any) -> None:
-        """Record a return value (``attempt.result_outcome``: checked against what the
-        store can hold before it is a success)."""
-        with self._lock:
-            status = self.writes.snapshot.status
-            # Abandoned after a timeout (terminal): this late result is not recorded.
-            if status not in states.TERMINAL:
-                outcome, invalid = (
-                    (None, None)
-                    if result is None
-                    else attempt.result_outcome(result, self._host.value_rules)
-                )
-                if invalid is not None:
-                    self._apply(S.FAILED, failure=invalid, reason="result_invalid (not retried)")
-                elif status is _RUNNING and not self.token.checkpointed:
-                    self.writes.succeed(outcome)
-                else:
-                    self._apply(_SUCCEEDED, outcome=outcome, failure=None)
-            taken = self.writes.take_if_free()
-        self.writes.hand_off(taken)
-
-    def _failed(self, exc: BaseException, *, retry: bool, soon: bool = False) -> None:
-        """Record an exception: back to ``queued`` for a retry after its backoff, or
-        ``failed``."""
-        delay: float | None = None
-        with self._lock:
-            current = self.writes.snapshot
-            if not current.is_terminal:
-                failure = attempt.exception_failure(exc, self._host.value_rules)
-                policy = self.definition.retry
-                if retry and current.status is not S.STOPPING and current.attempt <= policy.retries:
-                    delay = policy.delay(current.attempt, self._host.rng)
-                    self._deadline = None
-                    self._apply(
-                        S.QUEUED,
-                        failure=failure,
-                        reason=f"retry {current.attempt}/{policy.retries} in {delay:.3g}s "
-                        f"after {failure.message}",
-                    )
-                else:
-                    self._apply(S.FAILED, failure=failure, reason=failure.message)
-        self.writes.write(soon=soon)
-        if delay is not None:
-            self._host.requeue(self, delay)
-
-    def _finish_stopped(self) -> None:
-        """The task obeyed a stop, cancel or timeout request. Caller holds the lock."""
-        if self.writes.snapshot.status in states.STOPPABLE:
-            self._apply(S.STOPPING, reason="stop raised in the task")
-        # What it was doing when asked: the status the move into stopping left.
-        last = self.writes.trail[-TRAIL_WIDTH:]  # version, from, to, at, reason, actor
-        was = S(last[1]) if last and last[2] == S.STOPPING.value and last[1] else S.RUNNING
-        to, failure, reason = attempt.stopped_end(
-            self.token.stop_kind, was, self.definition.timeout, cancelled=self.cancel_asked
-        )
-        if failure is None:
-            self._apply(to, reason=reason)
-        else:
-            self._apply(to, failure=failure, reason=reason)
-
-    def crashed(self, exc: BaseException) -> None:
-        """Last resort, when the runtime itself failed while carrying this task: end the
-        task ``failed`` (``cancelled`` if it never started) rather than leave it active
-        in memory and store with nobody to finish it."""
-        with self._lock:
-            status = self.writes.snapshot.status
-            if not status.is_terminal:
-                failure = attempt.crash_failure(exc, self._host.value_rules)
-                try:
-                    if status in states.WAITING:
-                        self._apply(S.CANCELLED, failure=failure, reason="carrier crashed")
-                    else:
-                        if not states.is_legal(status, S.FAILED):
-                            self._apply(S.STOPPING, reason="carrier crashed")
-                        self._apply(S.FAILED, failure=failure, reason="carrier crashed")
-                except Exception:
-                    log.exception("task %s: could not record the carrier's crash", self.task_id)
-        self.writes.write()
-
-    # -- the node's side: submission, pipelines, supervision --------------------------------------
-
-    def stored(self, created: Transition, *, appended: bool) -> None:
-        """The store accepted this run's ``create`` (and, if ``appended``, its creation
-        transition ``created``)."""
-        self.writes.stored(created, appended=appended)
-
-    def dependencies_met(self, reason: str) -> bool:
-        """``pending -> queued`` for a pipeline node; ``False`` if it is no longer pending."""
-        with self._lock:
-            if self.writes.snapshot.status is not S.PENDING:
-                return False
-            self._apply(S.QUEUED, reason=reason)
-        self.writes.write()
-        return True
-
-    def cancel_waiting(self, failure: Failure) -> bool:
-        """Cancel this run if it has not started (a pipeline's dependency ended badly)."""
-        with self._lock:
-            if self.writes.snapshot.status not in states.WAITING:
-                return False
-            self._apply(S.CANCELLED, failure=failure, reason=failure.message)
-        self.writes.write()
-        return True
-
-    def catch_up(self) -> bool:
-        """Retry the run's buffered writes; whether the store is up to date."""
-        return self.writes.catch_up(self._refreshed)
-
-    def check_timeout(self, now: float) -> bool:
-        """The supervisor's timeout check at monotonic ``now``. Paused time does not
-        count against the timeout; a task that ignores its stop for the grace period is
-        abandoned ``failed``, its thread perhaps still running, and so is a coroutine
-        that refused its stop's cancellation (ended as the stop asked). Returns whether
-        it did either."""
-        abandon = False
-        with self._lock:
-            status = self.writes.snapshot.status
-            if status.is_terminal or status is S.PAUSED:
-                return False
-            if self._grace_deadline is not None:
-                if now < self._grace_deadline:
-                    return False
-                self._abandon(self.definition.timeout_grace)
-                abandon = True
-            elif self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
-                return False
-            else:
-                self._grace_deadline = now + self.definition.timeout_grace
-                self._apply(S.STOPPING, reason=f"timeout after {self.definition.timeout}s")
-        self.writes.write()
-        if abandon:
-            self._host.abandon(self)
-            return True
-        timeout = self.definition.timeout
-        self._tell_token(
-            S.STOPPING, lambda: self.token.request_stop("timeout", f"timed out after {timeout}s")
-        )
-        if self.definition.is_async:  # a coroutine can really be cancelled: at once
-            self._host.cancel_async(self, after=0.0)
-        return True
-
-    def _abandon(self, waited: float) -> None:
-        """End the task as its stop or timeout asked although its carrier has not
-        ended: it may still run (``carrier_may_run``). Caller holds the lock."""
-        self.abandoned = True
-        kind = self.token.stop_kind
-        is_async = self.definition.is_async
-        if kind == "timeout":
-            failure = attempt.abandoned_after_timeout(
-                self.definition.timeout, waited, is_async=is_async
-            )
-            self._apply(S.FAILED, failure=failure, reason="timeout; carrier abandoned")
-        else:
-            to, failure, reason = attempt.abandoned_after_stop(kind, waited, is_async=is_async)
-            self._apply(to, failure=failure, reason=reason)
-
-    def left_at_close(self, waited: float) -> bool:
-        """The node's close waited ``waited`` seconds for this coroutine, stopped and
-        cancelled, and it has not ended: end it as its stop asked, saying it may still
-        run. Thread tasks keep their status (``close``). Whether it ended it."""
-        if not self.definition.is_async:
-            return False
-        with self._lock:
-            if self.writes.snapshot.status is not S.STOPPING:
-                return False
-            self._abandon(waited)
-        self.writes.write()
-        self._host.abandon(self)
-        return True
-
-    def lease_due(self, mono: float) -> bool:
-        """Whether the run's lease has used a third of its TTL (monotonic time)."""
-        return self._lease_renew_at <= mono
-
-    def lease_renewed(self, next_due: float) -> None:
-        self._lease_renew_at = next_due
-
-    def unflushed_activity(self) -> tuple[int, Progress | None, datetime | None] | None:
-        """The token's activity if it changed since the last flush, else ``None``."""
-        activity = self.token.activity()
-        return None if activity[0] == self._flushed_activity else activity
-
-    def activity_flushed(self, seq: int) -> None:
-        self._flushed_activity = seq
+    async def acancel(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.cancel, reason)

@@ -14,7 +14,7 @@ from ..stores.capabilities import Capabilities
 from ..values import ValueRules
 
 if TYPE_CHECKING:
-    from .handle import TaskRun
+    from .life import Run
     from .writes import RunWrites
 
 __all__ = ["Handoff", "RunGroup", "RunHost", "Taken", "WritesHost"]
@@ -82,17 +82,17 @@ class RunHost(WritesHost, Protocol):
     rng: random.Random
     value_rules: ValueRules
 
-    def ended(self, run: TaskRun) -> None: ...
+    def ended(self, run: Run) -> None: ...
 
-    def requeue(self, run: TaskRun, delay: float) -> None: ...
+    def requeue(self, run: Run, delay: float) -> None: ...
 
-    def abandon(self, run: TaskRun) -> None: ...
+    def abandon(self, run: Run) -> None: ...
 
-    def cancel_async(self, run: TaskRun, *, after: float) -> None:
+    def cancel_async(self, run: Run, *, after: float) -> None:
         """Cancel an async run's attempt ``after`` seconds unless it has ended."""
 
 
 class RunGroup(Protocol):
     """What a run may belong to (a pipeline run): told when a member has ended."""
 
-    def node_finished(self, run: TaskRun) -> None: ...
+    def node_finished(self, run: Run) -> None: ...

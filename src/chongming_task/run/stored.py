@@ -1,5 +1,8 @@
 """``StoredTask``: a handle on a task this node does not hold, following it in the store.
-A submit whose dedupe key a task of another node (or process) holds answers with one."""
+A submit whose dedupe key a task of another node (or process) holds answers with one.
+
+Every read goes to the store, so each is a call with its awaited twin (``a``-prefixed;
+``await_`` for ``wait``); control goes through the node, as ``node.stop(task_id)``."""
 
 from __future__ import annotations
 
@@ -10,10 +13,11 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import TaskNotFound, TaskUnsuccessful, WaitTimeout
-from ..model import JSONValue, TaskSnapshot, TaskStatus
+from ..model import CommandAction, ControlReceipt, JSONValue, TaskSnapshot, TaskStatus, Transition
 
 if TYPE_CHECKING:
     from ..stores.protocol import TaskStore
+    from .handle import Control
 
 __all__ = ["StoredTask"]
 
@@ -22,32 +26,53 @@ POLL = 0.05
 
 
 class StoredTask:
-    """``task_id``, ``status``, ``snapshot()``, ``wait()``, ``result()`` and their awaited
-    twins, as on a ``TaskRun``, each read from the store (control it through the node:
-    ``node.stop(task_id)``, ...)."""
+    """A task held elsewhere: ``task_id``, ``snapshot()``, ``history()``, ``done()``,
+    ``wait()``, ``result()`` and control, as on a ``TaskRun``, each read from (or sent
+    through) the store, each with its awaited twin."""
 
-    __slots__ = ("_store", "task_id")
+    __slots__ = ("_control", "_store", "task_id")
 
-    def __init__(self, task_id: str, store: TaskStore) -> None:
+    def __init__(self, task_id: str, store: TaskStore, control: Control) -> None:
         self.task_id = task_id
         self._store = store
+        self._control = control
 
     def __repr__(self) -> str:
         return f"StoredTask({self.task_id!r})"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StoredTask) and other.task_id == self.task_id
+
+    def __hash__(self) -> int:
+        return hash(self.task_id)
+
+    # -- reading -------------------------------------------------------------------------------
+
     def snapshot(self) -> TaskSnapshot:
-        """The task as the store holds it now."""
+        """The task as the store holds it now; ``TaskNotFound`` once it is gone."""
         found = self._store.get(self.task_id)
         if found is None:
             raise TaskNotFound(f"no task {self.task_id} in {self._store!r} (pruned?)")
         return found
 
-    @property
-    def status(self) -> TaskStatus:
-        return self.snapshot().status
+    async def asnapshot(self) -> TaskSnapshot:
+        return await asyncio.to_thread(self.snapshot)
+
+    def history(self) -> list[Transition]:
+        """The task's trail as the store holds it."""
+        return self._store.history(self.task_id)
+
+    async def ahistory(self) -> list[Transition]:
+        return await asyncio.to_thread(self.history)
 
     def done(self) -> bool:
+        """Whether the store holds the task ended."""
         return self.snapshot().is_terminal
+
+    async def adone(self) -> bool:
+        return await asyncio.to_thread(self.done)
+
+    # -- waiting -------------------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None) -> TaskSnapshot:
         """Read the store until the task is terminal; its final snapshot.
@@ -64,6 +89,9 @@ class StoredTask:
                 )
             tick.wait(POLL)
 
+    async def await_(self, timeout: float | None = None) -> TaskSnapshot:
+        return await asyncio.to_thread(self.wait, timeout)
+
     def result(self, timeout: float | None = None) -> JSONValue:
         """The task's return value; ``TaskUnsuccessful`` if it did not succeed."""
         final = self.wait(timeout)
@@ -71,8 +99,31 @@ class StoredTask:
             raise TaskUnsuccessful(final)
         return final.outcome
 
-    async def wait_async(self, timeout: float | None = None) -> TaskSnapshot:
-        return await asyncio.to_thread(self.wait, timeout)
-
     async def aresult(self, timeout: float | None = None) -> JSONValue:
         return await asyncio.to_thread(self.result, timeout)
+
+    # -- control (a command for its holder, unless its stored status answers) -------------------
+
+    def stop(self, reason: str | None = None) -> ControlReceipt:
+        return self._control(self.task_id, CommandAction.STOP, reason)
+
+    async def astop(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.stop, reason)
+
+    def pause(self, reason: str | None = None) -> ControlReceipt:
+        return self._control(self.task_id, CommandAction.PAUSE, reason)
+
+    async def apause(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.pause, reason)
+
+    def resume(self, reason: str | None = None) -> ControlReceipt:
+        return self._control(self.task_id, CommandAction.RESUME, reason)
+
+    async def aresume(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.resume, reason)
+
+    def cancel(self, reason: str | None = None) -> ControlReceipt:
+        return self._control(self.task_id, CommandAction.CANCEL, reason)
+
+    async def acancel(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.cancel, reason)

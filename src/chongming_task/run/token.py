@@ -1,4 +1,5 @@
-"""``CancellationToken``: how a running task hears stop and pause, and reports progress.
+"""``CancellationToken``: how a running task hears stop and pause, and reports progress;
+``RunSignals``: the node's side of it, where the requests arrive.
 
 The task calls ``checkpoint()`` regularly. A checkpoint records the heartbeat and
 progress, raises ``StopRequested`` when a stop, cancel or timeout was asked for, and blocks
@@ -24,7 +25,7 @@ from ..errors import StopRequested
 from ..model import Progress
 from ..values import STRICT, ValueRules, check_progress
 
-__all__ = ["CancellationToken", "StopKind"]
+__all__ = ["CancellationToken", "RunSignals", "StopKind", "task_of"]
 
 _NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
 
@@ -40,8 +41,11 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class CancellationToken:
-    """Cooperative control for one task; passed as the task function's first argument."""
+class RunSignals:
+    """The requests one run hears (stop, pause, resume) and the activity it reports
+    (heartbeat, progress), shared by the node's run and the task's ``CancellationToken``:
+    the task's calls are under "what the task calls", the node's under "what the runtime
+    calls". Every request comes from any thread."""
 
     __slots__ = (
         "_acked_generation",
@@ -310,3 +314,68 @@ class CancellationToken:
             or not self._pause_requested
             or self._pause_generation != self._acked_generation
         )
+
+
+class CancellationToken:
+    """Cooperative control for one task, passed as its function's first argument: what
+    task code calls, and nothing else. ``checkpoint()`` records a heartbeat (and
+    progress), raises ``StopRequested`` once a stop is asked, and blocks while the task
+    is paused; ``sleep()`` is a sleep a stop cuts short. An ``async def`` task awaits
+    their twins, ``acheckpoint()`` and ``asleep()``. ``upstream`` holds a pipeline
+    node's dependencies' results. Which task and attempt this is:
+    ``chongming_task.current()``."""
+
+    __slots__ = ("_signals",)
+
+    def __init__(self, signals: RunSignals) -> None:
+        self._signals = signals
+
+    def __repr__(self) -> str:
+        return f"<CancellationToken of task {self._signals.task_id}>"
+
+    def checkpoint(self, progress: Progress | float | None = None) -> None:
+        """Record a heartbeat (and progress), then obey any stop or pause request.
+
+        ``progress`` is a ``Progress`` or a plain number (``current``, total unknown).
+        Raises ``StopRequested`` when asked to stop; let it propagate. Raises
+        ``InvalidValue`` (a ``ValueError``), recording nothing, for progress the store could
+        not hold (NaN, infinity, a ``Decimal``, a message that is not UTF-8 text): it is
+        this task's fault, reported in this task's thread, and never reaches the
+        supervisor that renews every task's lease.
+        """
+        self._signals.checkpoint(progress)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds`` of real time, waking at once to raise on a stop request.
+        Ends with a ``checkpoint()``, so a pause requested meanwhile is honoured too."""
+        self._signals.sleep(seconds)
+
+    async def acheckpoint(self, progress: Progress | float | None = None) -> None:
+        """``checkpoint()`` for an ``async def`` task: a pause is *awaited*, never
+        blocking the node's event loop."""
+        await self._signals.acheckpoint(progress)
+
+    async def asleep(self, seconds: float) -> None:
+        """``sleep()`` for an ``async def`` task: a stop ends it at once, a pause holds it
+        (awaited) and the rest is slept after the resume."""
+        await self._signals.asleep(seconds)
+
+    @property
+    def upstream(self) -> Mapping[str, Any]:
+        """A pipeline node's dependencies' results, by their keys (empty elsewhere)."""
+        return self._signals.upstream
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop (or cancel, or timeout) was asked: the next checkpoint raises."""
+        return self._signals.stop_kind is not None
+
+    @property
+    def progress(self) -> Progress | None:
+        """The progress this task last reported."""
+        return self._signals.progress
+
+
+def task_of(token: CancellationToken) -> str:
+    """The id of the task ``token`` belongs to, for the node (a stalled loop names it)."""
+    return token._signals.task_id
