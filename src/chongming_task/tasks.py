@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .run.handle import TaskRun
     from .run.stored import StoredTask
 
-__all__ = ["ConfiguredTask", "NodeTasks", "Task", "TaskSubmitter", "task"]
+__all__ = ["ConfiguredTask", "NodeTasks", "Task", "TaskSubmitter", "bind", "task"]
 
 P = ParamSpec("P")
 
@@ -83,15 +83,7 @@ class Task(Generic[P]):
     def __call__(self, token: Any, /, *args: P.args, **kwargs: P.kwargs) -> Any:
         return self.definition.func(token, *args, **kwargs)
 
-    def bound_to(self, node: TaskSubmitter) -> Task[P]:
-        """This task submitting to ``node`` (the node registers it): itself if it had no
-        node yet or its node has closed, else a second ``Task`` of the same definition."""
-        if self._node is None or self._node is node or not self._node.accepting():
-            self._node = node
-            return self
-        return Task(self.definition, node)
-
-    def node(self) -> TaskSubmitter:
+    def _submitter(self) -> TaskSubmitter:
         """The node this task submits to; ``ConfigurationError`` if none registered it."""
         node = self._node
         if node is None:
@@ -107,7 +99,7 @@ class Task(Generic[P]):
         """Queue one run with these arguments (all the function's own); its handle.
         A missing, extra or misspelt argument is a ``TypeError`` here, nothing stored;
         ``StoreError`` if the store refuses the task."""
-        node = self.node()
+        node = self._submitter()
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit", node.submit, self.definition, args, kwargs)
         return node.submit(self.definition, args, kwargs)
@@ -119,7 +111,7 @@ class Task(Generic[P]):
     def submit_many(self, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
         """Queue one run per tuple of positional arguments in ``calls``: all stored in
         one transaction where the store can (the built-in SQL stores), or none."""
-        node = self.node()
+        node = self._submitter()
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit_many", node.submit_many, self.definition, calls)
         return node.submit_many(self.definition, calls)
@@ -165,6 +157,16 @@ class Task(Generic[P]):
         return ConfiguredTask(self, options)
 
 
+def bind(task: Task[P], node: TaskSubmitter) -> Task[P]:
+    """``task`` submitting to ``node`` (``node.register``): the task itself if it had no
+    node yet or its node has closed, else a second ``Task`` of the same definition."""
+    current = task._node
+    if current is None or current is node or not current.accepting():
+        task._node = node
+        return task
+    return Task(task.definition, node)
+
+
 class ConfiguredTask(Generic[P]):
     """A ``Task`` with submit options (``task.configure(...)``): the same ``submit``
     family, each run submitted with them. With a ``dedupe_key`` another task holds, a
@@ -196,7 +198,7 @@ class ConfiguredTask(Generic[P]):
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> TaskRun | StoredTask:
         """``Task.submit`` with these options."""
-        node = self.task.node()
+        node = self.task._submitter()
         definition = self.task.definition
         if (watch := _observe.watcher) is not None:
             return submitted(
@@ -211,7 +213,7 @@ class ConfiguredTask(Generic[P]):
     def submit_many(self, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun | StoredTask]:
         """``Task.submit_many`` with these options (with a ``dedupe_key``: one by one,
         each as ``submit``)."""
-        node = self.task.node()
+        node = self.task._submitter()
         definition = self.task.definition
         if (watch := _observe.watcher) is not None:
             submit = node.submit_many_with

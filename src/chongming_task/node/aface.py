@@ -96,13 +96,38 @@ class AsyncFace:
         return await asyncio.to_thread(self.submit_pipeline, pipeline)
 
     async def aschedule(
-        self, name: str, task: TaskRef, trigger: Trigger, /, **settings: Any
+        self,
+        name: str,
+        task: TaskRef,
+        trigger: Trigger,
+        /,
+        *,
+        args: Iterable[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        overlap: Overlap = "skip",
+        misfire_grace: float | None = None,
+        jitter: float = 0.0,
+        bucket_key: str | None = None,
+        tags: Iterable[str] = (),
+        priority: int = 0,
+        dedupe_key: str | None = None,
     ) -> Schedule:
-        """``schedule``, awaited: the same keywords (``args=``, ``kwargs=``,
-        ``overlap=``, ...)."""
-        return await asyncio.to_thread(
-            functools.partial(self.schedule, name, task, trigger, **settings)
+        call = functools.partial(
+            self.schedule,
+            name,
+            task,
+            trigger,
+            args=args,
+            kwargs=kwargs,
+            overlap=overlap,
+            misfire_grace=misfire_grace,
+            jitter=jitter,
+            bucket_key=bucket_key,
+            tags=tags,
+            priority=priority,
+            dedupe_key=dedupe_key,
         )
+        return await asyncio.to_thread(call)
 
     async def aunschedule(self, name: str) -> None:
         await asyncio.to_thread(self.unschedule, name)

@@ -52,7 +52,7 @@ from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_ta
 from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
-from ..tasks import NodeTasks, Task
+from ..tasks import NodeTasks, Task, bind
 from ..values import check_text
 from ._process import OPEN, check_settings
 from .aface import AsyncFace
@@ -400,7 +400,7 @@ class Controller(AsyncFace):
         if isinstance(task, TaskDefinition):
             return Task(self._definitions.register(task), self._submitter)
         self._definitions.register(task.definition)
-        return task.bound_to(self._submitter)
+        return bind(task, self._submitter)
 
     @property
     def tasks(self) -> NodeTasks:
