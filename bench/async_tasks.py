@@ -47,9 +47,9 @@ def node_rate(store_at: str | None, n: int, kind: str, schema: str | None = None
     store = InMemoryTaskStore() if store_at is None else open_store(store_at, schema=schema)
     c = Controller(store, max_workers=WORKERS)
     c.task(name="noop")(_noop_async if kind == "async" else _noop_sync)
-    c.submit("noop").wait(10)  # warm: the loop thread and the workers are up
+    c.tasks["noop"].submit().wait(10)  # warm: the loop thread and the workers are up
     started = time.perf_counter()
-    runs = [c.submit("noop") for _ in range(n)]
+    runs = [c.tasks["noop"].submit() for _ in range(n)]
     for run in runs:
         run.wait(60)
     took = time.perf_counter() - started
@@ -114,12 +114,12 @@ def _sleepers(n: int, seconds: float, *, traced: bool) -> tuple[int, float]:
     async def nap(token: CancellationToken) -> None:
         await token.asleep(seconds)
 
-    c.submit("nap").wait(10)
+    c.tasks["nap"].submit().wait(10)
     if traced:
         tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     started = time.perf_counter()
-    runs = [c.submit("nap") for _ in range(n)]
+    runs = [c.tasks["nap"].submit() for _ in range(n)]
     held = 0
     if traced:
         deadline = time.monotonic() + 60
@@ -145,7 +145,7 @@ def stop_latencies(samples: int) -> list[float]:
 
     took = []
     for _ in range(samples):
-        run = c.submit("long")
+        run = c.tasks["long"].submit()
         while run.status is not TaskStatus.RUNNING:
             time.sleep(0.001)
         time.sleep(0.002)  # asleep is awaiting

@@ -40,7 +40,7 @@ def long(token):  # checkpoints all the time, as a busy task does
         token.sleep(0.05)
 
 for _ in range(tasks):
-    node.submit("long")
+    node.tasks["long"].submit()
 print("up", flush=True)
 signal.sigwait({signal.SIGTERM})
 node.close(timeout=10)

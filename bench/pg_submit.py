@@ -121,13 +121,13 @@ def submit(dsn: str, schema: str, jobs: int, *, run_them: bool) -> float:
     def hold(token: CancellationToken) -> None:
         gate.wait(120)
 
-    node.submit("noop").wait(10)
+    node.tasks["noop"].submit().wait(10)
     if not run_them:
-        held = node.submit("hold")
+        held = node.tasks["hold"].submit()
         while held.status.value != "running":
             time.sleep(0.001)
     started = time.perf_counter()
-    runs: list[Any] = [node.submit("noop") for _ in range(jobs)]
+    runs: list[Any] = [node.tasks["noop"].submit() for _ in range(jobs)]
     rate = jobs / (time.perf_counter() - started)
     gate.set()
     for run in runs:

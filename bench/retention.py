@@ -104,7 +104,7 @@ def stream(node: Controller, until: Callable[[], bool], minimum: float) -> list[
     next_at = started
     while not until() or time.perf_counter() - started < minimum:
         begin = time.perf_counter()
-        node.submit("noop")
+        node.tasks["noop"].submit()
         took.append(time.perf_counter() - begin)
         next_at += EVERY
         time.sleep(max(0.0, next_at - time.perf_counter()))
@@ -144,7 +144,7 @@ def run(make: Callable[[], Target], tasks: int, old: int) -> None:
             retention = {"*": timedelta(days=7)} if scenario == "retention" else None
             node = Controller(store, owner="writer", retention=retention, max_workers=4)
             node.task(_noop, name="noop")
-            node.submit("noop").wait(10)
+            node.tasks["noop"].submit().wait(10)
             extra = ""
             if scenario == "reference":
                 took = stream(node, lambda: True, WINDOW)

@@ -100,10 +100,10 @@ def _rate(
     store, drop = _fresh(place, seq[0])
     node = Controller(store, max_workers=WORKERS)
     node.task(_noop, name="noop")
-    node.submit("noop").wait(10)
+    node.tasks["noop"].submit().wait(10)
     submit: Callable[[int], Any]
     if kind == "plain":
-        submit = lambda i: node.submit("noop")  # noqa: E731
+        submit = lambda i: node.tasks["noop"].submit()  # noqa: E731
     elif kind == "priority":
         prioritised = node.tasks["noop"].configure(priority=1)
         submit = lambda i: prioritised.submit()  # noqa: E731
@@ -172,12 +172,12 @@ def shared_commits(dsn: str, tasks: int, threads: int) -> None:
         store = PostgresTaskStore(dsn, schema=schema)
         node = Controller(store, max_workers=WORKERS)
         node.task(_noop, name="noop")
-        node.submit("noop").wait(10)
+        node.tasks["noop"].submit().wait(10)
         each = tasks // submitters
         runs: list[Any] = []
 
         def submit() -> None:
-            mine = [node.submit("noop") for _ in range(each)]
+            mine = [node.tasks["noop"].submit() for _ in range(each)]
             runs.extend(mine)
 
         before = database_writes(dsn)[0]
@@ -218,7 +218,7 @@ def delayed_rows(count: int, spread: float, tmp: Path) -> None:
     idle_store = open_store(str(tmp / "idle.db"))
     with Controller(idle_store, max_workers=WORKERS) as idle:
         idle.task(_noop, name="noop")
-        idle.submit("noop").wait(10)
+        idle.tasks["noop"].submit().wait(10)
         idle_cpu = _cpu_over(2.0)
     idle_store.close()
 
@@ -233,7 +233,7 @@ def delayed_rows(count: int, spread: float, tmp: Path) -> None:
     store = open_store(str(tmp / "delayed.db"))
     with Controller(store, max_workers=WORKERS) as node:
         node.task(note, name="note")
-        node.submit("note").wait(10)
+        node.tasks["note"].submit().wait(10)
         # After the submits: about 15,000 a second in batches of ten.
         first = datetime.now(UTC) + timedelta(seconds=3 + count / 15_000)
         calls = [() for _ in range(count)]

@@ -15,7 +15,16 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    overload,
+)
 
 from . import _observe
 from ._observe import submitted
@@ -28,7 +37,7 @@ if TYPE_CHECKING:
     from .run.handle import TaskRun
     from .run.stored import StoredTask
 
-__all__ = ["ConfiguredTask", "NodeTasks", "Task", "TaskSubmitter", "bind", "task"]
+__all__ = ["ConfiguredTask", "NodeTasks", "Runnable", "Task", "TaskSubmitter", "bind", "task"]
 
 P = ParamSpec("P")
 
@@ -223,6 +232,10 @@ class ConfiguredTask(Generic[P]):
     async def asubmit_many(self, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun | StoredTask]:
         """``submit_many``, the store write on a thread."""
         return await asyncio.to_thread(self.submit_many, list(calls))
+
+
+Runnable: TypeAlias = "Task[Any] | TaskDefinition | TaskFunction"
+"""What ``node.submit`` takes: a ``Task``, a definition, or a plain function."""
 
 
 class NodeTasks(Mapping[str, Task[Any]]):

@@ -93,7 +93,7 @@ def test_ps_finds_a_dedupe_key_and_show_names_every_option(tmp_path: Path) -> No
         first = keyed.submit("9")
         assert first.result(10) == "9"
         node.tasks["bill"].configure(dedupe_key="acct-10").submit("10").wait(10)
-        node.submit("bill", "plain").wait(10)
+        node.tasks["bill"].submit("plain").wait(10)
 
     rows: Any = cli_json(db, "ps", "--all", "--dedupe-key", "acct-9")
     assert [r["task_id"] for r in rows] == [first.task_id]

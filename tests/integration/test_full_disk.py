@@ -74,7 +74,7 @@ def test_a_full_disk_logs_one_line_when_it_starts_and_one_when_it_ends(
     filler = small_disk / "filler"
     try:
         with caplog.at_level(logging.DEBUG, logger="chongming_task"):
-            runs = [c.submit("busy", n) for n in range(4)]
+            runs = [c.tasks["busy"].submit(n) for n in range(4)]
             wait_until(lambda: all(r.status.value == "running" for r in runs))
             _fill(filler)
             wait_until(

@@ -73,7 +73,7 @@ def test_a_pause_while_a_task_waits_to_retry_holds_it_where_it_can_be_seen(
             raise RuntimeError("once")
         return "then fine"
 
-    run = node.submit("flaky")
+    run = node.tasks["flaky"].submit()
     wait_until(lambda: run.status is S.QUEUED and run.snapshot().attempt == 1)
     assert node.pause(run.task_id).outcome.value == "pause-pending"
     caps = Capabilities(node.store)

@@ -53,7 +53,7 @@ def test_a_cut_off_nodes_tasks_finish_lost_in_the_store_with_their_late_report(
         return {"n": n}
 
     try:
-        runs = [a.submit("work", n) for n in range(3)]
+        runs = [a.tasks["work"].submit(n) for n in range(3)]
         ids = [r.task_id for r in runs]
         wait_until(lambda: all(b.get(t).status is S.RUNNING for t in ids), what="running")
         proxy.cut()

@@ -50,7 +50,7 @@ def test_delayed_and_prioritised_tasks_on_postgres(pg_dsn: str, schemas: list[st
             stored = store.get(later.task_id)
             assert stored is not None and stored.status is S.QUEUED
             assert stored.run_at is not None and stored.run_at > datetime.now(UTC)
-            blocker = node.submit("hold")
+            blocker = node.tasks["hold"].submit()
             while blocker.status is not S.RUNNING:
                 time.sleep(0.005)
             for label, priority in [("low", -1), ("plain", 0), ("top", 5)]:
@@ -80,7 +80,7 @@ def test_a_schema_of_an_earlier_release_is_migrated_with_its_tasks(
     schema = store.schema
     with Controller(store) as node:
         node.task(lambda token: "kept", name="old")
-        kept = node.submit("old")
+        kept = node.tasks["old"].submit()
         assert kept.result(10) == "kept"
     store.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as that version made it

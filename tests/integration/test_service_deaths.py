@@ -103,7 +103,7 @@ def _dead_task(store: SqliteTaskStore, task_id: str) -> None:
 
 
 def _quick_tasks_still_run(c: Controller) -> None:
-    assert [c.submit("quick", n).result(timeout=10) for n in range(5)] == list(range(5))
+    assert [c.tasks["quick"].submit(n).result(timeout=10) for n in range(5)] == list(range(5))
 
 
 def _still_working(service: str, c: Controller, store: SqliteTaskStore) -> None:
@@ -111,14 +111,14 @@ def _still_working(service: str, c: Controller, store: SqliteTaskStore) -> None:
     if service in ("writer", "workers"):
         _quick_tasks_still_run(c)
     elif service == "supervisor":
-        run = c.submit("loop")
+        run = c.tasks["loop"].submit()
         wait_until(lambda: (store.get(run.task_id) or run.snapshot()).lease_until is not None)
         first = store.get(run.task_id)
         assert first is not None
         wait_until(lambda: store.get(run.task_id).lease_until > first.lease_until)  # type: ignore[union-attr]
         c.stop(run.task_id)
     elif service == "commands":
-        run = c.submit("loop")
+        run = c.tasks["loop"].submit()
         wait_until(lambda: (store.get(run.task_id) or run.snapshot()).status is S.RUNNING)
         StoreControl(store, owner="console").send(run.task_id, CommandAction.STOP)
         assert run.wait(timeout=10).status is S.STOPPED

@@ -57,7 +57,7 @@ def test_a_renewal_or_heartbeat_refused_by_a_finished_row_desyncs_the_run_at_onc
         return "finished here"
 
     try:
-        run = node.submit(task)
+        run = node.tasks[task].submit()
         wait_until(lambda: (theirs.get(run.task_id) or run.snapshot()).status is S.RUNNING)
         stored = theirs.get(run.task_id)
         assert stored is not None

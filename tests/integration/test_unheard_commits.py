@@ -118,7 +118,7 @@ def node(road: Road) -> Iterator[tuple[Controller, set[int]]]:
         ran.add(n)
         return n
 
-    node.submit("call", -1).result(timeout=30)  # a warm connection: the next one is heard
+    node.tasks["call"].submit(-1).result(timeout=30)  # a warm connection: the next one is heard
     yield node, ran
     node.close(timeout=5)
 
@@ -245,7 +245,7 @@ def test_a_transition_that_landed_unheard_is_the_runs_own_not_another_writers(
             token.sleep(0.01)
         return "through"
 
-    run = c.submit("gate")
+    run = c.tasks["gate"].submit()
     wait_until(lambda: road.direct.get(run.task_id).status is S.RUNNING)  # type: ignore[union-attr]
 
     def finish() -> str:

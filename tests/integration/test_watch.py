@@ -159,7 +159,7 @@ def test_watch_in_80_columns_drops_whole_columns_and_cuts_no_status(tmp_path: Pa
     db = tmp_path / "narrow.db"
     with Controller(SqliteTaskStore(db), owner="node-narrow") as node:
         node.task(slow, name="a-task-with-a-rather-long-name.for-its-report")
-        run = node.submit("a-task-with-a-rather-long-name.for-its-report", 400)
+        run = node.tasks["a-task-with-a-rather-long-name.for-its-report"].submit(400)
         wait_until(lambda: run.status is TaskStatus.RUNNING, what="running")
         proc, leader = _watch_on_a_terminal(db, 80, "--count", "2")
         try:

@@ -40,7 +40,7 @@ def test_async_and_sync_tasks_share_a_node(store: TaskStore, make_controller: Ma
     def triple(token: CancellationToken, n: int) -> int:
         return n * 3
 
-    runs = [c.submit("double", n) for n in range(20)] + [c.submit("triple", 5)]
+    runs = [c.tasks["double"].submit(n) for n in range(20)] + [c.tasks["triple"].submit(5)]
     assert [r.result(timeout=10) for r in runs] == [n * 2 for n in range(20)] + [15]
     stored = store.get(runs[0].task_id)
     assert stored is not None and stored.status is S.SUCCEEDED and stored.outcome == 0
@@ -56,7 +56,7 @@ def test_many_async_tasks_run_at_once_on_one_loop(make_controller: Make) -> None
         return "rested"
 
     started = time.monotonic()
-    runs = [c.submit("nap") for _ in range(200)]
+    runs = [c.tasks["nap"].submit() for _ in range(200)]
     assert all(r.result(timeout=30) == "rested" for r in runs)
     # Two worker threads, 200 naps of 0.5 s: together, not one after another.
     assert time.monotonic() - started < 10
@@ -69,7 +69,7 @@ def test_a_stop_wakes_asleep_at_once(store: TaskStore, make_controller: Make) ->
     async def long(token: CancellationToken) -> None:
         await token.asleep(60)
 
-    run = c.submit("long")
+    run = c.tasks["long"].submit()
     wait_until(lambda: run.status is S.RUNNING)
     asked = time.monotonic()
     c.stop(run.task_id)
@@ -88,7 +88,7 @@ def test_pause_and_resume_an_async_task(make_controller: Make) -> None:
             await token.asleep(0.01)
         return len(steps)
 
-    run = c.submit("steps")
+    run = c.tasks["steps"].submit()
     wait_until(lambda: len(steps) > 3)
     c.pause(run.task_id)
     wait_until(lambda: run.status is S.PAUSED, what="paused at an awaited checkpoint")
@@ -113,7 +113,7 @@ def test_a_timeout_cancels_the_coroutine_for_real(store: TaskStore, make_control
             cancelled.append(True)
             raise
 
-    run = c.submit("stuck")
+    run = c.tasks["stuck"].submit()
     final = run.wait(timeout=10)  # long before the 30 s grace
     assert cancelled == [True]
     assert final.status is S.FAILED and final.failure is not None
@@ -130,7 +130,7 @@ def test_a_stop_whose_grace_runs_out_cancels(make_controller: Make) -> None:
     async def deaf(token: CancellationToken) -> None:
         await asyncio.sleep(60)
 
-    run = c.submit("deaf")
+    run = c.tasks["deaf"].submit()
     wait_until(lambda: run.status is S.RUNNING)
     c.stop(run.task_id)
     final = run.wait(timeout=10)
@@ -165,7 +165,7 @@ def test_a_coroutine_that_refuses_every_cancellation_ends_stopped_after_the_grac
     c = make_controller()
     refuser = Refuser()
     c.task(name="refuser", timeout_grace=0.2)(refuser.run)
-    run = c.submit("refuser")
+    run = c.tasks["refuser"].submit()
     wait_until(lambda: run.status is S.RUNNING)
     c.stop(run.task_id)
     final = run.wait(timeout=15)
@@ -188,7 +188,7 @@ def test_a_coroutine_that_refuses_its_timeouts_cancellation_names_the_coroutine(
     c = make_controller()
     refuser = Refuser()
     c.task(name="refuser", timeout=0.2, timeout_grace=0.3)(refuser.run)
-    run = c.submit("refuser")
+    run = c.tasks["refuser"].submit()
     final = run.wait(timeout=15)
     assert final.status is S.FAILED and final.failure is not None
     assert final.failure.kind is FailureKind.TIMEOUT and final.failure.carrier_may_run
@@ -209,7 +209,7 @@ def test_close_returns_within_its_timeout_and_says_what_it_left(
     async def sleeper(token: CancellationToken) -> None:
         await asyncio.sleep(60)  # never checks its token, but can be cancelled
 
-    refused, slept = c.submit("refuser"), c.submit("sleeper")
+    refused, slept = c.tasks["refuser"].submit(), c.tasks["sleeper"].submit()
     wait_until(lambda: refused.status is S.RUNNING and slept.status is S.RUNNING)
     with caplog.at_level(logging.WARNING, logger="chongming_task.controller"):
         began = time.monotonic()
@@ -242,7 +242,7 @@ def test_a_task_that_swallows_its_cancellation_still_ends_as_the_timeout_says(
         return "slept"
 
     with caplog.at_level(logging.WARNING, logger="chongming_task.aio"):
-        run = c.submit("stubborn")
+        run = c.tasks["stubborn"].submit()
         final = run.wait(timeout=10)
     assert final.status is S.FAILED and final.failure is not None
     assert final.failure.kind is FailureKind.TIMEOUT
@@ -265,7 +265,7 @@ def test_the_blocking_token_calls_in_an_async_task_name_their_twins(
         token.sleep(1)
 
     for name, twin in (("blocks", "acheckpoint"), ("sleeps", "asleep")):
-        final = c.submit(name).wait(timeout=10)
+        final = c.tasks[name].submit().wait(timeout=10)
         assert final.status is S.FAILED and final.failure is not None
         assert twin in final.failure.message
 
@@ -293,9 +293,9 @@ def test_bad_input_gets_what_the_sync_path_gives(make_controller: Make) -> None:
     def forgot(token: CancellationToken) -> object:
         return coro()  # a sync function handing back an awaitable
 
-    assert c.submit("nan").result(timeout=10) == "went on" and refused
+    assert c.tasks["nan"].submit().result(timeout=10) == "went on" and refused
     for name, words in (("unstorable", ""), ("forgot", "async def")):
-        final = c.submit(name).wait(timeout=10)
+        final = c.tasks[name].submit().wait(timeout=10)
         assert final.failure is not None and final.failure.kind is FailureKind.RESULT_INVALID
         assert words in final.failure.message
 
@@ -313,10 +313,10 @@ def test_the_async_faces_of_node_and_run(store: TaskStore) -> None:
             async def long(token: CancellationToken) -> None:
                 await token.asleep(60)
 
-            run = await c.asubmit("hello", "async")
+            run = await c.tasks["hello"].asubmit("async")
             assert await run.aresult(timeout=10) == "hello async"
             assert (await run.await_(timeout=10)).status is S.SUCCEEDED
-            stuck = await c.asubmit("long")
+            stuck = await c.tasks["long"].asubmit()
             while stuck.status is not S.RUNNING:
                 await asyncio.sleep(0.01)
             assert (await c.apause(stuck.task_id)).outcome in ("pausing", "paused")
@@ -340,7 +340,7 @@ def test_a_task_that_blocks_the_loop_is_named_and_counted(
         return "done"
 
     with caplog.at_level(logging.WARNING, logger="chongming_task.aio"):
-        run = c.submit("hog")
+        run = c.tasks["hog"].submit()
         assert run.result(timeout=10) == "done"
         wait_until(lambda: c.health().loop_stalls >= 1, what="the stall counted")
     said = [
@@ -358,7 +358,7 @@ def test_an_async_task_says_so_in_its_tags(store: TaskStore, make_controller: Ma
     async def tagged(token: CancellationToken) -> None:
         return None
 
-    run = c.submit("tagged")
+    run = c.tasks["tagged"].submit()
     run.wait(10)
     stored = store.get(run.task_id)
     assert stored is not None and stored.tags == frozenset({"io", "async"})

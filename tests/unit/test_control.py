@@ -174,7 +174,7 @@ def test_a_node_holding_the_task_carries_out_pending_commands_before_its_own_cal
             token.sleep(0.01)
 
     try:
-        run = node.submit("loop")
+        run = node.tasks["loop"].submit()
         node.wait_for(run.task_id, lambda s: s.status is S.RUNNING, timeout=10)
         StoreControl(store, owner="console").send(run.task_id, CommandAction.PAUSE)
         # Sent here after the console's pause: judged after it, so the task runs on.

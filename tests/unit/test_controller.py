@@ -97,9 +97,9 @@ def test_a_finished_runs_history_is_nothing_the_garbage_collector_walks(
 def test_submit_by_name_and_unknown_names(make_controller: Make) -> None:
     c = make_controller()
     c.task(lambda token: "hi", name="hello")
-    assert c.submit("hello").result(5) == "hi"
+    assert c.tasks["hello"].submit().result(5) == "hi"
     with pytest.raises(UnknownTask, match="nope"):
-        c.submit("nope")
+        c.tasks["nope"].submit()
 
 
 def test_get_and_control_of_an_unknown_task_raise_task_not_found(make_controller: Make) -> None:
@@ -355,7 +355,7 @@ def test_serve_keeps_the_node_until_told_then_closes_it(make_controller: Make) -
     started = threading.Event()
     c.task(looping, name="loop")
     c.task(lambda token: None, name="tick")
-    run = c.submit("loop", started)
+    run = c.tasks["loop"].submit(started)
     c.schedule("often", "tick", IntervalTrigger(0.05))
     until = threading.Event()
     ended: list[str] = []
@@ -370,7 +370,7 @@ def test_serve_keeps_the_node_until_told_then_closes_it(make_controller: Make) -
     assert ended == ["until"]
     assert run.snapshot().status is S.STOPPED
     with pytest.raises(ControllerClosed):
-        c.submit("tick")
+        c.tasks["tick"].submit()
 
 
 def test_serve_off_the_main_thread_needs_an_event(make_controller: Make) -> None:
@@ -388,12 +388,3 @@ def test_serve_off_the_main_thread_needs_an_event(make_controller: Make) -> None
     thread.join(10)
     assert len(failed) == 1 and "until=" in str(failed[0])
     c.submit(c.task(lambda token: None, name="still")).wait(10)  # still open
-
-
-def test_help_of_the_node_names_every_argument_of_its_constructor() -> None:
-    import inspect
-
-    documented = inspect.getdoc(Controller.__init__) or ""
-    for name in inspect.signature(Controller.__init__).parameters:
-        if name != "self":
-            assert f"``{name}``" in documented, f"Controller({name}=...) is not in help()"

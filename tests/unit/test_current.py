@@ -77,7 +77,7 @@ def test_async_tasks_on_one_loop_each_see_their_own(
             await asyncio.sleep(0.01)  # the other task runs meanwhile
 
     with caplog.at_level(logging.INFO):
-        runs = {label: c.submit("interleaved", label) for label in ("a", "b")}
+        runs = {label: c.tasks["interleaved"].submit(label) for label in ("a", "b")}
         for run in runs.values():
             assert run.wait(timeout=10).status is TaskStatus.SUCCEEDED
     assert seen == {label: [run.task_id] * 3 for label, run in runs.items()}
@@ -112,7 +112,7 @@ def test_a_format_string_can_name_the_task_with_defaults_for_other_lines(
         def says(token: CancellationToken) -> None:
             log.warning("hello")
 
-        assert c.submit("says").wait(timeout=10).status is TaskStatus.SUCCEEDED
+        assert c.tasks["says"].submit().wait(timeout=10).status is TaskStatus.SUCCEEDED
         log.warning("bye")
     finally:
         log.removeHandler(handler)

@@ -153,7 +153,7 @@ def test_controls_are_events_that_say_who_and_why(tmp_path: Path, otel: Otel) ->
                 token.checkpoint()
                 token.sleep(0.01)
 
-        run = c.submit("loop")
+        run = c.tasks["loop"].submit()
         assert going.wait(10)
         operator = StoreControl(store, owner="ops@console")
         receipt = operator.send(run.task_id, CommandAction.PAUSE, "deploy window")
@@ -201,7 +201,7 @@ def test_a_timeout_is_an_event_and_an_error(make_controller: Make, otel: Otel) -
         while True:
             token.sleep(0.01)
 
-    assert c.submit("slow").wait(10).status is TaskStatus.FAILED
+    assert c.tasks["slow"].submit().wait(10).status is TaskStatus.FAILED
     wait_for(lambda: len(otel.finished("run slow")) == 1)
     (span,) = otel.finished("run slow")
     assert [e.name for e in span.events] == ["chongming.task.timeout", "exception"]
@@ -258,7 +258,7 @@ def test_async_tasks_have_their_span_current_and_log_records_carry_its_ids(
         return n
 
     with caplog.at_level(logging.INFO):
-        runs = [c.submit("fetch", n) for n in range(3)]
+        runs = [c.tasks["fetch"].submit(n) for n in range(3)]
         assert [r.result(10) for r in runs] == [0, 1, 2]
     wait_for(lambda: len(otel.finished("run fetch")) == 3)
     spans = {(s.attributes or {})["chongming.task.id"]: s for s in otel.finished("run fetch")}
@@ -285,8 +285,8 @@ def test_metrics_count_runs_waits_transitions_and_failures(
     def broken(token: CancellationToken) -> None:
         raise KeyError("missing")
 
-    assert c.submit("fine").wait(10).status is TaskStatus.SUCCEEDED
-    assert c.submit("broken").wait(10).status is TaskStatus.FAILED
+    assert c.tasks["fine"].submit().wait(10).status is TaskStatus.SUCCEEDED
+    assert c.tasks["broken"].submit().wait(10).status is TaskStatus.FAILED
     wait_for(lambda: len(otel.finished()) == 4)  # two submits, two runs
     # The histograms are recorded on the instrumentation's own thread: once both are in.
     wait_for(lambda: sum(p.count for p in otel.points("chongming.task.run.duration")) == 2)
@@ -343,7 +343,7 @@ def test_nothing_is_traced_or_stored_once_uninstrumented(make_controller: Make) 
     c = make_controller()
     c.task(lambda token: None, name="plain")
     with made.tracer.start_as_current_span("caller"):
-        run = c.submit("plain")
+        run = c.tasks["plain"].submit()
     assert run.wait(10).status is TaskStatus.SUCCEEDED
     assert run.snapshot().trace_context is None
     assert [s.name for s in made.finished()] == ["caller"]
@@ -374,7 +374,7 @@ def test_a_fault_of_the_instrumentation_costs_the_task_nothing(
         c = make_controller()
         c.task(lambda token: "still done", name="plain")
         with caplog.at_level(logging.ERROR, logger="chongming_task.otel"):
-            run = c.submit("plain")
+            run = c.tasks["plain"].submit()
             assert run.result(10) == "still done"
         said = [r.getMessage() for r in caplog.records]
         assert "the submit span could not be started" in said
@@ -428,7 +428,7 @@ def test_an_abandoned_carrier_s_span_ends_with_its_task(make_controller: Make, o
         release.wait(10)  # never checks its token
         returned.set()
 
-    run = c.submit("stubborn")
+    run = c.tasks["stubborn"].submit()
     assert run.wait(10).status is TaskStatus.FAILED
     wait_for(lambda: len(otel.finished("run stubborn")) == 1)
     (span,) = otel.finished("run stubborn")
@@ -455,8 +455,8 @@ def test_a_pause_asked_before_the_start_is_an_event_of_the_attempt(
             token.checkpoint()
             token.sleep(0.005)
 
-    c.submit("blocker")
-    run = c.submit("later")
+    c.tasks["blocker"].submit()
+    run = c.tasks["later"].submit()
     assert c.pause(run.task_id, reason="not yet").outcome.value == "pause-pending"
     gate.set()
     wait_for(lambda: run.status is TaskStatus.PAUSED)

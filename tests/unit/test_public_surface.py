@@ -162,3 +162,13 @@ def test_every_call_that_waits_or_touches_the_store_has_its_awaited_twin(cls: ty
         assert want == got, f"{cls.__name__}.{_twin(name)} answers {got}, not {want}"
     # Calls that read only this process's memory have no twin to keep up.
     assert not hasattr(TaskRun, "asnapshot") and not hasattr(TaskRun, "wait_async")
+
+
+@pytest.mark.parametrize("cls", ["Controller", "SqliteTaskStore", "PostgresTaskStore"])
+def test_help_names_every_constructor_argument(cls: str) -> None:
+    made = getattr(chongming_task, cls)
+    documented = (inspect.getdoc(made.__init__) or "") + (inspect.getdoc(made) or "")
+    for name in inspect.signature(made.__init__).parameters:
+        if name != "self":
+            named = f"``{name}``" in documented or f"``{name}=" in documented
+            assert named, f"{cls}({name}=...) is not in help()"

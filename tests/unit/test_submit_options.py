@@ -160,7 +160,7 @@ def test_higher_priorities_start_first_and_one_priority_in_arrival_order(
     with Controller(store, max_workers=1) as node:
         node.task(hold, name="hold")
         node.task(note, name="note")
-        blocker = node.submit("hold")
+        blocker = node.tasks["hold"].submit()
         while blocker.status is not S.RUNNING:
             time.sleep(0.005)
         for label, priority in [("low", -5), ("first-0", 0), ("top", 9), ("second-0", 0)]:
@@ -281,7 +281,7 @@ def test_max_per_key_holds_back_runs_sharing_a_key(store: TaskStore, fair: bool)
     with Controller(store, max_workers=8, **limit) as node:  # type: ignore[arg-type]
         node.task(work, name="work", max_per_key=2)
         runs = [node.tasks["work"].configure(concurrency_key=k).submit(k) for k in "aaaaaabbb"]
-        runs += [node.submit("work", "-") for _ in range(3)]  # no key: no limit
+        runs += [node.tasks["work"].submit("-") for _ in range(3)]  # no key: no limit
         assert all(r.wait(20).status is S.SUCCEEDED for r in runs)
     assert peak == {"a": 2, "b": 2, "-": 3}
     assert {store.get(r.task_id).concurrency_key for r in runs} == {"a", "b", None}  # type: ignore[union-attr]

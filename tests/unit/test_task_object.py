@@ -145,6 +145,11 @@ def test_the_tasks_of_a_node_by_name() -> None:
             node.tasks["nope"]
         assert isinstance(raised.value, KeyError) and str(raised.value).startswith("no task")
         assert list(node.tasks) == ["plain"] and len(node.tasks) == 1
+        with pytest.raises(TypeError, match=r"node\.tasks\['plain'\]\.submit"):
+            node.submit("plain")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="not a name"):
+            node.submit_many("plain", [()])  # type: ignore[arg-type]
+        assert node.tasks["plain"].submit().result(timeout=10) == "plain"
         with pytest.raises(ConfigurationError, match="is a task already"):
             node.task(node.tasks["plain"])  # type: ignore[arg-type]
 

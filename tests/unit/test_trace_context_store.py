@@ -33,7 +33,7 @@ def test_a_task_keeps_its_trace_context_through_its_life(tmp_path: Path) -> None
         assert got is not None and got.trace_context == f"{PARENT} k=v"
         with Controller(store) as node:  # the runtime's own writes keep it as well
             node.task(lambda token: "ok", name="plain")
-            run = node.submit("plain")
+            run = node.tasks["plain"].submit()
             assert run.result(10) == "ok"
         assert store.get(run.task_id).trace_context is None  # type: ignore[union-attr]
     finally:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..run.handle import TaskRun
     from ..run.stored import StoredTask
     from ..schedules import Overlap, Schedule, Trigger
+    from ..tasks import Runnable
     from .supervision import ReconcileReport
 
 __all__ = ["AsyncFace"]
@@ -30,9 +31,9 @@ class AsyncFace:
 
     if TYPE_CHECKING:
 
-        def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun: ...
+        def submit(self, task: Runnable, /, *args: Any, **kwargs: Any) -> TaskRun: ...
         def submit_many(
-            self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /
+            self, task: Runnable, calls: Iterable[tuple[Any, ...]], /
         ) -> list[TaskRun]: ...
         def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun: ...
         def schedule(
@@ -84,11 +85,11 @@ class AsyncFace:
 
     # -- submit and schedule -----------------------------------------------------------------
 
-    async def asubmit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
+    async def asubmit(self, task: Runnable, /, *args: Any, **kwargs: Any) -> TaskRun:
         return await asyncio.to_thread(functools.partial(self.submit, task, *args, **kwargs))
 
     async def asubmit_many(
-        self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /
+        self, task: Runnable, calls: Iterable[tuple[Any, ...]], /
     ) -> list[TaskRun]:
         return await asyncio.to_thread(self.submit_many, task, list(calls))
 

@@ -52,7 +52,7 @@ from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_ta
 from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
-from ..tasks import NodeTasks, Task, bind
+from ..tasks import NodeTasks, Runnable, Task, bind
 from ..values import check_text
 from ._process import OPEN, check_settings
 from .aface import AsyncFace
@@ -79,6 +79,13 @@ QUIET = 1.0
 """Seconds a closing node waits for its tasks to stop before it names them."""
 _NAMED = 20
 """Tasks named one by one in the closing lines (more: counted, not named)."""
+
+
+def _by_name(name: str) -> TypeError:
+    return TypeError(
+        f"node.submit takes a task or a function, not a name: node.tasks[{name!r}]"
+        ".submit(...) submits the task of that name"
+    )
 
 
 def _described(run: Run) -> str:
@@ -409,24 +416,30 @@ class Controller(AsyncFace):
 
     # -- submit -----------------------------------------------------------------------------------
 
-    def submit(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> TaskRun:
-        """Queue one run of ``task`` (a ``Task``, a plain function, a definition or a
-        task name) with ``args``/``kwargs``, every one the function's own; its handle.
-        A submit with options is ``node.task(fn).configure(...).submit(...)``.
+    def submit(self, task: Runnable, /, *args: Any, **kwargs: Any) -> TaskRun:
+        """Queue one run of ``task`` (a ``Task``, or a plain function, defined here on
+        first use with the defaults) with ``args``/``kwargs``, every one the function's
+        own; its handle. A submit with options is ``node.task(fn).configure(...)
+        .submit(...)``; a task by its name, ``node.tasks[name].submit(...)``.
 
         A missing, extra or misspelt argument is a ``TypeError`` here; ``StoreError`` if
         the store refuses the new task. Either way nothing was queued.
         """
+        if isinstance(task, str):
+            raise _by_name(task)
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit", self._submitter.submit, task, args, kwargs)
         return self._submitter.submit(task, args, kwargs)
 
-    def submit_many(self, task: TaskRef, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
-        """Queue one run of ``task`` per positional-argument tuple in ``calls``.
+    def submit_many(self, task: Runnable, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun]:
+        """Queue one run of ``task`` (as ``submit`` takes it) per positional-argument
+        tuple in ``calls``.
 
         With a store that can create in one transaction (the built-in SQL stores), all
         the tasks are stored, or none (``StoreError``).
         """
+        if isinstance(task, str):
+            raise _by_name(task)
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit_many", self._submitter.submit_many, task, calls)
         return self._submitter.submit_many(task, calls)

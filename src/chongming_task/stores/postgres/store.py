@@ -138,7 +138,12 @@ class PostgresTaskStore(
         listen_dsn: str | None = None,
         prepare: bool | None = None,
     ) -> None:
-        """Connections: the pool's (``min_size`` to ``max_size``; beyond ``min_size``
+        """A store on the server ``dsn`` names (``postgresql://user@host:5432/db``,
+        or libpq's ``key=value`` form), in the schema ``schema`` (made by ``migrate``;
+        every statement names it). ``application_name``: how the connections show in
+        ``pg_stat_activity``.
+
+        Connections: the pool's (``min_size`` to ``max_size``; beyond ``min_size``
         closed after 30 s unused) and one per subscription (a node's ``LISTEN``), so a
         node holds 4 at most by default, 2 while idle. ``announce_writes``: after writes
         of tasks or transitions, ``NOTIFY`` the schema's transitions channel (at most ten
@@ -149,7 +154,9 @@ class PostgresTaskStore(
         ``pooled``: the DSN reaches the server through a pooler in transaction mode
         (PgBouncer), so no prepared statements (``prepare=True`` where the pooler carries
         them: PgBouncer 1.21+ with ``max_prepared_statements``) and no ``LISTEN`` but
-        through ``listen_dsn``, a direct DSN (without one, nodes poll commands often)."""
+        through ``listen_dsn``, a direct DSN (without one, nodes poll commands often).
+        ``prepare``: whether statements are prepared server-side (``None``: unless
+        ``pooled``)."""
         if psycopg is None:
             raise StoreError(f"PostgresTaskStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}")
         self.schema = check_schema_name(schema)

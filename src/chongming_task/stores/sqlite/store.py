@@ -160,7 +160,11 @@ class SqliteTaskStore(
         upgrade: bool = True,
         durability: Durability = DEFAULT_DURABILITY,
     ) -> None:
-        """``create=False`` refuses a file that does not exist or holds no tasks table;
+        """A store in the SQLite file at ``path`` (``":memory:"``: one in this process's
+        memory, gone with it). ``timeout``: seconds a write waits for another process's
+        lock before it fails (``StoreUnavailable``).
+
+        ``create=False`` refuses a file that does not exist or holds no tasks table;
         ``upgrade=False`` refuses a file of an older schema instead of upgrading it (the
         CLI's commands other than ``migrate`` and ``run``: an upgraded file is one the
         running nodes of an older release can no longer use, and some upgrades rebuild
