@@ -425,7 +425,9 @@ class Controller(AsyncFace):
         A missing, extra or misspelt argument is a ``TypeError`` here; ``StoreError`` if
         the store refuses the new task. Either way nothing was queued.
         """
-        if isinstance(task, str):
+        if type(task) is Task:  # its definition: the submitter's fast path
+            task = task.definition
+        elif isinstance(task, str):
             raise _by_name(task)
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit", self._submitter.submit, task, args, kwargs)
@@ -438,7 +440,9 @@ class Controller(AsyncFace):
         With a store that can create in one transaction (the built-in SQL stores), all
         the tasks are stored, or none (``StoreError``).
         """
-        if isinstance(task, str):
+        if type(task) is Task:
+            task = task.definition
+        elif isinstance(task, str):
             raise _by_name(task)
         if (watch := _observe.watcher) is not None:
             return submitted(watch, "submit_many", self._submitter.submit_many, task, calls)
