@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from .errors import ConfigurationError, UnknownTask
+from .errors import ConfigurationError, InvalidValue, UnknownTask
 from .limits import MAX_TASK_NAME
 from .policies import RetryPolicy
 from .values import ValueRules, check_tags, check_text
@@ -29,6 +30,10 @@ __all__ = [
 TaskFunction = Callable[..., Any]
 """Called as ``func(token, *args, **kwargs)``; returns a JSON-serializable result."""
 
+Carrier = Literal["thread", "process"]
+"""What runs a task's function: a worker thread of the node (an ``async def`` one: its
+event loop), or one of the node's worker processes."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskDefinition:
@@ -45,6 +50,10 @@ class TaskDefinition:
     max_per_key: int | None = None
     """At most this many of its runs sharing one ``concurrency_key`` run at once on this
     node; the others wait ``queued`` (``None``: no limit)."""
+    carrier: Carrier = "thread"
+    """``"process"``: the function runs in one of the node's worker processes
+    (docs/design.md, "Process carriers"): a core of its own, and a stop or timeout that
+    ends it for certain."""
     is_async: bool = field(init=False, default=False)
     """An ``async def`` function: it runs on the node's event loop, not a worker thread.
     Its tasks carry the tag ``async`` (``show`` says it, ``ps --tag async`` finds them)."""
@@ -82,6 +91,38 @@ class TaskDefinition:
             raise ConfigurationError(f"task {self.name}: max_per_key must be an int, got {limit!r}")
         if limit is not None and limit < 1:
             raise ConfigurationError(f"task {self.name}: max_per_key must be >= 1, got {limit}")
+        if self.carrier not in ("thread", "process"):
+            raise ConfigurationError(
+                f"task {self.name}: carrier must be 'thread' or 'process', got {self.carrier!r}"
+            )
+        if self.carrier == "process":
+            _check_by_reference(self.name, self.func, is_async=self.is_async)
+
+
+def _check_by_reference(name: str, func: TaskFunction, *, is_async: bool) -> None:
+    """A process task's function is found in a worker process by its module and name:
+    refuse, where it is defined, one that could not be found so."""
+    if is_async:
+        raise ConfigurationError(
+            f"task {name}: an async def function runs on the node's event loop; "
+            "carrier='process' takes a plain function"
+        )
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", "")
+    why = None
+    if not module or not qualname:
+        why = "it has no module and name to be found by"
+    elif "<lambda>" in qualname:
+        why = "a lambda has no name to be found by"
+    elif "<locals>" in qualname:
+        why = f"{qualname} is defined inside a function"
+    elif module == "__main__":
+        why = "it is defined in the program's __main__ module, which a worker process does not run"
+    if why is not None:
+        raise InvalidValue(
+            f"task {name}: carrier='process' needs a function a worker process can import by "
+            f"its module and name: {why} (define it at the top level of an importable module)"
+        )
 
 
 def check_arguments(
@@ -105,6 +146,44 @@ def check_arguments(
             f"{getattr(definition.func, '__name__', 'func')}(token, *args, **kwargs))"
             f"{_as_options(signature, kwargs)}; nothing was submitted"
         ) from None
+
+
+def check_crossing(
+    definition: TaskDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """A process task's arguments cross into its worker process pickled, and its
+    function is found there by name: refuse, at submit, what could not cross
+    (``InvalidValue``, nothing stored)."""
+    try:
+        pickle.dumps((args, kwargs))
+    except Exception as exc:
+        raise InvalidValue(
+            f"task {definition.name}: its arguments cannot cross into a worker process "
+            f"(carrier='process' pickles them): {type(exc).__name__}: {exc}"
+        ) from None
+    found = _importable.get(definition.func)
+    if found is None:
+        from .run.child import locate  # the error path's first pass only
+
+        func = definition.func
+        try:
+            at = locate(func.__module__, func.__qualname__)
+        except Exception as exc:
+            raise InvalidValue(
+                f"task {definition.name}: a worker process could not find its function "
+                f"{func.__module__}.{func.__qualname__}: {type(exc).__name__}: {exc}"
+            ) from None
+        found = at is func or getattr(at, "definition", None) is not None
+        if not found:
+            raise InvalidValue(
+                f"task {definition.name}: {func.__module__}.{func.__qualname__} is another "
+                "object than its function in a worker process"
+            )
+        _importable[func] = True
+
+
+_importable: dict[TaskFunction, bool] = {}
+"""Process tasks' functions found by their module and name once (checked at submit)."""
 
 
 def _as_options(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
@@ -147,6 +226,7 @@ def define(
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
+    carrier: Carrier = "thread",
 ) -> TaskDefinition:
     """Build a ``TaskDefinition``. ``backoff`` shapes the delays and may count the
     retries; ``retries`` counts them. Given both, they must agree, unless the policy
@@ -180,6 +260,7 @@ def define(
         timeout_grace=timeout_grace,
         tags=frozenset(tags),
         max_per_key=max_per_key,
+        carrier=carrier,
     )
 
 

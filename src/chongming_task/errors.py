@@ -153,3 +153,8 @@ class StopRequested(ChongmingTaskError):
     Let it propagate out of the task function: the runtime turns it into ``stopped``,
     ``cancelled`` or ``failed`` (timeout), whichever was asked for.
     """
+
+
+class CarrierCrashed(ChongmingTaskError):
+    """The worker process carrying a task died on its own (a signal, an exit, the
+    kernel's OOM killer): the attempt failed ``crashed``, retried by its policy."""

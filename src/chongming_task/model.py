@@ -94,6 +94,9 @@ class FailureKind(enum.StrEnum):
     ABANDONED = "abandoned"
     """Asked to stop, its carrier did not end in time and may still run (a coroutine
     that refused its cancellation): the task ended as asked, ``carrier_may_run``."""
+    CRASHED = "crashed"
+    """The worker process carrying it died on its own (a signal, an exit, the OOM
+    killer); the message names how."""
 
 
 class CommandAction(enum.StrEnum):

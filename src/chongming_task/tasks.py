@@ -28,7 +28,7 @@ from typing import (
 
 from . import _observe
 from ._observe import submitted
-from .definitions import Definitions, TaskDefinition, TaskFunction, define
+from .definitions import Carrier, Definitions, TaskDefinition, TaskFunction, define
 from .errors import ConfigurationError, InvalidValue
 from .options import OnDuplicate, SubmitOptions
 from .policies import RetryPolicy
@@ -274,6 +274,7 @@ def task(
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
+    carrier: Carrier = "thread",
 ) -> Task[P]: ...
 
 
@@ -289,6 +290,7 @@ def task(
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
+    carrier: Carrier = "thread",
 ) -> Callable[[Callable[Concatenate[Any, P], Any]], Task[P]]: ...
 
 
@@ -303,6 +305,7 @@ def task(
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
+    carrier: Carrier = "thread",
 ) -> Task[Any] | Callable[[TaskFunction], Task[Any]]:
     """Define a task before any node exists (in a module of tasks, say):
     ``@chongming_task.task(retries=3)``. It submits once a node registers it
@@ -318,6 +321,7 @@ def task(
             timeout_grace=timeout_grace,
             tags=tags,
             max_per_key=max_per_key,
+            carrier=carrier,
         )
         return Task(definition)
 

@@ -9,6 +9,7 @@ other task writes a ``Command`` to the store for the holder's poller.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -23,6 +24,7 @@ from .._observe import submitted
 from ..clock import Clock, SystemClock
 from ..current import install_log_context
 from ..definitions import (
+    Carrier,
     Definitions,
     TaskDefinition,
     TaskFunction,
@@ -61,6 +63,7 @@ from .dispatch import make_dispatcher
 from .host import NodeHost
 from .leaseclock import LeaseClock
 from .lifecycle import NodeServices
+from .processes import ProcessPool
 from .registry import RunRegistry
 from .retention import retention_rules
 from .services import NodeContext
@@ -130,6 +133,8 @@ class Controller(AsyncFace):
         reconcile_interval: float | Literal["lease_ttl"] | None = "lease_ttl",
         max_async: int = 1000,
         retention: Mapping[str | TaskStatus, timedelta] | None = None,
+        max_processes: int | None = None,
+        max_tasks_per_process: int | None = None,
     ) -> None:
         """Make a node on ``store``.
 
@@ -143,6 +148,9 @@ class Controller(AsyncFace):
         pipeline step and schedule, so that its tasks land in its own buckets.
 
         ``max_workers``: worker threads (default ``min(32, cores + 4)``);
+        ``max_processes``: worker processes for ``carrier="process"`` tasks (default:
+        the machine's cores; started on a first such task, with ``forkserver``), each
+        replaced after ``max_tasks_per_process`` tasks (``None``: never);
         ``max_parallel_per_bucket``: at most that many of one bucket's tasks at once
         (``None``: no limit); ``max_async``: ``async def`` attempts at once on the
         node's event loop (1000).
@@ -180,6 +188,13 @@ class Controller(AsyncFace):
         )
         if max_async < 1:
             raise ConfigurationError(f"max_async must be >= 1, got {max_async}")
+        processes = (os.cpu_count() or 1) if max_processes is None else max_processes
+        if processes < 1:
+            raise ConfigurationError(f"max_processes must be >= 1, got {max_processes}")
+        if max_tasks_per_process is not None and max_tasks_per_process < 1:
+            raise ConfigurationError(
+                f"max_tasks_per_process must be >= 1 or None, got {max_tasks_per_process}"
+            )
         if reconcile_interval == "lease_ttl":
             reconcile_interval = lease_ttl
         elif reconcile_interval is not None and reconcile_interval <= 0:
@@ -250,6 +265,7 @@ class Controller(AsyncFace):
             max_async=max_async,
             # How long its buckets' finished tasks are kept, by status ("*": the others).
             retention=None if retention is None else retention_rules(retention),
+            processes=ProcessPool(processes, max_tasks_per_process=max_tasks_per_process),
         )
         # What each run needs from this node: settings, and where it reports.
         host = NodeHost(
@@ -265,6 +281,7 @@ class Controller(AsyncFace):
             writer=services.writer,
             faults=node.health.faults,
             aio=services.aio,
+            processes=services.processes,
         )
         self._router = ControlRouter(node)
         if services.polling:
@@ -341,6 +358,7 @@ class Controller(AsyncFace):
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
         max_per_key: int | None = None,
+        carrier: Carrier = "thread",
     ) -> Task[P]: ...
 
     @overload
@@ -356,6 +374,7 @@ class Controller(AsyncFace):
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
         max_per_key: int | None = None,
+        carrier: Carrier = "thread",
     ) -> Callable[[Callable[Concatenate[Any, P], Any]], Task[P]]: ...
 
     def task(
@@ -370,6 +389,7 @@ class Controller(AsyncFace):
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
         max_per_key: int | None = None,
+        carrier: Carrier = "thread",
     ) -> Task[Any] | Callable[[TaskFunction], Task[Any]]:
         """Define a task on this node: ``@node.task(retries=3)`` or ``node.task(fn)``;
         a ``Task`` to submit (``.submit(...)``, ``.configure(...).submit(...)``). The
@@ -381,7 +401,10 @@ class Controller(AsyncFace):
         both). ``timeout``: seconds an attempt may run (paused time not counted) before
         it is asked to stop, and ``timeout_grace`` more before it is abandoned.
         ``tags``: on every run. ``max_per_key``: at most that many of its runs sharing
-        one ``concurrency_key`` (``configure``) run at once on this node.
+        one ``concurrency_key`` (``configure``) run at once on this node. ``carrier``:
+        ``"process"`` runs the function in one of the node's worker processes
+        (``max_processes``), for work that needs a core of its own or a stop that
+        ends it for certain; the function must be importable by its module and name.
         """
 
         def decorate(f: TaskFunction) -> Task[Any]:
@@ -394,6 +417,7 @@ class Controller(AsyncFace):
                 timeout_grace=timeout_grace,
                 tags=tags,
                 max_per_key=max_per_key,
+                carrier=carrier,
             )
             return Task(self._definitions.register(definition), self._submitter)
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..run.writers import BehindWriter, Writer
     from .aio import AsyncRunner
     from .dispatch import Dispatcher
+    from .processes import ProcessPool
     from .registry import RunRegistry
     from .workers import WorkerPool
 
@@ -36,6 +37,7 @@ class NodeHost:
         "_aio",
         "_dispatcher",
         "_pipelines",
+        "_processes",
         "_registry",
         "_workers",
         "capabilities",
@@ -63,10 +65,12 @@ class NodeHost:
         writer: Writer | BehindWriter | None,
         faults: FaultLog,
         aio: AsyncRunner,
+        processes: ProcessPool | None = None,
     ) -> None:
         self.owner = owner
         self.faults = faults
         self._aio = aio
+        self._processes = processes
         self.clock = clock
         self.rng = rng
         self.capabilities = capabilities
@@ -97,6 +101,10 @@ class NodeHost:
 
     def cancel_async(self, run: Run, *, after: float) -> None:
         self._aio.cancel(run, after=after)
+
+    def terminate(self, run: Run) -> bool:
+        processes = self._processes
+        return processes is not None and processes.terminate(run)
 
     def desynced(
         self,

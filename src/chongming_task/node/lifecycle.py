@@ -28,6 +28,7 @@ from .aio import AsyncRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
 from .dispatch import Dispatcher, FifoDispatcher
+from .processes import ProcessPool
 from .retention import RetentionLoop
 from .services import LoopService, NodeContext, NodeState, Service
 from .supervision import ReconcileLoop, Reconciler, Supervisor
@@ -71,13 +72,14 @@ class NodeServices:
         reconcile_interval: float | None,
         max_async: int,
         retention: Mapping[TaskStatus, timedelta] | None = None,
+        processes: ProcessPool | None = None,
     ) -> None:
         """``fire`` submits a schedule's run; ``polling`` is false for a node that must
         never poll commands; ``started`` is called whenever a service starts (the node
         is then closed at interpreter exit if its program does not close it);
         ``reconcile_interval`` is how often the node reconciles its buckets on its own
         (``None``: never); ``retention``, how long its finished tasks are kept, by status
-        (``None``: for ever)."""
+        (``None``: for ever); ``processes``, the worker processes of its process tasks."""
         capabilities = node.capabilities
         self.state = NodeState.OPEN
         self._dispatcher = dispatcher
@@ -114,6 +116,8 @@ class NodeServices:
             owner=node.owner, max_async=max_async, released=released, crashed=crashed
         )
         self.workers.hand_async = self.aio.hand
+        self.processes = processes
+        self.workers.processes = processes
         if isinstance(dispatcher, FifoDispatcher):
 
             def direct(run: Run) -> None:
@@ -233,6 +237,8 @@ class NodeServices:
         for service in services:
             left = max(JOIN_FLOOR, deadline - time.monotonic())
             service.join(min(0.5, left) if carriers_stuck and service is self.workers else left)
+        if self.processes is not None:
+            self.processes.close()
 
     def retire(self) -> None:
         """Take the node's schedules and its declaration out of the store: it is gone."""

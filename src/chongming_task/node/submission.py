@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import _observe
-from ..definitions import check_arguments
+from ..definitions import check_arguments, check_crossing
 from ..errors import (
     ChongmingTaskError,
     ConcurrencyConflict,
@@ -427,6 +427,8 @@ class Submitter:
         host = self._host
         definition, bucket = self.check(task, bucket_key, tags)
         check_arguments(definition, args, kwargs)
+        if definition.carrier == "process":
+            check_crossing(definition, args, kwargs)
         now = self._now()
         starts = None if options is None else options.starts_at(now)
         # A delayed task's lease runs to its time and a TTL past it: nothing renews it

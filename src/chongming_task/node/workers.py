@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _observe
 from ..current import enter, leave
@@ -23,6 +23,7 @@ from .registry import RunRegistry
 if TYPE_CHECKING:
     from ..run.life import Run
     from .dispatch import Dispatcher
+    from .processes import ProcessPool
 
 __all__ = ["WorkerPool", "attempt", "crashed"]
 
@@ -53,6 +54,8 @@ class WorkerPool:
         """Told when a worker thread dies and is started again (a node's health)."""
         self.hand_async: Callable[[Run], None] | None = None
         """Where an ``async def`` task's attempt goes (the node's event loop)."""
+        self.processes: ProcessPool | None = None
+        """Where a process task's function runs (``carrier="process"``)."""
 
     @property
     def started(self) -> bool:
@@ -126,8 +129,12 @@ class WorkerPool:
             hand(run)  # the node's event loop carries it; its slot is freed at its end
             return True
         mark = enter(run)  # current(), and the attempt's log records, name the task
+        processes = self.processes
         try:
-            attempt(run)
+            if processes is not None and run.definition.carrier == "process":
+                attempt(run, processes.call)
+            else:
+                attempt(run)
         except BaseException as exc:
             crashed(run, exc)
         finally:
@@ -139,17 +146,18 @@ class WorkerPool:
         return True
 
 
-def attempt(run: Run) -> None:
+def attempt(run: Run, carry: Callable[[Run], Any] | None = None) -> None:
     """One attempt of a thread task, on the calling (worker) thread: its start
     recorded, its function called, its end recorded (``node.aio.attempt`` for
-    ``async def`` ones)."""
+    ``async def`` ones). ``carry``: where the function runs instead (a process task's
+    worker process, served from this thread)."""
     if not run.begin_attempt():
         return  # cancelled or stopped while it waited
     watch = _observe.watcher
     seen = None if watch is None else watch.began(run)
     raised = None
     try:
-        result = run.call()
+        result = run.call() if carry is None else carry(run)
     except BaseException as exc:
         raised = exc
         run.ended_by(exc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidValue
+from ..errors import CarrierCrashed, InvalidValue
 from ..model import Failure, FailureKind, JSONValue, TaskStatus
 from ..values import ValueRules, describe_exception, describe_traceback, storable_result
 from ..values import storable_text as _storable_text
@@ -58,7 +58,7 @@ def result_outcome(result: Any, rules: ValueRules) -> tuple[JSONValue, Failure |
 def exception_failure(exc: BaseException, rules: ValueRules) -> Failure:
     """The failure an exception raised by the task's function records."""
     return Failure(
-        kind=FailureKind.EXCEPTION,
+        kind=FailureKind.CRASHED if isinstance(exc, CarrierCrashed) else FailureKind.EXCEPTION,
         message=_storable_text(describe_exception(exc), rules),
         exception_type=_type_name(exc),
         traceback=describe_traceback(exc, rules),

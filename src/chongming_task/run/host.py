@@ -91,6 +91,10 @@ class RunHost(WritesHost, Protocol):
     def cancel_async(self, run: Run, *, after: float) -> None:
         """Cancel an async run's attempt ``after`` seconds unless it has ended."""
 
+    def terminate(self, run: Run) -> bool:
+        """End the worker process carrying a process run (its stop or timeout grace ran
+        out); whether one was carrying it."""
+
 
 class RunGroup(Protocol):
     """What a run may belong to (a pipeline run): told when a member has ended."""

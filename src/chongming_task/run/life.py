@@ -324,6 +324,11 @@ class Run:
             with self._lock:  # a coroutine that refuses its cancellation is abandoned
                 if self._grace_deadline is None:
                     self._grace_deadline = self._host.clock.monotonic() + grace + CANCEL_WAIT
+        elif self.definition.carrier == "process":  # its worker is ended once grace is out
+            with self._lock:
+                if self._grace_deadline is None:
+                    grace = self.definition.timeout_grace
+                    self._grace_deadline = self._host.clock.monotonic() + grace
         return O.STOPPING
 
     def stop(self, reason: str | None = None, actor: str | None = None) -> O:
@@ -450,6 +455,11 @@ class Run:
         else:
             self.writes.hand_off(taken)
         return not stopped
+
+    @property
+    def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """What the function is called with after its token: ``(args, kwargs)``."""
+        return self._args, self._kwargs
 
     def call(self) -> Any:
         """The task's function called with its arguments (an ``async def`` one gives its
@@ -589,13 +599,24 @@ class Run:
             if self._grace_deadline is not None:
                 if now < self._grace_deadline:
                     return False
-                self._abandon(self.definition.timeout_grace)
-                abandon = True
+                if self.definition.carrier == "process":
+                    # Its worker process can really be ended: terminated, then the
+                    # attempt ends as its stop asked, on its carrier's thread (asked
+                    # again each second until a worker process carries it).
+                    self._grace_deadline = now + 1.0
+                    terminate = True
+                else:
+                    self._abandon(self.definition.timeout_grace)
+                    abandon = True
+                    terminate = False
             elif self._deadline is None or now < self._deadline or status not in states.STOPPABLE:
                 return False
             else:
+                terminate = False
                 self._grace_deadline = now + self.definition.timeout_grace
                 self._apply(S.STOPPING, reason=f"timeout after {self.definition.timeout}s")
+        if terminate:
+            return self._host.terminate(self)
         self.writes.write()
         if abandon:
             self._host.abandon(self)

@@ -18,14 +18,14 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..clock import Clock
 from ..errors import StopRequested
 from ..model import Progress
 from ..values import STRICT, ValueRules, check_progress
 
-__all__ = ["CancellationToken", "RunSignals", "StopKind", "task_of"]
+__all__ = ["CancellationToken", "RunSignals", "Signals", "StopKind", "task_of"]
 
 _NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
 
@@ -316,6 +316,30 @@ class RunSignals:
         )
 
 
+class Signals(Protocol):
+    """What a token speaks through: ``RunSignals`` in the node's process, a worker
+    process's ``run.child.ChildSignals`` across the boundary."""
+
+    task_id: str
+
+    @property
+    def upstream(self) -> Mapping[str, Any]: ...
+
+    @property
+    def stop_kind(self) -> str | None: ...
+
+    @property
+    def progress(self) -> Progress | None: ...
+
+    def checkpoint(self, progress: Progress | float | None = None) -> None: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    async def acheckpoint(self, progress: Progress | float | None = None) -> None: ...
+
+    async def asleep(self, seconds: float) -> None: ...
+
+
 class CancellationToken:
     """Cooperative control for one task, passed as its function's first argument: what
     task code calls, and nothing else. ``checkpoint()`` records a heartbeat (and
@@ -327,7 +351,7 @@ class CancellationToken:
 
     __slots__ = ("_signals",)
 
-    def __init__(self, signals: RunSignals) -> None:
+    def __init__(self, signals: Signals) -> None:
         self._signals = signals
 
     def __repr__(self) -> str:

@@ -1,0 +1,188 @@
+"""A process-carried task's side of the boundary: the loop a node's worker process runs
+(``serve``), and the signals its task's token speaks through (docs/design.md, "Process
+carriers").
+
+The node sends a job: where the function lives (module and qualified name, never the
+function itself), the arguments, the upstream results and which task and attempt this
+is. The child imports the function once, calls it with a ``CancellationToken`` whose
+signals ask the node at each checkpoint (a round trip: the node records the heartbeat and
+progress, answers a stop with ``stop`` and holds the answer while the task is paused),
+and sends back what it returned or raised. It exits when the node asks, and at once when
+the node is gone (its pipe ends), so a node killed with ``kill -9`` leaves no child
+running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..current import enter, install_log_context, leave
+from ..errors import StopRequested
+from ..model import Progress
+from .token import CancellationToken
+
+__all__ = ["ChildSignals", "Job", "Raised", "locate", "serve"]
+
+ORPHANED = 70
+"""The exit code of a worker process whose node went away while it ran a task."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One attempt sent to a worker process."""
+
+    module: str
+    qualname: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    upstream: Mapping[str, Any]
+    task_id: str
+    name: str
+    attempt: int
+    bucket: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """What the task raised, as it crosses back: the exception itself where it pickles,
+    else its type's name and message; the child's traceback as text either way."""
+
+    exception: BaseException | None
+    type_name: str
+    message: str
+    traceback: str
+
+
+def locate(module: str, qualname: str) -> Callable[..., Any]:
+    """The callable at ``module``'s ``qualname`` (a ``Task`` calls its function)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    if not callable(found):
+        raise TypeError(f"{module}.{qualname} is not callable")
+    return found  # type: ignore[no-any-return]
+
+
+class ChildSignals:
+    """What a token in a worker process reports to, and hears from: the node, over the
+    job's connection. Each call is one round trip; the node answers once it has carried
+    the request out (a checkpoint of a paused task is answered at the resume)."""
+
+    __slots__ = ("_conn", "_progress", "_stopped", "task_id", "upstream")
+
+    def __init__(self, conn: Connection, task_id: str, upstream: Mapping[str, Any]) -> None:
+        self._conn = conn
+        self.task_id = task_id
+        self.upstream = upstream
+        self._progress: Progress | None = None
+        self._stopped: str | None = None
+
+    def _ask(self, *request: Any) -> Any:
+        self._conn.send(request)
+        answer = self._conn.recv()
+        if isinstance(answer, tuple) and answer and answer[0] == "stop":
+            self._stopped = answer[1] or f"task {self.task_id}: stop requested"
+            raise StopRequested(self._stopped)
+        return answer
+
+    def checkpoint(self, progress: Progress | float | None = None) -> None:
+        self._ask("checkpoint", progress)
+        if progress is not None:
+            self._progress = (
+                progress if isinstance(progress, Progress) else Progress(current=progress)
+            )
+
+    def sleep(self, seconds: float) -> None:
+        self._ask("sleep", seconds)
+
+    async def acheckpoint(self, progress: Progress | float | None = None) -> None:
+        self.checkpoint(progress)
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+    @property
+    def stop_kind(self) -> str | None:
+        if self._stopped is None and self._ask("stop_requested"):
+            self._stopped = f"task {self.task_id}: stop requested"
+        return None if self._stopped is None else "stop"
+
+    @property
+    def progress(self) -> Progress | None:
+        return self._progress
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """The task ``chongming_task.current()`` names in the child."""
+
+    task_id: str
+    name: str
+    bucket: int | None
+    signals: _Attempt
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    attempt: int
+
+
+def _watch_node(alive: Connection) -> None:
+    """Exit the moment the node is gone: its end of ``alive`` closes with it."""
+    with contextlib.suppress(EOFError, OSError):
+        alive.recv()
+    os._exit(ORPHANED)
+
+
+def _raised(exc: BaseException) -> Raised:
+    text = "".join(traceback.format_exception(exc))
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        kept: BaseException | None = None
+    else:
+        kept = exc
+    return Raised(kept, type(exc).__qualname__, str(exc), text)
+
+
+def serve(conn: Connection, alive: Connection) -> None:
+    """A worker process's life: jobs until the node sends ``None`` or goes away."""
+    install_log_context()
+    threading.Thread(target=_watch_node, args=(alive,), name="node-watch", daemon=True).start()
+    found: dict[tuple[str, str], Callable[..., Any]] = {}
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        mark = enter(_Running(job.task_id, job.name, job.bucket, _Attempt(job.attempt)))
+        try:
+            where = (job.module, job.qualname)
+            func = found.get(where)
+            if func is None:
+                func = found[where] = locate(job.module, job.qualname)
+            signals = ChildSignals(conn, job.task_id, job.upstream)
+            result = func(CancellationToken(signals), *job.args, **job.kwargs)
+        except BaseException as exc:
+            answer: tuple[str, Any] = ("raised", _raised(exc))
+        else:
+            answer = ("returned", result)
+        finally:
+            leave(mark)
+        try:
+            conn.send(answer)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # the result does not pickle
+            conn.send(("raised", _raised(TypeError(f"its result cannot cross back: {exc}"))))

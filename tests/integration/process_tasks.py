@@ -1,0 +1,72 @@
+"""Process tasks for the process-carrier tests: functions a worker process finds by their
+module and name (a test module's own functions are found the same way)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from chongming_task import CancellationToken, Progress, current, task
+
+
+def square(token: CancellationToken, x: int) -> dict[str, Any]:
+    token.checkpoint()
+    here = current()
+    assert here is not None
+    return {"square": x * x, "pid": os.getpid(), "task_id": here.task_id, "attempt": here.attempt}
+
+
+def counted(token: CancellationToken, steps: int, tell: str) -> int:
+    Path(tell).write_text(str(os.getpid()))
+    for step in range(1, steps + 1):
+        token.checkpoint(Progress(current=step, total=steps, message=f"step {step}"))
+        token.sleep(0.02)
+    return steps
+
+
+def spin(token: CancellationToken, seconds: float, tell: str) -> str:
+    """Pure work that never reaches a checkpoint."""
+    Path(tell).write_text(str(os.getpid()))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "spun"
+
+
+def boom(token: CancellationToken) -> None:
+    raise ValueError("boom in the worker process")
+
+
+def unpicklable_error(token: CancellationToken) -> None:
+    class Local(Exception):
+        pass
+
+    raise Local("a local exception")
+
+
+def exits(token: CancellationToken, code: int) -> None:
+    os._exit(code)
+
+
+def killed(token: CancellationToken) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pid(token: CancellationToken) -> int:
+    return os.getpid()
+
+
+def total(token: CancellationToken) -> int:
+    return sum(int(v) for v in token.upstream.values())
+
+
+@task(name="cube", carrier="process")
+def cube(token: CancellationToken, x: int) -> int:
+    return x * x * x
+
+
+async def async_work(token: CancellationToken) -> None:
+    await token.asleep(0)

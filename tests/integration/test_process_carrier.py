@@ -1,0 +1,212 @@
+"""Process tasks with real worker processes: results and failures that cross back, the
+token across the boundary, force that ends a worker for certain, crashes named, bad
+input refused where it is handed over, and no worker left behind a killed node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chongming_task import (
+    ConfigurationError,
+    Controller,
+    FailureKind,
+    InvalidValue,
+    Pipeline,
+    SqliteTaskStore,
+    TaskStatus,
+)
+from tests.conftest import wait_until
+from tests.integration import process_tasks as tasks
+
+S = TaskStatus
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Controller]:
+    with Controller(
+        SqliteTaskStore(tmp_path / "tasks.db"), max_processes=2, activity_interval=0.05
+    ) as made:
+        yield made
+
+
+def test_a_process_task_runs_in_a_worker_process_and_its_result_crosses_back(
+    node: Controller,
+) -> None:
+    square = node.task(tasks.square, carrier="process", name="square")
+    runs = square.submit_many([(3,), (4,), (5,)])
+    results = [run.result(timeout=60) for run in runs]
+    assert [r["square"] for r in results] == [9, 16, 25]  # type: ignore[index, call-overload]
+    pids = {r["pid"] for r in results}  # type: ignore[index, call-overload]
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # two warm workers, reused
+    assert [r["task_id"] for r in results] == [run.task_id for run in runs]  # type: ignore[index, call-overload]
+    assert all(r["attempt"] == 1 for r in results)  # type: ignore[index, call-overload]
+
+
+def test_progress_pause_resume_and_stop_cross_the_boundary(
+    node: Controller, tmp_path: Path
+) -> None:
+    counted = node.task(tasks.counted, carrier="process", name="counted")
+    tell = tmp_path / "pid"
+    run = counted.submit(10_000, str(tell))
+    wait_until(lambda: (run.progress or None) is not None, timeout=30, what="progress")
+    assert run.pause().outcome == "pausing"
+    wait_until(lambda: run.status is S.PAUSED, timeout=10, what="paused at a checkpoint")
+    held = run.progress
+    time.sleep(0.3)
+    assert run.progress == held  # the child waits at its checkpoint
+    run.resume()
+    wait_until(lambda: run.progress != held, timeout=10, what="moving again")
+    assert run.stop(reason="enough").outcome == "stopping"
+    final = run.wait(timeout=10)
+    assert final.status is S.STOPPED
+    child = int(tell.read_text())
+    assert _alive(child)  # a stop obeyed at a checkpoint keeps its worker, warm
+
+
+def test_a_failure_in_the_child_fails_the_task_with_its_traceback(node: Controller) -> None:
+    boom = node.task(tasks.boom, carrier="process", name="boom")
+    final = boom.submit().wait(timeout=60)
+    assert final.status is S.FAILED and final.failure is not None
+    assert final.failure.kind is FailureKind.EXCEPTION
+    assert final.failure.message == "ValueError: boom in the worker process"
+    assert "in its worker process" in (final.failure.traceback or "")
+    local = node.task(tasks.unpicklable_error, carrier="process", name="local-error")
+    final = local.submit().wait(timeout=60)
+    assert final.failure is not None and "a local exception" in final.failure.message
+
+
+def test_a_timeout_terminates_the_worker_and_says_the_carrier_cannot_run_on(
+    tmp_path: Path,
+) -> None:
+    with Controller(
+        SqliteTaskStore(tmp_path / "t.db"), max_processes=1, activity_interval=0.05
+    ) as node:
+        spin = node.task(tasks.spin, carrier="process", name="spin", timeout=0.5, timeout_grace=0.2)
+        tell = tmp_path / "pid"
+        final = spin.submit(60, str(tell)).wait(timeout=30)
+        assert final.status is S.FAILED and final.failure is not None
+        assert final.failure.kind is FailureKind.TIMEOUT and not final.failure.carrier_may_run
+        wait_until(lambda: not _alive(int(tell.read_text())), timeout=10, what="worker gone")
+        pid = node.task(tasks.pid, carrier="process", name="pid")
+        assert pid.submit().result(timeout=60) != int(tell.read_text())  # a fresh worker
+
+
+def test_a_stop_of_a_task_that_never_checkpoints_ends_its_worker(
+    node: Controller, tmp_path: Path
+) -> None:
+    spin = node.task(tasks.spin, carrier="process", name="spin", timeout_grace=0.3)
+    tell = tmp_path / "pid"
+    run = spin.submit(60, str(tell))
+    wait_until(tell.exists, timeout=30, what="the worker started")
+    started = time.monotonic()
+    run.stop()
+    final = run.wait(timeout=10)
+    assert final.status is S.STOPPED and time.monotonic() - started < 5
+    assert final.failure is None or not final.failure.carrier_may_run
+    wait_until(lambda: not _alive(int(tell.read_text())), timeout=10, what="worker gone")
+
+
+def test_a_worker_that_dies_fails_its_task_crashed_and_is_retried(node: Controller) -> None:
+    exits = node.task(tasks.exits, carrier="process", name="exits", retries=1)
+    final = exits.submit(3).wait(timeout=60)
+    assert final.status is S.FAILED and final.attempt == 2
+    assert final.failure is not None and final.failure.kind is FailureKind.CRASHED
+    assert "exit code 3" in final.failure.message
+    killed = node.task(tasks.killed, carrier="process", name="killed")
+    final = killed.submit().wait(timeout=60)
+    assert final.failure is not None and "killed by SIGKILL" in final.failure.message
+    square = node.task(tasks.square, carrier="process", name="square")
+    assert square.submit(6).result(timeout=60)["square"] == 36  # type: ignore[index, call-overload]
+
+
+def test_what_cannot_cross_is_refused_where_it_is_handed_over(node: Controller) -> None:
+    with pytest.raises(InvalidValue, match="a lambda"):
+        node.task(lambda token: None, carrier="process", name="lam")
+
+    def inner(token: object) -> None:
+        return None
+
+    with pytest.raises(InvalidValue, match="inside a function"):
+        node.task(inner, carrier="process", name="inner")
+    square = node.task(tasks.square, carrier="process", name="square")
+    with pytest.raises(InvalidValue, match="cannot cross into a worker process"):
+        square.submit(lambda: 1)  # type: ignore[arg-type]
+    assert node.store.query() == []
+
+
+def test_a_module_level_task_runs_in_a_process_once_registered(node: Controller) -> None:
+    cube = node.register(tasks.cube)
+    assert cube.submit(3).result(timeout=60) == 27
+    with pytest.raises(ConfigurationError, match="takes a plain function"):
+        node.task(tasks.async_work, carrier="process", name="async")
+    with pytest.raises(ConfigurationError, match="carrier must be"):
+        node.task(tasks.pid, carrier="fiber", name="fiber")  # type: ignore[arg-type]
+
+
+def test_workers_are_replaced_after_their_share_of_tasks(tmp_path: Path) -> None:
+    with Controller(
+        SqliteTaskStore(tmp_path / "t.db"), max_processes=1, max_tasks_per_process=1
+    ) as node:
+        pid = node.task(tasks.pid, carrier="process", name="pid")
+        seen = [pid.submit().result(timeout=60) for _ in range(3)]
+        assert len(set(seen)) == 3
+
+
+def test_a_pipeline_passes_results_to_and_from_process_steps(node: Controller) -> None:
+    square = node.task(tasks.square, carrier="process", name="square")
+    total = node.task(tasks.total, carrier="process", name="total")
+    pipe = Pipeline("sums")
+    pipe.add("a", node.task(tasks.pid, carrier="process", name="pid"))
+    pipe.add("b", total, depends_on=["a"])
+    finals = node.submit_pipeline(pipe).wait(timeout=60)
+    assert finals["b"].outcome == finals["a"].outcome
+    assert square.submit(2).result(timeout=60)["square"] == 4  # type: ignore[index, call-overload]
+
+
+NODE = textwrap.dedent(
+    """
+    import sys
+    from chongming_task import Controller, SqliteTaskStore
+    from tests.integration import process_tasks as tasks
+
+    node = Controller(SqliteTaskStore(sys.argv[1]), max_processes=1)
+    spin = node.task(tasks.spin, carrier="process", name="spin")
+    spin.submit(600, sys.argv[2])
+    node.serve()
+    """
+)
+
+
+def test_a_killed_node_leaves_no_worker_process_behind(tmp_path: Path) -> None:
+    tell = tmp_path / "pid"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE, str(tmp_path / "n.db"), str(tell)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+    )
+    try:
+        wait_until(tell.exists, timeout=60, what="the worker's pid")
+        child = int(tell.read_text())
+        assert _alive(child)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    wait_until(lambda: not _alive(child), timeout=5, what="the orphan gone")
