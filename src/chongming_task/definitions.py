@@ -54,6 +54,10 @@ class TaskDefinition:
     """``"process"``: the function runs in one of the node's worker processes
     (docs/design.md, "Process carriers"): a core of its own, and a stop or timeout that
     ends it for certain."""
+    suspend: bool = False
+    """A process task that reaches no checkpoint within ``timeout_grace`` of a pause is
+    suspended where it stands (its worker process stopped) until resumed. Off by
+    default: a suspended process still holds its locks and connections."""
     is_async: bool = field(init=False, default=False)
     """An ``async def`` function: it runs on the node's event loop, not a worker thread.
     Its tasks carry the tag ``async`` (``show`` says it, ``ps --tag async`` finds them)."""
@@ -97,6 +101,11 @@ class TaskDefinition:
             )
         if self.carrier == "process":
             _check_by_reference(self.name, self.func, is_async=self.is_async)
+        elif self.suspend:
+            raise ConfigurationError(
+                f"task {self.name}: suspend=True needs carrier='process' (a thread cannot "
+                "be suspended)"
+            )
 
 
 def _check_by_reference(name: str, func: TaskFunction, *, is_async: bool) -> None:
@@ -227,6 +236,7 @@ def define(
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
     carrier: Carrier = "thread",
+    suspend: bool = False,
 ) -> TaskDefinition:
     """Build a ``TaskDefinition``. ``backoff`` shapes the delays and may count the
     retries; ``retries`` counts them. Given both, they must agree, unless the policy
@@ -261,6 +271,7 @@ def define(
         tags=frozenset(tags),
         max_per_key=max_per_key,
         carrier=carrier,
+        suspend=suspend,
     )
 
 

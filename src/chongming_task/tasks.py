@@ -275,6 +275,7 @@ def task(
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
     carrier: Carrier = "thread",
+    suspend: bool = False,
 ) -> Task[P]: ...
 
 
@@ -291,6 +292,7 @@ def task(
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
     carrier: Carrier = "thread",
+    suspend: bool = False,
 ) -> Callable[[Callable[Concatenate[Any, P], Any]], Task[P]]: ...
 
 
@@ -306,6 +308,7 @@ def task(
     tags: Iterable[str] = (),
     max_per_key: int | None = None,
     carrier: Carrier = "thread",
+    suspend: bool = False,
 ) -> Task[Any] | Callable[[TaskFunction], Task[Any]]:
     """Define a task before any node exists (in a module of tasks, say):
     ``@chongming_task.task(retries=3)``. It submits once a node registers it
@@ -322,6 +325,7 @@ def task(
             tags=tags,
             max_per_key=max_per_key,
             carrier=carrier,
+            suspend=suspend,
         )
         return Task(definition)
 

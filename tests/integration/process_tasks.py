@@ -70,3 +70,9 @@ def cube(token: CancellationToken, x: int) -> int:
 
 async def async_work(token: CancellationToken) -> None:
     await token.asleep(0)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user and system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -123,6 +123,38 @@ def test_a_stop_of_a_task_that_never_checkpoints_ends_its_worker(
     wait_until(lambda: not _alive(int(tell.read_text())), timeout=10, what="worker gone")
 
 
+def test_a_pause_suspends_a_task_that_never_checkpoints_and_resume_continues_it(
+    node: Controller, tmp_path: Path
+) -> None:
+    spin = node.task(tasks.spin, carrier="process", name="spin", suspend=True, timeout_grace=0.2)
+    tell = tmp_path / "pid"
+    run = spin.submit(3.0, str(tell))
+    wait_until(tell.exists, timeout=30, what="the worker started")
+    child = int(tell.read_text())
+    time.sleep(0.2)
+    assert run.pause().outcome == "pausing"
+    wait_until(lambda: run.status is S.PAUSED, timeout=10, what="suspended")
+    assert "suspended: its worker process" in (run.history()[-1].reason or "")
+    before = tasks.cpu_seconds(child)
+    time.sleep(0.6)
+    assert tasks.cpu_seconds(child) - before < 0.05  # stopped: no CPU while paused
+    run.resume()
+    assert run.result(timeout=30) == "spun"  # it went on where it stood
+    assert tasks.cpu_seconds(child) > before + 0.5
+
+    tell.unlink()
+    again = spin.submit(60, str(tell))
+    wait_until(tell.exists, timeout=30, what="running again")
+    time.sleep(0.2)
+    again.pause()
+    wait_until(lambda: again.status is S.PAUSED, timeout=10, what="suspended again")
+    worker = int(tell.read_text())
+    again.stop()
+    final = again.wait(timeout=10)
+    assert final.status is S.STOPPED
+    wait_until(lambda: not _alive(worker), timeout=10, what="the suspended worker gone")
+
+
 def test_a_worker_that_dies_fails_its_task_crashed_and_is_retried(node: Controller) -> None:
     exits = node.task(tasks.exits, carrier="process", name="exits", retries=1)
     final = exits.submit(3).wait(timeout=60)
@@ -156,6 +188,8 @@ def test_a_module_level_task_runs_in_a_process_once_registered(node: Controller)
     assert cube.submit(3).result(timeout=60) == 27
     with pytest.raises(ConfigurationError, match="takes a plain function"):
         node.task(tasks.async_work, carrier="process", name="async")
+    with pytest.raises(ConfigurationError, match="suspend=True needs carrier='process'"):
+        node.task(tasks.pid, suspend=True, name="thread-suspend")
     with pytest.raises(ConfigurationError, match="carrier must be"):
         node.task(tasks.pid, carrier="fiber", name="fiber")  # type: ignore[arg-type]
 

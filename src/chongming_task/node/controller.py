@@ -359,6 +359,7 @@ class Controller(AsyncFace):
         tags: Iterable[str] = (),
         max_per_key: int | None = None,
         carrier: Carrier = "thread",
+        suspend: bool = False,
     ) -> Task[P]: ...
 
     @overload
@@ -375,6 +376,7 @@ class Controller(AsyncFace):
         tags: Iterable[str] = (),
         max_per_key: int | None = None,
         carrier: Carrier = "thread",
+        suspend: bool = False,
     ) -> Callable[[Callable[Concatenate[Any, P], Any]], Task[P]]: ...
 
     def task(
@@ -390,6 +392,7 @@ class Controller(AsyncFace):
         tags: Iterable[str] = (),
         max_per_key: int | None = None,
         carrier: Carrier = "thread",
+        suspend: bool = False,
     ) -> Task[Any] | Callable[[TaskFunction], Task[Any]]:
         """Define a task on this node: ``@node.task(retries=3)`` or ``node.task(fn)``;
         a ``Task`` to submit (``.submit(...)``, ``.configure(...).submit(...)``). The
@@ -405,6 +408,8 @@ class Controller(AsyncFace):
         ``"process"`` runs the function in one of the node's worker processes
         (``max_processes``), for work that needs a core of its own or a stop that
         ends it for certain; the function must be importable by its module and name.
+        ``suspend``: a process task that reaches no checkpoint within ``timeout_grace``
+        of a pause is suspended where it stands (its worker stopped) until resumed.
         """
 
         def decorate(f: TaskFunction) -> Task[Any]:
@@ -418,6 +423,7 @@ class Controller(AsyncFace):
                 tags=tags,
                 max_per_key=max_per_key,
                 carrier=carrier,
+                suspend=suspend,
             )
             return Task(self._definitions.register(definition), self._submitter)
 

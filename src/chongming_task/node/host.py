@@ -106,6 +106,14 @@ class NodeHost:
         processes = self._processes
         return processes is not None and processes.terminate(run)
 
+    def suspend(self, run: Run) -> int | None:
+        processes = self._processes
+        return None if processes is None else processes.suspend(run)
+
+    def carry_on(self, run: Run) -> None:
+        if self._processes is not None:
+            self._processes.carry_on(run)
+
     def desynced(
         self,
         task_id: str,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -48,7 +49,7 @@ class RaisedInChild(Exception):
 class _Child:
     """One worker process and the node's ends of its two pipes."""
 
-    __slots__ = ("alive", "conn", "killed", "process", "tasks")
+    __slots__ = ("alive", "conn", "killed", "process", "suspended", "tasks")
 
     def __init__(self, context: BaseContext) -> None:
         conn, child_conn = context.Pipe()
@@ -63,6 +64,7 @@ class _Child:
         self.conn = conn
         self.tasks = 0
         self.killed = False
+        self.suspended = False
 
     @property
     def pid(self) -> int | None:
@@ -218,11 +220,34 @@ class ProcessPool:
             return child is not None
         child.killed = True
         log.info("task %s: terminating its worker process %s", run.task_id, child.pid)
+        if child.suspended:  # a stopped process would hold its SIGTERM until continued
+            _signal(child, signal.SIGCONT)
+            child.suspended = False
         child.process.terminate()
         timer = threading.Timer(self._kill_grace, _kill_if_alive, args=(child.process,))
         timer.daemon = True
         timer.start()
         return True
+
+    def suspend(self, run: Run) -> int | None:
+        """Stop the worker process carrying ``run`` where it stands (SIGSTOP): a pause
+        it did not reach at a checkpoint. Its pid, or ``None`` if none carries it."""
+        with self._lock:
+            child = self._carrying.get(run.task_id)
+        if child is None or child.killed:
+            return None
+        if not child.suspended and _signal(child, signal.SIGSTOP):
+            child.suspended = True
+            log.info("task %s: suspended its worker process %s", run.task_id, child.pid)
+        return child.pid if child.suspended else None
+
+    def carry_on(self, run: Run) -> None:
+        """Continue the suspended worker process of ``run`` (SIGCONT)."""
+        with self._lock:
+            child = self._carrying.get(run.task_id)
+        if child is not None and child.suspended:
+            child.suspended = False
+            _signal(child, signal.SIGCONT)
 
     def pid_of(self, task_id: str) -> int | None:
         """The worker process carrying ``task_id`` now, if one is."""
@@ -241,6 +266,18 @@ class ProcessPool:
         for child in busy:
             child.killed = True
             child.process.kill()
+
+
+def _signal(child: _Child, sent: signal.Signals) -> bool:
+    """Send ``sent`` to ``child``; whether it was there to get it."""
+    pid = child.pid
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, sent)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _kill_if_alive(process: BaseProcess) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import os
 import pickle
+import signal
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -154,8 +155,19 @@ def _raised(exc: BaseException) -> Raised:
     return Raised(kept, type(exc).__qualname__, str(exc), text)
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent (the fork server, which ends
+    with the node) dies, even while it is stopped and its watch thread cannot run."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def serve(conn: Connection, alive: Connection) -> None:
     """A worker process's life: jobs until the node sends ``None`` or goes away."""
+    _die_with_parent()
     install_log_context()
     threading.Thread(target=_watch_node, args=(alive,), name="node-watch", daemon=True).start()
     found: dict[tuple[str, str], Callable[..., Any]] = {}

@@ -95,6 +95,13 @@ class RunHost(WritesHost, Protocol):
         """End the worker process carrying a process run (its stop or timeout grace ran
         out); whether one was carrying it."""
 
+    def suspend(self, run: Run) -> int | None:
+        """Stop the worker process carrying a process run where it stands (SIGSTOP);
+        its pid, or ``None`` if none carries it."""
+
+    def carry_on(self, run: Run) -> None:
+        """Continue a suspended process run's worker process (SIGCONT)."""
+
 
 class RunGroup(Protocol):
     """What a run may belong to (a pipeline run): told when a member has ended."""

@@ -80,7 +80,9 @@ class Run:
         "_kwargs",
         "_lease_renew_at",
         "_lock",
+        "_pause_deadline",
         "_paused_at",
+        "_suspended",
         "abandoned",
         "cancel_asked",
         "definition",
@@ -133,6 +135,8 @@ class Run:
         self._grace_deadline: float | None = None
         self._held = False  # a pause holds it before its start, as the store says
         self._paused_at: float | None = None
+        self._pause_deadline: float | None = None  # a pause's grace, where it may suspend
+        self._suspended = False  # its worker process is stopped (SIGSTOP) by a pause
         self._flushed_activity = 0
         self._lease_renew_at = 0.0  # monotonic time when the node renews the lease
 
@@ -326,9 +330,13 @@ class Run:
                     self._grace_deadline = self._host.clock.monotonic() + grace + CANCEL_WAIT
         elif self.definition.carrier == "process":  # its worker is ended once grace is out
             with self._lock:
+                suspended, self._suspended = self._suspended, False
+                self._pause_deadline = None
                 if self._grace_deadline is None:
                     grace = self.definition.timeout_grace
                     self._grace_deadline = self._host.clock.monotonic() + grace
+            if suspended:  # a stopped process reaches no checkpoint: ended at once
+                self._host.terminate(self)
         return O.STOPPING
 
     def stop(self, reason: str | None = None, actor: str | None = None) -> O:
@@ -359,6 +367,9 @@ class Run:
             else:
                 hold = False
                 self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
+                if self.definition.suspend:  # suspended if no checkpoint within its grace
+                    grace = self.definition.timeout_grace
+                    self._pause_deadline = self._host.clock.monotonic() + grace
         if status is not S.RUNNING:
             if hold:  # every process can see that it waits for a resume
                 self._mark_hold(True)
@@ -393,10 +404,13 @@ class Run:
             if status is S.STOPPING:
                 return O.STOPPING
             held = False
+            suspended = self._suspended
             if status in states.PAUSE_HELD:
                 if self._paused_at is not None and self._deadline is not None:
                     self._deadline += self._host.clock.monotonic() - self._paused_at
                 self._paused_at = None
+                self._pause_deadline = None
+                self._suspended = False
                 self._apply(S.RUNNING, reason=reason or "resumed", actor=actor)
             elif self.signals.pause_requested:
                 self.signals.resume()  # not started yet: no transition to write
@@ -408,6 +422,8 @@ class Run:
                 self._mark_hold(False)
             return O.RESUMED
         self.writes.write()
+        if suspended:  # its worker process continues where it stood (SIGCONT)
+            self._host.carry_on(self)
         self._tell_token(S.RUNNING, self.signals.resume)
         return O.RESUMED
 
@@ -446,6 +462,9 @@ class Run:
                 if self.signals.pause_requested:
                     self._apply(S.PAUSING, reason="pause requested before start")
                     held, self._held = self._held, False  # its status says it now
+                    if self.definition.suspend:  # suspended if it reaches no checkpoint
+                        grace = self.definition.timeout_grace
+                        self._pause_deadline = self._host.clock.monotonic() + grace
             joins = joins and not stopped
             taken = None if joins else self.writes.take_if_free()
         if held:
@@ -596,6 +615,18 @@ class Run:
             status = self.writes.snapshot.status
             if status.is_terminal or status is S.PAUSED:
                 return False
+            pause_due = self._pause_deadline
+            if status is S.PAUSING and pause_due is not None and now >= pause_due:
+                self._pause_deadline = None
+                suspend = True
+            else:
+                suspend = False
+        if suspend:
+            return self._suspend()
+        with self._lock:
+            status = self.writes.snapshot.status
+            if status.is_terminal or status is S.PAUSED:
+                return False
             if self._grace_deadline is not None:
                 if now < self._grace_deadline:
                     return False
@@ -627,6 +658,20 @@ class Run:
         )
         if self.definition.is_async:  # a coroutine can really be cancelled: at once
             self._host.cancel_async(self, after=0.0)
+        return True
+
+    def _suspend(self) -> bool:
+        """A pause of a process task that reached no checkpoint within its grace: its
+        worker process is stopped where it stands (SIGSTOP), and the task is paused."""
+        pid = self._host.suspend(self)
+        if pid is None:
+            return False  # no worker process carries it (yet): it pauses at a checkpoint
+        with self._lock:
+            self._suspended = True
+            if self.writes.snapshot.status is S.PAUSING:
+                self._paused_at = self._host.clock.monotonic()
+                self._apply(S.PAUSED, reason=f"suspended: its worker process {pid} stopped")
+        self.writes.write()
         return True
 
     def _abandon(self, waited: float) -> None:
