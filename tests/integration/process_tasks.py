@@ -3,6 +3,7 @@ module and name (a test module's own functions are found the same way)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -76,3 +77,13 @@ def cpu_seconds(pid: int) -> float:
     """The process's user and system CPU time so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def chatty(token: CancellationToken, customer: str) -> str:
+    logging.getLogger("reports").info("rendering the report of %s", customer)
+    try:
+        raise KeyError("missing column")
+    except KeyError:
+        logging.getLogger("reports").exception("a column was missing")
+    logging.getLogger("reports").debug("not sent: below the node's level")
+    return customer

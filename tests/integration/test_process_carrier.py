@@ -4,6 +4,7 @@ input refused where it is handed over, and no worker left behind a killed node."
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -78,6 +79,26 @@ def test_progress_pause_resume_and_stop_cross_the_boundary(
     assert final.status is S.STOPPED
     child = int(tell.read_text())
     assert _alive(child)  # a stop obeyed at a checkpoint keeps its worker, warm
+
+
+def test_log_records_made_in_the_child_reach_the_nodes_logging_naming_the_task(
+    node: Controller, caplog: pytest.LogCaptureFixture
+) -> None:
+    chatty = node.task(tasks.chatty, carrier="process", name="chatty")
+    with caplog.at_level(logging.INFO):
+        run = chatty.submit("acme")
+        assert run.result(timeout=60) == "acme"
+    said = [r for r in caplog.records if r.name == "reports"]
+    assert [r.getMessage() for r in said] == [
+        "rendering the report of acme",
+        "a column was missing",
+    ]
+    assert all(getattr(r, "task_id", None) == run.task_id for r in said)
+    assert all(getattr(r, "task_name", None) == "chatty" for r in said)
+    assert all(getattr(r, "attempt", None) == 1 for r in said)
+    assert said[0].process != os.getpid() and "KeyError: 'missing column'" in (
+        said[1].exc_text or ""
+    )
 
 
 def test_a_failure_in_the_child_fails_the_task_with_its_traceback(node: Controller) -> None:

@@ -140,6 +140,7 @@ class ProcessPool:
             name=definition.name,
             attempt=signals.attempt,
             bucket=run.bucket,
+            log_level=logging.getLogger().getEffectiveLevel(),
         )
         self._free.acquire()
         child = None
@@ -170,6 +171,10 @@ class ProcessPool:
                     self.crashed += 1
                 raise CarrierCrashed(f"its worker process {child.pid} died: {how}") from None
             kind = message[0]
+            if kind == "log":  # one-way: handled here, as a record made on this thread
+                record = logging.makeLogRecord(message[1])
+                logging.getLogger(record.name).handle(record)
+                continue
             if kind == "returned":
                 child.tasks += 1
                 return message[1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import pickle
 import signal
@@ -50,6 +51,8 @@ class Job:
     name: str
     attempt: int
     bucket: int | None
+    log_level: int = logging.WARNING
+    """The node's root log level: the child's records at it or above cross to the node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,22 +76,54 @@ def locate(module: str, qualname: str) -> Callable[..., Any]:
     return found  # type: ignore[no-any-return]
 
 
+class _ToNode(logging.Handler):
+    """Sends the child's log records to the node, one-way, beside the job's round trips
+    (the node's logging then handles them, the task's names on each)."""
+
+    def __init__(self, conn: Connection, lock: threading.Lock) -> None:
+        super().__init__()
+        self._conn = conn
+        self._lock = lock
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = dict(record.__dict__)
+            fields["msg"] = record.getMessage()
+            fields["args"] = None
+            if record.exc_info:
+                fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
+            fields["exc_info"] = None
+            fields["processName"] = f"worker {os.getpid()}"
+            with self._lock:
+                self._conn.send(("log", fields))
+        except Exception:
+            self.handleError(record)
+
+
 class ChildSignals:
     """What a token in a worker process reports to, and hears from: the node, over the
     job's connection. Each call is one round trip; the node answers once it has carried
     the request out (a checkpoint of a paused task is answered at the resume)."""
 
-    __slots__ = ("_conn", "_progress", "_stopped", "task_id", "upstream")
+    __slots__ = ("_conn", "_progress", "_sending", "_stopped", "task_id", "upstream")
 
-    def __init__(self, conn: Connection, task_id: str, upstream: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        task_id: str,
+        upstream: Mapping[str, Any],
+        sending: threading.Lock,
+    ) -> None:
         self._conn = conn
+        self._sending = sending
         self.task_id = task_id
         self.upstream = upstream
         self._progress: Progress | None = None
         self._stopped: str | None = None
 
     def _ask(self, *request: Any) -> Any:
-        self._conn.send(request)
+        with self._sending:
+            self._conn.send(request)
         answer = self._conn.recv()
         if isinstance(answer, tuple) and answer and answer[0] == "stop":
             self._stopped = answer[1] or f"task {self.task_id}: stop requested"
@@ -170,6 +205,11 @@ def serve(conn: Connection, alive: Connection) -> None:
     _die_with_parent()
     install_log_context()
     threading.Thread(target=_watch_node, args=(alive,), name="node-watch", daemon=True).start()
+    sending = threading.Lock()  # the task's threads may log while it checkpoints
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(_ToNode(conn, sending))
     found: dict[tuple[str, str], Callable[..., Any]] = {}
     while True:
         try:
@@ -178,13 +218,14 @@ def serve(conn: Connection, alive: Connection) -> None:
             return
         if job is None:
             return
+        root.setLevel(job.log_level)
         mark = enter(_Running(job.task_id, job.name, job.bucket, _Attempt(job.attempt)))
         try:
             where = (job.module, job.qualname)
             func = found.get(where)
             if func is None:
                 func = found[where] = locate(job.module, job.qualname)
-            signals = ChildSignals(conn, job.task_id, job.upstream)
+            signals = ChildSignals(conn, job.task_id, job.upstream, sending)
             result = func(CancellationToken(signals), *job.args, **job.kwargs)
         except BaseException as exc:
             answer: tuple[str, Any] = ("raised", _raised(exc))
@@ -193,8 +234,11 @@ def serve(conn: Connection, alive: Connection) -> None:
         finally:
             leave(mark)
         try:
-            conn.send(answer)
+            with sending:
+                conn.send(answer)
         except (EOFError, OSError):
             return
         except Exception as exc:  # the result does not pickle
-            conn.send(("raised", _raised(TypeError(f"its result cannot cross back: {exc}"))))
+            failed = _raised(TypeError(f"its result cannot cross back: {exc}"))
+            with sending:
+                conn.send(("raised", failed))
