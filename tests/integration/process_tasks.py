@@ -87,3 +87,19 @@ def chatty(token: CancellationToken, customer: str) -> str:
         logging.getLogger("reports").exception("a column was missing")
     logging.getLogger("reports").debug("not sent: below the node's level")
     return customer
+
+
+def hungry(token: CancellationToken, megabytes: int) -> int:
+    """Asks for more memory than its worker may have (a small address-space limit)."""
+    import resource
+
+    usage = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (usage + 64 * 2**20, resource.RLIM_INFINITY))
+    block = bytearray(megabytes * 2**20)
+    return len(block)
+
+
+def checkpoints(token: CancellationToken) -> str:
+    while True:
+        token.checkpoint()
+        time.sleep(0.01)

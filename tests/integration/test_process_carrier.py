@@ -23,9 +23,12 @@ from chongming_task import (
     Pipeline,
     SqliteTaskStore,
     TaskStatus,
+    TaskStore,
 )
+from chongming_task.stores.postgres import PostgresTaskStore
 from tests.conftest import wait_until
 from tests.integration import process_tasks as tasks
+from tests.integration.postgres_support import drop_schemas, made_schema, require_dsn
 
 S = TaskStatus
 
@@ -187,6 +190,64 @@ def test_a_worker_that_dies_fails_its_task_crashed_and_is_retried(node: Controll
     assert final.failure is not None and "killed by SIGKILL" in final.failure.message
     square = node.task(tasks.square, carrier="process", name="square")
     assert square.submit(6).result(timeout=60)["square"] == 36  # type: ignore[index, call-overload]
+
+
+def test_a_worker_out_of_memory_fails_its_task_and_the_node_goes_on(tmp_path: Path) -> None:
+    with Controller(
+        SqliteTaskStore(tmp_path / "t.db"), max_processes=1, max_tasks_per_process=1
+    ) as node:
+        hungry = node.task(tasks.hungry, carrier="process", name="hungry")
+        final = hungry.submit(512).wait(timeout=60)
+        assert final.status is S.FAILED and final.failure is not None
+        assert final.failure.kind in (FailureKind.EXCEPTION, FailureKind.CRASHED)
+        assert "MemoryError" in final.failure.message or "killed" in final.failure.message
+        square = node.task(tasks.square, carrier="process", name="square")
+        assert square.submit(7).result(timeout=60)["square"] == 49  # type: ignore[index, call-overload]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_the_cli_pauses_resumes_and_stops_a_process_task_held_by_a_node(
+    tmp_path: Path, kind: str
+) -> None:
+    where: list[str]
+    if kind == "sqlite":
+        db = tmp_path / "cli.db"
+        store: TaskStore = SqliteTaskStore(db)
+        where, dropped = ["--db", str(db)], None
+    else:
+        dsn = require_dsn()
+        dropped = made_schema(dsn)
+        store = PostgresTaskStore(dsn, schema=dropped)
+        where = ["--db", dsn, "--pg-schema", dropped]
+    try:
+        _pause_resume_stop_from_the_cli(store, where)
+    finally:
+        store.close()
+        if dropped is not None:
+            drop_schemas(require_dsn(), [dropped])
+
+
+def _pause_resume_stop_from_the_cli(store: TaskStore, where: list[str]) -> None:
+    with Controller(store, max_processes=1, activity_interval=0.05) as node:
+        looping = node.task(tasks.checkpoints, carrier="process", name="looping")
+        run = looping.submit()
+        wait_until(lambda: run.status is S.RUNNING, timeout=30, what="running")
+
+        def cli(*args: str) -> str:
+            done = subprocess.run(
+                [sys.executable, "-m", "chongming_task", *where, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert "paused" in cli("pause", run.task_id, "--wait", "10")
+        assert run.status is S.PAUSED
+        assert "running" in cli("resume", run.task_id, "--wait", "10")
+        cli("stop", run.task_id, "--wait", "10")
+        assert run.wait(timeout=10).status is S.STOPPED
 
 
 def test_what_cannot_cross_is_refused_where_it_is_handed_over(node: Controller) -> None:
