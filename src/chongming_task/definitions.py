@@ -53,7 +53,7 @@ class TaskDefinition:
     carrier: Carrier = "thread"
     """``"process"``: the function runs in one of the node's worker processes
     (docs/design.md, "Process carriers"): a core of its own, and a stop or timeout that
-    ends it for certain."""
+    ends it for certain. Its tasks carry the tag ``process`` (``ps --carrier process``)."""
     suspend: bool = False
     """A process task that reaches no checkpoint within ``timeout_grace`` of a pause is
     suspended where it stands (its worker process stopped) until resumed. Off by
@@ -101,6 +101,7 @@ class TaskDefinition:
             )
         if self.carrier == "process":
             _check_by_reference(self.name, self.func, is_async=self.is_async)
+            object.__setattr__(self, "tags", self.tags | {"process"})
         elif self.suspend:
             raise ConfigurationError(
                 f"task {self.name}: suspend=True needs carrier='process' (a thread cannot "

@@ -4,6 +4,7 @@ input refused where it is handed over, and no worker left behind a killed node."
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -243,6 +244,10 @@ def _pause_resume_stop_from_the_cli(store: TaskStore, where: list[str]) -> None:
             assert done.returncode == 0, done.stderr
             return done.stdout
 
+        listed = json.loads(cli("ps", "--carrier", "process", "--json"))
+        assert [row["task_id"] for row in listed] == [run.task_id]
+        assert "process" in listed[0]["tags"]
+        assert json.loads(cli("ps", "--carrier", "async", "--json")) == []
         assert "paused" in cli("pause", run.task_id, "--wait", "10")
         assert run.status is S.PAUSED
         assert "running" in cli("resume", run.task_id, "--wait", "10")

@@ -73,7 +73,7 @@ def _count(ctx: Context) -> int | None:
     """How many tasks the selection holds, where one count of the store answers it (a
     selection by status and bucket only); ``None`` otherwise."""
     a, query = ctx.args, task_query(ctx)
-    narrowed = (a.name, a.tag, a.pipeline, a.node, a.dedupe_key, a.older_than)
+    narrowed = (a.name, a.tag, a.carrier, a.pipeline, a.node, a.dedupe_key, a.older_than)
     if any(value is not None for value in narrowed):
         return None
     pairs = Capabilities(ctx.store()).count_tasks("bucket_status", statuses=query.statuses)

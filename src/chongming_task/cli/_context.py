@@ -172,10 +172,15 @@ def task_query(ctx: Context) -> TaskQuery:
         statuses = frozenset(TaskStatus(s) for s in a.status)
     elif not a.all:
         statuses = NON_TERMINAL
+    tag = a.tag
+    if a.carrier is not None:  # a carrier's tasks carry its name as a tag
+        if tag is not None and tag != a.carrier:
+            raise UsageError(f"--carrier {a.carrier} selects the tag {a.carrier}: not with --tag")
+        tag = a.carrier
     return TaskQuery(
         statuses=statuses,
         name_glob=a.name,  # an exact name is the glob without wildcards
-        tag=a.tag,
+        tag=tag,
         buckets=buckets,
         pipeline_run_id=pipeline_run(ctx, a.pipeline),
         owner=a.node,

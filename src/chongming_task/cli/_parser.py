@@ -197,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--status", action="append", choices=[s.value for s in TaskStatus])
         p.add_argument("--name")
         p.add_argument("--tag")
+        p.add_argument(
+            "--carrier",
+            choices=["process", "async"],
+            help="only the tasks run in worker processes, or as async def (their tag)",
+        )
         p.add_argument("--bucket", action="append", type=count)
         p.add_argument("--pipeline")
         p.add_argument("--node", help="only the tasks of this node (their owner)")
