@@ -103,3 +103,11 @@ def checkpoints(token: CancellationToken) -> str:
     while True:
         token.checkpoint()
         time.sleep(0.01)
+
+
+def bad_progress(token: CancellationToken) -> str:
+    try:
+        token.checkpoint(float("nan"))
+    except ValueError as exc:
+        return f"refused: {type(exc).__name__}"
+    return "accepted"

@@ -79,6 +79,8 @@ def test_progress_pause_resume_and_stop_cross_the_boundary(
     run.resume()
     wait_until(lambda: run.progress != held, timeout=10, what="moving again")
     assert run.stop(reason="enough").outcome == "stopping"
+    bad = node.task(tasks.bad_progress, carrier="process", name="bad-progress")
+    assert bad.submit().result(timeout=60) == "refused: InvalidValue"  # raised in the task
     final = run.wait(timeout=10)
     assert final.status is S.STOPPED
     child = int(tell.read_text())

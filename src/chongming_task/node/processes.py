@@ -145,6 +145,8 @@ class ProcessPool:
         self._free.acquire()
         child = None
         try:
+            if signals.stop_kind is not None:  # stopped while it waited for a worker
+                raise StopRequested(f"task {run.task_id}: stop requested")
             child = self._take()
             with self._lock:
                 self._carrying[run.task_id] = child
@@ -191,8 +193,8 @@ class ProcessPool:
                     answer = signals.stop_kind is not None
             except StopRequested as exc:
                 answer = ("stop", str(exc))
-            except Exception as exc:  # progress the store could not hold: the task's fault
-                answer = ("stop", f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # progress the store could not hold: raised in the task
+                answer = ("error", exc)
             with contextlib.suppress(OSError):  # it died meanwhile: the next recv says how
                 conn.send(answer)
 
@@ -206,8 +208,12 @@ class ProcessPool:
         return _Child(self._context)
 
     def _give_back(self, child: _Child) -> None:
-        if child.conn.closed or not child.process.is_alive():
-            return  # it died or was terminated: the next call starts a fresh one
+        if child.killed or child.conn.closed or not child.process.is_alive():
+            # Dead, or terminated (its task may have ended as the signal was sent):
+            # never reused; the next call starts a fresh one.
+            if not child.conn.closed:
+                child.ended()
+            return
         spent = self._max_tasks is not None and child.tasks >= self._max_tasks
         with self._lock:
             keep = not spent and not self._closed

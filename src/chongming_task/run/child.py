@@ -125,9 +125,12 @@ class ChildSignals:
         with self._sending:
             self._conn.send(request)
         answer = self._conn.recv()
-        if isinstance(answer, tuple) and answer and answer[0] == "stop":
-            self._stopped = answer[1] or f"task {self.task_id}: stop requested"
-            raise StopRequested(self._stopped)
+        if isinstance(answer, tuple) and answer:
+            if answer[0] == "stop":
+                self._stopped = answer[1] or f"task {self.task_id}: stop requested"
+                raise StopRequested(self._stopped)
+            if answer[0] == "error":  # the node refused the request (progress, say)
+                raise answer[1]
         return answer
 
     def checkpoint(self, progress: Progress | float | None = None) -> None:
