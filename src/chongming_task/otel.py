@@ -299,6 +299,7 @@ class _Watcher:
                 "messaging.destination.name": run.name,
                 **self._described(run),
                 "chongming.task.attempt": snapshot.attempt,
+                "chongming.task.carrier": _carrier(run),
             }
             span = self._tracer.start_span(
                 f"run {run.name}",
@@ -481,3 +482,10 @@ class ChongmingTaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _observe.remove(self._watcher)
             self._watcher.meter.close()
             self._watcher = None
+
+
+def _carrier(run: Run) -> str:
+    """What carried an attempt: ``thread``, ``async`` (the node's event loop) or
+    ``process`` (a worker process)."""
+    definition = run.definition
+    return "async" if definition.is_async else definition.carrier

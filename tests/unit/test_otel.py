@@ -126,6 +126,7 @@ def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel
                 "chongming.task.bucket": 2,
                 "chongming.task.attempt": attempt,
                 "chongming.task.node": "node-a",
+                "chongming.task.carrier": "thread",
                 "messaging.operation.type": "process",
             }.items()
         )
@@ -139,6 +140,25 @@ def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel
     assert (second.attributes or {})["chongming.task.outcome"] == "succeeded"
     assert run.snapshot().trace_context is not None
     assert run.snapshot().trace_context.startswith(f"00-{trace_id:032x}-")  # type: ignore[union-attr]
+
+
+def test_a_run_span_says_which_carrier_ran_the_attempt(make_controller: Make, otel: Otel) -> None:
+    from tests.integration import process_tasks
+
+    c = make_controller(max_processes=1)
+    pid = c.task(process_tasks.pid, carrier="process", name="pid")
+
+    @c.task(name="coroutine")
+    async def coroutine(token: CancellationToken) -> None:
+        return None
+
+    assert pid.submit().wait(60).status is TaskStatus.SUCCEEDED
+    assert coroutine.submit().wait(10).status is TaskStatus.SUCCEEDED
+    wait_for(lambda: bool(otel.finished("run pid")) and bool(otel.finished("run coroutine")))
+    (process,) = otel.finished("run pid")
+    (loop,) = otel.finished("run coroutine")
+    assert (process.attributes or {})["chongming.task.carrier"] == "process"
+    assert (loop.attributes or {})["chongming.task.carrier"] == "async"
 
 
 def test_controls_are_events_that_say_who_and_why(tmp_path: Path, otel: Otel) -> None:
