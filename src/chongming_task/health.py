@@ -40,6 +40,17 @@ class ServiceFault:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerProcesses:
+    """A node's worker processes (``carrier="process"`` tasks): carrying a task now,
+    idle, started in its life (replacements included), and died on their own."""
+
+    busy: int = 0
+    idle: int = 0
+    started: int = 0
+    crashed: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeHealth:
     """What a node says of itself: store writes failing, service threads that died,
     runs the store has moved on from (desynced). Healthy when none of the first two."""
@@ -57,6 +68,8 @@ class NodeHealth:
     """Times an async task blocked the node's event loop (sync work in ``async def``)."""
     connections: int | None = None
     """Server connections the node's store holds (``None``: a store without a server)."""
+    processes: WorkerProcesses | None = None
+    """Its worker processes (``None``: it has started none)."""
 
     @property
     def healthy(self) -> bool:
@@ -92,6 +105,14 @@ class NodeHealth:
             "loop_stalls": self.loop_stalls,
             "connections": self.connections,
         }
+        if self.processes is not None:
+            p = self.processes
+            data["processes"] = {
+                "busy": p.busy,
+                "idle": p.idle,
+                "started": p.started,
+                "crashed": p.crashed,
+            }
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -119,6 +140,7 @@ class NodeHealth:
                 desynced=int(data.get("desynced", 0)),
                 loop_stalls=int(data.get("loop_stalls", 0)),
                 connections=None if data.get("connections") is None else int(data["connections"]),
+                processes=_processes(data.get("processes")),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -262,6 +284,17 @@ class ServiceWatch:
         return faults, unhealthy
 
 
+def _processes(data: Any) -> WorkerProcesses | None:
+    if not isinstance(data, dict):
+        return None
+    return WorkerProcesses(
+        busy=int(data.get("busy", 0)),
+        idle=int(data.get("idle", 0)),
+        started=int(data.get("started", 0)),
+        crashed=int(data.get("crashed", 0)),
+    )
+
+
 class HealthMonitor:
     """One node's health watchers: its store faults and its service threads."""
 
@@ -275,6 +308,8 @@ class HealthMonitor:
         self.faults = FaultLog(logger, now=now, monotonic=monotonic)
         self.watch = ServiceWatch(now=now, monotonic=monotonic)
         self.loop_stalls = 0
+        self.processes: Callable[[], WorkerProcesses | None] | None = None
+        """How the node's worker processes stand (set where it has them)."""
 
     def loop_stalled(self) -> None:
         self.loop_stalls += 1
@@ -291,4 +326,5 @@ class HealthMonitor:
             desynced=desynced,
             loop_stalls=self.loop_stalls,
             connections=connections,
+            processes=None if self.processes is None else self.processes(),
         )

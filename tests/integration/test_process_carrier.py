@@ -26,6 +26,7 @@ from chongming_task import (
     TaskStatus,
     TaskStore,
 )
+from chongming_task.health import NodeHealth
 from chongming_task.stores.postgres import PostgresTaskStore
 from tests.conftest import wait_until
 from tests.integration import process_tasks as tasks
@@ -193,6 +194,10 @@ def test_a_worker_that_dies_fails_its_task_crashed_and_is_retried(node: Controll
     assert final.failure is not None and "killed by SIGKILL" in final.failure.message
     square = node.task(tasks.square, carrier="process", name="square")
     assert square.submit(6).result(timeout=60)["square"] == 36  # type: ignore[index, call-overload]
+    counts = node.health().processes  # written in the node's declaration: /metrics reads it
+    assert counts is not None and counts.crashed == 3 and counts.started >= 4
+    assert counts.busy == 0 and counts.idle >= 1
+    assert NodeHealth.from_json(node.health().to_json()) == node.health()
 
 
 def test_a_worker_out_of_memory_fails_its_task_and_the_node_goes_on(tmp_path: Path) -> None:

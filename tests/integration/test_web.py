@@ -468,7 +468,7 @@ def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
     from prometheus_client.parser import text_string_to_metric_families
 
     from chongming_task import TaskSnapshot
-    from chongming_task.health import NodeHealth, ServiceFault
+    from chongming_task.health import NodeHealth, ServiceFault, WorkerProcesses
     from chongming_task.late import LateReport
     from chongming_task.model import NodeRecord
 
@@ -492,6 +492,7 @@ def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
                 services=(ServiceFault(service="writer", deaths=2, error="OSError: x", at=now),),
                 unhealthy_services=("writer",),
                 desynced=1,
+                processes=WorkerProcesses(busy=1, idle=2, started=5, crashed=2),
             ),
         )
     )
@@ -538,6 +539,10 @@ def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
         assert value("chongming_node_store_write_failures", node="node-a") == 41
         assert value("chongming_node_service_deaths", node="node-a", service="writer") == 2
         assert value("chongming_node_desynced_runs", node="node-a") == 1
+        assert value("chongming_node_worker_processes", node="node-a", state="busy") == 1
+        assert value("chongming_node_worker_processes", node="node-a", state="idle") == 2
+        assert value("chongming_node_worker_processes_started", node="node-a") == 5
+        assert value("chongming_node_worker_processes_crashed", node="node-a") == 2
         assert value("chongming_late_reports") == 1
         assert value("chongming_alarms", kind="late-report") == 1
         assert value("chongming_alarms", kind="node-unhealthy") == 1

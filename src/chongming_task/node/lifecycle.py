@@ -166,6 +166,8 @@ class NodeServices:
         self.workers.thread_watch = health.watch
         self.aio.thread_watch = health.watch
         self.aio.on_stall = health.loop_stalled
+        if self.processes is not None:
+            health.processes = self.processes.counts
         self.pipelines.thread_watch = health.watch
         if self.writer is not None:
             self.writer.thread_watch = health.watch

@@ -26,6 +26,7 @@ from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CarrierCrashed, StopRequested
+from ..health import WorkerProcesses
 from ..run.child import Job, Raised, serve
 
 if TYPE_CHECKING:
@@ -259,6 +260,18 @@ class ProcessPool:
         if child is not None and child.suspended:
             child.suspended = False
             _signal(child, signal.SIGCONT)
+
+    def counts(self) -> WorkerProcesses | None:
+        """How its worker processes stand (``None`` before it started any)."""
+        with self._lock:
+            if not self.started:
+                return None
+            return WorkerProcesses(
+                busy=len(self._carrying),
+                idle=len(self._idle),
+                started=self.started,
+                crashed=self.crashed,
+            )
 
     def pid_of(self, task_id: str) -> int | None:
         """The worker process carrying ``task_id`` now, if one is."""

@@ -136,6 +136,21 @@ def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
         "Times an async task blocked a live node's event loop (over about 100 ms).",
         labels=["node"],
     )
+    workers = GaugeMetricFamily(
+        "chongming_node_worker_processes",
+        "A live node's worker processes for process tasks, busy or idle.",
+        labels=["node", "state"],
+    )
+    started = GaugeMetricFamily(
+        "chongming_node_worker_processes_started",
+        "Worker processes a live node started, replacements included.",
+        labels=["node"],
+    )
+    crashed = GaugeMetricFamily(
+        "chongming_node_worker_processes_crashed",
+        "A live node's worker processes that died on their own while carrying a task.",
+        labels=["node"],
+    )
     for n in report.nodes:
         health = n.record.health
         if not n.live or health is None:
@@ -147,7 +162,12 @@ def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
         stalls.add_metric([node], health.loop_stalls)
         for fault in health.services:
             deaths.add_metric([node, fault.service], fault.deaths)
-    yield from (healthy, failures, deaths, desynced, stalls)
+        if health.processes is not None:
+            workers.add_metric([node, "busy"], health.processes.busy)
+            workers.add_metric([node, "idle"], health.processes.idle)
+            started.add_metric([node], health.processes.started)
+            crashed.add_metric([node], health.processes.crashed)
+    yield from (healthy, failures, deaths, desynced, stalls, workers, started, crashed)
 
 
 def _label(bucket: int | None) -> str:
