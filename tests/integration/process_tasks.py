@@ -111,3 +111,14 @@ def bad_progress(token: CancellationToken) -> str:
     except ValueError as exc:
         return f"refused: {type(exc).__name__}"
     return "accepted"
+
+
+_kept: list[bytearray] = []
+
+
+def hoards(token: CancellationToken, megabytes: int) -> int:
+    """Keeps ``megabytes`` in its worker after it returns (a cache that grows, say)."""
+    block = bytearray(megabytes * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touched: resident, not just reserved
+    _kept.append(block)
+    return os.getpid()

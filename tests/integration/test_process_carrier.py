@@ -297,6 +297,20 @@ def test_workers_are_replaced_after_their_share_of_tasks(tmp_path: Path) -> None
         assert len(set(seen)) == 3
 
 
+def test_a_worker_holding_more_than_its_memory_line_is_replaced(tmp_path: Path) -> None:
+    with Controller(
+        SqliteTaskStore(tmp_path / "t.db"), max_processes=1, max_memory_per_process=200 * 2**20
+    ) as node:
+        hoards = node.task(tasks.hoards, carrier="process", name="hoards")
+        small = [hoards.submit(1).result(timeout=60) for _ in range(2)]
+        assert small[0] == small[1]  # well under the line: the same worker
+        big = hoards.submit(300).result(timeout=60)
+        assert big == small[0]
+        after = hoards.submit(1).result(timeout=60)
+        assert after != big  # the worker over the line was replaced
+        wait_until(lambda: not _alive(int(big)), timeout=10, what="the hoarder gone")  # type: ignore[arg-type]
+
+
 def test_a_pipeline_passes_results_to_and_from_process_steps(node: Controller) -> None:
     square = node.task(tasks.square, carrier="process", name="square")
     total = node.task(tasks.total, carrier="process", name="total")

@@ -135,6 +135,7 @@ class Controller(AsyncFace):
         retention: Mapping[str | TaskStatus, timedelta] | None = None,
         max_processes: int | None = None,
         max_tasks_per_process: int | None = None,
+        max_memory_per_process: int | None = None,
     ) -> None:
         """Make a node on ``store``.
 
@@ -150,7 +151,8 @@ class Controller(AsyncFace):
         ``max_workers``: worker threads (default ``min(32, cores + 4)``);
         ``max_processes``: worker processes for ``carrier="process"`` tasks (default:
         the machine's cores; started on a first such task, with ``forkserver``), each
-        replaced after ``max_tasks_per_process`` tasks (``None``: never);
+        replaced after ``max_tasks_per_process`` tasks, or once a task leaves one holding
+        more than ``max_memory_per_process`` bytes (its resident set; ``None``: never);
         ``max_parallel_per_bucket``: at most that many of one bucket's tasks at once
         (``None``: no limit); ``max_async``: ``async def`` attempts at once on the
         node's event loop (1000).
@@ -191,10 +193,14 @@ class Controller(AsyncFace):
         processes = (os.cpu_count() or 1) if max_processes is None else max_processes
         if processes < 1:
             raise ConfigurationError(f"max_processes must be >= 1, got {max_processes}")
-        if max_tasks_per_process is not None and max_tasks_per_process < 1:
-            raise ConfigurationError(
-                f"max_tasks_per_process must be >= 1 or None, got {max_tasks_per_process}"
-            )
+        for name, limit in (
+            ("max_tasks_per_process", max_tasks_per_process),
+            ("max_memory_per_process", max_memory_per_process),
+        ):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+                raise ConfigurationError(f"{name} must be an int or None, got {limit!r}")
+            if limit is not None and limit < 1:
+                raise ConfigurationError(f"{name} must be >= 1 or None, got {limit}")
         if reconcile_interval == "lease_ttl":
             reconcile_interval = lease_ttl
         elif reconcile_interval is not None and reconcile_interval <= 0:
@@ -265,7 +271,11 @@ class Controller(AsyncFace):
             max_async=max_async,
             # How long its buckets' finished tasks are kept, by status ("*": the others).
             retention=None if retention is None else retention_rules(retention),
-            processes=ProcessPool(processes, max_tasks_per_process=max_tasks_per_process),
+            processes=ProcessPool(
+                processes,
+                max_tasks_per_process=max_tasks_per_process,
+                max_memory_per_process=max_memory_per_process,
+            ),
         )
         # What each run needs from this node: settings, and where it reports.
         host = NodeHost(

@@ -7,7 +7,8 @@ child's requests on the run's own signals (a checkpoint records the heartbeat an
 progress here, raises the stop, holds while paused) until the child answers with what
 the function returned or raised. The processes are started with ``forkserver`` (never a
 plain ``fork`` of the threaded node), kept warm and reused, and replaced after
-``max_tasks_per_process`` tasks. Force is honest: a run whose stop or timeout grace ran
+``max_tasks_per_process`` tasks or once a task leaves one holding more than
+``max_memory_per_process`` bytes. Force is honest: a run whose stop or timeout grace ran
 out has its child terminated (``SIGTERM``, then ``SIGKILL`` after ``kill_grace``), and
 the task ends as asked with ``carrier_may_run=False``; a child that dies on its own
 fails its task ``crashed``, naming the signal or exit code.
@@ -23,6 +24,7 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CarrierCrashed, StopRequested
@@ -109,11 +111,13 @@ class ProcessPool:
         *,
         start_method: str = "forkserver",
         max_tasks_per_process: int | None = None,
+        max_memory_per_process: int | None = None,
         kill_grace: float = KILL_GRACE,
     ) -> None:
         self.size = size
         self._context = multiprocessing.get_context(start_method)
         self._max_tasks = max_tasks_per_process
+        self._max_memory = max_memory_per_process
         self._kill_grace = kill_grace
         self._lock = threading.Lock()
         self._free = threading.Semaphore(size)
@@ -215,7 +219,9 @@ class ProcessPool:
             if not child.conn.closed:
                 child.ended()
             return
-        spent = self._max_tasks is not None and child.tasks >= self._max_tasks
+        spent = (self._max_tasks is not None and child.tasks >= self._max_tasks) or (
+            self._max_memory is not None and _resident(child) > self._max_memory
+        )
         with self._lock:
             keep = not spent and not self._closed
             if keep:
@@ -290,6 +296,18 @@ class ProcessPool:
         for child in busy:
             child.killed = True
             child.process.kill()
+
+
+def _resident(child: _Child) -> int:
+    """Bytes of memory ``child`` holds now (its resident set; 0 where it cannot be read)."""
+    try:
+        pages = int(Path(f"/proc/{child.pid}/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _signal(child: _Child, sent: signal.Signals) -> bool:
