@@ -20,6 +20,7 @@ from chongming_task import (
     ConfigurationError,
     Controller,
     FailureKind,
+    IntervalTrigger,
     InvalidValue,
     Pipeline,
     SqliteTaskStore,
@@ -320,6 +321,18 @@ def test_a_pipeline_passes_results_to_and_from_process_steps(node: Controller) -
     finals = node.submit_pipeline(pipe).wait(timeout=60)
     assert finals["b"].outcome == finals["a"].outcome
     assert square.submit(2).result(timeout=60)["square"] == 4  # type: ignore[index, call-overload]
+
+
+def test_a_schedule_fires_a_process_task(tmp_path: Path) -> None:
+    with Controller(
+        SqliteTaskStore(tmp_path / "t.db"), max_processes=1, run_schedules=False
+    ) as node:
+        square = node.task(tasks.square, carrier="process", name="square")
+        node.schedule("squares", square, IntervalTrigger(0.2), args=(9,))
+        time.sleep(0.3)  # its first firing is due one interval after it was scheduled
+        (fired,) = node.tick_schedules()
+        result = fired.result(timeout=60)
+        assert result["square"] == 81 and result["pid"] != os.getpid()  # type: ignore[index, call-overload]
 
 
 NODE = textwrap.dedent(
