@@ -15,6 +15,11 @@ one run, on a SQLite store:
   (target: grace + 100 ms at p99); a suspend (pause to ``paused``) and a continue
   (resume to ``running``) of such a task (target: 20 ms at p99).
 
+- **The service stays responsive**: a Starlette endpoint served by uvicorn in the
+  node's own process, asked one request at a time by a client process for
+  ``--seconds-asked`` seconds: idle, then while 4 CPU-bound tasks run on the process
+  carrier, then on the thread carrier; p99 latency of each (target: processes <= 2x idle).
+
 Every contender starts its processes before its clock starts (a warm-up task each).
 """
 
@@ -118,6 +123,77 @@ def force(
     return stops, suspends, continues
 
 
+CLIENT = """
+import json, sys, time, urllib.request
+url, seconds = sys.argv[1], float(sys.argv[2])
+took = []
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        answer.read()
+    took.append((time.perf_counter() - started) * 1000)
+print(json.dumps(took))
+"""
+
+
+def responsive(folder: Path, seconds: float, iterations: int) -> dict[str, list[float]]:
+    """Latencies (ms) of an endpoint in the node's process: idle, and while four
+    CPU-bound tasks run on each carrier."""
+    import json
+    import socket
+    import subprocess
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def hello(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/", hello)]), port=port, log_level="error", lifespan="off"
+        )
+    )
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    while not server.started:
+        time.sleep(0.01)
+
+    def asked() -> list[float]:
+        done = subprocess.run(
+            [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}/", str(seconds)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return [float(x) for x in json.loads(done.stdout)]
+
+    found = {"idle": asked()}
+    for carrier in ("process", "thread"):
+        store = SqliteTaskStore(folder / f"busy-{carrier}.db")
+        with Controller(store, max_workers=WORKERS) as node:  # processes: the cores
+            task = node.task(work.burn, carrier=carrier, name="burn")  # type: ignore[arg-type]
+            for run in task.submit_many([(1,)] * 4):
+                run.wait(120)
+            runs = task.submit_many([(iterations * 40,)] * 4)
+            time.sleep(0.2)
+            found[carrier] = asked()
+            for run in runs:
+                run.stop()
+            for run in runs:
+                run.wait(120)
+    server.should_exit = True
+    serving.join(10)
+    return found
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -130,6 +206,7 @@ def main() -> None:
     parser.add_argument("--noops", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--force-rounds", type=int, default=20)
+    parser.add_argument("--seconds-asked", type=float, default=3.0)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     iterations = calibrate(args.seconds)
@@ -169,6 +246,15 @@ def main() -> None:
             f"stop to stopped p99 {p99(stops):.0f} ms (grace 200 ms; target <= 300); "
             f"suspend beyond the grace p99 {p99(suspends):.1f} ms, continue p99 "
             f"{p99(continues):.1f} ms (target <= 20)"
+        )
+        asked = responsive(folder, args.seconds_asked, iterations)
+        idle = p99(asked["idle"])
+        print(
+            f"an endpoint in the node's process, p99 over {args.seconds_asked:.0f} s: idle "
+            f"{idle:.1f} ms ({len(asked['idle'])} requests); 4 CPU-bound tasks on processes "
+            f"{p99(asked['process']):.1f} ms ({p99(asked['process']) / idle:.1f}x idle, "
+            f"target <= 2x), on threads {p99(asked['thread']):.1f} ms "
+            f"({p99(asked['thread']) / idle:.1f}x)"
         )
     sys.stdout.flush()
 
