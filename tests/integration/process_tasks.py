@@ -122,3 +122,13 @@ def hoards(token: CancellationToken, megabytes: int) -> int:
     block[::4096] = b"x" * len(block[::4096])  # touched: resident, not just reserved
     _kept.append(block)
     return os.getpid()
+
+
+def returns_a_set(token: CancellationToken) -> object:
+    return {1, 2}
+
+
+def returns_a_lock(token: CancellationToken) -> object:
+    import threading
+
+    return threading.Lock()

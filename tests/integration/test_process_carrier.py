@@ -121,6 +121,17 @@ def test_a_failure_in_the_child_fails_the_task_with_its_traceback(node: Controll
     assert final.failure is not None and "a local exception" in final.failure.message
 
 
+def test_a_result_the_store_cannot_hold_fails_the_task_result_invalid(node: Controller) -> None:
+    a_set = node.task(tasks.returns_a_set, carrier="process", name="a-set")
+    final = a_set.submit().wait(timeout=60)
+    assert final.status is S.FAILED and final.failure is not None
+    assert final.failure.kind is FailureKind.RESULT_INVALID
+    a_lock = node.task(tasks.returns_a_lock, carrier="process", name="a-lock")
+    final = a_lock.submit().wait(timeout=60)  # cannot even cross back: pickling fails
+    assert final.status is S.FAILED and final.failure is not None
+    assert "cannot cross back" in final.failure.message
+
+
 def test_a_timeout_terminates_the_worker_and_says_the_carrier_cannot_run_on(
     tmp_path: Path,
 ) -> None:
