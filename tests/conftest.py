@@ -168,12 +168,26 @@ def _descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
+def _stop_multiprocessing_helpers() -> None:
+    """The fork server and resource tracker that process tasks' worker pools start live
+    as long as the interpreter (as for any ``multiprocessing`` user); stopped here, with
+    the methods ``multiprocessing`` keeps for its own tests, before the check that no
+    process outlived the tests."""
+    from multiprocessing import forkserver, resource_tracker
+
+    with contextlib.suppress(Exception):
+        forkserver._forkserver._stop()
+    with contextlib.suppress(Exception):
+        resource_tracker._resource_tracker._stop()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import os
     import signal
 
     if hasattr(session.config, "workerinput"):
         return
+    _stop_multiprocessing_helpers()
     alive = _descendants(os.getpid())
     for pid, _ in alive:
         with contextlib.suppress(OSError):
