@@ -483,13 +483,34 @@ def trace_id(context: str) -> str:
     return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else context
 
 
+def carrier(s: TaskSnapshot) -> str:
+    """What runs its function, as its definition's tag says: ``process``, ``async`` or
+    ``thread``."""
+    return "process" if "process" in s.tags else "async" if "async" in s.tags else "thread"
+
+
+_CARRIERS = {
+    "process": "process (a worker process of its node)",
+    "async": "async (its node's event loop)",
+    "thread": "thread (a worker thread of its node)",
+}
+
+
 def show_text(
-    s: TaskSnapshot, now: datetime, late: LateReport | None = None, held: datetime | None = None
+    s: TaskSnapshot,
+    now: datetime,
+    late: LateReport | None = None,
+    held: datetime | None = None,
+    suspended: str | None = None,
 ) -> str:
+    """``suspended``: the trail's word on a paused process task whose worker process a
+    pause stopped (which process, since when)."""
     fields: list[tuple[str, str]] = [
         ("task", s.task_id),
         ("name", s.name),
         ("status", f"{s.status.value} (version {s.status_version}, attempt {s.attempt})"),
+        *([("suspended", suspended)] if suspended else []),
+        ("carrier", _CARRIERS[carrier(s)]),
         *([("held", f"by a pause since {ts(held)}: it waits for a resume")] if held else []),
         *([("runs at", f"{ts(s.run_at)} ({status_text(s, now)})")] if s.run_at else []),
         *([("priority", str(s.priority))] if s.priority else []),

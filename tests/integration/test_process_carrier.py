@@ -175,6 +175,17 @@ def test_a_pause_suspends_a_task_that_never_checkpoints_and_resume_continues_it(
     assert run.pause().outcome == "pausing"
     wait_until(lambda: run.status is S.PAUSED, timeout=10, what="suspended")
     assert "suspended: its worker process" in (run.history()[-1].reason or "")
+    db = str(tmp_path / "tasks.db")
+    shown = subprocess.run(
+        [sys.executable, "-m", "chongming_task", "--db", db, "show", run.task_id, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    said = json.loads(shown.stdout)
+    assert said["carrier"] == "process" and said["status"] == "paused"
+    assert said["suspended"].startswith(f"suspended: its worker process {child} stopped at ")
     before = tasks.cpu_seconds(child)
     time.sleep(0.6)
     assert tasks.cpu_seconds(child) - before < 0.05  # stopped: no CPU while paused

@@ -88,16 +88,31 @@ def cmd_show(ctx: Context) -> int:
     now = caps.now()
     late = next(iter(caps.late_reports(task_ids=[snapshot.task_id])), None)
     held = holds_of(ctx, [snapshot]).get(snapshot.task_id)
+    suspended = _suspended(ctx, snapshot)
     ctx.emit(
         {
             **present.snapshot_json(snapshot),
             **present.health_json(snapshot, now),
             "held_since": present.ts(held),
+            "carrier": present.carrier(snapshot),
+            "suspended": suspended,
             "late_report": None if late is None else present.late_report_json(late),
         },
-        present.show_text(snapshot, now, late, held),
+        present.show_text(snapshot, now, late, held, suspended),
     )
     return 0
+
+
+def _suspended(ctx: Context, snapshot: TaskSnapshot) -> str | None:
+    """The trail's word on a paused process task whose worker a pause stopped (its pid):
+    ``None`` for any other task. One more read, for paused process tasks only."""
+    if snapshot.status is not TaskStatus.PAUSED or present.carrier(snapshot) != "process":
+        return None
+    trail = ctx.store().history(snapshot.task_id, since_version=snapshot.status_version - 1)
+    paused = [t for t in trail if t.version == snapshot.status_version]
+    if paused and (paused[0].reason or "").startswith("suspended"):
+        return f"{paused[0].reason} at {present.ts(paused[0].at)}"
+    return None
 
 
 def cmd_history(ctx: Context) -> int:
