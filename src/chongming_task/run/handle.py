@@ -19,14 +19,57 @@ from ..model import TaskStatus as S
 if TYPE_CHECKING:
     from .life import Run
 
-__all__ = ["Control", "TaskRun"]
+__all__ = ["Control", "Controls", "TaskRun"]
 
 Control = Callable[[str, CommandAction, "str | None"], ControlReceipt]
 """How a handle's control goes out: the node's router (to the run held here, or as a
 command for the holder, judged after any command still pending for the task)."""
 
 
-class TaskRun:
+class Controls:
+    """The controls both handles offer, ``TaskRun`` and ``StoredTask``: each a call of the
+    node's router for the handle's ``task_id``, and its awaited twin."""
+
+    __slots__ = ()
+
+    task_id: str
+    _control: Control
+
+    def stop(self, reason: str | None = None) -> ControlReceipt:
+        """Stop the task: a running one at its next checkpoint, a waiting one is
+        cancelled now. The receipt says what it did (``stopping``, ``cancelled``,
+        ``already-terminal``, ...), as ``node.stop`` does."""
+        return self._control(self.task_id, CommandAction.STOP, reason)
+
+    async def astop(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.stop, reason)
+
+    def pause(self, reason: str | None = None) -> ControlReceipt:
+        """Pause the task: a running one acknowledges at its next checkpoint
+        (``pausing``), one that has not started is held until resumed
+        (``pause-pending``)."""
+        return self._control(self.task_id, CommandAction.PAUSE, reason)
+
+    async def apause(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.pause, reason)
+
+    def resume(self, reason: str | None = None) -> ControlReceipt:
+        """Resume a paused (or held) task."""
+        return self._control(self.task_id, CommandAction.RESUME, reason)
+
+    async def aresume(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.resume, reason)
+
+    def cancel(self, reason: str | None = None) -> ControlReceipt:
+        """Cancel: a waiting task never runs; a running one stops and ends
+        ``cancelled`` (never ``failed``)."""
+        return self._control(self.task_id, CommandAction.CANCEL, reason)
+
+    async def acancel(self, reason: str | None = None) -> ControlReceipt:
+        return await asyncio.to_thread(self.cancel, reason)
+
+
+class TaskRun(Controls):
     """A task this node holds: ``task_id``, ``status``, ``snapshot()``, ``wait()``,
     ``result()`` and control (``stop``, ``pause``, ``resume``, ``cancel``), each
     blocking call with its awaited twin. Two handles of one run are equal."""
@@ -127,38 +170,3 @@ class TaskRun:
     async def aresult(self, timeout: float | None = None) -> JSONValue:
         """``result()``, awaited."""
         return await asyncio.to_thread(self._run.result, timeout)
-
-    # -- control -------------------------------------------------------------------------------
-
-    def stop(self, reason: str | None = None) -> ControlReceipt:
-        """Stop the task: a running one at its next checkpoint, a waiting one is
-        cancelled now. The receipt says what it did (``stopping``, ``cancelled``,
-        ``already-terminal``, ...), as ``node.stop`` does."""
-        return self._control(self.task_id, CommandAction.STOP, reason)
-
-    async def astop(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.stop, reason)
-
-    def pause(self, reason: str | None = None) -> ControlReceipt:
-        """Pause the task: a running one acknowledges at its next checkpoint
-        (``pausing``), one that has not started is held until resumed
-        (``pause-pending``)."""
-        return self._control(self.task_id, CommandAction.PAUSE, reason)
-
-    async def apause(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.pause, reason)
-
-    def resume(self, reason: str | None = None) -> ControlReceipt:
-        """Resume a paused (or held) task."""
-        return self._control(self.task_id, CommandAction.RESUME, reason)
-
-    async def aresume(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.resume, reason)
-
-    def cancel(self, reason: str | None = None) -> ControlReceipt:
-        """Cancel: a waiting task never runs; a running one stops and ends
-        ``cancelled`` (never ``failed``)."""
-        return self._control(self.task_id, CommandAction.CANCEL, reason)
-
-    async def acancel(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.cancel, reason)

@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import TaskNotFound, TaskUnsuccessful, WaitTimeout
-from ..model import CommandAction, ControlReceipt, JSONValue, TaskSnapshot, TaskStatus, Transition
+from ..model import JSONValue, TaskSnapshot, TaskStatus, Transition
+from .handle import Controls
 
 if TYPE_CHECKING:
     from ..stores.protocol import TaskStore
@@ -25,7 +26,7 @@ POLL = 0.05
 """Seconds between reads of the store while waiting."""
 
 
-class StoredTask:
+class StoredTask(Controls):
     """A task held elsewhere: ``task_id``, ``snapshot()``, ``history()``, ``done()``,
     ``wait()``, ``result()`` and control, as on a ``TaskRun``, each read from (or sent
     through) the store, each with its awaited twin."""
@@ -101,29 +102,3 @@ class StoredTask:
 
     async def aresult(self, timeout: float | None = None) -> JSONValue:
         return await asyncio.to_thread(self.result, timeout)
-
-    # -- control (a command for its holder, unless its stored status answers) -------------------
-
-    def stop(self, reason: str | None = None) -> ControlReceipt:
-        return self._control(self.task_id, CommandAction.STOP, reason)
-
-    async def astop(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.stop, reason)
-
-    def pause(self, reason: str | None = None) -> ControlReceipt:
-        return self._control(self.task_id, CommandAction.PAUSE, reason)
-
-    async def apause(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.pause, reason)
-
-    def resume(self, reason: str | None = None) -> ControlReceipt:
-        return self._control(self.task_id, CommandAction.RESUME, reason)
-
-    async def aresume(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.resume, reason)
-
-    def cancel(self, reason: str | None = None) -> ControlReceipt:
-        return self._control(self.task_id, CommandAction.CANCEL, reason)
-
-    async def acancel(self, reason: str | None = None) -> ControlReceipt:
-        return await asyncio.to_thread(self.cancel, reason)
