@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,12 +278,6 @@ class ProcessPool:
                 crashed=self.crashed,
             )
 
-    def pid_of(self, task_id: str) -> int | None:
-        """The worker process carrying ``task_id`` now, if one is."""
-        with self._lock:
-            child = self._carrying.get(task_id)
-        return None if child is None else child.pid
-
     def close(self) -> None:
         """Retire the idle worker processes; those still carrying a task are killed."""
         with self._lock:
@@ -334,6 +327,3 @@ def _rebuilt(raised: Raised) -> BaseException:
         exc = RaisedInChild(f"{raised.type_name}: {raised.message}")
     exc.add_note(f"in its worker process:\n{raised.traceback.rstrip()}")
     return exc
-
-
-Carrier = Callable[["Run"], Any]
