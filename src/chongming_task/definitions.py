@@ -61,6 +61,9 @@ class TaskDefinition:
     is_async: bool = field(init=False, default=False)
     """An ``async def`` function: it runs on the node's event loop, not a worker thread.
     Its tasks carry the tag ``async`` (``show`` says it, ``ps --tag async`` finds them)."""
+    off_workers: bool = field(init=False, default=False, repr=False, compare=False)
+    """Its attempts are carried off the node's worker threads: on its event loop (an
+    ``async def`` function) or in a worker process (``carrier="process"``)."""
     arity: int | None = field(init=False, default=None, repr=False, compare=False)
     """How many arguments a submit passes when the function takes exactly that many
     positional ones and nothing else (the common case ``check_arguments`` answers with
@@ -72,6 +75,8 @@ class TaskDefinition:
         if inspect.iscoroutinefunction(self.func):
             object.__setattr__(self, "is_async", True)
             object.__setattr__(self, "tags", self.tags | {"async"})
+        if self.is_async or self.carrier == "process":
+            object.__setattr__(self, "off_workers", True)
         try:
             signature = inspect.signature(self.func)
         except (TypeError, ValueError):  # a builtin without one: not checked at submit

@@ -132,3 +132,15 @@ def returns_a_lock(token: CancellationToken) -> object:
     import threading
 
     return threading.Lock()
+
+
+def held(token: CancellationToken, until: str) -> str:
+    """Checkpoints until the file ``until`` exists."""
+    while not Path(until).exists():
+        token.sleep(0.01)
+    return "released"
+
+
+def note(token: CancellationToken, log: str, label: str) -> None:
+    with open(log, "a") as out:
+        out.write(label + "\n")

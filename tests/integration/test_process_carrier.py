@@ -300,6 +300,36 @@ def test_what_cannot_cross_is_refused_where_it_is_handed_over(node: Controller) 
     assert node.store.query() == []
 
 
+@pytest.mark.parametrize("per_bucket", [None, 4], ids=["fifo", "fair"])
+def test_process_tasks_waiting_for_a_worker_process_hold_no_worker_thread(
+    tmp_path: Path, per_bucket: int | None
+) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "order"
+    with Controller(
+        SqliteTaskStore(tmp_path / "t.db"),
+        max_workers=1,
+        max_processes=1,
+        max_parallel_per_bucket=per_bucket,
+    ) as node:
+        held = node.task(tasks.held, carrier="process", name="held")
+        note = node.task(tasks.note, carrier="process", name="note")
+        first = held.submit(str(gate))
+        wait_until(lambda: first.status is S.RUNNING, timeout=60, what="the first running")
+        low = note.submit(str(log), "low")
+        high = note.configure(priority=5).submit(str(log), "high")
+        # The one worker thread is free: a thread task runs while both wait for the
+        # one worker process, and they wait queued, not running.
+        assert node.task(lambda token: "thread", name="thread").submit().result(timeout=30) == (
+            "thread"
+        )
+        assert (low.status, high.status) == (S.QUEUED, S.QUEUED)
+        gate.touch()
+        assert first.result(timeout=60) == "released"
+        low.wait(60)
+        high.wait(60)
+        assert log.read_text().split() == ["high", "low"]
+
+
 def test_a_module_level_task_runs_in_a_process_once_registered(node: Controller) -> None:
     cube = node.register(tasks.cube)
     assert cube.submit(3).result(timeout=60) == 27

@@ -266,9 +266,10 @@ class FifoDispatcher:
         self._delayed = _DelayHeap(clock, self.put)
         self._gate = KeyGate()
         self.direct: Callable[[Run], None] | None = None
-        """Where an async run goes straight, skipping a worker's hand-over (this
-        dispatcher keeps no count a worker would have to release): one wake-up a run,
-        the loop's, not a worker's and then the loop's."""
+        """Where a run carried off the worker threads (an async run, a process run)
+        goes straight, skipping a worker's hand-over (this dispatcher keeps no count a
+        worker would have to release): one wake-up a run, its carrier's, not a
+        worker's and then its carrier's."""
 
     def put(self, run: Run) -> None:
         if run.definition.max_per_key is not None and not self._gate.admit(run):
@@ -277,7 +278,7 @@ class FifoDispatcher:
 
     def _pass(self, run: Run) -> None:
         direct = self.direct
-        if direct is not None and run.definition.is_async:
+        if direct is not None and run.definition.off_workers:
             direct(run)
             return
         if run.priority:

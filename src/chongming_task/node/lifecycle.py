@@ -117,12 +117,17 @@ class NodeServices:
         )
         self.workers.hand_async = self.aio.hand
         self.processes = processes
-        self.workers.processes = processes
+        if processes is not None:
+            processes.released = released
+            self.workers.hand_process = processes.hand
         if isinstance(dispatcher, FifoDispatcher):
 
             def direct(run: Run) -> None:
                 registry.started(run)
-                self.aio.hand(run)
+                if run.definition.is_async or processes is None:
+                    self.aio.hand(run)
+                else:
+                    processes.hand(run)
 
             dispatcher.direct = direct
         self.pipelines = PipelineRunner(owner=node.owner)
@@ -167,6 +172,7 @@ class NodeServices:
         self.aio.thread_watch = health.watch
         self.aio.on_stall = health.loop_stalled
         if self.processes is not None:
+            self.processes.thread_watch = health.watch
             health.processes = self.processes.counts
         self.pipelines.thread_watch = health.watch
         if self.writer is not None:
@@ -227,6 +233,7 @@ class NodeServices:
             self.scheduler,
             self.workers,
             self.aio,  # after the workers (no more hand-overs), before the writer
+            *([] if self.processes is None else [self.processes]),  # as the loop
             *([] if self.writer is None else [self.writer]),
             self.supervisor,
             self.poller,

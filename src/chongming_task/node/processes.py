@@ -1,34 +1,44 @@
 """``ProcessPool``: the worker processes a node owns for its ``carrier="process"`` tasks
 (docs/design.md, "Process carriers").
 
-A node's worker thread carries a process task's attempt as it carries a thread task's,
-but the function runs in a worker process: the thread sends the job, then serves the
-child's requests on the run's own signals (a checkpoint records the heartbeat and
-progress here, raises the stop, holds while paused) until the child answers with what
-the function returned or raised. The processes are started with ``forkserver`` (never a
-plain ``fork`` of the threaded node), kept warm and reused, and replaced after
-``max_tasks_per_process`` tasks or once a task leaves one holding more than
-``max_memory_per_process`` bytes. Force is honest: a run whose stop or timeout grace ran
-out has its child terminated (``SIGTERM``, then ``SIGKILL`` after ``kill_grace``), and
-the task ends as asked with ``carrier_may_run=False``; a child that dies on its own
-fails its task ``crashed``, naming the signal or exit code.
+Each of the pool's slots is a thread of the node that carries a process task's attempt
+as a worker thread carries a thread task's, but the function runs in the slot's worker
+process: the thread sends the job, then serves the child's requests on the run's own
+signals (a checkpoint records the heartbeat and progress here, raises the stop, holds
+while paused) until the child answers with what the function returned or raised. The
+processes are started with ``forkserver`` (never a plain ``fork`` of the threaded
+node), kept warm and reused, and replaced after ``max_tasks_per_process`` tasks or once
+a task leaves one holding more than ``max_memory_per_process`` bytes. Force is honest:
+a run whose stop or timeout grace ran out has its child terminated (``SIGTERM``, then
+``SIGKILL`` after ``kill_grace``), and the task ends as asked with
+``carrier_may_run=False``; a child that dies on its own fails its task ``crashed``,
+naming the signal or exit code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
+import queue
+import select
 import signal
 import threading
+import time
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..current import enter, leave
 from ..errors import CarrierCrashed, StopRequested
 from ..health import WorkerProcesses
-from ..run.child import Job, Raised, serve
+from ..loops import ThreadWatch, keep_running
+from ..run.child import Job, Raised, receive, send, serve
+from .dispatch import Lane
+from .workers import attempt, crashed
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -72,9 +82,14 @@ class _Child:
     def pid(self) -> int | None:
         return self.process.pid
 
+    def gone(self) -> bool:
+        """Whether the process has ended (one look at its sentinel, never waiting)."""
+        ended, _, _ = select.select([self.process.sentinel], [], [], 0)
+        return bool(ended)
+
     def retire(self) -> None:
         with contextlib.suppress(OSError):
-            self.conn.send(None)
+            send(self.conn, None)
         self.process.join(KILL_GRACE)
         if self.process.is_alive():
             self.process.kill()
@@ -101,8 +116,27 @@ class _Child:
         return f"exit code {code}"
 
 
+class _Slot:
+    """One place in the pool: the thread that carries its runs, and the worker process
+    it carries them in (started on its first run, replaced when spent or dead)."""
+
+    __slots__ = ("child", "run")
+
+    def __init__(self) -> None:
+        self.child: _Child | None = None
+        self.run: Run | None = None
+
+
 class ProcessPool:
-    """At most ``size`` worker processes, started on first use and reused."""
+    """``size`` slots, each a thread of the node that carries one process task at a
+    time in a worker process of its own.
+
+    A process task is handed here (``hand``, from the dispatcher or a worker thread,
+    never waiting) and waits in the pool's own queue, in priority order, for a free
+    slot: it holds no worker thread while it waits, so thread tasks are never held
+    behind process tasks, and it begins (``running``) once a slot takes it. The
+    threads start with the first task handed; each slot's process with its first run.
+    """
 
     def __init__(
         self,
@@ -114,61 +148,137 @@ class ProcessPool:
         kill_grace: float = KILL_GRACE,
     ) -> None:
         self.size = size
+        self.name = "chongming-processes"
         self._context = multiprocessing.get_context(start_method)
         self._max_tasks = max_tasks_per_process
         self._max_memory = max_memory_per_process
         self._kill_grace = kill_grace
         self._lock = threading.Lock()
-        self._free = threading.Semaphore(size)
-        self._idle: list[_Child] = []
-        self._carrying: dict[str, _Child] = {}  # task id -> its child
+        self._ready = Lane()  # handed runs, guarded by ``_lock``
+        self._wakes: queue.SimpleQueue[None] = queue.SimpleQueue()  # one per run handed
+        self._slots: list[_Slot] = []
+        self._threads: list[threading.Thread] = []
+        self._carrying: dict[str, _Slot] = {}  # task id -> the slot carrying it
+        self._stopping = False
         self._closed = False
         self.started = 0
         """Worker processes started (replacements included)."""
         self.crashed = 0
         """Worker processes that died on their own while they carried a task."""
+        self.released: Callable[[Run], None] = _nothing
+        """Told when a run handed here is done with (whatever its outcome)."""
+        self.thread_watch: ThreadWatch | None = None
+        """Told when a slot's thread dies and is started again (a node's health)."""
 
-    def call(self, run: Run) -> Any:
-        """Run one attempt of ``run``'s function in a worker process, serving its
-        token's requests on this thread; what it returned, or raise what it raised."""
+    # -- runs in ----------------------------------------------------------------------------------
+
+    def hand(self, run: Run) -> None:
+        """Carry ``run``'s attempt in a worker process (from any thread, never waiting)."""
+        with self._lock:
+            refused = self._stopping
+            if not refused:
+                self._ready.push(run)
+                if not self._threads:
+                    self._start_threads()
+        if refused:  # handed after the node's close began: never left active
+            crashed(run, RuntimeError("the node's worker processes are closed"))
+            self.released(run)
+            return
+        self._wakes.put(None)
+
+    def _start_threads(self) -> None:
+        """Caller holds ``_lock``."""
+        for at in range(self.size):
+            slot = _Slot()
+            self._slots.append(slot)
+            target = keep_running(
+                "processes",
+                functools.partial(self._serve_slot, slot),
+                stopping=lambda: self._stopping,
+                watch=self.thread_watch,
+            )
+            thread = threading.Thread(
+                target=target, name=f"chongming-process-slot-{at + 1}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve_slot(self, slot: _Slot) -> None:
+        """A slot's thread: the runs handed here, one at a time, until the pool stops
+        and nothing handed is left."""
+        while True:
+            self._wakes.get()
+            with self._lock:
+                run = self._ready.pop()
+                if run is None:
+                    if self._stopping:
+                        return
+                    continue
+                slot.run = run
+                self._carrying[run.task_id] = slot
+            mark = enter(run)  # current(), and the attempt's log records, name the task
+            try:
+                attempt(run, functools.partial(self._call, slot))
+            except BaseException as exc:
+                crashed(run, exc)
+            finally:
+                leave(mark)
+                with self._lock:
+                    self._carrying.pop(run.task_id, None)
+                    slot.run = None
+                self._settle(slot)
+            self.released(run)
+
+    # -- one attempt ------------------------------------------------------------------------------
+
+    def _call(self, slot: _Slot, run: Run) -> Any:
+        """Run one attempt of ``run``'s function in ``slot``'s worker process, serving
+        its token's requests on this thread; what it returned, or raise what it raised."""
         definition = run.definition
         args, kwargs = run.arguments
         signals = run.signals
         job = Job(
-            module=definition.func.__module__,
-            qualname=definition.func.__qualname__,
-            args=args,
-            kwargs=kwargs,
-            upstream=dict(signals.upstream),
-            task_id=run.task_id,
-            name=definition.name,
-            attempt=signals.attempt,
-            bucket=run.bucket,
-            log_level=logging.getLogger().getEffectiveLevel(),
+            definition.func.__module__,
+            definition.func.__qualname__,
+            args,
+            kwargs,
+            dict(signals.upstream),
+            run.task_id,
+            definition.name,
+            signals.attempt,
+            run.bucket,
+            logging.getLogger().getEffectiveLevel(),
         )
-        self._free.acquire()
-        child = None
+        child = self._child(slot)
         try:
-            if signals.stop_kind is not None:  # stopped while it waited for a worker
-                raise StopRequested(f"task {run.task_id}: stop requested")
-            child = self._take()
+            send(child.conn, job)
+        except OSError:  # it died while idle: the job goes to a fresh one
+            child.ended()
+            slot.child = None
+            child = self._child(slot)
+            send(child.conn, job)
+        return self._serve(run, child)
+
+    def _child(self, slot: _Slot) -> _Child:
+        """``slot``'s worker process, started if it has none (or its last one died)."""
+        child = slot.child
+        if child is not None and child.gone():
+            child.ended()
+            child = None
+        if child is None:
             with self._lock:
-                self._carrying[run.task_id] = child
-            child.conn.send(job)
-            return self._serve(run, child)
-        finally:
-            with self._lock:
-                self._carrying.pop(run.task_id, None)
-            if child is not None:
-                self._give_back(child)
-            self._free.release()
+                if self._closed:
+                    raise RuntimeError("the node's worker processes are closed")
+                self.started += 1
+            child = slot.child = _Child(self._context)
+        return child
 
     def _serve(self, run: Run, child: _Child) -> Any:
         signals = run.signals
         conn = child.conn
         while True:
             try:
-                message = conn.recv()
+                message = receive(conn)
             except (EOFError, OSError):
                 how = child.ended()
                 if child.killed:  # terminated for its stop or timeout
@@ -200,39 +310,39 @@ class ProcessPool:
             except Exception as exc:  # progress the store could not hold: raised in the task
                 answer = ("error", exc)
             with contextlib.suppress(OSError):  # it died meanwhile: the next recv says how
-                conn.send(answer)
+                send(conn, answer)
 
-    def _take(self) -> _Child:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the node's worker processes are closed")
-            if self._idle:
-                return self._idle.pop()
-            self.started += 1
-        return _Child(self._context)
-
-    def _give_back(self, child: _Child) -> None:
-        if child.killed or child.conn.closed or not child.process.is_alive():
-            # Dead, or terminated (its task may have ended as the signal was sent):
-            # never reused; the next call starts a fresh one.
+    def _settle(self, slot: _Slot) -> None:
+        """After a run: ``slot``'s process kept for the next one, or ended (dead,
+        terminated, past its share of tasks or its memory line, or the pool closing)."""
+        child = slot.child
+        if child is None:
+            return
+        if child.killed or child.conn.closed:
+            # Terminated (its task may have ended as the signal was sent), or dead:
+            # never reused; the slot's next run starts a fresh one.
             if not child.conn.closed:
                 child.ended()
+            slot.child = None
             return
         spent = (self._max_tasks is not None and child.tasks >= self._max_tasks) or (
             self._max_memory is not None and _resident(child) > self._max_memory
         )
-        with self._lock:
-            keep = not spent and not self._closed
-            if keep:
-                self._idle.append(child)
-        if not keep:
+        if spent:
+            slot.child = None
             child.retire()
+
+    # -- force, from other threads ----------------------------------------------------------------
+
+    def _carrier(self, run: Run) -> _Child | None:
+        with self._lock:
+            slot = self._carrying.get(run.task_id)
+            return None if slot is None else slot.child
 
     def terminate(self, run: Run) -> bool:
         """End the worker process carrying ``run`` (its stop or timeout grace ran out):
         ``SIGTERM``, then ``SIGKILL`` after ``kill_grace``. Whether one was carrying it."""
-        with self._lock:
-            child = self._carrying.get(run.task_id)
+        child = self._carrier(run)
         if child is None or child.killed:
             return child is not None
         child.killed = True
@@ -249,8 +359,7 @@ class ProcessPool:
     def suspend(self, run: Run) -> int | None:
         """Stop the worker process carrying ``run`` where it stands (SIGSTOP): a pause
         it did not reach at a checkpoint. Its pid, or ``None`` if none carries it."""
-        with self._lock:
-            child = self._carrying.get(run.task_id)
+        child = self._carrier(run)
         if child is None or child.killed:
             return None
         if not child.suspended and _signal(child, signal.SIGSTOP):
@@ -260,35 +369,66 @@ class ProcessPool:
 
     def carry_on(self, run: Run) -> None:
         """Continue the suspended worker process of ``run`` (SIGCONT)."""
-        with self._lock:
-            child = self._carrying.get(run.task_id)
+        child = self._carrier(run)
         if child is not None and child.suspended:
             child.suspended = False
             _signal(child, signal.SIGCONT)
+
+    # -- the node's view, and its end -------------------------------------------------------------
 
     def counts(self) -> WorkerProcesses | None:
         """How its worker processes stand (``None`` before it started any)."""
         with self._lock:
             if not self.started:
                 return None
+            alive = sum(1 for slot in self._slots if slot.child is not None)
+            busy = len(self._carrying)
             return WorkerProcesses(
-                busy=len(self._carrying),
-                idle=len(self._idle),
-                started=self.started,
-                crashed=self.crashed,
+                busy=busy, idle=max(0, alive - busy), started=self.started, crashed=self.crashed
             )
 
-    def close(self) -> None:
-        """Retire the idle worker processes; those still carrying a task are killed."""
+    def start(self) -> None:
+        """Nothing yet: the slots' threads start with the first run handed here, and
+        each slot's worker process with its own first run (a node without process
+        tasks starts neither)."""
+
+    def stop(self) -> None:
+        """Take no more runs; each slot ends once the runs handed before are carried."""
         with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            busy = list(self._carrying.values())
-        for child in idle:
-            child.retire()
-        for child in busy:
-            child.killed = True
-            child.process.kill()
+            self._stopping = True
+            threads = len(self._threads)
+        for _ in range(threads):
+            self._wakes.put(None)
+
+    def join(self, timeout: float | None) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(left)
+
+    def close(self) -> None:
+        """End every worker process: idle ones asked to exit, any still carrying a task
+        killed."""
+        with self._lock:
+            self._stopping = self._closed = True
+            slots = list(self._slots)
+            busy = {id(slot) for slot in self._carrying.values()}
+        for slot in slots:
+            child = slot.child
+            if child is None or child.conn.closed:
+                continue
+            if id(slot) in busy:
+                child.killed = True
+                child.process.kill()
+            else:
+                slot.child = None
+                child.retire()
+
+
+def _nothing(run: Run) -> None:
+    pass
 
 
 def _resident(child: _Child) -> int:

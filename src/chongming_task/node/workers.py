@@ -23,7 +23,6 @@ from .registry import RunRegistry
 if TYPE_CHECKING:
     from ..run.life import Run
     from .dispatch import Dispatcher
-    from .processes import ProcessPool
 
 __all__ = ["WorkerPool", "attempt", "crashed"]
 
@@ -54,8 +53,8 @@ class WorkerPool:
         """Told when a worker thread dies and is started again (a node's health)."""
         self.hand_async: Callable[[Run], None] | None = None
         """Where an ``async def`` task's attempt goes (the node's event loop)."""
-        self.processes: ProcessPool | None = None
-        """Where a process task's function runs (``carrier="process"``)."""
+        self.hand_process: Callable[[Run], None] | None = None
+        """Where a process task's attempt goes (the node's worker processes)."""
 
     @property
     def started(self) -> bool:
@@ -124,17 +123,16 @@ class WorkerPool:
         if self._woken is not None:
             self._woken()
         self._registry.started(run)
-        hand = self.hand_async
-        if hand is not None and run.definition.is_async:
-            hand(run)  # the node's event loop carries it; its slot is freed at its end
-            return True
+        if run.definition.off_workers:
+            # The node's event loop or its worker processes carry it; its slot is
+            # freed at its end.
+            hand = self.hand_async if run.definition.is_async else self.hand_process
+            if hand is not None:
+                hand(run)
+                return True
         mark = enter(run)  # current(), and the attempt's log records, name the task
-        processes = self.processes
         try:
-            if processes is not None and run.definition.carrier == "process":
-                attempt(run, processes.call)
-            else:
-                attempt(run)
+            attempt(run)
         except BaseException as exc:
             crashed(run, exc)
         finally:
@@ -150,7 +148,7 @@ def attempt(run: Run, carry: Callable[[Run], Any] | None = None) -> None:
     """One attempt of a thread task, on the calling (worker) thread: its start
     recorded, its function called, its end recorded (``node.aio.attempt`` for
     ``async def`` ones). ``carry``: where the function runs instead (a process task's
-    worker process, served from this thread)."""
+    worker process, served from the calling slot thread)."""
     if not run.begin_attempt():
         return  # cancelled or stopped while it waited
     watch = _observe.watcher

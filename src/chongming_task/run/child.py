@@ -25,14 +25,14 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..current import enter, install_log_context, leave
 from ..errors import StopRequested
 from ..model import Progress
 from .token import CancellationToken
 
-__all__ = ["ChildSignals", "Job", "Raised", "locate", "serve"]
+__all__ = ["ChildSignals", "Job", "Raised", "locate", "receive", "send", "serve"]
 
 NICE = 10
 """How much lower a worker process's CPU priority is than its node's: CPU-bound tasks
@@ -45,9 +45,21 @@ ORPHANED = 70
 """The exit code of a worker process whose node went away while it ran a task."""
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One attempt sent to a worker process."""
+def send(conn: Connection, message: Any) -> None:
+    """One message across the boundary, pickled plainly: what crosses is the task's
+    arguments and result (checked with plain ``pickle`` at submit), never a handle that
+    needs ``multiprocessing``'s own reducers, whose pickler a send would build anew."""
+    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    """The next message ``send`` sent on ``conn``."""
+    return pickle.loads(conn.recv_bytes())
+
+
+class Job(NamedTuple):
+    """One attempt sent to a worker process (a tuple: it pickles without a
+    per-field walk)."""
 
     module: str
     qualname: str
@@ -102,7 +114,7 @@ class _ToNode(logging.Handler):
             fields["exc_info"] = None
             fields["processName"] = f"worker {os.getpid()}"
             with self._lock:
-                self._conn.send(("log", fields))
+                send(self._conn, ("log", fields))
         except Exception:
             self.handleError(record)
 
@@ -130,8 +142,8 @@ class ChildSignals:
 
     def _ask(self, *request: Any) -> Any:
         with self._sending:
-            self._conn.send(request)
-        answer = self._conn.recv()
+            send(self._conn, request)
+        answer = receive(self._conn)
         if isinstance(answer, tuple) and answer:
             if answer[0] == "stop":
                 self._stopped = answer[1] or f"task {self.task_id}: stop requested"
@@ -225,7 +237,7 @@ def serve(conn: Connection, alive: Connection) -> None:
     found: dict[tuple[str, str], Callable[..., Any]] = {}
     while True:
         try:
-            job = conn.recv()
+            job = receive(conn)
         except (EOFError, OSError):
             return
         if job is None:
@@ -247,10 +259,10 @@ def serve(conn: Connection, alive: Connection) -> None:
             leave(mark)
         try:
             with sending:
-                conn.send(answer)
+                send(conn, answer)
         except (EOFError, OSError):
             return
         except Exception as exc:  # the result does not pickle
             failed = _raised(TypeError(f"its result cannot cross back: {exc}"))
             with sending:
-                conn.send(("raised", failed))
+                send(conn, ("raised", failed))
