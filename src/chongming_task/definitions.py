@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -131,13 +133,29 @@ def _check_by_reference(name: str, func: TaskFunction, *, is_async: bool) -> Non
         why = "a lambda has no name to be found by"
     elif "<locals>" in qualname:
         why = f"{qualname} is defined inside a function"
-    elif module == "__main__":
-        why = "it is defined in the program's __main__ module, which a worker process does not run"
+    elif module == "__main__" and not _main_importable():
+        why = (
+            "it is defined in the program's __main__, which a worker process cannot import "
+            "(an interactive session, python -c or standard input: a script file or "
+            "python -m can be)"
+        )
     if why is not None:
         raise InvalidValue(
             f"task {name}: carrier='process' needs a function a worker process can import by "
             f"its module and name: {why} (define it at the top level of an importable module)"
         )
+
+
+def _main_importable() -> bool:
+    """Whether a worker process can import the program's ``__main__`` as
+    ``multiprocessing`` does (by the module name ``python -m`` ran, or the script's
+    path): a function defined there is then found by name."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    return isinstance(path, str) and os.path.isfile(path)
 
 
 def check_arguments(

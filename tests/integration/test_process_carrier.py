@@ -330,6 +330,51 @@ def test_process_tasks_waiting_for_a_worker_process_hold_no_worker_thread(
         assert log.read_text().split() == ["high", "low"]
 
 
+SCRIPT = """
+from chongming_task import Controller
+
+
+def double(token, x):
+    return 2 * x
+
+
+if __name__ == "__main__":
+    import sys
+
+    with Controller(sys.argv[1], max_processes=1) as node:
+        print(node.task(double, carrier="process").submit(21).result(timeout=60))
+"""
+
+
+def test_a_scripts_own_function_runs_in_a_process_and_python_c_is_refused(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "a.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "42"), done.stderr
+    # Code given with -c has no file a worker process could import it from.
+    refused = subprocess.run(
+        [sys.executable, "-c", SCRIPT.replace('__name__ == "__main__"', "True"), "b.db"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 1
+    assert "InvalidValue" in refused.stderr and "python -c" in refused.stderr
+    assert "which a worker process cannot import" in refused.stderr
+
+
 def test_a_module_level_task_runs_in_a_process_once_registered(node: Controller) -> None:
     cube = node.register(tasks.cube)
     assert cube.submit(3).result(timeout=60) == 27
