@@ -144,3 +144,18 @@ def held(token: CancellationToken, until: str) -> str:
 def note(token: CancellationToken, log: str, label: str) -> None:
     with open(log, "a") as out:
         out.write(label + "\n")
+
+
+def traced(token: CancellationToken) -> dict[str, str]:
+    """Makes a span of its own (with a provider of its own: the node's does not cross)
+    and logs inside it; says the span's ids and its parent's."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with TracerProvider().get_tracer("child").start_as_current_span("inside") as span:
+        logging.getLogger("tests.process").warning("inside the child's span")
+        made, parent = span.get_span_context(), span.parent  # type: ignore[attr-defined]
+        return {
+            "trace_id": format(made.trace_id, "032x"),
+            "span_id": format(made.span_id, "016x"),
+            "parent": format(parent.span_id, "016x"),
+        }

@@ -265,6 +265,32 @@ def test_a_pipeline_is_one_trace_and_a_schedule_firing_starts_its_own(
     assert scheduled.context is not None and scheduled.context.trace_id == firing.context.trace_id
 
 
+def test_a_process_tasks_own_spans_nest_under_its_run_span_and_its_logs_say_so(
+    make_controller: Make, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.integration import process_tasks
+
+    c = make_controller(max_processes=1)
+    traced = c.task(process_tasks.traced, carrier="process", name="traced")
+    with caplog.at_level(logging.INFO):
+        run = traced.submit()
+        inside = run.result(60)
+    wait_for(lambda: bool(otel.finished("run traced")))
+    (span,) = otel.finished("run traced")
+    assert span.context is not None
+    assert inside == {  # the child's span is a child of the run span, in its trace
+        "trace_id": format(span.context.trace_id, "032x"),
+        "span_id": inside["span_id"],  # type: ignore[index]
+        "parent": format(span.context.span_id, "016x"),
+    }
+    (record,) = [r for r in caplog.records if r.getMessage() == "inside the child's span"]
+    assert (record.task_id, record.trace_id, record.span_id) == (  # type: ignore[attr-defined]
+        run.task_id,
+        format(span.context.trace_id, "032x"),
+        inside["span_id"],  # type: ignore[index]
+    )
+
+
 def test_async_tasks_have_their_span_current_and_log_records_carry_its_ids(
     make_controller: Make, otel: Otel, caplog: pytest.LogCaptureFixture
 ) -> None:

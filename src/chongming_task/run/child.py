@@ -72,6 +72,9 @@ class Job(NamedTuple):
     bucket: int | None
     log_level: int = logging.WARNING
     """The node's root log level: the child's records at it or above cross to the node."""
+    trace_context: str | None = None
+    """The attempt's run span as W3C trace context, when the node is instrumented: the
+    child makes it current around the call, so the task's own spans nest under it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,8 @@ class _ToNode(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             fields = dict(record.__dict__)
+            if _traced is not None:
+                _traced.annotate(fields)
             fields["msg"] = record.getMessage()
             fields["args"] = None
             if record.exc_info:
@@ -194,6 +199,44 @@ class _Attempt:
     attempt: int
 
 
+class _Traced:
+    """The run span's context made current in the child while its attempt runs
+    (``opentelemetry`` imported only when a job carries one: the core stays stdlib-only)."""
+
+    def __init__(self, text: str) -> None:
+        from opentelemetry import context, trace
+
+        from ..otel import stored_context
+
+        self._context, self._trace = context, trace
+        found = stored_context(text)
+        self._token = None if found is None else context.attach(found)
+
+    def annotate(self, fields: dict[str, Any]) -> None:
+        """A record's trace and span ids: the span current where it was made."""
+        span = self._trace.get_current_span().get_span_context()
+        if span.is_valid:
+            fields["trace_id"] = format(span.trace_id, "032x")
+            fields["span_id"] = format(span.span_id, "016x")
+
+    def close(self) -> None:
+        if self._token is not None:
+            self._context.detach(self._token)
+
+
+_traced: _Traced | None = None
+"""The current attempt's trace context, if its job carried one."""
+
+
+def _trace(text: str | None) -> _Traced | None:
+    if text is None:
+        return None
+    try:
+        return _Traced(text)
+    except Exception:  # no opentelemetry here, or a context it cannot read: untraced
+        return None
+
+
 def _watch_node(alive: Connection) -> None:
     """Exit the moment the node is gone: its end of ``alive`` closes with it."""
     with contextlib.suppress(EOFError, OSError):
@@ -224,6 +267,7 @@ def _die_with_parent() -> None:
 
 def serve(conn: Connection, alive: Connection) -> None:
     """A worker process's life: jobs until the node sends ``None`` or goes away."""
+    global _traced
     _die_with_parent()
     with contextlib.suppress(OSError):  # the service's own threads come first for a core
         os.nice(NICE)
@@ -244,6 +288,7 @@ def serve(conn: Connection, alive: Connection) -> None:
             return
         root.setLevel(job.log_level)
         mark = enter(_Running(job.task_id, job.name, job.bucket, _Attempt(job.attempt)))
+        _traced = _trace(job.trace_context)
         try:
             where = (job.module, job.qualname)
             func = found.get(where)
@@ -256,6 +301,9 @@ def serve(conn: Connection, alive: Connection) -> None:
         else:
             answer = ("returned", result)
         finally:
+            if _traced is not None:
+                _traced.close()
+                _traced = None
             leave(mark)
         try:
             with sending:
