@@ -3,7 +3,7 @@ and JSON, shared by the CLI and the dashboard. Nothing here touches a store."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -489,7 +489,19 @@ def carrier(s: TaskSnapshot) -> str:
     return "process" if "process" in s.tags else "async" if "async" in s.tags else "thread"
 
 
-_CARRIERS = {
+def suspended(s: TaskSnapshot, trail: Iterable[Transition]) -> str | None:
+    """The trail's word on a paused process task whose worker process a pause stopped
+    (which process, since when), from ``trail`` (its latest transitions will do);
+    ``None`` for any other task."""
+    if s.status is not TaskStatus.PAUSED or carrier(s) != "process":
+        return None
+    for t in trail:
+        if t.version == s.status_version and (t.reason or "").startswith("suspended"):
+            return f"{t.reason} at {ts(t.at)}"
+    return None
+
+
+CARRIERS = {
     "process": "process (a worker process of its node)",
     "async": "async (its node's event loop)",
     "thread": "thread (a worker thread of its node)",
@@ -510,7 +522,7 @@ def show_text(
         ("name", s.name),
         ("status", f"{s.status.value} (version {s.status_version}, attempt {s.attempt})"),
         *([("suspended", suspended)] if suspended else []),
-        ("carrier", _CARRIERS[carrier(s)]),
+        ("carrier", CARRIERS[carrier(s)]),
         *([("held", f"by a pause since {ts(held)}: it waits for a resume")] if held else []),
         *([("runs at", f"{ts(s.run_at)} ({status_text(s, now)})")] if s.run_at else []),
         *([("priority", str(s.priority))] if s.priority else []),

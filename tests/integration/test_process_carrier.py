@@ -206,6 +206,37 @@ def test_a_pause_suspends_a_task_that_never_checkpoints_and_resume_continues_it(
     wait_until(lambda: not _alive(worker), timeout=10, what="the suspended worker gone")
 
 
+def test_the_dashboards_task_page_says_the_carrier_and_the_suspended_worker(
+    node: Controller, tmp_path: Path
+) -> None:
+    pytest.importorskip("starlette", reason="the [web] extra is not installed")
+    from tests.integration.test_web import Web
+
+    spin = node.task(tasks.spin, carrier="process", name="spin", suspend=True, timeout_grace=0.2)
+    tell = tmp_path / "pid"
+    run = spin.submit(60, str(tell))
+    wait_until(tell.exists, timeout=30, what="the worker started")
+    child = int(tell.read_text())
+    web = Web(tmp_path / "tasks.db")
+    try:
+        status, page = web.get(f"/tasks/{run.task_id}/live")
+        assert status == 200 and "process (a worker process of its node)" in page
+        assert 'class="suspended"' not in page
+        run.pause()
+        wait_until(lambda: run.status is S.PAUSED, timeout=10, what="suspended")
+        status, page = web.get(f"/tasks/{run.task_id}")
+        assert status == 200
+        said = f'<p class="suspended">suspended: its worker process {child} stopped at '
+        assert said in page
+        run.resume()
+        wait_until(lambda: run.status is S.RUNNING, timeout=10, what="continued")
+        assert 'class="suspended"' not in web.get(f"/tasks/{run.task_id}/live")[1]
+    finally:
+        web.close()
+        run.stop()
+    assert run.wait(timeout=10).status is S.STOPPED
+
+
 def test_a_worker_that_dies_fails_its_task_crashed_and_is_retried(node: Controller) -> None:
     exits = node.task(tasks.exits, carrier="process", name="exits", retries=1)
     final = exits.submit(3).wait(timeout=60)

@@ -108,11 +108,8 @@ def _suspended(ctx: Context, snapshot: TaskSnapshot) -> str | None:
     ``None`` for any other task. One more read, for paused process tasks only."""
     if snapshot.status is not TaskStatus.PAUSED or present.carrier(snapshot) != "process":
         return None
-    trail = ctx.store().history(snapshot.task_id, since_version=snapshot.status_version - 1)
-    paused = [t for t in trail if t.version == snapshot.status_version]
-    if paused and (paused[0].reason or "").startswith("suspended"):
-        return f"{paused[0].reason} at {present.ts(paused[0].at)}"
-    return None
+    since = snapshot.status_version - 1
+    return present.suspended(snapshot, ctx.store().history(snapshot.task_id, since_version=since))
 
 
 def cmd_history(ctx: Context) -> int:

@@ -145,12 +145,15 @@ def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
     now = d.now()
     late = next(iter(d.caps.late_reports(task_ids=[s.task_id])), None)
     held = holds_of(d.caps, [s]).get(s.task_id)
+    trail = d.store.history(s.task_id)
     return {
         "now": now,
         "t": s,
         "held": held,
         "late": None if late is None else late.summary(),
-        "trail": d.store.history(s.task_id),
+        "trail": trail,
+        "carrier": present.CARRIERS[present.carrier(s)],
+        "suspended": present.suspended(s, trail),
         "health": present.health(s, now),
         "took": present.took(s, now),
         "fraction": s.progress.fraction if s.progress else None,
