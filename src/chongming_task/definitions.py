@@ -196,7 +196,7 @@ def check_crossing(
         ) from None
     found = _importable.get(definition.func)
     if found is None:
-        from .run.child import locate  # the error path's first pass only
+        from .run.child import locate  # once a function: its first submit
 
         func = definition.func
         try:

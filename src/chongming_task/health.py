@@ -42,11 +42,13 @@ class ServiceFault:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerProcesses:
     """A node's worker processes (``carrier="process"`` tasks): carrying a task now,
-    idle, started in its life (replacements included), and died on their own."""
+    idle, started in its life (replacements included), started in place of one that
+    was retired, ended or died (replaced), and died on their own (crashed)."""
 
     busy: int = 0
     idle: int = 0
     started: int = 0
+    replaced: int = 0
     crashed: int = 0
 
 
@@ -111,6 +113,7 @@ class NodeHealth:
                 "busy": p.busy,
                 "idle": p.idle,
                 "started": p.started,
+                "replaced": p.replaced,
                 "crashed": p.crashed,
             }
         return json.dumps(data, separators=(",", ":"))
@@ -291,6 +294,7 @@ def _processes(data: Any) -> WorkerProcesses | None:
         busy=int(data.get("busy", 0)),
         idle=int(data.get("idle", 0)),
         started=int(data.get("started", 0)),
+        replaced=int(data.get("replaced", 0)),
         crashed=int(data.get("crashed", 0)),
     )
 

@@ -424,6 +424,8 @@ def test_workers_are_replaced_after_their_share_of_tasks(tmp_path: Path) -> None
         pid = node.task(tasks.pid, carrier="process", name="pid")
         seen = [pid.submit().result(timeout=60) for _ in range(3)]
         assert len(set(seen)) == 3
+        counts = node.health().processes
+        assert counts is not None and (counts.started, counts.replaced) == (3, 2)
 
 
 def test_a_worker_holding_more_than_its_memory_line_is_replaced(tmp_path: Path) -> None:

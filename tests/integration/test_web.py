@@ -492,7 +492,7 @@ def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
                 services=(ServiceFault(service="writer", deaths=2, error="OSError: x", at=now),),
                 unhealthy_services=("writer",),
                 desynced=1,
-                processes=WorkerProcesses(busy=1, idle=2, started=5, crashed=2),
+                processes=WorkerProcesses(busy=1, idle=2, started=5, replaced=3, crashed=2),
             ),
         )
     )
@@ -542,6 +542,7 @@ def test_a_sick_node_and_a_late_report_show_on_the_pages_healthz_and_metrics(
         assert value("chongming_node_worker_processes", node="node-a", state="busy") == 1
         assert value("chongming_node_worker_processes", node="node-a", state="idle") == 2
         assert value("chongming_node_worker_processes_started", node="node-a") == 5
+        assert value("chongming_node_worker_processes_replaced", node="node-a") == 3
         assert value("chongming_node_worker_processes_crashed", node="node-a") == 2
         assert value("chongming_late_reports") == 1
         assert value("chongming_alarms", kind="late-report") == 1

@@ -121,11 +121,12 @@ class _Slot:
     """One place in the pool: the thread that carries its runs, and the worker process
     it carries them in (started on its first run, replaced when spent or dead)."""
 
-    __slots__ = ("child", "run")
+    __slots__ = ("child", "run", "used")
 
     def __init__(self) -> None:
         self.child: _Child | None = None
         self.run: Run | None = None
+        self.used = False  # a process of its own was started before
 
 
 class ProcessPool:
@@ -164,6 +165,8 @@ class ProcessPool:
         self._closed = False
         self.started = 0
         """Worker processes started (replacements included)."""
+        self.replaced = 0
+        """Worker processes started in place of one retired, ended or dead."""
         self.crashed = 0
         """Worker processes that died on their own while they carried a task."""
         self.released: Callable[[Run], None] = _nothing
@@ -272,6 +275,8 @@ class ProcessPool:
                 if self._closed:
                     raise RuntimeError("the node's worker processes are closed")
                 self.started += 1
+                self.replaced += slot.used
+                slot.used = True
             child = slot.child = _Child(self._context)
         return child
 
@@ -386,7 +391,11 @@ class ProcessPool:
             alive = sum(1 for slot in self._slots if slot.child is not None)
             busy = len(self._carrying)
             return WorkerProcesses(
-                busy=busy, idle=max(0, alive - busy), started=self.started, crashed=self.crashed
+                busy=busy,
+                idle=max(0, alive - busy),
+                started=self.started,
+                replaced=self.replaced,
+                crashed=self.crashed,
             )
 
     def start(self) -> None:

@@ -146,6 +146,11 @@ def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
         "Worker processes a live node started, replacements included.",
         labels=["node"],
     )
+    replaced = GaugeMetricFamily(
+        "chongming_node_worker_processes_replaced",
+        "Worker processes a live node started in place of one retired, ended or dead.",
+        labels=["node"],
+    )
     crashed = GaugeMetricFamily(
         "chongming_node_worker_processes_crashed",
         "A live node's worker processes that died on their own while carrying a task.",
@@ -166,8 +171,9 @@ def _node_health(report: fleet.FleetReport) -> Iterator[Metric]:
             workers.add_metric([node, "busy"], health.processes.busy)
             workers.add_metric([node, "idle"], health.processes.idle)
             started.add_metric([node], health.processes.started)
+            replaced.add_metric([node], health.processes.replaced)
             crashed.add_metric([node], health.processes.crashed)
-    yield from (healthy, failures, deaths, desynced, stalls, workers, started, crashed)
+    yield from (healthy, failures, deaths, desynced, stalls, workers, started, replaced, crashed)
 
 
 def _label(bucket: int | None) -> str:
