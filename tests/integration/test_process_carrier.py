@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -426,6 +427,29 @@ def test_workers_are_replaced_after_their_share_of_tasks(tmp_path: Path) -> None
         assert len(set(seen)) == 3
         counts = node.health().processes
         assert counts is not None and (counts.started, counts.replaced) == (3, 2)
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_worker_that_died_while_idle_is_replaced_before_its_next_task(
+    tmp_path: Path,
+) -> None:
+    with Controller(SqliteTaskStore(tmp_path / "t.db"), max_processes=1) as node:
+        pid = node.task(tasks.pid, carrier="process", name="pid")
+        first = int(pid.submit().result(timeout=60))  # type: ignore[arg-type]
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: _reaped(first), timeout=10, what="the idle worker dead and reaped")
+        second = pid.submit().wait(timeout=60)
+        assert second.status is S.SUCCEEDED and second.attempt == 1
+        assert second.outcome != first
+        counts = node.health().processes
+        assert counts is not None and (counts.started, counts.crashed) == (2, 0)
 
 
 def test_a_worker_holding_more_than_its_memory_line_is_replaced(tmp_path: Path) -> None:

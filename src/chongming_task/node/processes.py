@@ -23,7 +23,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import select
 import signal
 import threading
 import time
@@ -83,11 +82,6 @@ class _Child:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def gone(self) -> bool:
-        """Whether the process has ended (one look at its sentinel, never waiting)."""
-        ended, _, _ = select.select([self.process.sentinel], [], [], 0)
-        return bool(ended)
-
     def retire(self) -> None:
         with contextlib.suppress(OSError):
             send(self.conn, None)
@@ -121,11 +115,10 @@ class _Slot:
     """One place in the pool: the thread that carries its runs, and the worker process
     it carries them in (started on its first run, replaced when spent or dead)."""
 
-    __slots__ = ("child", "run", "used")
+    __slots__ = ("child", "used")
 
     def __init__(self) -> None:
         self.child: _Child | None = None
-        self.run: Run | None = None
         self.used = False  # a process of its own was started before
 
 
@@ -218,7 +211,6 @@ class ProcessPool:
                     if self._stopping:
                         return
                     continue
-                slot.run = run
                 self._carrying[run.task_id] = slot
             mark = enter(run)  # current(), and the attempt's log records, name the task
             try:
@@ -229,7 +221,6 @@ class ProcessPool:
                 leave(mark)
                 with self._lock:
                     self._carrying.pop(run.task_id, None)
-                    slot.run = None
                 self._settle(slot)
             self.released(run)
 
@@ -257,7 +248,7 @@ class ProcessPool:
         child = self._child(slot)
         try:
             send(child.conn, job)
-        except OSError:  # it died while idle: the job goes to a fresh one
+        except OSError:  # it died while idle (its pipe is closed): the job goes to a fresh one
             child.ended()
             slot.child = None
             child = self._child(slot)
@@ -265,11 +256,8 @@ class ProcessPool:
         return self._serve(run, child)
 
     def _child(self, slot: _Slot) -> _Child:
-        """``slot``'s worker process, started if it has none (or its last one died)."""
+        """``slot``'s worker process, started if it has none."""
         child = slot.child
-        if child is not None and child.gone():
-            child.ended()
-            child = None
         if child is None:
             with self._lock:
                 if self._closed:
