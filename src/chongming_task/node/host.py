@@ -65,7 +65,7 @@ class NodeHost:
         writer: Writer | BehindWriter | None,
         faults: FaultLog,
         aio: AsyncRunner,
-        processes: ProcessPool | None = None,
+        processes: ProcessPool,
     ) -> None:
         self.owner = owner
         self.faults = faults
@@ -103,16 +103,13 @@ class NodeHost:
         self._aio.cancel(run, after=after)
 
     def terminate(self, run: Run) -> bool:
-        processes = self._processes
-        return processes is not None and processes.terminate(run)
+        return self._processes.terminate(run)
 
     def suspend(self, run: Run) -> int | None:
-        processes = self._processes
-        return None if processes is None else processes.suspend(run)
+        return self._processes.suspend(run)
 
     def carry_on(self, run: Run) -> None:
-        if self._processes is not None:
-            self._processes.carry_on(run)
+        self._processes.carry_on(run)
 
     def desynced(
         self,

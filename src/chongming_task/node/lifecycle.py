@@ -71,8 +71,8 @@ class NodeServices:
         reconciler: Reconciler,
         reconcile_interval: float | None,
         max_async: int,
+        processes: ProcessPool,
         retention: Mapping[TaskStatus, timedelta] | None = None,
-        processes: ProcessPool | None = None,
     ) -> None:
         """``fire`` submits a schedule's run; ``polling`` is false for a node that must
         never poll commands; ``started`` is called whenever a service starts (the node
@@ -117,14 +117,13 @@ class NodeServices:
         )
         self.workers.hand_async = self.aio.hand
         self.processes = processes
-        if processes is not None:
-            processes.released = released
-            self.workers.hand_process = processes.hand
+        processes.released = released
+        self.workers.hand_process = processes.hand
         if isinstance(dispatcher, FifoDispatcher):
 
             def direct(run: Run) -> None:
                 registry.started(run)
-                if run.definition.is_async or processes is None:
+                if run.definition.is_async:
                     self.aio.hand(run)
                 else:
                     processes.hand(run)
@@ -171,9 +170,8 @@ class NodeServices:
         self.workers.thread_watch = health.watch
         self.aio.thread_watch = health.watch
         self.aio.on_stall = health.loop_stalled
-        if self.processes is not None:
-            self.processes.thread_watch = health.watch
-            health.processes = self.processes.counts
+        self.processes.thread_watch = health.watch
+        health.processes = self.processes.counts
         self.pipelines.thread_watch = health.watch
         if self.writer is not None:
             self.writer.thread_watch = health.watch
@@ -233,7 +231,7 @@ class NodeServices:
             self.scheduler,
             self.workers,
             self.aio,  # after the workers (no more hand-overs), before the writer
-            *([] if self.processes is None else [self.processes]),  # as the loop
+            self.processes,  # as the loop
             *([] if self.writer is None else [self.writer]),
             self.supervisor,
             self.poller,
@@ -246,8 +244,7 @@ class NodeServices:
         for service in services:
             left = max(JOIN_FLOOR, deadline - time.monotonic())
             service.join(min(0.5, left) if carriers_stuck and service is self.workers else left)
-        if self.processes is not None:
-            self.processes.close()
+        self.processes.close()
 
     def retire(self) -> None:
         """Take the node's schedules and its declaration out of the store: it is gone."""
