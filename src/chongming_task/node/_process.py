@@ -13,7 +13,7 @@ from ..errors import ConfigurationError
 if TYPE_CHECKING:
     from .controller import Controller
 
-__all__ = ["OPEN", "check_settings", "close_at_exit"]
+__all__ = ["OPEN", "check_processes", "check_settings", "close_at_exit"]
 
 log = logging.getLogger("chongming_task.controller")
 
@@ -67,3 +67,21 @@ def check_settings(
         if value is not None and value <= 0:
             raise ConfigurationError(f"{label} must be > 0, got {value}")
     return max_workers
+
+
+def check_processes(
+    max_processes: int | None, max_tasks_per_process: int | None, max_memory_per_process: int | None
+) -> int:
+    """Refuse impossible worker process settings at construction; return the count."""
+    processes = (os.cpu_count() or 1) if max_processes is None else max_processes
+    if processes < 1:
+        raise ConfigurationError(f"max_processes must be >= 1, got {max_processes}")
+    for name, limit in (
+        ("max_tasks_per_process", max_tasks_per_process),
+        ("max_memory_per_process", max_memory_per_process),
+    ):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise ConfigurationError(f"{name} must be an int or None, got {limit!r}")
+        if limit is not None and limit < 1:
+            raise ConfigurationError(f"{name} must be >= 1 or None, got {limit}")
+    return processes

@@ -9,7 +9,6 @@ other task writes a ``Command`` to the store for the holder's poller.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -56,7 +55,7 @@ from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
 from ..tasks import NodeTasks, Runnable, Task, bind
 from ..values import check_text
-from ._process import OPEN, check_settings
+from ._process import OPEN, check_processes, check_settings
 from .aface import AsyncFace
 from .commands import ControlRouter
 from .dispatch import make_dispatcher
@@ -190,17 +189,7 @@ class Controller(AsyncFace):
         )
         if max_async < 1:
             raise ConfigurationError(f"max_async must be >= 1, got {max_async}")
-        processes = (os.cpu_count() or 1) if max_processes is None else max_processes
-        if processes < 1:
-            raise ConfigurationError(f"max_processes must be >= 1, got {max_processes}")
-        for name, limit in (
-            ("max_tasks_per_process", max_tasks_per_process),
-            ("max_memory_per_process", max_memory_per_process),
-        ):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-                raise ConfigurationError(f"{name} must be an int or None, got {limit!r}")
-            if limit is not None and limit < 1:
-                raise ConfigurationError(f"{name} must be >= 1 or None, got {limit}")
+        processes = check_processes(max_processes, max_tasks_per_process, max_memory_per_process)
         if reconcile_interval == "lease_ttl":
             reconcile_interval = lease_ttl
         elif reconcile_interval is not None and reconcile_interval <= 0:
