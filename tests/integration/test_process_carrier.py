@@ -418,6 +418,19 @@ def test_a_module_level_task_runs_in_a_process_once_registered(node: Controller)
         node.task(tasks.pid, carrier="fiber", name="fiber")  # type: ignore[arg-type]
 
 
+def test_impossible_worker_process_settings_are_refused(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "t.db")
+    try:
+        with pytest.raises(ConfigurationError, match="max_processes must be >= 1, got 0"):
+            Controller(store, max_processes=0)
+        with pytest.raises(ConfigurationError, match="max_tasks_per_process must be >= 1"):
+            Controller(store, max_tasks_per_process=0)
+        with pytest.raises(ConfigurationError, match="max_memory_per_process must be an int"):
+            Controller(store, max_memory_per_process=True)
+    finally:
+        store.close()
+
+
 def test_workers_are_replaced_after_their_share_of_tasks(tmp_path: Path) -> None:
     with Controller(
         SqliteTaskStore(tmp_path / "t.db"), max_processes=1, max_tasks_per_process=1
