@@ -367,9 +367,7 @@ class Run:
             else:
                 hold = False
                 self._apply(S.PAUSING, reason=reason or "pause requested", actor=actor)
-                if self.definition.suspend:  # suspended if no checkpoint within its grace
-                    grace = self.definition.timeout_grace
-                    self._pause_deadline = self._host.clock.monotonic() + grace
+                self._arm_suspension()
         if status is not S.RUNNING:
             if hold:  # every process can see that it waits for a resume
                 self._mark_hold(True)
@@ -462,9 +460,7 @@ class Run:
                 if self.signals.pause_requested:
                     self._apply(S.PAUSING, reason="pause requested before start")
                     held, self._held = self._held, False  # its status says it now
-                    if self.definition.suspend:  # suspended if it reaches no checkpoint
-                        grace = self.definition.timeout_grace
-                        self._pause_deadline = self._host.clock.monotonic() + grace
+                    self._arm_suspension()
             joins = joins and not stopped
             taken = None if joins else self.writes.take_if_free()
         if held:
@@ -659,6 +655,13 @@ class Run:
         if self.definition.is_async:  # a coroutine can really be cancelled: at once
             self._host.cancel_async(self, after=0.0)
         return True
+
+    def _arm_suspension(self) -> None:
+        """A pause was just asked: a task that may be suspended is, if it reaches no
+        checkpoint within its grace (``check_timeout``). Caller holds the lock."""
+        if self.definition.suspend:
+            grace = self.definition.timeout_grace
+            self._pause_deadline = self._host.clock.monotonic() + grace
 
     def _suspend(self) -> bool:
         """A pause of a process task that reached no checkpoint within its grace: its
