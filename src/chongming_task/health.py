@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,14 +108,7 @@ class NodeHealth:
             "connections": self.connections,
         }
         if self.processes is not None:
-            p = self.processes
-            data["processes"] = {
-                "busy": p.busy,
-                "idle": p.idle,
-                "started": p.started,
-                "replaced": p.replaced,
-                "crashed": p.crashed,
-            }
+            data["processes"] = asdict(self.processes)
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -290,13 +283,7 @@ class ServiceWatch:
 def _processes(data: Any) -> WorkerProcesses | None:
     if not isinstance(data, dict):
         return None
-    return WorkerProcesses(
-        busy=int(data.get("busy", 0)),
-        idle=int(data.get("idle", 0)),
-        started=int(data.get("started", 0)),
-        replaced=int(data.get("replaced", 0)),
-        crashed=int(data.get("crashed", 0)),
-    )
+    return WorkerProcesses(**{f.name: int(data.get(f.name, 0)) for f in fields(WorkerProcesses)})
 
 
 class HealthMonitor:
