@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _stats import percentile  # bench/ is on sys.path when run as a script
 from chongming_task import CancellationToken, Controller, SqliteTaskStore, TaskStore, current
 
 OBSERVER = r"""
@@ -100,7 +101,7 @@ def one_run(store: TaskStore, kind: str, where: str, schema: str, args: Any, loa
     seen: dict[str, float] = found["seen"]
     lags = sorted((seen[t] - ends[t]) * 1000 for t in ends if t in seen)
     missing = len(ends) - len(lags)
-    p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+    p99 = percentile(lags, 99)
     return (
         f"  {kind:<10} {load:<10} p50 {statistics.median(lags):7.1f}  p99 {p99:7.1f}  "
         f"worst {lags[-1]:7.1f} ms   {rate:7,.0f} tasks/s   observer pass "

@@ -35,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import _process_work as work
+from _stats import percentile
 from chongming_task import Controller, SqliteTaskStore, TaskStatus
 
 WORKERS = 4
@@ -194,11 +195,6 @@ def responsive(folder: Path, seconds: float, iterations: int) -> dict[str, list[
     return found
 
 
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=8)
@@ -243,18 +239,17 @@ def main() -> None:
         stops, suspends, continues = force(folder, args.force_rounds, iterations)
         print(
             f"force, {args.force_rounds} rounds: stop of a task that never checkpoints, "
-            f"stop to stopped p99 {p99(stops):.0f} ms (grace 200 ms; target <= 300); "
-            f"suspend beyond the grace p99 {p99(suspends):.1f} ms, continue p99 "
-            f"{p99(continues):.1f} ms (target <= 20)"
+            f"stop to stopped p99 {percentile(stops, 99):.0f} ms (grace 200 ms; target <= 300); "
+            f"suspend beyond the grace p99 {percentile(suspends, 99):.1f} ms, continue p99 "
+            f"{percentile(continues, 99):.1f} ms (target <= 20)"
         )
         asked = responsive(folder, args.seconds_asked, iterations)
-        idle = p99(asked["idle"])
+        idle, busy, threads = (percentile(asked[k], 99) for k in ("idle", "process", "thread"))
         print(
             f"an endpoint in the node's process, p99 over {args.seconds_asked:.0f} s: idle "
             f"{idle:.1f} ms ({len(asked['idle'])} requests); 4 CPU-bound tasks on processes "
-            f"{p99(asked['process']):.1f} ms ({p99(asked['process']) / idle:.1f}x idle, "
-            f"target <= 2x), on threads {p99(asked['thread']):.1f} ms "
-            f"({p99(asked['thread']) / idle:.1f}x)"
+            f"{busy:.1f} ms ({busy / idle:.1f}x idle, target <= 2x), on threads "
+            f"{threads:.1f} ms ({threads / idle:.1f}x)"
         )
     sys.stdout.flush()
 
