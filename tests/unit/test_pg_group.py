@@ -233,3 +233,79 @@ def test_several_writes_of_one_caller_usually_share_one_statement() -> None:
     group.run(mine)
     assert statement.batches == [["x", "y", "z"]]
     assert all(w.settled and w.error is None for w in mine)
+
+
+def test_writes_queued_behind_ride_the_next_callers_statement() -> None:
+    """Queued behind, nothing is committed; the next caller's statement carries them,
+    and that caller returns after its one statement."""
+    statement = Statement(seconds=0)
+    group = GroupCommit(statement, leaders=2)
+    ends = [write("e1"), write("e2")]
+    pending = group.behind(ends)
+    assert not pending.settled and statement.batches == []
+    mine = write("s1")
+    group.run([mine])
+    assert statement.batches == [["s1", "e1", "e2"]]
+    assert pending.settled and pending.errors() == [None, None]
+    assert mine.settled and mine.error is None
+
+
+def test_serve_commits_on_its_thread_only_when_no_statement_is_in_flight() -> None:
+    gate = threading.Event()
+    batches: list[list[str]] = []
+
+    def statement(writes: Sequence[GroupWrite]) -> None:
+        batches.append([w.task_id for w in writes])
+        if writes[0].task_id == "slow":
+            gate.wait(10)
+
+    group = GroupCommit(statement, leaders=2)
+    leader = threading.Thread(target=group.run, args=([write("slow")],))
+    leader.start()
+    while not batches:  # the caller's statement is in flight
+        time.sleep(0.001)
+    pending = group.behind([write("end")])
+    began = time.monotonic()
+    pending.serve()  # a statement is in flight: it returns at once, nothing committed
+    assert time.monotonic() - began < 1.0 and not pending.settled
+    gate.set()
+    leader.join(10)
+    # The leader took its batch before the end was queued, and hands no lead to it.
+    assert batches == [["slow"]] and not pending.settled
+    pending.serve()  # nothing in flight now: committed here
+    assert pending.settled and pending.errors() == [None]
+    assert batches == [["slow"], ["end"]]
+    assert group._leaders == 0 and not group._queue
+
+
+def test_wait_sees_writes_behind_through_whoever_commits_them() -> None:
+    """``wait()`` commits them itself, or waits for a leader in flight and commits
+    what it left; it returns once settled, and again at once."""
+    gate = threading.Event()
+
+    def statement(writes: Sequence[GroupWrite]) -> None:
+        if writes[0].task_id == "slow":
+            gate.wait(10)
+
+    group = GroupCommit(statement, leaders=1)
+    leader = threading.Thread(target=group.run, args=([write("slow")],))
+    leader.start()
+    while not group._leaders:
+        time.sleep(0.001)
+    pending = group.behind([write("a"), write("b")])
+    threading.Timer(0.05, gate.set).start()
+    pending.wait()
+    assert pending.settled and pending.errors() == [None, None]
+    pending.wait()  # settled: at once
+    leader.join(10)
+    assert group._leaders == 0
+
+
+def test_an_outage_fails_each_write_behind_with_its_own_exception() -> None:
+    statement = Statement(seconds=0, fail=StoreUnavailable("server gone"))
+    group = GroupCommit(statement, leaders=2)
+    pending = group.behind([write("a"), write("b")])
+    pending.wait()
+    first, second = pending.errors()
+    assert isinstance(first, StoreUnavailable) and isinstance(second, StoreUnavailable)
+    assert first is not second

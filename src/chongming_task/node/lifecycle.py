@@ -90,8 +90,8 @@ class NodeServices:
         self._started = started
         # On a store that commits side-by-side writes together, the workers' writes are
         # made behind them: queued by the workers themselves where the store can queue
-        # a write without waiting for it (SQLite), else by a writer thread, all that is
-        # queued in one store call.
+        # a write without waiting for it (SQLite, PostgreSQL), else by a writer thread,
+        # all that is queued in one store call.
         write_behind = capabilities.write_behind
         self.writer: Writer | BehindWriter | None = (
             BehindWriter(write_behind, backlog=self._backlog)

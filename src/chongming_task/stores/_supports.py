@@ -78,8 +78,9 @@ class DeclaresGroupCommit(Protocol):
     group_commit: bool
     """True: the store commits writes made side by side together (one statement, one
     commit), so two writes issued at once cost about one. A node on such a store
-    writes its workers' starts and ends behind them, from one writer thread, all that
-    is queued in one call (``SupportsWriteTogether``)."""
+    writes its workers' starts and ends behind them: queued by the workers where the
+    store can queue a write without waiting for it (``SupportsWriteBehind``), else from
+    one writer thread, all that is queued in one call (``SupportsWriteTogether``)."""
 
 
 @runtime_checkable

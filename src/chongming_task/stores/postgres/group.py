@@ -14,6 +14,12 @@ as a whole (a value the server refuses, a deadlock) wrote nothing: each write of
 then redone on its own. An outage fails every write of the batch, each with its own
 exception.
 
+Writes that may wait (``GroupCommit.behind``: a node's workers' starts and ends) are
+queued and not waited for: they ride the next statement anyone leads (a submit's, say),
+and ``serve()`` commits them on its caller's thread only when no statement is in flight.
+A leader never hands its lead to one (nobody waits on it), and never commits one after
+its own caller's write (that caller would wait for two commits).
+
 Why leaders and not a writer thread: a caller that finds a leader's place free runs its
 own write at once (no hand-off when uncontended), and when it is done it hands the lead
 to the oldest queued caller, so no thread commits others' writes after its own returned.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,6 +42,7 @@ from ...model import TaskSnapshot, Transition
 from .. import codec
 
 __all__ = [
+    "Behind",
     "GroupCommit",
     "GroupWrite",
     "Shape",
@@ -48,6 +56,8 @@ __all__ = [
 # compare-and-set won (queries.sql, group_trail).
 _ALWAYS, _IF_NEW, _IF_WON = 0, 1, 2
 _MAX_BATCH = 256
+_LOOK_AGAIN = 0.002
+"""Seconds between two looks of ``GroupCommit.settle`` at writes queued behind."""
 _PAIRS_UP_TO = 8
 """Batches of up to this many new tasks and compare-and-sets use per-row parts
 (``group_new_pair``, ``group_life_pair``)."""
@@ -61,6 +71,7 @@ class GroupWrite:
     """One caller's write of one task, encoded before it is queued."""
 
     __slots__ = (
+        "behind",
         "error",
         "expect",
         "leads",
@@ -90,6 +101,7 @@ class GroupWrite:
         self.error: BaseException | None = None
         self.settled = False
         self.leads = False  # its own thread commits it (no other leader takes it)
+        self.behind = False  # queued by ``GroupCommit.behind``: no caller waits on it
         self.wake = threading.Lock()
         self.wake.acquire()  # released once settled, or when this caller is to lead
 
@@ -218,6 +230,33 @@ def settle(writes: Sequence[GroupWrite], returned: Sequence[tuple[str, str, Any]
             )
 
 
+class Behind:
+    """Writes queued by ``GroupCommit.behind``, not waited for: what the store's
+    ``write_transitions_behind`` returns (``PendingWrites``)."""
+
+    __slots__ = ("_group", "_writes", "queued_at")
+
+    def __init__(self, group: GroupCommit, writes: Sequence[GroupWrite], at: float) -> None:
+        self._group = group
+        self._writes = writes
+        self.queued_at = at
+
+    @property
+    def settled(self) -> bool:
+        writes = self._writes  # (one write, from a node's worker)
+        return writes[-1].settled and all(write.settled for write in writes)
+
+    def errors(self) -> list[BaseException | None]:
+        return [write.error for write in self._writes]
+
+    def serve(self) -> None:
+        if not self.settled:
+            self._group.serve()
+
+    def wait(self) -> None:
+        self._group.settle(self._writes)
+
+
 class GroupCommit:
     """Queue, lead and hand over (see the module docstring). ``apply(writes)`` runs one
     statement for ``writes`` and sets each one's ``error`` where it lost; it raises
@@ -255,6 +294,44 @@ class GroupCommit:
                 finally:
                     self._hand_over()
 
+    def behind(self, writes: Sequence[GroupWrite]) -> Behind:
+        """Queue ``writes`` as writes that may wait and return at once: they ride the
+        next statement a caller leads, or ``serve()`` / ``settle()`` commits them."""
+        for write in writes:
+            write.behind = True
+        at = time.monotonic()
+        with self._mutex:
+            self._queue.extend(writes)
+        return Behind(self, writes, at)
+
+    def serve(self) -> None:
+        """Commit what is queued, on this thread, if no statement is in flight (then
+        only writes that may wait are queued: a caller finding a leader's place free
+        leads); else return at once, and they ride a statement led after it."""
+        with self._mutex:
+            if self._leaders or not self._queue:
+                return
+            own = self._queue[0]
+            own.leads = True
+            self._leaders += 1
+        try:
+            self._commit(self._take(own))
+        finally:
+            self._hand_over()
+
+    def settle(self, writes: Sequence[GroupWrite]) -> None:
+        """Return once each of ``writes`` (queued by ``behind``) is settled: committed
+        here if no statement is in flight, else by a leader (looked at again every
+        ``_LOOK_AGAIN``: a leader that took its batch before they were queued leaves
+        them)."""
+        for write in writes:
+            if write.settled:
+                continue
+            self.serve()
+            while not write.wake.acquire(timeout=_LOOK_AGAIN):
+                self.serve()
+            write.wake.release()  # settled: a later settle() passes at once
+
     def _take(self, own: GroupWrite) -> list[GroupWrite]:
         """``own`` and the oldest queued writes no other leader owns, each task once (a
         later write of a task waits for the next batch: it expects the version the
@@ -278,7 +355,7 @@ class GroupCommit:
     def _hand_over(self) -> None:
         with self._mutex:
             for write in self._queue:
-                if not write.leads:
+                if not (write.leads or write.behind):
                     write.leads = True
                     write.wake.release()  # the oldest waiter leads next
                     return

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -75,7 +76,14 @@ try:
     from psycopg_pool import ConnectionPool
 
     from .errors import translated
-    from .group import GroupCommit, GroupWrite, batch_params, group_statements, settle
+    from .group import (
+        Behind,
+        GroupCommit,
+        GroupWrite,
+        batch_params,
+        group_statements,
+        settle,
+    )
     from .listen import Announcer, Subscriptions
     from .pool import ServerPool
 except ImportError:  # the [postgres] extra is not installed
@@ -405,6 +413,23 @@ class PostgresTaskStore(
         ]
         self._group_write_all(group)
         return [write.error for write in group]
+
+    def write_transitions_behind(self, writes: Sequence[LifeWrite]) -> Behind:
+        """Optional capability (``SupportsWriteBehind``): ``write_transitions_together``,
+        queued to the group commit and not waited for. The writes ride the next
+        statement anyone leads (a ``submit``'s, say), or ``serve()`` (when no statement
+        is in flight) / ``wait()`` on what is returned commits them; inside
+        ``atomic()`` they are written at once."""
+        group = [
+            GroupWrite(snapshot.task_id, transitions, life=snapshot, expect=expect)
+            for snapshot, expect, transitions in writes
+        ]
+        if getattr(self._local, "conn", None) is None:
+            return self._group.behind(group)
+        self._group_write_all(group)  # on the caller's transaction: here, now
+        for write in group:
+            write.settled = True
+        return Behind(self._group, group, time.monotonic())
 
     def _group_write(self, write: GroupWrite) -> None:
         """Commit ``write`` (``_group_write_all``); raise its error."""
