@@ -142,6 +142,47 @@ def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel
     assert run.snapshot().trace_context.startswith(f"00-{trace_id:032x}-")  # type: ignore[union-attr]
 
 
+_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        _PARENT,
+        f"{_PARENT} congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",  # not sampled
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # no trace id
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # no span id
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",  # upper case
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",  # a digit short
+        "00-0x f7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-later",  # a later version
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "not a context",
+    ],
+)
+def test_a_stored_context_reads_as_the_w3c_propagator_reads_it(stored: str) -> None:
+    """The run span's parent, read from ``trace_context`` by hand for version 00, is
+    the context the SDK's own propagator extracts from the same headers, or none
+    where it finds no valid one."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from chongming_task.otel import stored_context
+
+    parent, _, state = stored.partition(" ")
+    headers = {"traceparent": parent, **({"tracestate": state} if state else {})}
+    expected = trace.get_current_span(
+        TraceContextTextMapPropagator().extract(headers)
+    ).get_span_context()
+    read = stored_context(stored)
+    if not expected.is_valid:
+        assert read is None
+        return
+    assert read is not None
+    assert trace.get_current_span(read).get_span_context() == expected
+    assert trace.get_current_span(read).get_span_context().trace_state == expected.trace_state
+
+
 def test_a_run_span_says_which_carrier_ran_the_attempt(make_controller: Make, otel: Otel) -> None:
     from tests.integration import process_tasks
 
