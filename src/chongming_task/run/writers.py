@@ -48,7 +48,7 @@ __all__ = ["BehindWriter", "Writer"]
 
 log = logging.getLogger("chongming_task.writer")
 
-MAX_LAG = 0.01
+MAX_LAG = 0.005
 """Seconds a write queued behind may wait for its commit while runs wait in the
 dispatcher: past it, a worker handing over the next write commits the queued ones if
 the store is free, else lets the committing thread have the interpreter's lock, up to
@@ -59,8 +59,10 @@ Busy workers keep the interpreter's lock: in a burst, the thread committing thei
 writes waited for it for as long as they had work (a commit of 256 writes took 86-237
 ms instead of 7), and a success reached the store 125-175 ms after its function ended
 at p99 in about half the runs (bench/durable.py, 4,000 no-ops at once, alternating
-rounds); with the catch-up, 21-25 ms in every run, at 7,375-7,811 tasks/s against
-7,522-9,486."""
+rounds); with a catch-up after 10 ms, 21-25 ms in every run, at 7,375-7,811 tasks/s
+against 7,522-9,486. On PostgreSQL a commit under a busy interpreter takes 11-17 ms,
+and after 10 ms the p99 was 47-61 ms; after 5 ms it is 29-33 ms at 4,451-4,707
+tasks/s against 4,888-5,190 (SQLite: 15-20 ms against 23-25, at the same rate)."""
 
 YIELD = 0.0005
 """How long a worker sleeps, between looks, while it lets a commit catch up."""
