@@ -131,6 +131,9 @@ class AsyncRunner:
         """Nothing until the first async run: a node that never has one has no loop."""
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:  # started (every hand after the first): no lock, no wait
+            return loop
         with self._lock:
             if self._thread is None:
                 target = keep_running(
