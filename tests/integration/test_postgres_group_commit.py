@@ -342,3 +342,51 @@ def test_every_statement_shape_writes_each_row_with_its_trail(store: object, siz
     assert all(isinstance(w.error, TaskAlreadyExists) for w in again)
     for w in new:
         assert [t.version for t in store.history(w.task_id)] == [1]  # type: ignore[attr-defined]
+
+
+def test_a_nodes_ends_ride_the_submits_statements_and_are_stored_when_told(
+    store: object,
+) -> None:
+    """A loop of ``submit`` while the workers run: each run's start and end are queued
+    behind (no thread waits on them) and ride a statement a submit leads, so the
+    statements number fewer than the writes; every ``wait()`` returns with the end
+    already in the store, read over another connection."""
+    from chongming_task import Controller
+    from chongming_task.run.writers import BehindWriter
+    from chongming_task.stores.postgres import PostgresTaskStore
+    from chongming_task.stores.postgres.group import GroupWrite
+
+    assert isinstance(store, PostgresTaskStore)
+    statements: list[tuple[int, int]] = []  # (new tasks, life writes) of each
+    group_apply = store._group_apply
+
+    def counted(writes: list[GroupWrite]) -> None:
+        new = sum(1 for w in writes if w.new is not None)
+        statements.append((new, len(writes) - new))
+        group_apply(writes)
+
+    store._group._apply = counted
+    reader = PostgresTaskStore(require_dsn(), schema=store.schema)
+    node = Controller(store, max_workers=2)
+    try:
+        assert isinstance(node._services.writer, BehindWriter)
+        echo = node.task(lambda token, n: n, name="echo")
+        runs = [node.submit(echo, n) for n in range(200)]
+        for n, run in enumerate(runs):
+            final = run.wait(30)
+            stored = reader.get(run.task_id)
+            assert stored is not None and stored.status is TaskStatus.SUCCEEDED
+            assert stored.outcome == n and stored.status_version == final.status_version
+            assert [t.to_status for t in reader.history(run.task_id)] == [
+                TaskStatus.QUEUED,
+                TaskStatus.STARTING,
+                TaskStatus.RUNNING,
+                TaskStatus.SUCCEEDED,
+            ]
+    finally:
+        node.close()
+        reader.close()
+    ends = sum(life for _, life in statements)
+    assert sum(new for new, _ in statements) == 200 and ends >= 200
+    assert any(new and life for new, life in statements), "no end rode a submit's statement"
+    assert len(statements) < 200 + ends  # statements carried more than one write
