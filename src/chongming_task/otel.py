@@ -32,6 +32,7 @@ import time
 import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from contextvars import Token
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -214,7 +215,7 @@ class _Submitting:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         if self._token is not None:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
+            otel_context.detach(self._token)
             span.end()
 
 
@@ -282,14 +283,9 @@ class _Watcher:
         """A span current around the caller's work, ``ERROR`` if the work raised. A span
         that cannot be started (the instrumentation's fault) is logged, and the work
         goes on without one."""
-        try:
-            span = self._tracer.start_span(
-                name, context=parent, kind=kind, attributes=attributes, links=links
-            )
-            token = otel_context.attach(trace.set_span_in_context(span))
-        except Exception:
-            log.exception("the %s span could not be started", name)
-            yield trace.INVALID_SPAN
+        span, token = self.start(name, kind, attributes, links=links, parent=parent)
+        if token is None:
+            yield span
             return
         try:
             yield span
@@ -302,12 +298,20 @@ class _Watcher:
             span.end()
 
     def start(
-        self, name: str, kind: SpanKind, attributes: dict[str, Any]
-    ) -> tuple[trace.Span, object]:
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        *,
+        links: list[Link] | None = None,
+        parent: otel_context.Context | None = None,
+    ) -> tuple[trace.Span, Token[otel_context.Context] | None]:
         """A span started and made current (its token, to detach); ``INVALID_SPAN`` and
         no token where it could not be (the instrumentation's fault, logged)."""
         try:
-            span = self._tracer.start_span(name, kind=kind, attributes=attributes)
+            span = self._tracer.start_span(
+                name, context=parent, kind=kind, attributes=attributes, links=links
+            )
             return span, otel_context.attach(trace.set_span_in_context(span))
         except Exception:
             log.exception("the %s span could not be started", name)

@@ -142,6 +142,28 @@ def test_submit_and_each_attempt_are_one_trace(make_controller: Make, otel: Otel
     assert run.snapshot().trace_context.startswith(f"00-{trace_id:032x}-")  # type: ignore[union-attr]
 
 
+def test_a_refused_submit_ends_its_span_in_error_and_leaves_the_callers_context(
+    make_controller: Make, otel: Otel
+) -> None:
+    c = make_controller()
+
+    @c.task(name="one")
+    def one(token: CancellationToken, n: int) -> int:
+        return n
+
+    with otel.tracer.start_as_current_span("request") as request:
+        with pytest.raises(TypeError):
+            c.tasks["one"].submit()  # a missing argument: refused at submit
+        assert trace.get_current_span() is request  # the submit's span was let go
+    (refused,) = otel.finished("submit")
+    assert refused.status.status_code is StatusCode.ERROR
+    assert refused.status.description is not None
+    assert refused.status.description.startswith("TypeError")
+    assert [e.name for e in refused.events] == ["exception"]
+    assert refused.parent is not None
+    assert refused.parent.span_id == request.get_span_context().span_id
+
+
 _PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 

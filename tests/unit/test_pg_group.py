@@ -309,3 +309,12 @@ def test_an_outage_fails_each_write_behind_with_its_own_exception() -> None:
     first, second = pending.errors()
     assert isinstance(first, StoreUnavailable) and isinstance(second, StoreUnavailable)
     assert first is not second
+
+
+def test_nothing_queued_behind_is_settled_at_once() -> None:
+    group = GroupCommit(Statement(seconds=0), leaders=1)
+    pending = group.behind([])
+    assert pending.settled and pending.errors() == []
+    pending.serve()
+    pending.wait()
+    assert group._leaders == 0 and not group._queue

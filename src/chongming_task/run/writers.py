@@ -192,8 +192,8 @@ Behind = tuple["PendingWrites", RunWrites, tuple["Transition", ...], "TaskSnapsh
 
 class BehindWriter(_WriterThread):
     """On a store that queues writes without waiting (``SupportsWriteBehind``: SQLite,
-    PostgreSQL), a worker writes its run's start and end itself and never waits, and no thread is
-    woken for them.
+    PostgreSQL), a worker writes its run's start and end itself and never waits, and no
+    thread is woken for them.
 
     - A worker leaves its run's start queued (the run's write lock free) and calls the
       function. A quick task's end joins it: the worker takes both (``take_if_free``)

@@ -243,8 +243,8 @@ class Behind:
 
     @property
     def settled(self) -> bool:
-        writes = self._writes  # (one write, from a node's worker)
-        return writes[-1].settled and all(write.settled for write in writes)
+        writes = self._writes  # (one write, from a node's worker: its own look first)
+        return not writes or (writes[-1].settled and all(write.settled for write in writes))
 
     def errors(self) -> list[BaseException | None]:
         return [write.error for write in self._writes]
