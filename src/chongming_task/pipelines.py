@@ -19,8 +19,6 @@ Semantics:
 from __future__ import annotations
 
 import asyncio
-import logging
-import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,17 +27,19 @@ from typing import TYPE_CHECKING, Any
 from . import states
 from .definitions import TaskRef
 from .errors import ConfigurationError, TaskUnsuccessful, WaitTimeout
-from .loops import Pass, ThreadWatch, keep_running
 from .model import Failure, FailureKind, JSONValue, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
     from .run.handle import TaskRun
     from .run.life import Run
 
-__all__ = ["Pipeline", "PipelineNode", "PipelineRun", "PipelineRunner"]
+__all__ = [
+    "Pipeline",
+    "PipelineNode",
+    "PipelineRun",
+]
 
 S = TaskStatus
-log = logging.getLogger("chongming_task.pipelines")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,74 +268,11 @@ class PipelineRun:
             self._done.set()
 
 
-class PipelineRunner:
-    """Reacts to pipeline nodes ending, one at a time, on a thread of its own, holding no
-    run's lock: a node's end may enqueue, cancel or stop other nodes, and doing that inside
-    the ending node's lock would order two run locks."""
+def __getattr__(name: str) -> Any:
+    """``PipelineRunner`` is a node service (``chongming_task.node.pipeline_runner``);
+    its old path here keeps working, read on first use."""
+    if name == "PipelineRunner":
+        from .node.pipeline_runner import PipelineRunner
 
-    def __init__(self, *, owner: str) -> None:
-        self.name = f"chongming-pipelines[{owner}]"
-        self._events: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self.thread_watch: ThreadWatch | None = None
-        """Told when the thread dies and is started again (a node's health)."""
-
-    def node_ended(self, run: Run) -> None:
-        """Called by the run's transition to a terminal status (any thread)."""
-        self._events.put(run)
-
-    def run_once(self, now: float | None = None) -> Pass:
-        """React to every node ended so far, in order, without waiting; ``done``: how
-        many (a test drives it with no thread)."""
-        reacted = 0
-        while True:
-            try:
-                run = self._events.get_nowait()
-            except queue.Empty:
-                return Pass(done=reacted)
-            if run is None:  # stop() asked for the thread's end: keep it for the loop
-                self._events.put(None)
-                return Pass(done=reacted)
-            self._react(run)
-            reacted += 1
-
-    def _react(self, run: Run) -> None:
-        try:
-            if run.pipeline is not None:
-                run.pipeline.node_finished(run)
-        except Exception:
-            log.exception("pipeline reaction to task %s failed", run.task_id)
-
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                # Daemon, as every service thread: see LoopService.
-                target = keep_running(
-                    "pipelines",
-                    self._loop,
-                    stopping=lambda: self._stopping,
-                    watch=self.thread_watch,
-                )
-                self._thread = threading.Thread(target=target, name=self.name, daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            run = self._events.get()  # blocks: a node's end comes at any moment
-            if run is None:
-                return
-            self._react(run)
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._events.put(None)
-
-    def join(self, timeout: float | None) -> None:
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        return PipelineRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

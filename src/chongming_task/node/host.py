@@ -16,11 +16,11 @@ from ..stores.capabilities import Capabilities
 from ..values import ValueRules
 
 if TYPE_CHECKING:
-    from ..pipelines import PipelineRunner
     from ..run.life import Run
     from ..run.writers import BehindWriter, Writer
     from .aio import AsyncRunner
     from .dispatch import Dispatcher
+    from .pipeline_runner import PipelineRunner
     from .processes import ProcessPool
     from .registry import RunRegistry
     from .workers import WorkerPool

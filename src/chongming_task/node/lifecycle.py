@@ -21,15 +21,15 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ..pipelines import PipelineRunner
 from ..run.writers import BehindWriter, Writer
-from ..schedules import ScheduleRunner
 from .aio import AsyncRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
 from .dispatch import Dispatcher, FifoDispatcher
+from .pipeline_runner import PipelineRunner
 from .processes import ProcessPool
 from .retention import RetentionLoop
+from .scheduler import ScheduleRunner
 from .services import LoopService, NodeContext, NodeState, Service
 from .supervision import ReconcileLoop, Reconciler, Supervisor
 from .workers import WorkerPool, crashed
