@@ -266,13 +266,3 @@ class PipelineRun:
     def _check_done(self) -> None:
         if all(run.done() for run in self._runs.values()):
             self._done.set()
-
-
-def __getattr__(name: str) -> Any:
-    """``PipelineRunner`` is a node service (``chongming_task.node.pipeline_runner``);
-    its old path here keeps working, read on first use."""
-    if name == "PipelineRunner":
-        from .node.pipeline_runner import PipelineRunner
-
-        return PipelineRunner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

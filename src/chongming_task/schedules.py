@@ -244,14 +244,3 @@ def schedule_tags(name: str, tags: Iterable[str]) -> frozenset[str]:
 
 Submit = Callable[[Schedule], "TaskRun | StoredTask"]
 """Submits one firing of a schedule (the controller's ``submit``, with its tags)."""
-
-
-def __getattr__(name: str) -> Any:
-    """``ScheduleRunner`` is a node service (``chongming_task.node.scheduler``); its old
-    path here keeps working, read on first use so this module imports nothing of the
-    node's."""
-    if name == "ScheduleRunner":
-        from .node.scheduler import ScheduleRunner
-
-        return ScheduleRunner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

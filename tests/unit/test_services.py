@@ -105,22 +105,6 @@ def test_a_command_poller_pass_releases_what_it_does_not_hold() -> None:
         console.close()
 
 
-def test_the_runners_earlier_import_paths_still_give_the_node_services() -> None:
-    """The schedule and pipeline runners live in ``node/``; where they were imported
-    from before still gives the same classes (read on first use), and nothing else."""
-    import chongming_task.pipelines as pipelines
-    import chongming_task.schedules as schedules
-    from chongming_task.node.pipeline_runner import PipelineRunner
-    from chongming_task.node.scheduler import ScheduleRunner
-
-    assert schedules.ScheduleRunner is ScheduleRunner
-    assert pipelines.PipelineRunner is PipelineRunner
-    with pytest.raises(AttributeError, match="no attribute 'Runner'"):
-        schedules.Runner  # noqa: B018
-    with pytest.raises(AttributeError, match="no attribute 'Runner'"):
-        pipelines.Runner  # noqa: B018
-
-
 def test_a_pipeline_runner_pass_reacts_to_every_ended_node_in_order() -> None:
     """The pipeline runner's pass, driven by hand with no thread: every node ended so far,
     in the order they ended, and a ``Pass`` that says how many."""
