@@ -77,6 +77,21 @@ def schema(pg_dsn: str) -> Iterator[str]:
     drop_schemas(pg_dsn, [name])
 
 
+def listening(dsn: str, application_name: str) -> bool:
+    """Whether a connection under ``application_name`` has run its ``LISTEN`` (the last
+    statement a listening connection ran, seen by the server)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND query LIKE 'LISTEN %%'",
+            [application_name],
+        ).fetchone()
+    assert row is not None
+    return int(row[0]) > 0
+
+
 def server_connections(dsn: str, application_name: str) -> int:
     """How many connections the server holds under ``application_name`` now."""
     import psycopg

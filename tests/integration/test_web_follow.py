@@ -14,7 +14,8 @@ import pytest
 from chongming_task import SqliteTaskStore
 from chongming_task.stores.capabilities import Capabilities
 from chongming_task.stores.protocol import TaskStore
-from tests.integration.postgres_support import pg_dsn, schema  # noqa: F401  (fixtures)
+from tests.conftest import wait_until
+from tests.integration.postgres_support import listening, pg_dsn, schema  # noqa: F401
 
 pytest.importorskip("prometheus_client", reason="the [web] extra is not installed")
 
@@ -62,12 +63,12 @@ def test_postgres_notifies_the_follower_of_another_process_transition(
 ) -> None:
     from chongming_task import PostgresTaskStore
 
-    store = PostgresTaskStore(pg_dsn, schema=schema)
+    store = PostgresTaskStore(pg_dsn, schema=schema, application_name=f"follow-{schema}")
     # Polling every minute: within the test only a notification can wake a pass.
     follower = _follows(store, interval=60)
     try:
         assert follower.notified
-        time.sleep(1.0)  # the LISTEN connection is up
+        wait_until(lambda: listening(pg_dsn, f"follow-{schema}"), what="the follower's LISTEN")
         before = follower.version
         _write_one_task(pg_dsn, schema)
         assert _bumped(follower, before, within=2.0), "no pass within 2 s of the transitions"
@@ -86,10 +87,11 @@ def test_a_writer_that_does_not_announce_is_only_seen_by_polling(
     notifies nobody, so a follower polling every minute stays behind."""
     from chongming_task import PostgresTaskStore
 
-    store = PostgresTaskStore(pg_dsn, schema=schema)
+    store = PostgresTaskStore(pg_dsn, schema=schema, application_name=f"quiet-{schema}")
     follower = _follows(store, interval=60)
     try:
-        time.sleep(1.0)
+        # Listening like the test above's follower: were the writer to announce, it would hear.
+        wait_until(lambda: listening(pg_dsn, f"quiet-{schema}"), what="the follower's LISTEN")
         before = follower.version
         _write_one_task(pg_dsn, schema, "quiet")
         assert not _bumped(follower, before, within=2.0)

@@ -276,10 +276,17 @@ def test_runs_waiting_for_their_time_cost_a_timer_not_a_poll() -> None:
     for n in range(10_000):
         dispatcher.schedule(_run(n), 3600)
     timer = next(t for t in threading.enumerate() if t.name == "chongming-timer")
-    time.sleep(0.1)  # settled
-    before = [_switches(t) for t in (*workers.threads, timer)]
-    time.sleep(0.5)
-    assert [_switches(t) for t in (*workers.threads, timer)] == before
+    threads = (*workers.threads, timer)
+
+    def parked() -> bool:  # no thread switched in 50 ms: the schedules are taken in
+        before = [_switches(t) for t in threads]
+        time.sleep(0.05)
+        return [_switches(t) for t in threads] == before
+
+    wait_until(parked, what="the workers and the timer to park")
+    before = [_switches(t) for t in threads]
+    time.sleep(0.5)  # the window watched: no wake-up in it
+    assert [_switches(t) for t in threads] == before
     asked = time.monotonic()
     dispatcher.schedule(_run(-1), 0.2)
     wait_until(lambda: workers.all() == ["run--1"], timeout=5)
