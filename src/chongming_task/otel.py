@@ -342,42 +342,87 @@ class _Attempt:
                 log.exception("task %s: its trace context could not be let go", self.run.task_id)
 
 
+class _Current:
+    """A span current around a block, ``ERROR`` with the exception recorded if the
+    block raised. A span that cannot be started (the instrumentation's fault) is
+    logged, and the block goes on with ``INVALID_SPAN``.
+
+    A class, not a generator: the two nested generator context managers a submit's
+    span went through were ~7 % of a submit's cost with every trace sampled out (with
+    the hand-read context of ``stored_context``: its figures)."""
+
+    __slots__ = ("_attributes", "_kind", "_links", "_name", "_parent", "_token", "_tracer", "span")
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        *,
+        links: list[Link] | None = None,
+        parent: otel_context.Context | None = None,
+    ) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._kind = kind
+        self._attributes = attributes
+        self._links = links
+        self._parent = parent
+        self._token: Token[otel_context.Context] | None = None
+        self.span: trace.Span = trace.INVALID_SPAN
+
+    def __enter__(self) -> trace.Span:
+        try:
+            self.span = self._tracer.start_span(
+                self._name,
+                context=self._parent,
+                kind=self._kind,
+                attributes=self._attributes,
+                links=self._links,
+            )
+            self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        except Exception:
+            log.exception("the %s span could not be started", self._name)
+            self.span = trace.INVALID_SPAN
+        return self.span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if self._token is None:
+            return
+        span = self.span
+        if exc is not None:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        otel_context.detach(self._token)
+        span.end()
+
+
 class _Submitting:
     """Around one submit (``_Watcher.submitting``): a ``PRODUCER`` span current while
-    the call runs, ``ERROR`` if it raised, told what the call made.
+    the call runs (``_Current``), told what the call made."""
 
-    A class, not a generator: the two nested generator context managers it replaced
-    were ~7 % of a submit's cost with every trace sampled out (with the hand-read
-    context of ``stored_context``: its figures)."""
+    __slots__ = ("_current", "_operation", "_watcher")
 
-    __slots__ = ("_operation", "_span", "_token", "_watcher")
-
-    def __init__(self, watcher: _Watcher, operation: str) -> None:
+    def __init__(self, watcher: _Watcher, tracer: Tracer, operation: str) -> None:
+        attributes = {
+            "messaging.system": _SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": operation,
+        }
+        self._current = _Current(tracer, operation, SpanKind.PRODUCER, attributes)
         self._watcher = watcher
         self._operation = operation
 
     def __enter__(self) -> Callable[[object], None]:
-        attributes = {
-            "messaging.system": _SYSTEM,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": self._operation,
-        }
-        self._span, self._token = self._watcher.start(
-            self._operation, SpanKind.PRODUCER, attributes
-        )
+        self._current.__enter__()
         return self._made
 
     def _made(self, made: object) -> None:
-        self._watcher.made(self._span, self._operation, made)
+        self._watcher.made(self._current.span, self._operation, made)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
-        span = self._span
-        if exc is not None:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        if self._token is not None:
-            otel_context.detach(self._token)
-            span.end()
+        self._current.__exit__(kind, exc, _)
 
 
 class _Track:
@@ -429,54 +474,7 @@ class _Watcher:
             return None
 
     def submitting(self, operation: str) -> _Submitting:
-        return _Submitting(self, operation)
-
-    @contextmanager
-    def _around(
-        self,
-        name: str,
-        kind: SpanKind,
-        attributes: dict[str, Any],
-        *,
-        links: list[Link] | None = None,
-        parent: otel_context.Context | None = None,
-    ) -> Iterator[trace.Span]:
-        """A span current around the caller's work, ``ERROR`` if the work raised. A span
-        that cannot be started (the instrumentation's fault) is logged, and the work
-        goes on without one."""
-        span, token = self.start(name, kind, attributes, links=links, parent=parent)
-        if token is None:
-            yield span
-            return
-        try:
-            yield span
-        except BaseException as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            raise
-        finally:
-            otel_context.detach(token)
-            span.end()
-
-    def start(
-        self,
-        name: str,
-        kind: SpanKind,
-        attributes: dict[str, Any],
-        *,
-        links: list[Link] | None = None,
-        parent: otel_context.Context | None = None,
-    ) -> tuple[trace.Span, Token[otel_context.Context] | None]:
-        """A span started and made current (its token, to detach); ``INVALID_SPAN`` and
-        no token where it could not be (the instrumentation's fault, logged)."""
-        try:
-            span = self._tracer.start_span(
-                name, context=parent, kind=kind, attributes=attributes, links=links
-            )
-            return span, otel_context.attach(trace.set_span_in_context(span))
-        except Exception:
-            log.exception("the %s span could not be started", name)
-            return trace.INVALID_SPAN, None
+        return _Submitting(self, self._tracer, operation)
 
     def made(self, span: trace.Span, operation: str, made: object) -> None:
         try:
@@ -531,8 +529,12 @@ class _Watcher:
     def firing(self, schedule: str) -> Iterator[None]:
         attributes: dict[str, Any] = {"chongming.schedule.name": schedule}
         # A trace of its own, whatever called it: an empty context is its parent.
-        with self._around(
-            f"fire {schedule}", SpanKind.INTERNAL, attributes, parent=otel_context.Context()
+        with _Current(
+            self._tracer,
+            f"fire {schedule}",
+            SpanKind.INTERNAL,
+            attributes,
+            parent=otel_context.Context(),
         ):
             yield
 
@@ -678,8 +680,8 @@ class _Watcher:
         }
         if reason is not None:
             attributes["chongming.reason"] = reason
-        with self._around(
-            f"{action.value} {task.name}", SpanKind.PRODUCER, attributes, links=links
+        with _Current(
+            self._tracer, f"{action.value} {task.name}", SpanKind.PRODUCER, attributes, links=links
         ) as span:
 
             def told(receipt: ControlReceipt) -> None:
