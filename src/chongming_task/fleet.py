@@ -293,7 +293,7 @@ def examine(
         num_buckets=num_buckets,
         nodes=tuple(nodes),
         alarms=tuple(alarms),
-        registry=caps.has_node_registry,
+        registry=caps.has_fleet_registry,
         num_buckets_declared=declared_by_nodes,
     )
 

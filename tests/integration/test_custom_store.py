@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from chongming_task import CancellationToken, Controller, TaskStatus, TaskStore
+from chongming_task.stores.roles import ROLES, roles_of
 from chongming_task.testing import StoreContract
 from tests.conftest import wait_until
 from tests.integration.json_file_store import JsonFileTaskStore
+from tests.integration.json_roles_store import JsonRolesStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +34,26 @@ class TestJsonFileStore(StoreContract):
     def make_store(self) -> TaskStore:
         self._n += 1
         return JsonFileTaskStore(self._tmp / f"store-{self._n}.json")
+
+
+class TestJsonRolesStore(StoreContract):
+    """The same store with the four roles, written from the guide: every section of the
+    contract runs (none is skipped for a role it lacks)."""
+
+    @pytest.fixture(autouse=True)
+    def _dir(self, tmp_path: Path) -> None:
+        self._tmp = tmp_path
+        self._n = 0
+
+    def make_store(self) -> TaskStore:
+        self._n += 1
+        return JsonRolesStore(self._tmp / f"store-{self._n}.json")
+
+
+def test_the_json_roles_store_declares_every_role(tmp_path: Path) -> None:
+    store = JsonRolesStore(tmp_path / "s.json")
+    assert roles_of(store) == [role.__name__ for role in ROLES]
+    assert roles_of(JsonFileTaskStore(tmp_path / "core.json")) == []
 
 
 def test_the_json_store_is_a_task_store_without_inheriting(tmp_path: Path) -> None:
@@ -91,7 +113,9 @@ _WRITER = """
 import sys
 from datetime import UTC, datetime
 from chongming_task import TaskSnapshot, TaskStatus
+from chongming_task.stores.roles import ROLES, roles_of
 from tests.integration.json_file_store import JsonFileTaskStore
+from tests.integration.json_roles_store import JsonRolesStore
 
 store = JsonFileTaskStore(sys.argv[1])
 for i in range(int(sys.argv[3])):
@@ -136,4 +160,24 @@ def test_the_store_guide_lists_exactly_the_protocol_methods() -> None:
     assert documented == protocol, (
         f"in the protocol, not the guide: {sorted(protocol - documented)}; "
         f"in the guide, not the protocol: {sorted(documented - protocol)}"
+    )
+
+
+def _members(role: type) -> set[str]:
+    return {
+        name
+        for name in [*vars(role), *getattr(role, "__annotations__", {})]
+        if not name.startswith("_")
+    }
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[role.__name__ for role in ROLES])
+def test_the_store_guide_lists_exactly_each_roles_members(role: type) -> None:
+    guide = (ROOT / "docs" / "stores.md").read_text("utf-8")
+    section = guide.split(f"`{role.__name__}`\n", 1)[1].split("\n### ", 1)[0]
+    documented = set(re.findall(r"^\|\s*`(\w+)[(:]", section, flags=re.MULTILINE))
+    members = _members(role)
+    assert documented == members, (
+        f"in {role.__name__}, not the guide: {sorted(members - documented)}; "
+        f"in the guide, not {role.__name__}: {sorted(documented - members)}"
     )

@@ -579,3 +579,65 @@ def test_a_refusal_is_reported_at_once_in_the_servers_words(pg_dsn: str) -> None
         assert len(lines) == 1 and "refused the connection" in lines[0], result.stderr
         assert reason in lines[0]
         assert took < 4.5, f"took {took:.1f}s: waited instead of reporting"
+
+
+def test_a_command_wakes_its_tasks_holder_and_not_another_node(
+    pg_dsn: str, schemas: list[str]
+) -> None:
+    store = make(pg_dsn, schemas)
+    try:
+        for task_id, holder in (("a-task", "node-a"), ("b-task", "node-b")):
+            store.create(snapshot(task_id, status=TaskStatus.RUNNING, lease_owner=holder))
+        woken = {"node-a": 0, "node-b": 0}
+        lock = threading.Condition()
+
+        def waker(node: str):  # type: ignore[no-untyped-def]
+            def wake() -> None:
+                with lock:
+                    woken[node] += 1
+                    lock.notify_all()
+
+            return wake
+
+        def command(command_id: str, task_id: str) -> Command:
+            return Command(
+                command_id=command_id,
+                task_id=task_id,
+                action=CommandAction.STOP,
+                created_at=T0,
+                issued_by="tester",
+            )
+
+        stops = [store.subscribe_commands_for(n, waker(n)) for n in woken]
+        try:
+            # Both listening once a command of no task's (anyone's) has woken both.
+            for i in range(40):
+                store.submit_command(command(f"anyone-{i}", f"gone-{i}"))
+                with lock:
+                    if lock.wait_for(lambda: min(woken.values()) > 0, 0.25):
+                        break
+            # Quiet: no wake-up of the commands above is still on its way.
+            with lock:
+                seen = dict(woken)
+            while True:
+                time.sleep(0.3)
+                with lock:
+                    if woken == seen:
+                        woken.update({"node-a": 0, "node-b": 0})
+                        break
+                    seen = dict(woken)
+            # B's task's command wakes B; anyone's then wakes both and reaches A after B's
+            # (one connection delivers in commit order): A slept through B's.
+            store.submit_command(command("for-b", "b-task"))
+            store.submit_command(command("for-anyone", "gone"))
+            with lock:
+                assert lock.wait_for(lambda: woken["node-a"] >= 1 and woken["node-b"] >= 2, 10)
+            time.sleep(0.2)
+            with lock:
+                assert woken == {"node-a": 1, "node-b": 2}
+        finally:
+            for stop in stops:
+                if stop is not None:
+                    stop()
+    finally:
+        store.close()

@@ -1,4 +1,4 @@
-"""On a store that queues writes without waiting for them (``SupportsWriteBehind``:
+"""On a store that queues writes without waiting for them (``BatchedWrites``:
 SQLite), a node's workers write their runs' starts and ends themselves and never wait
 (``BehindWriter``). What must hold, as with the threaded writer (``test_writer.py``,
 whose tests of held writes and control calls run on both): ``wait()`` returns only once
@@ -28,7 +28,7 @@ from chongming_task import (
     TaskStatus,
 )
 from chongming_task.run.writers import BehindWriter
-from chongming_task.stores._supports import LifeWrite, PendingWrites
+from chongming_task.stores.roles import LifeWrite, PendingWrites
 from tests.conftest import here, wait_until
 
 Make = Callable[..., Controller]

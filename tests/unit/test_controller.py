@@ -29,6 +29,7 @@ from chongming_task import (
 )
 from chongming_task.testing import FaultyStore
 from tests.conftest import run_of, wait_until
+from tests.unit.core_only import core_only
 
 S = TaskStatus
 Make = Callable[..., Controller]
@@ -308,24 +309,12 @@ def test_bucket_ownership_is_checked_at_submit_and_construction(make_controller:
     assert everything.submit(job).result(5) == 1  # no partition: no bucket_key needed
 
 
-def test_reconcile_lets_go_when_the_holder_finishes_at_the_same_moment() -> None:
-    """Reconcile's save is a compare-and-set: if the holder writes first (the task was
-    finishing, not dead), reconcile gets a conflict and lets go; it never overwrites."""
-    from dataclasses import replace
+def _create_expired(store: TaskStore) -> None:
+    """A running task whose holder's lease ended a minute ago."""
     from datetime import timedelta
 
     from chongming_task import TaskSnapshot
 
-    class RacingStore(InMemoryTaskStore):
-        def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
-            if snapshot.status is S.LOST:  # the holder's final write lands just before
-                current = self.get(snapshot.task_id)
-                assert current is not None
-                done = replace(current, status=S.SUCCEEDED, status_version=expect_version + 1)
-                super().save(done, expect_version=expect_version)
-            super().save(snapshot, expect_version=expect_version)
-
-    store = RacingStore()
     past = datetime.now(UTC) - timedelta(minutes=1)
     store.create(
         TaskSnapshot(
@@ -338,11 +327,60 @@ def test_reconcile_lets_go_when_the_holder_finishes_at_the_same_moment() -> None
             lease_until=past,
         )
     )
+
+
+def test_reconcile_lets_go_when_the_holder_finishes_at_the_same_moment() -> None:
+    """Reconcile's save is a compare-and-set: if the holder writes first (the task was
+    finishing, not dead), reconcile gets a conflict and lets go; it never overwrites."""
+    from dataclasses import replace
+
+    from chongming_task import TaskSnapshot
+
+    class RacingStore(InMemoryTaskStore):
+        def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
+            if snapshot.status is S.LOST:  # the holder's final write lands just before
+                current = self.get(snapshot.task_id)
+                assert current is not None
+                done = replace(current, status=S.SUCCEEDED, status_version=expect_version + 1)
+                super().save(done, expect_version=expect_version)
+            super().save(snapshot, expect_version=expect_version)
+
+    inner = RacingStore()
+    store = core_only(inner)  # reconcile's fallback: read, then a save per task
+    _create_expired(store)
     c = Controller(store)
     report = c.reconcile()
     assert report.lost == () and report.let_go == ("t",)
     assert store.get("t").status is S.SUCCEEDED  # type: ignore[union-attr]
     assert store.history("t") == []  # reconcile appended nothing
+    c.close()
+
+
+def test_reconcile_in_the_store_leaves_a_task_its_holder_finished_meanwhile() -> None:
+    """The same race where the store marks the expired itself (``Maintenance``): the
+    holder's write between the scan and the mark wins, and nothing is marked."""
+    from dataclasses import replace
+
+    from chongming_task.stores.roles import Creation
+
+    class RacingStore(InMemoryTaskStore):
+        def mark_lost(self, marks: list[Creation]) -> set[str]:  # type: ignore[override]
+            for marked, _ in marks:  # each holder's final write lands just before
+                current = self.get(marked.task_id)
+                assert current is not None
+                done = replace(
+                    current, status=S.SUCCEEDED, status_version=current.status_version + 1
+                )
+                self.save(done, expect_version=current.status_version)
+            return super().mark_lost(marks)
+
+    store = RacingStore()
+    _create_expired(store)
+    c = Controller(store)
+    report = c.reconcile()
+    assert report.lost == ()
+    assert store.get("t").status is S.SUCCEEDED  # type: ignore[union-attr]
+    assert store.history("t") == []
     c.close()
 
 

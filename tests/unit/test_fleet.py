@@ -15,8 +15,7 @@ import pytest
 from chongming_task import Controller, InMemoryTaskStore, SqliteTaskStore, TaskSnapshot, TaskStatus
 from chongming_task.fleet import AlarmKind, FleetReport, examine
 from chongming_task.model import NodeRecord, TaskScan, Transition
-from chongming_task.stores._read_whole import ReadWhole
-from chongming_task.stores.capabilities import Capabilities
+from chongming_task.stores.capabilities import Capabilities, ReadWhole
 from chongming_task.testing import FakeClock
 from tests.conftest import wait_until
 

@@ -85,89 +85,11 @@ def test_a_batch_of_every_kind_over_several_statements_lands_whole(tmp_path: Pat
     store.close()
 
 
-def test_a_write_that_may_wait_rides_with_the_next_callers_commit(tmp_path: Path) -> None:
-    """A write from a thread that lets its writes wait (the node's writer) that finds
-    the store busy is left queued by the thread that commits meanwhile, and lands in
-    the next caller's statement: one commit for both, each caller told of its own."""
-    from chongming_task.stores._hints import let_writes_wait
-
-    store = SqliteTaskStore(tmp_path / "g.db")
-    store.connection.group._WAIT = 30.0  # long enough that only the next caller can take it
-    store.create_many([new_task("a")])
-    a, a_trail = life_step("a", 2)
-    writer_done = threading.Event()
-    queued_behind = threading.Event()
-
-    def writer() -> None:
-        let_writes_wait()
-        store.write_transitions(a, expect_version=1, transitions=a_trail)
-        writer_done.set()
-
-    writer_thread = threading.Thread(target=writer)
-    statements: set[str] = set()  # each once (the trace repeats one per trigger run)
-
-    def on_statement(sql: str) -> None:
-        if not sql.startswith("INSERT INTO task_writes"):
-            return
-        statements.add(sql)
-        if not queued_behind.is_set():  # the first caller's ("b") statement is running
-            writer_thread.start()
-            while not store.connection.group._waiting:
-                queued_behind.wait(0.001)
-            queued_behind.set()
-
-    sql(store).set_trace_callback(on_statement)
-    store.create_many([new_task("b")])  # runs its statement with the writer queued behind
-    assert queued_behind.is_set()
-    assert not writer_done.wait(0.2), "committed the waiting write with its own"
-    other = sqlite3.connect(tmp_path / "g.db")  # not yet written (a read of the store
-    assert other.execute(  # would commit it: every other release of its lock serves all)
-        "SELECT status_version FROM tasks WHERE task_id = 'a'"
-    ).fetchone() == (1,)
-    other.close()
-    store.create_many([new_task("c")])  # the next caller: takes the writer's write along
-    assert writer_done.wait(10)
-    writer_thread.join(10)
-    sql(store).set_trace_callback(None)
-    assert len(statements) == 2, statements
-    assert any("('new'" in sql and "('life'" in sql for sql in statements), statements
-    assert store.get("a") == a and [t.version for t in store.history("a")] == [1, 2]
-    assert store.get("b") is not None and store.get("c") is not None
-    store.close()
-
-
-def test_a_write_that_may_wait_lands_alone_when_no_caller_comes(tmp_path: Path) -> None:
-    from chongming_task.stores._hints import let_writes_wait, writes_can_wait
-
-    store = SqliteTaskStore(tmp_path / "g.db")
-    store.create_many([new_task("a")])
-    a, a_trail = life_step("a", 2)
-    assert not writes_can_wait()  # this thread's writes are a caller's
-    outcome: list[object] = []
-
-    def writer() -> None:
-        let_writes_wait()
-        outcome.append(writes_can_wait())
-        store.write_transitions(a, expect_version=1, transitions=a_trail)
-
-    store.connection.lock.acquire()  # busy: the writer queues behind it
-    thread = threading.Thread(target=writer)
-    thread.start()
-    while not store.connection.group._waiting:
-        threading.Event().wait(0.001)
-    store.connection.lock.release()  # released without serving the queue: nobody else writes
-    thread.join(10)
-    assert not thread.is_alive() and outcome == [True]
-    assert store.get("a") == a
-    store.close()
-
-
-def test_a_callers_write_queued_behind_one_that_may_wait_is_served_at_once(
+def test_a_callers_write_queued_while_writes_behind_commit_is_served_at_once(
     tmp_path: Path,
 ) -> None:
-    """The other way round: the writer's thread, once its own write is in, commits
+    """A thread committing writes queued behind (``wait()``), once they are in, commits
     the caller's write queued meanwhile (a caller is never left to its safety net)."""
-    from chongming_task.stores._hints import let_writes_wait
 
     store = SqliteTaskStore(tmp_path / "g.db")
     store.connection.group._RETRY = 30.0  # were it left behind, its caller would wait this long
@@ -184,9 +106,8 @@ def test_a_callers_write_queued_behind_one_that_may_wait_is_served_at_once(
                 threading.Event().wait(0.001)
 
     def writer() -> None:
-        let_writes_wait()
         sql(store).set_trace_callback(on_statement)
-        store.write_transitions(a, expect_version=1, transitions=a_trail)
+        store.write_transitions_behind([(a, 1, a_trail)]).wait()
 
     writer_thread = threading.Thread(target=writer)
     writer_thread.start()
@@ -198,8 +119,10 @@ def test_a_callers_write_queued_behind_one_that_may_wait_is_served_at_once(
     store.close()
 
 
-def test_the_nodes_writer_is_the_thread_whose_writes_may_wait(tmp_path: Path) -> None:
-    """Runs' transitions come from the node's writer and may wait; submit's creates
+def test_a_nodes_run_writes_are_queued_behind_and_its_creates_are_a_callers(
+    tmp_path: Path,
+) -> None:
+    """Runs' transitions are queued behind the workers and may wait; submit's creates
     are a caller's and never do."""
     from collections import deque
 

@@ -315,7 +315,7 @@ def cmd_reconcile(ctx: Context) -> int:
 
 def cmd_nodes(ctx: Context) -> int:
     caps = Capabilities(ctx.store())
-    if not caps.has_node_registry:
+    if not caps.has_fleet_registry:
         raise StoreError(f"{ctx.shown_db}: this store keeps no node declarations")
     nodes = fleet.node_statuses(caps, caps.now())
     headers, rows = present.nodes_rows(nodes)
@@ -329,7 +329,7 @@ def cmd_schedules(ctx: Context) -> int:
     and whether it can fire at all (its node live, dead or stopped)."""
     store = ctx.store()
     caps = Capabilities(store)
-    if not caps.has_schedule_registry:
+    if not caps.has_fleet_registry:
         raise StoreError(f"{ctx.shown_db}: this store keeps no schedule records")
     now = caps.now()
     nodes = {n.node: n for n in caps.nodes()}

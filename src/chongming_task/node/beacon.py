@@ -11,7 +11,7 @@ declared twice, buckets nobody declares, and tasks nobody looks after. The decla
 decides nothing: no node consults it before running or reconciling a task (it is no
 bucket lease: nodes never take buckets from each other).
 
-Where the store pulses (``SupportsNodePulse``), the refresh also counts the open
+Where the store pulses (``FleetRegistry``), the refresh also counts the open
 commands this node may claim, and the beacon wakes the command poller if there are: the
 poller's safety net then costs no statement of its own.
 
@@ -88,7 +88,7 @@ class NodeBeacon(LoopService):
     def run_once(self, now: float | None = None) -> Pass:
         """Refresh the declaration (``done``: 1), or make it again if it is gone."""
         caps = self._caps
-        if not caps.has_node_registry:
+        if not caps.has_fleet_registry:
             return Pass(wait=3600.0)  # nothing to declare to; stop() still ends the loop
         try:
             if self._declared:

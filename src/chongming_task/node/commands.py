@@ -47,7 +47,7 @@ POLL_WITH_WAKEUPS = 10.0
 wake-up, and an idle node's polls cost Postgres 0.1 transaction a second, not 2."""
 POLL_WITH_PULSE = 60.0
 """... and where the node's beacon also looks at the queue every third of a lease TTL
-(``SupportsNodePulse``): that is the safety net, and the poll's own pass a last one."""
+(``FleetRegistry``): that is the safety net, and the poll's own pass a last one."""
 
 
 class CommandPoller(LoopService):
@@ -77,7 +77,7 @@ class CommandPoller(LoopService):
         # poll interval still bounds it when a notification is lost.
         self._unsubscribe = self._caps.commands.subscribe(self.wake, holder=self._owner)
         if self._given is None and self._unsubscribe is not None:
-            self.interval = POLL_WITH_PULSE if self._caps.has_node_pulse else POLL_WITH_WAKEUPS
+            self.interval = POLL_WITH_PULSE if self._caps.has_fleet_registry else POLL_WITH_WAKEUPS
 
     def stop(self) -> None:
         super().stop()

@@ -17,7 +17,7 @@ from ..values import ValueRules
 
 if TYPE_CHECKING:
     from ..run.life import Run
-    from ..run.writers import BehindWriter, Writer
+    from ..run.writers import BehindWriter
     from .aio import AsyncRunner
     from .dispatch import Dispatcher
     from .pipeline_runner import PipelineRunner
@@ -62,7 +62,7 @@ class NodeHost:
         dispatcher: Dispatcher,
         workers: WorkerPool,
         pipelines: PipelineRunner,
-        writer: Writer | BehindWriter | None,
+        writer: BehindWriter | None,
         faults: FaultLog,
         aio: AsyncRunner,
         processes: ProcessPool,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ..run.writers import BehindWriter, Writer
+from ..run.writers import BehindWriter
 from .aio import AsyncRunner
 from .beacon import NodeBeacon
 from .commands import CommandPoller
@@ -88,23 +88,17 @@ class NodeServices:
         self.polling = polling
         """Whether the node polls commands (never for a tool acting for a node)."""
         self._started = started
-        # On a store that commits side-by-side writes together, the workers' writes are
-        # made behind them: queued by the workers themselves where the store can queue
-        # a write without waiting for it (SQLite, PostgreSQL), else by a writer thread,
-        # all that is queued in one store call.
+        # On a store that commits side-by-side writes together (SQLite, PostgreSQL), the
+        # workers queue their runs' writes and go on; elsewhere each writes its own.
         write_behind = capabilities.write_behind
-        self.writer: Writer | BehindWriter | None = (
-            BehindWriter(write_behind, backlog=self._backlog)
-            if write_behind is not None
-            else Writer()
-            if capabilities.group_commit
-            else None
+        self.writer: BehindWriter | None = (
+            BehindWriter(write_behind, backlog=self._backlog) if write_behind is not None else None
         )
         self.workers = WorkerPool(
             registry=node.registry,
             dispatcher=dispatcher,
             size=workers,
-            woken=self.writer.complete if isinstance(self.writer, BehindWriter) else None,
+            woken=self.writer.complete if self.writer is not None else None,
         )
         registry = node.registry
 

@@ -2,7 +2,7 @@
 ago than the node's ``retention`` says, and finished commands once older than the
 longest of its ages (docs/design.md, "Retention").
 
-One batch a pass, each one short transaction of the store (``SupportsPruneByAge``); the
+One batch a pass, each one short transaction of the store (``Maintenance``); the
 next pass follows at once while a batch came back full, else after ``interval``. The
 loop runs on its own thread, off every task's path; between batches the node's own
 writes go first."""

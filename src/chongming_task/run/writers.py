@@ -1,30 +1,6 @@
-"""``Writer`` and ``BehindWriter``: write what the workers' runs transition, behind
-the workers. ``BehindWriter`` (its own docstring) is the one a node has on a store that
-queues writes without waiting for them (SQLite, PostgreSQL); ``Writer``, on any other
-store with group commit, is described here.
-
-On a store with group commit, a worker does not wait for its own writes: the start of a
-run (``queued -> starting -> running``) and its end go to this thread, with the run's
-write lock (taken without waiting, under the run's state lock) handed over with them.
-The worker calls the task's function, or takes its next run, at once. The writer drains
-everything queued into one store call (``persist_together``: one statement and one
-commit on a store with group commit), so four workers' starts and ends share commits
-instead of each waiting for its own.
-
-What a caller is told does not loosen:
-
-- ``wait()`` and ``result()`` return once the run's end is in the store (the writer ends
-  the run after writing it, as the worker did);
-- a control call (stop, pause, resume, cancel) from any thread writes its own transition
-  and returns once it is in the store: it waits for the run's write lock, and whoever
-  holds that lock writes everything queued before letting go (``RunWrites``);
-- every transition reaches the trail, in order: a run has at most one write queued here
-  or in flight (the write lock), and what it transitions meanwhile joins it.
-
-What does loosen: while a run's start is in flight its function may already be running,
-so a reader of the store sees ``queued`` for the time of one commit. Were the node to die
-in that window, the task is active in the store under a dead lease and ``reconcile()``
-marks it ``lost``: "outcome unknown", which is the truth.
+"""``BehindWriter``: on a store that commits side-by-side writes together (SQLite,
+PostgreSQL), the workers' runs' starts and ends are written behind the workers, who never
+wait for them. Its docstring says what a caller is told and what loosens.
 """
 
 from __future__ import annotations
@@ -37,14 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..loops import Pass, ThreadWatch, keep_running
-from ..stores._hints import let_writes_wait
 from .writes import RunWrites, Taken
 
 if TYPE_CHECKING:
     from ..model import TaskSnapshot, Transition
-    from ..stores._supports import LifeWrite, PendingWrites
+    from ..stores.roles import LifeWrite, PendingWrites
 
-__all__ = ["BehindWriter", "Writer"]
+__all__ = ["BehindWriter"]
 
 log = logging.getLogger("chongming_task.writer")
 
@@ -69,7 +44,7 @@ YIELD = 0.0005
 
 
 class _WriterThread:
-    """What both writers share: their thread's start, stop and join."""
+    """The writer's thread: its start, stop and join."""
 
     name = "chongming-writer"
     thread_watch: ThreadWatch | None = None
@@ -115,83 +90,12 @@ class _WriterThread:
         raise NotImplementedError
 
 
-class Writer(_WriterThread):
-    """One thread that writes the runs handed to it, all that is queued at once."""
-
-    joins_start = False
-    """A worker hands a run's start over at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._queue: deque[tuple[RunWrites, Taken]] = deque()
-
-    def put(self, writes: RunWrites, taken: Taken) -> None:
-        """Write ``taken`` (the run's write lock held: the writer lets go of it). Once
-        the writer has ended (or before it started), written here and now."""
-        with self._cond:
-            if not self._gone and self._thread is not None:
-                self._queue.append((writes, taken))
-                if len(self._queue) == 1:
-                    self._cond.notify()
-                return
-        writes.write_taken(taken)
-
-    def watch(self, writes: RunWrites) -> None:
-        """Never asked (``joins_start`` is false): the start is written now."""
-        writes.write()
-
-    def _loop(self) -> None:
-        let_writes_wait()  # nobody waits on these writes as a caller of submit does
-        queue = self._queue
-        while True:
-            with self._cond:
-                while not queue:
-                    if self._stopping:
-                        self._gone = True
-                        return
-                    self._cond.wait()
-            # Woken by the first write: let the threads that hold the interpreter run on
-            # before taking the batch, so it carries what they queue meanwhile (a loop of
-            # submit: 2.4 runs a batch became 5-6, commits a task 1.4 became 1.2).
-            time.sleep(0)
-            self.run_once()
-
-    def run_once(self, now: float | None = None) -> Pass:
-        """Write everything queued, in one store call; ``done``: the runs written."""
-        with self._cond:
-            batch = list(self._queue)
-            self._queue.clear()
-        if batch:
-            self._write(batch)
-        return Pass(done=len(batch))
-
-    def _write(self, batch: list[tuple[RunWrites, Taken]]) -> None:
-        # What each run transitioned since it was queued joins its write (a quick task's
-        # end, its start): one write of the latest snapshot, every transition in order.
-        taken = [(writes, writes.take_more(t)) for writes, t in batch]
-        try:
-            RunWrites.persist_together(
-                [(writes, snapshot, pending) for writes, (pending, snapshot) in taken]
-            )
-        except Exception:  # a store failure never gets here (each write keeps its own)
-            log.exception("the writer failed to write %d run(s)", len(taken))
-        for writes, (_, snapshot) in taken:
-            try:
-                more = writes.written(snapshot)
-            except Exception:  # a waiter's callback, say: the run let go of its lock
-                log.exception("task %s: after its write", writes.task_id)
-                continue
-            if more is not None:  # transitioned while written: the lock stays, it goes next
-                with self._cond:
-                    self._queue.append((writes, more))
-
-
 Behind = tuple["PendingWrites", RunWrites, tuple["Transition", ...], "TaskSnapshot"]
 """A write queued behind: the store's handle, the run, its transitions, its snapshot."""
 
 
 class BehindWriter(_WriterThread):
-    """On a store that queues writes without waiting (``SupportsWriteBehind``: SQLite,
+    """On a store that queues writes without waiting (``BatchedWrites``: SQLite,
     PostgreSQL), a worker writes its run's start and end itself and never waits, and no
     thread is woken for them.
 
@@ -218,11 +122,11 @@ class BehindWriter(_WriterThread):
     to die meanwhile, the task is active under a dead lease and ``reconcile()`` marks it
     ``lost``, "outcome unknown", which is the truth.
 
-    Why: the threaded ``Writer`` woke its thread for every run's start, and again when
-    the commit carrying it landed; on a loop of ``submit`` each wake came while the
-    submitting thread waited for the interpreter's lock. Here one worker wakes a run:
-    per-call ``submit`` on SQLite went from 4,605-5,896 to 6,038-6,818 tasks/s
-    (``bench/throughput.py``, alternating runs).
+    Why: a writer thread taking every run's writes (a batch a store call) woke for
+    every run's start, and again when the commit carrying it landed; on a loop of
+    ``submit`` each wake came while the submitting thread waited for the interpreter's
+    lock. Here one worker wakes a run: per-call ``submit`` on SQLite went from
+    4,605-5,896 to 6,038-6,818 tasks/s (``bench/throughput.py``, alternating runs).
     """
 
     joins_start = True

@@ -3,13 +3,12 @@ see.
 
 A run makes a transition under its state lock and hands it here (``queue``) with the
 snapshot it leads to. Whoever holds the run's *write lock* writes everything queued, in
-order, before letting go: the run itself (inline, ``write``), the node's group-commit
-``Writer`` thread, or the worker through a ``BehindWriter`` (the hand-over is
-``hand_off``). No store I/O happens under the state lock that the task's
-``checkpoint()`` needs. The lock order is: write lock, then state lock; under the state
-lock the write lock is only tried without waiting (``take_if_free``) or let go, so the
-order can never deadlock. The write lock is a plain ``Lock``: a writer thread lets go of
-a lock a worker took.
+order, before letting go: the run itself (inline, ``write``), or the worker or the
+writer's thread through a ``BehindWriter`` (the hand-over is ``hand_off``). No store I/O
+happens under the state lock that the task's ``checkpoint()`` needs. The lock order is:
+write lock, then state lock; under the state lock the write lock is only tried without
+waiting (``take_if_free``) or let go, so the order can never deadlock. The write lock is
+a plain ``Lock``: a writer thread lets go of a lock a worker took.
 
 The write-through survives failed writes (docs/design.md, "Write-through"). ``save``
 expects the version *last actually written*, never "this version minus one", so one
@@ -406,8 +405,8 @@ class RunWrites:
         )
 
     def shares(self, snapshot: TaskSnapshot) -> bool:
-        """Whether the write of ``snapshot`` may share a store call with other runs'
-        (``persist_together``): nothing buffered, not desynced, a version to write."""
+        """Whether the write of ``snapshot`` may be queued behind with other runs' (one
+        write of the store's): nothing buffered, not desynced, a version to write."""
         return not (self._desynced or self._buffer or snapshot.status_version == self._written)
 
     def persist(self, snapshot: TaskSnapshot, pending: tuple[Transition, ...]) -> bool:
@@ -590,32 +589,3 @@ class RunWrites:
         except Exception as exc:
             return self.settle(snapshot, exc, len(pending), catching_up)
         return self.settle(snapshot, None, len(pending), catching_up)
-
-    @staticmethod
-    def persist_together(
-        writes: Sequence[tuple[RunWrites, TaskSnapshot, tuple[Transition, ...]]],
-    ) -> None:
-        """``persist`` for several runs of one node at once: those with nothing buffered
-        share one store call (``compare_and_write_together``: one statement on a store
-        with group commit), the others persist alone. Each write stands alone: one's
-        conflict or failure costs the others nothing."""
-        together: list[tuple[RunWrites, TaskSnapshot, tuple[Transition, ...]]] = []
-        alone: list[tuple[RunWrites, TaskSnapshot, tuple[Transition, ...]]] = []
-        for write in writes:
-            (together if write[0].shares(write[1]) else alone).append(write)
-        if len(together) == 1:
-            alone += together
-        elif together:
-            capabilities = together[0][0]._host.capabilities
-            try:
-                errors = capabilities.compare_and_write_together(
-                    [(snapshot, w._written, pending) for w, snapshot, pending in together]
-                )
-            except Exception:  # failed as a whole (one write's value, say): one by one,
-                alone += together  # so each write gets its own outcome
-            else:
-                for (w, snapshot, pending), exc in zip(together, errors, strict=True):
-                    if not w.settle(snapshot, exc, len(pending), False):
-                        w.keep(pending)
-        for w, snapshot, pending in alone:
-            w.persist(snapshot, pending)

@@ -41,7 +41,7 @@ class ActivitySQL:
         return written
 
     def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> list[str]:
-        """Optional capability (``SupportsRenewLeases``)."""
+        """``BatchedWrites``."""
         if not task_ids:
             return []
         ends = codec.encode_dt(utc(until, "until"))
@@ -50,7 +50,7 @@ class ActivitySQL:
             return self._each_returning(cur, self._sql["renew_lease"], rows)
 
     def write_activity(self, items: Sequence[Activity], *, owner: str) -> list[str]:
-        """Optional capability (``SupportsWriteActivity``)."""
+        """``BatchedWrites``."""
         if not items:
             return []
         rows = [

@@ -63,7 +63,7 @@ class CommandQueueSQL:
     def claim_commands_for(
         self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
     ) -> list[Command]:
-        """Optional capability (``SupportsHolderClaim``)."""
+        """``CommandChannel``."""
         return self._claim(holder, now=now, lease_seconds=lease_seconds, limit=limit)
 
     def _claim(
@@ -92,13 +92,13 @@ class CommandQueueSQL:
         ]
 
     def pending_commands(self, task_id: str) -> list[Command]:
-        """Optional capability (``SupportsPendingCommands``)."""
+        """``CommandChannel``."""
         with self._sql_scope("pending_commands", write=False) as cur:
             rows = cur.execute(self._sql["pending_commands"], (task_id,)).fetchall()
         return [codec.values_to_command(r) for r in rows]
 
     def finished_commands(self, *, after: datetime, limit: int = 500) -> list[Command]:
-        """Optional capability (``SupportsCommandLog``)."""
+        """``CommandChannel``."""
         with self._sql_scope("finished_commands", write=False) as cur:
             rows = cur.execute(
                 self._sql["finished_commands"], (codec.encode_dt(utc(after, "after")), limit)

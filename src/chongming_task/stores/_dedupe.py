@@ -46,7 +46,7 @@ def holder(rows: Iterable[Sequence[Any]], now: datetime) -> str | None:
 
 
 class DedupeSQL:
-    """Mixin: ``create_deduped`` (``SupportsDedupe``) through the store's own
+    """Mixin: ``create_deduped`` (``BatchedWrites``) through the store's own
     ``create_many``, which refuses a new task whose key an unfinished task holds, inside
     its group commit (SQLite: the write view's trigger, under the write lock; Postgres:
     a unique index on the keys of unfinished tasks, and the insert's own check of the
@@ -65,7 +65,7 @@ class DedupeSQL:
         def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None: ...
 
     def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
-        """Optional capability (``SupportsDedupe``)."""
+        """``BatchedWrites``."""
         key = snapshot.dedupe_key
         if key is None:
             raise ValueError(f"task {snapshot.task_id} has no dedupe_key")

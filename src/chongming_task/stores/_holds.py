@@ -1,4 +1,4 @@
-"""Holds (``SupportsHolds``) written once for both SQL stores: the tasks a pause holds
+"""Holds (``CommandChannel``) written once for both SQL stores: the tasks a pause holds
 before they started (waiting to retry, delayed, or queued), kept beside the task so that
 every process can find them (docs/design.md, "A pause before the start")."""
 
@@ -28,19 +28,19 @@ class HoldsSQL:
     _id_list = staticmethod(json_id_list)
 
     def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
-        """Optional capability (``SupportsHolds``)."""
+        """``CommandChannel``."""
         with self._sql_scope("hold_task", write=True) as cur:
             cur.execute(self._sql["hold_task"], (task_id, codec.encode_dt(since), by))
 
     def release_hold(self, task_id: str) -> None:
-        """Optional capability (``SupportsHolds``)."""
+        """``CommandChannel``."""
         with self._sql_scope("release_hold", write=True) as cur:
             cur.execute(self._sql["release_hold"], (task_id,))
 
     def holds(
         self, *, task_ids: Sequence[str] | None = None, limit: int = 1000
     ) -> dict[str, datetime]:
-        """Optional capability (``SupportsHolds``)."""
+        """``CommandChannel``."""
         with self._sql_scope("holds", write=False) as cur:
             if task_ids is None:
                 rows = cur.execute(self._sql["holds"], (limit,)).fetchall()

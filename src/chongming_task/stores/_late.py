@@ -1,4 +1,4 @@
-"""Late reports (``SupportsLateReports``) written once for both SQL stores: what a node
+"""Late reports (``Maintenance``) written once for both SQL stores: what a node
 reported of a task after the store had ended it without it (docs/design.md, "Late
 truth"), kept beside the task and pruned with it."""
 
@@ -29,7 +29,7 @@ class LateReportsSQL:
     _id_list = staticmethod(json_id_list)
 
     def record_late_report(self, report: LateReport) -> None:
-        """Optional capability (``SupportsLateReports``)."""
+        """``Maintenance``."""
         values = codec.late_report_to_values(report)
         with self._sql_scope("record_late_report", write=True) as cur:
             cur.execute(self._sql["record_late_report"], values)
@@ -37,7 +37,7 @@ class LateReportsSQL:
     def late_reports(
         self, *, task_ids: Sequence[str] | None = None, limit: int = 100
     ) -> list[LateReport]:
-        """Optional capability (``SupportsLateReports``)."""
+        """``Maintenance``."""
         with self._sql_scope("late_reports", write=False) as cur:
             if task_ids is None:
                 rows = cur.execute(self._sql["late_reports"], (limit,)).fetchall()
@@ -50,7 +50,7 @@ class LateReportsSQL:
         return [codec.values_to_late_report(r) for r in rows][:limit]
 
     def count_late_reports(self) -> int:
-        """Optional capability (``SupportsLateReports``)."""
+        """``Maintenance``."""
         with self._sql_scope("count_late_reports", write=False) as cur:
             (count,) = cur.execute(self._sql["count_late_reports"]).fetchone()
         return int(count)

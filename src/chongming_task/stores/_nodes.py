@@ -1,8 +1,7 @@
-"""The node and schedule registries (``SupportsNodeRegistry``,
-``SupportsScheduleRegistry``) written once for both SQL stores: the same named statements
-(in each store's ``queries.sql``) through each store's own transaction scope. Node
-times are taken from the store's clock where it has one: its statements read it
-themselves (no round trip of its own)."""
+"""The node and schedule registries (``FleetRegistry``) written once for both SQL stores:
+the same named statements (in each store's ``queries.sql``) through each store's own
+transaction scope. Node times are taken from the store's clock where it has one: its
+statements read it themselves (no round trip of its own)."""
 
 from __future__ import annotations
 
@@ -71,7 +70,7 @@ class NodeRegistrySQL:
     def pulse_node(
         self, node: str, *, now: datetime, health: NodeHealth | None = None
     ) -> int | None:
-        """Optional capability (``SupportsNodePulse``)."""
+        """``FleetRegistry``."""
         said = None if health is None else health.to_json()
         with self._sql_scope("pulse_node", write=True) as c:
             row = c.execute(self._sql["pulse_node"], [self._seen(now), said, node]).fetchone()

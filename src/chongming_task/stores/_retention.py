@@ -1,6 +1,6 @@
 """Finished tasks by when they ended, for both SQL stores: deleted by age
-(``SupportsPruneByAge``; the rules: docs/design.md, "Retention") and counted per slot of
-time (``SupportsEndedTimeline``).
+(``Maintenance``; the rules: docs/design.md, "Retention") and counted per slot of
+time (``Maintenance``).
 
 A task is judged by when it ended. The candidates are found through the ``created_at``
 index, oldest first, within the tasks created before the cut-off (a task ends after it
@@ -102,9 +102,9 @@ def ended_where(
 
 class RetentionSQL:
     """Mixin: ``prune_ended``, ``count_ended`` and the finished commands' own
-    (``SupportsPruneByAge``: ``prune_finished_commands`` and ``count_finished_commands``,
+    (``Maintenance``: ``prune_finished_commands`` and ``count_finished_commands``,
     through the ``finished_at`` index of both stores), and
-    ``ended_timeline`` (``SupportsEndedTimeline``). The store's
+    ``ended_timeline`` (``Maintenance``). The store's
     named statements delete a batch: ``prune_ids`` (one statement over an array of
     ids, Postgres) or, per task, ``prune_history`` (id and ``seq``),
     ``prune_commands``, ``prune_late_report`` and ``prune_task`` (SQLite)."""
@@ -125,7 +125,7 @@ class RetentionSQL:
         buckets: frozenset[int] | None = None,
         limit: int = 500,
     ) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         chosen = check_retention_args(before, statuses, limit)
         where, params = ended_where(self._dialect, before, chosen, buckets)
         p = self._dialect.placeholder
@@ -158,14 +158,14 @@ class RetentionSQL:
         cur.executemany(self._sql["prune_pipeline"], [(run,) for run in runs])
 
     def prune_finished_commands(self, *, before: datetime, limit: int = 500) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         check_retention_args(before, None, limit)
         with self._sql_scope("prune finished commands", write=True) as cur:
             sql = self._sql["prune_finished_commands"]
             return int(cur.execute(sql, [codec.encode_dt(before), limit]).rowcount)
 
     def count_finished_commands(self, *, before: datetime) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         check_retention_args(before, None, 1)
         with self._sql_scope("count finished commands", write=False) as cur:
             sql = self._sql["count_finished_commands"]
@@ -178,7 +178,7 @@ class RetentionSQL:
         statuses: frozenset[TaskStatus] | None = None,
         buckets: frozenset[int] | None = None,
     ) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         chosen = check_retention_args(before, statuses, 1)
         where, params = ended_where(self._dialect, before, chosen, buckets)
         with self._sql_scope("count by age", write=False) as cur:
@@ -191,7 +191,7 @@ class RetentionSQL:
     def ended_timeline(
         self, *, since: datetime, width: timedelta
     ) -> dict[tuple[int, TaskStatus], int]:
-        """Optional capability (``SupportsEndedTimeline``)."""
+        """``Maintenance``."""
         step = check_timeline_args(since, width)
         d = self._dialect
         p = d.placeholder

@@ -288,7 +288,7 @@ class Executor(Protocol):
 
 
 class TaskScanSQL:
-    """``SupportsTaskScan`` written once for both SQL stores, over each one's dialect and
+    """``Maintenance`` written once for both SQL stores, over each one's dialect and
     scope (``_sql_scope(what, write=)``) and row decoder (``_snapshot``)."""
 
     __slots__ = ()

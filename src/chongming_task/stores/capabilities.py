@@ -1,12 +1,13 @@
-"""Optional store capabilities: what a store *may* offer beyond the 14 methods of
-``TaskStore``, declared as protocols, and ``Capabilities``, the one adapter that resolves
-them once per store and falls back to the 14 methods where a store lacks one. (The
-protocols are written in ``_supports`` and exported from here.)
+"""``Capabilities``: the one adapter the runtime asks about a store. It resolves the
+store's roles once (``chongming_task.stores.roles``) and falls back, role by role, to the
+14 methods of ``TaskStore`` where the store does not declare a role whole, so the
+runtime has one code path whatever the store. Here too: the fallbacks' own helpers (the
+marks a node writes to end a task it does not hold, and the questions about many tasks
+answered by reading them all).
 
-The runtime never asks a store what it can do; it asks its ``Capabilities``, so it has one
-code path whatever the store. A third-party store needs none of these; a store that
-declares one proves it with the capability section of ``StoreContract``, which runs only
-for the capabilities the store declares. ``docs/stores.md`` §10 gives each contract.
+The runtime never asks a store what it can do; it asks its ``Capabilities``. A
+third-party store needs no role; a store that declares one proves it with that role's
+section of ``StoreContract``. ``docs/stores.md`` gives each role's contract and fallback.
 """
 
 from __future__ import annotations
@@ -17,71 +18,60 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .. import states
 from ..errors import ConcurrencyConflict, ConfigurationError, StoreError
 from ..health import NodeHealth
 from ..late import LateReport
 from ..model import (
+    Command,
+    Failure,
     NodeRecord,
     PipelineRecord,
     Progress,
     ScheduleRecord,
+    TaskQuery,
     TaskScan,
     TaskSnapshot,
     TaskStatus,
     Transition,
+    trusted_transition,
 )
-from ._channel import CommandChannel
-from ._lost import ended_mark, lost_mark
-from ._read_whole import ReadWhole
-from ._supports import (
+from ..states import TERMINAL
+from ._retention import timeline_of
+from .protocol import TaskStore
+from .roles import (
+    BatchedWrites,
+    CommandChannel,
     CountBy,
     Creation,
-    DeclaresGroupCommit,
     DeclaresValueRules,
+    FleetRegistry,
     LifeWrite,
+    Maintenance,
     PartialCreate,
     PartialWrite,
     PendingWrites,
-    SupportsAddressedWakeups,
     SupportsAtomic,
-    SupportsCommandLog,
-    SupportsCommandWakeups,
     SupportsConnectionCount,
-    SupportsCreateMany,
     SupportsCreateSchema,
-    SupportsDedupe,
-    SupportsEndedTimeline,
-    SupportsHolderClaim,
-    SupportsHolds,
-    SupportsLateReports,
-    SupportsMarkExpired,
-    SupportsMarkLost,
-    SupportsNodePulse,
-    SupportsNodeRegistry,
-    SupportsPendingCommands,
-    SupportsPipelineRegistry,
-    SupportsPruneByAge,
-    SupportsRenewLeases,
-    SupportsScheduleRegistry,
     SupportsStorageClock,
-    SupportsTaskScan,
-    SupportsTransitionWakeups,
-    SupportsWriteActivity,
-    SupportsWriteBehind,
-    SupportsWriteTogether,
-    SupportsWriteTransitions,
     Verdict,
     rules_of,
 )
-from .protocol import TaskStore
 
 __all__ = [
+    "BatchedWrites",
     "Capabilities",
+    "CommandChannel",
+    "Commands",
     "DeclaresGroupCommit",
     "DeclaresValueRules",
+    "FleetRegistry",
+    "Maintenance",
     "PartialCreate",
     "PartialWrite",
     "PendingWrites",
+    "ReadWhole",
     "SupportsAddressedWakeups",
     "SupportsAtomic",
     "SupportsCommandLog",
@@ -116,34 +106,33 @@ __all__ = [
     "rules_of",
 ]
 
+# The names of single capabilities, each the role that holds it: an ``isinstance`` check
+# with one asks for the whole role, as the node does.
+DeclaresGroupCommit = SupportsCreateMany = SupportsWriteTransitions = BatchedWrites
+SupportsWriteTogether = SupportsWriteBehind = SupportsRenewLeases = BatchedWrites
+SupportsWriteActivity = SupportsMarkLost = SupportsDedupe = BatchedWrites
+SupportsCommandWakeups = SupportsAddressedWakeups = SupportsHolderClaim = CommandChannel
+SupportsPendingCommands = SupportsCommandLog = SupportsTransitionWakeups = CommandChannel
+SupportsHolds = CommandChannel
+SupportsNodeRegistry = SupportsNodePulse = SupportsScheduleRegistry = FleetRegistry
+SupportsPipelineRegistry = FleetRegistry
+SupportsTaskScan = SupportsEndedTimeline = SupportsMarkExpired = Maintenance
+SupportsPruneByAge = SupportsLateReports = Maintenance
+
 
 class Capabilities:
-    """A store's optional capabilities, resolved once, each with its fallback; the
-    runtime calls the methods, which behave the same whether the store has one or not."""
+    """A store's roles, resolved once, each with its fallback; the runtime calls the
+    methods, which behave the same whether the store declares a role or not."""
 
     __slots__ = (
         "_atomic",
+        "_channel",
         "_connections",
-        "_create_many",
-        "_dedupe",
-        "_holds",
-        "_late",
-        "_mark_expired",
-        "_mark_lost",
-        "_nodes",
-        "_pipelines",
-        "_pulse",
-        "_renew_leases",
-        "_retention",
-        "_scan",
-        "_schedules",
+        "_fleet",
         "_schema",
         "_storage_now",
-        "_subscribe_transitions",
-        "_timeline",
-        "_write_activity",
-        "_write_together",
-        "_write_transitions",
+        "_upkeep",
+        "_writes",
         "commands",
         "compare_and_write",
         "group_commit",
@@ -155,63 +144,33 @@ class Capabilities:
     def __init__(self, store: TaskStore) -> None:
         self.store = store
         self.value_rules = rules_of(store)
-        self.group_commit = isinstance(store, DeclaresGroupCommit) and store.group_commit is True
+        self._writes: BatchedWrites | None = store if isinstance(store, BatchedWrites) else None
+        self._channel: CommandChannel | None = store if isinstance(store, CommandChannel) else None
+        self._fleet: FleetRegistry | None = store if isinstance(store, FleetRegistry) else None
+        self._upkeep: Maintenance | None = store if isinstance(store, Maintenance) else None
+        writes = self._writes
+        self.group_commit = writes is not None and writes.group_commit is True
         """Whether the store commits writes made side by side together."""
         self._atomic: Callable[[], AbstractContextManager[None]] | None = (
             store.atomic if isinstance(store, SupportsAtomic) else None
         )
-        self._create_many = store.create_many if isinstance(store, SupportsCreateMany) else None
-        self._write_transitions = (
-            store.write_transitions if isinstance(store, SupportsWriteTransitions) else None
-        )
         # Resolved to the store's own method where it has one: the write-through calls
         # this for every transition, so no adapter frame sits in between.
         self.compare_and_write: Callable[..., None] = (
-            self._write_transitions or self._compare_and_write
-        )
-        self._write_together = (
-            store.write_transitions_together if isinstance(store, SupportsWriteTogether) else None
+            writes.write_transitions if writes is not None else self._compare_and_write
         )
         self.write_behind: Callable[[Sequence[LifeWrite]], PendingWrites] | None = (
-            store.write_transitions_behind if isinstance(store, SupportsWriteBehind) else None
+            writes.write_transitions_behind if writes is not None and self.group_commit else None
         )
-        """The store's ``write_transitions_behind`` (``None`` without one): a node's
-        workers queue their writes with it and go on (``BehindWriter``)."""
-        self._mark_lost = store.mark_lost if isinstance(store, SupportsMarkLost) else None
-        self._renew_leases = store.renew_leases if isinstance(store, SupportsRenewLeases) else None
-        self._write_activity = (
-            store.write_activity if isinstance(store, SupportsWriteActivity) else None
-        )
-        self._mark_expired = (
-            store.mark_expired_lost if isinstance(store, SupportsMarkExpired) else None
-        )
-        self.commands = CommandChannel(store)
+        """The store's ``write_transitions_behind`` where it commits side-by-side writes
+        together (``None`` elsewhere): a node's workers queue their writes with it and go
+        on (``BehindWriter``)."""
+        self.commands = Commands(store, self._channel)
         """The command side: wake-ups, claims, pending and finished commands."""
-        self._subscribe_transitions = (
-            store.subscribe_transitions if isinstance(store, SupportsTransitionWakeups) else None
-        )
-        self._nodes: SupportsNodeRegistry | None = (
-            store if isinstance(store, SupportsNodeRegistry) else None
-        )
-        self._schedules: SupportsScheduleRegistry | None = (
-            store if isinstance(store, SupportsScheduleRegistry) else None
-        )
-        self._pipelines: SupportsPipelineRegistry | None = (
-            store if isinstance(store, SupportsPipelineRegistry) else None
-        )
-        self._dedupe = store.create_deduped if isinstance(store, SupportsDedupe) else None
-        self._late: SupportsLateReports | None = (
-            store if isinstance(store, SupportsLateReports) else None
-        )
-        self._holds: SupportsHolds | None = store if isinstance(store, SupportsHolds) else None
         self._storage_now = store.storage_now if isinstance(store, SupportsStorageClock) else None
-        self._scan: SupportsTaskScan | None = store if isinstance(store, SupportsTaskScan) else None
         self._schema: SupportsCreateSchema | None = (
             store if isinstance(store, SupportsCreateSchema) else None
         )
-        self._retention = store if isinstance(store, SupportsPruneByAge) else None
-        self._timeline = store if isinstance(store, SupportsEndedTimeline) else None
-        self._pulse = store.pulse_node if isinstance(store, SupportsNodePulse) else None
         self._connections = (
             store.connections if isinstance(store, SupportsConnectionCount) else None
         )
@@ -220,30 +179,18 @@ class Capabilities:
         found = [
             name
             for name, present in (
+                ("batched writes", self._writes),
+                ("command channel", self._channel),
+                ("fleet registry", self._fleet),
+                ("maintenance", self._upkeep),
                 ("atomic", self._atomic),
-                ("create_many", self._create_many),
-                ("write_transitions", self._write_transitions),
-                ("mark_lost", self._mark_lost),
-                ("renew_leases", self._renew_leases),
-                ("write_activity", self._write_activity),
-                ("mark_expired_lost", self._mark_expired),
-                ("create_deduped", self._dedupe),
-                ("subscribe_transitions", self._subscribe_transitions),
-                ("node registry", self._nodes),
-                ("schedule registry", self._schedules),
-                ("pipeline registry", self._pipelines),
-                ("late reports", self._late),
-                ("holds", self._holds),
                 ("storage clock", self._storage_now),
-                ("task scan", self._scan),
                 ("create_schema", self._schema),
-                ("prune by age", self._retention),
-                ("ended timeline", self._timeline),
-                ("node pulse", self._pulse),
+                ("connection count", self._connections),
             )
             if present is not None
-        ] + self.commands.found()
-        return f"Capabilities({self.store!r}: {', '.join(found) or 'none'})"
+        ]
+        return f"Capabilities({self.store!r}: {', '.join(found) or 'the core alone'})"
 
     def atomic(self) -> AbstractContextManager[None]:
         """The store's transaction, or a no-op context (each call then stands alone)."""
@@ -256,8 +203,8 @@ class Capabilities:
 
         Without transactions, tasks are created one by one; a failure after some were
         created raises ``PartialCreate`` naming how many."""
-        if self._create_many is not None:
-            self._create_many(items)
+        if self._writes is not None:
+            self._writes.create_many(items)
             return True
         store = self.store
         if self._atomic is not None:
@@ -298,24 +245,6 @@ class Capabilities:
             return
         self.compare_and_write(snapshot, expect_version=expect_version, transitions=transitions)
 
-    def compare_and_write_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
-        """``compare_and_write`` for several tasks at once: one statement where the store
-        commits side-by-side writes together, else one call each. Returns each write's
-        error (``None``: written), in order; one write's failure never fails another."""
-        if self._write_together is not None:
-            return self._write_together(writes)
-        errors: list[BaseException | None] = []
-        for snapshot, expect_version, transitions in writes:
-            try:
-                self.compare_and_write(
-                    snapshot, expect_version=expect_version, transitions=transitions
-                )
-            except Exception as exc:
-                errors.append(exc)
-            else:
-                errors.append(None)
-        return errors
-
     def _compare_and_write(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
     ) -> None:
@@ -340,8 +269,8 @@ class Capabilities:
         """The supervisor's lease renewal: the ids renewed (a task finished or held by
         another owner is not), in one transaction where the store can. ``None`` where
         the store cannot tell (a ``touch`` per task: never on a finished row)."""
-        if self._renew_leases is not None:
-            return set(self._renew_leases(task_ids, owner=owner, until=until))
+        if self._writes is not None:
+            return set(self._writes.renew_leases(task_ids, owner=owner, until=until))
         store = self.store
         with self.atomic():
             for task_id in task_ids:
@@ -354,8 +283,8 @@ class Capabilities:
         """Progress and heartbeats of many tasks: the ids written (a task finished or
         held by another owner is not), in one transaction where the store can. ``None``
         where the store cannot tell (a ``touch`` per task: never on a finished row)."""
-        if self._write_activity is not None:
-            return set(self._write_activity(items, owner=owner))
+        if self._writes is not None:
+            return set(self._writes.write_activity(items, owner=owner))
         store = self.store
         with self.atomic():
             for task_id, progress, heartbeat in items:
@@ -365,8 +294,8 @@ class Capabilities:
     def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
         """``reconcile()``'s writes: each task its own compare-and-set (in one
         transaction where the store can). Returns the ids marked."""
-        if self._mark_lost is not None:
-            return self._mark_lost(marks)
+        if self._writes is not None:
+            return self._writes.mark_lost(marks)
         won: set[str] = set()
         store = self.store
         with self.atomic():
@@ -393,8 +322,10 @@ class Capabilities:
         version moved under us: their supervisor is alive). In one statement where the
         store can; else the expired are read, then marked ``chunk`` at a time, each its
         own compare-and-set (``mark_lost``)."""
-        if self._mark_expired is not None:
-            marked = self._mark_expired(scan, exclude=exclude, at=at, actor=actor, verdict=verdict)
+        if self._upkeep is not None:
+            marked = self._upkeep.mark_expired_lost(
+                scan, exclude=exclude, at=at, actor=actor, verdict=verdict
+            )
             return marked, []
         _, expired = self.scan_tasks(scan)
         candidates = [s for s in expired if s.task_id not in exclude]
@@ -410,9 +341,9 @@ class Capabilities:
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Subscribe ``wake`` to transition wake-ups; ``None`` where the store has none
         (a follower's poll interval alone then bounds the latency)."""
-        if self._subscribe_transitions is None:
+        if self._channel is None:
             return None
-        return self._subscribe_transitions(wake)
+        return self._channel.subscribe_transitions(wake)
 
     def create_schema(self) -> tuple[str, str] | None:
         """Create the schema where the store needs it done apart; then return where it
@@ -422,20 +353,17 @@ class Capabilities:
         self._schema.create_schema()
         return self._schema.where, self._schema.schema
 
-    # -- fleet visibility ----------------------------------------------------------------------
+    # -- the fleet registry ---------------------------------------------------------------------
 
     @property
-    def has_node_registry(self) -> bool:
-        return self._nodes is not None
+    def has_fleet_registry(self) -> bool:
+        """Whether the store keeps what nodes declare (``FleetRegistry``)."""
+        return self._fleet is not None
 
     def declare_node(self, record: NodeRecord) -> None:
         """Declare the node (nothing where the store keeps no registry)."""
-        if self._nodes is not None:
-            self._nodes.declare_node(record)
-
-    @property
-    def has_node_pulse(self) -> bool:
-        return self._pulse is not None
+        if self._fleet is not None:
+            self._fleet.declare_node(record)
 
     def connections(self) -> int | None:
         """Server connections the store holds now (``SupportsConnectionCount``)."""
@@ -444,85 +372,78 @@ class Capabilities:
     def pulse_node(
         self, node: str, *, now: datetime, health: NodeHealth | None = None
     ) -> int | None:
-        """Refresh and the claimable commands' count (``SupportsNodePulse``), else
-        ``refresh_node`` and 0 (the poller polls); ``None``: declare again."""
-        if self._pulse is not None:
-            return self._pulse(node, now=now, health=health)
-        if self._nodes is None:
+        """Refresh and the claimable commands' count, 0 where the store keeps no
+        registry (the poller polls); ``None``: declare again."""
+        if self._fleet is None:
             return 0
-        return 0 if self._nodes.refresh_node(node, now=now, health=health) else None
+        return self._fleet.pulse_node(node, now=now, health=health)
 
     def retire_node(self, node: str, *, now: datetime) -> None:
-        if self._nodes is not None:
-            self._nodes.retire_node(node, now=now)
+        if self._fleet is not None:
+            self._fleet.retire_node(node, now=now)
 
     def nodes(self) -> list[NodeRecord]:
         """Every declaration; empty where the store keeps no registry."""
-        return self._nodes.nodes() if self._nodes is not None else []
-
-    @property
-    def has_schedule_registry(self) -> bool:
-        return self._schedules is not None
+        return self._fleet.nodes() if self._fleet is not None else []
 
     def declare_schedule(self, record: ScheduleRecord) -> None:
         """Record the schedule (nothing where the store keeps no registry)."""
-        if self._schedules is not None:
-            self._schedules.declare_schedule(record)
+        if self._fleet is not None:
+            self._fleet.declare_schedule(record)
 
     def forget_schedule(self, node: str, name: str) -> None:
-        if self._schedules is not None:
-            self._schedules.forget_schedule(node, name)
+        if self._fleet is not None:
+            self._fleet.forget_schedule(node, name)
 
     def schedules(self) -> list[ScheduleRecord]:
         """Every schedule record; empty where the store keeps no registry."""
-        return self._schedules.schedules() if self._schedules is not None else []
-
-    @property
-    def has_pipeline_registry(self) -> bool:
-        return self._pipelines is not None
+        return self._fleet.schedules() if self._fleet is not None else []
 
     def record_pipeline(self, record: PipelineRecord) -> None:
         """Record the run's shape (nothing where the store keeps no registry)."""
-        if self._pipelines is not None:
-            self._pipelines.record_pipeline(record)
+        if self._fleet is not None:
+            self._fleet.record_pipeline(record)
 
     def pipeline_record(self, pipeline_run_id: str) -> PipelineRecord | None:
-        if self._pipelines is None:
+        if self._fleet is None:
             return None
-        return self._pipelines.pipeline_record(pipeline_run_id)
+        return self._fleet.pipeline_record(pipeline_run_id)
 
     def pipeline_records(self, *, limit: int = 50) -> list[PipelineRecord]:
-        return [] if self._pipelines is None else self._pipelines.pipeline_records(limit=limit)
+        return [] if self._fleet is None else self._fleet.pipeline_records(limit=limit)
+
+    # -- maintenance, dedupe keys -----------------------------------------------------------------
 
     @property
-    def prune_by_age(self) -> SupportsPruneByAge:
-        """``SupportsPruneByAge``; ``ConfigurationError`` where the store has none."""
-        if self._retention is None:
+    def prune_by_age(self) -> Maintenance:
+        """The store's ``Maintenance``; ``ConfigurationError`` where it declares none."""
+        if self._upkeep is None:
             raise ConfigurationError(
-                f"{self.store!r} cannot prune by age (SupportsPruneByAge): prune --keep N"
+                f"{self.store!r} cannot prune by age (it declares no Maintenance role): "
+                "prune --keep N"
             )
-        return self._retention
+        return self._upkeep
 
     @property
     def has_dedupe(self) -> bool:
-        return self._dedupe is not None
+        return self._writes is not None
 
     def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
-        """``SupportsDedupe.create_deduped``; ``ConfigurationError`` where the store
+        """The store's ``create_deduped``; ``ConfigurationError`` where the store
         enforces no dedupe key (a key nobody enforces would promise what is not kept)."""
-        if self._dedupe is None:
+        if self._writes is None:
             raise ConfigurationError(
-                f"{self.store!r} does not enforce dedupe keys (SupportsDedupe): submit "
-                "without dedupe_key, or use a store that does"
+                f"{self.store!r} does not enforce dedupe keys (it declares no BatchedWrites "
+                "role): submit without dedupe_key, or use a store that does"
             )
-        return self._dedupe(snapshot, created)
+        return self._writes.create_deduped(snapshot, created)
 
     def record_late_report(self, report: LateReport) -> bool:
         """Keep ``report`` beside its task; ``False`` where the store keeps none (the
         node's log line is then the only record)."""
-        if self._late is None:
+        if self._upkeep is None:
             return False
-        self._late.record_late_report(report)
+        self._upkeep.record_late_report(report)
         return True
 
     def late_reports(
@@ -530,36 +451,36 @@ class Capabilities:
     ) -> list[LateReport]:
         """The reports of ``task_ids`` (``None``: every task's), newest first; empty
         where the store keeps none."""
-        if self._late is None:
+        if self._upkeep is None:
             return []
-        return self._late.late_reports(task_ids=task_ids, limit=limit)
+        return self._upkeep.late_reports(task_ids=task_ids, limit=limit)
 
     def count_late_reports(self) -> int:
-        return 0 if self._late is None else self._late.count_late_reports()
+        return 0 if self._upkeep is None else self._upkeep.count_late_reports()
 
     # -- holds of a pause before the start ----------------------------------------------------
 
     @property
     def has_holds(self) -> bool:
-        return self._holds is not None
+        return self._channel is not None
 
     def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
-        """Keep the hold where the store can (``SupportsHolds``); nothing elsewhere."""
-        if self._holds is not None:
-            self._holds.hold_task(task_id, since=since, by=by)
+        """Keep the hold where the store can (``CommandChannel``); nothing elsewhere."""
+        if self._channel is not None:
+            self._channel.hold_task(task_id, since=since, by=by)
 
     def release_hold(self, task_id: str) -> None:
-        if self._holds is not None:
-            self._holds.release_hold(task_id)
+        if self._channel is not None:
+            self._channel.release_hold(task_id)
 
     def holds(
         self, *, task_ids: Sequence[str] | None = None, limit: int = 1000
     ) -> dict[str, datetime]:
         """The held tasks of ``task_ids`` (``None``: any) and since when; empty where the
         store keeps none."""
-        if self._holds is None:
+        if self._channel is None:
             return {}
-        return self._holds.holds(task_ids=task_ids, limit=limit)
+        return self._channel.holds(task_ids=task_ids, limit=limit)
 
     @property
     def has_storage_clock(self) -> bool:
@@ -581,15 +502,138 @@ class Capabilities:
         self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
     ) -> dict[Any, int]:
         """Tasks per value of ``by``: a ``GROUP BY`` where the store can."""
-        return (self._scan or ReadWhole(self.store)).count_tasks(by, statuses=statuses)
+        return (self._upkeep or ReadWhole(self.store)).count_tasks(by, statuses=statuses)
 
     def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
         """How many tasks ``scan`` keeps, and the oldest ``scan.limit`` of them."""
-        return (self._scan or ReadWhole(self.store)).scan_tasks(scan)
+        return (self._upkeep or ReadWhole(self.store)).scan_tasks(scan)
 
     def ended_timeline(
         self, *, since: datetime, width: timedelta
     ) -> dict[tuple[int, TaskStatus], int]:
-        """Finished tasks per ``(slot, status)`` by when they ended (``SupportsEndedTimeline``)."""
-        timeline = self._timeline or ReadWhole(self.store)
+        """Finished tasks per ``(slot, status)`` by when they ended."""
+        timeline = self._upkeep or ReadWhole(self.store)
         return timeline.ended_timeline(since=since, width=width)
+
+
+class Commands:
+    """The command side of ``Capabilities`` (its ``commands``): the store's
+    ``CommandChannel`` where it declares one, else the core's claim and no wake-ups."""
+
+    __slots__ = ("_channel", "_store")
+
+    def __init__(self, store: TaskStore, channel: CommandChannel | None) -> None:
+        self._store = store
+        self._channel = channel
+
+    def subscribe(
+        self, wake: Callable[[], None], *, holder: str | None = None
+    ) -> Callable[[], None] | None:
+        """Subscribe ``wake`` to command wake-ups: for ``holder``'s commands where one is
+        given, else for all. ``None`` where the store has none (the poller's interval
+        alone then bounds the latency)."""
+        if self._channel is None:
+            return None
+        if holder is not None:
+            return self._channel.subscribe_commands_for(holder, wake)
+        return self._channel.subscribe_commands(wake)
+
+    def claim(
+        self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        """The open commands ``holder`` may act on where the store can tell, else all."""
+        if self._channel is not None:
+            return self._channel.claim_commands_for(
+                holder, now=now, lease_seconds=lease_seconds, limit=limit
+            )
+        return self._store.claim_commands(now=now, lease_seconds=lease_seconds, limit=limit)
+
+    def pending(self, task_id: str) -> list[Command] | None:
+        """The task's unfinished commands in arrival order; ``None`` where the store
+        cannot tell (then any control may be behind one: send it as a command)."""
+        return None if self._channel is None else self._channel.pending_commands(task_id)
+
+    @property
+    def has_log(self) -> bool:
+        """Whether the store keeps finished commands."""
+        return self._channel is not None
+
+    def finished(self, *, after: datetime, limit: int = 500) -> list[Command]:
+        """Commands finished after ``after``; empty where the store keeps no log."""
+        if self._channel is None:
+            return []
+        return self._channel.finished_commands(after=after, limit=limit)
+
+
+# -- the fallbacks' helpers ------------------------------------------------------------------
+
+
+def ended_mark(
+    s: TaskSnapshot,
+    to: TaskStatus,
+    at: datetime,
+    actor: str,
+    reason: str,
+    failure: Failure | None = None,
+) -> Creation:
+    """``s`` ended ``to`` at ``at`` (the one table checks the move), and its transition:
+    written with a compare-and-set from ``s``'s version."""
+    states.check(s.task_id, s.status, to)
+    version = s.status_version + 1
+    marked = s.evolve(status=to, status_version=version, ended_at=at, failure=failure)
+    transition: Transition = trusted_transition(
+        task_id=s.task_id,
+        version=version,
+        from_status=s.status,
+        to_status=to,
+        at=at,
+        reason=reason,
+        actor=actor,
+    )
+    return marked, transition
+
+
+def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Creation:
+    """The ``lost`` snapshot and transition reconcile writes for ``s``."""
+    failure, reason = verdict(s.lease_owner)
+    return ended_mark(s, TaskStatus.LOST, at, actor, reason, failure)
+
+
+class ReadWhole:
+    """``count_tasks``, ``scan_tasks`` and ``ended_timeline`` over ``store.query``."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: TaskStore) -> None:
+        self.store = store
+
+    def count_tasks(
+        self, by: str, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        counts: dict[Any, int] = {}
+        for s in self.store.query(TaskQuery(statuses=statuses)):
+            value = (s.bucket, s.status) if by == "bucket_status" else getattr(s, by)
+            counts[value] = counts.get(value, 0) + 1
+        return counts
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        store = self.store
+        kept = [
+            s
+            for s in store.query(TaskQuery(statuses=scan.statuses, buckets=scan.buckets))
+            if scan.matches(s)
+        ]
+        if scan.unchanged_since is not None:
+            cut = scan.unchanged_since
+            kept = [s for s in kept if s.created_at <= cut and self._changed_at(s) <= cut]
+        return len(kept), kept if scan.limit is None else kept[: scan.limit]
+
+    def ended_timeline(
+        self, *, since: datetime, width: timedelta
+    ) -> dict[tuple[int, TaskStatus], int]:
+        return timeline_of(self.store.query(TaskQuery(statuses=TERMINAL)), since, width)
+
+    def _changed_at(self, s: TaskSnapshot) -> datetime:
+        """When the task last changed status: its trail's row for the current version."""
+        trail = self.store.history(s.task_id, since_version=s.status_version - 1)
+        return trail[-1].at if trail else s.created_at

@@ -7,9 +7,10 @@ mistakes; "works on the memory store" does not mean "works on a real store".
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from ..errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ..health import NodeHealth
@@ -21,17 +22,20 @@ from ..model import (
     Progress,
     ScheduleRecord,
     TaskQuery,
+    TaskScan,
     TaskSnapshot,
     TaskStatus,
     Transition,
     utc,
 )
-from ..states import TERMINAL
+from ..states import LOSABLE, TERMINAL
 from ..trail import TRAIL_TEXT, TRAIL_WIDTH, Trail, trail_merged, trail_transitions
 from ..values import ValueRules
 from ._commands import in_arrival_order
 from ._dedupe import holder
 from ._retention import check_retention_args, timeline_of
+from .capabilities import ReadWhole, lost_mark
+from .roles import CountBy, Creation, LifeWrite, Settled, Verdict
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -71,6 +75,9 @@ class InMemoryTaskStore:
     value_rules = ValueRules(nul_in_text=True)
     """Objects are kept as they are; NUL is fine (see ``chongming_task.values``)."""
 
+    group_commit = False
+    """Each write is a dictionary operation under a lock: nothing to share."""
+
     def __repr__(self) -> str:
         return f"InMemoryTaskStore(tasks={len(self._tasks)})"
 
@@ -89,7 +96,7 @@ class InMemoryTaskStore:
             raise TaskAlreadyExists(f"task {snapshot.task_id} already exists")
 
     def create_deduped(self, snapshot: TaskSnapshot, created: Transition) -> str | None:
-        """Optional capability (``SupportsDedupe``): the last task created with the key
+        """``BatchedWrites``: the last task created with the key
         is the only one that can hold it (a task is created with it only when none
         does)."""
         key = snapshot.dedupe_key
@@ -109,7 +116,7 @@ class InMemoryTaskStore:
         return None
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
-        """Optional capability (``SupportsCreateMany``): ``create`` each snapshot and
+        """``BatchedWrites``: ``create`` each snapshot and
         ``append`` its transition; an existing id raises ``TaskAlreadyExists`` and takes
         back the tasks this call created."""
         if self._closed:  # inline on the hot paths: one attribute read, no call
@@ -129,7 +136,7 @@ class InMemoryTaskStore:
     def write_transitions(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition]
     ) -> None:
-        """Optional capability (``SupportsWriteTransitions``): ``save``, then ``append``
+        """``BatchedWrites``: ``save``, then ``append``
         each transition; a conflict raises with nothing written. The runtime's hot path:
         one check, one lock and one trail lookup for the whole write."""
         if self._closed:  # inline on the hot paths: one attribute read, no call
@@ -180,6 +187,44 @@ class InMemoryTaskStore:
         for transition in transitions:
             if transition.task_id != task_id:
                 self.append(transition)
+
+    def write_transitions_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
+        """``BatchedWrites``: one ``write_transitions`` each, every error caught."""
+        errors: list[BaseException | None] = []
+        for snapshot, expect_version, transitions in writes:
+            try:
+                self.write_transitions(
+                    snapshot, expect_version=expect_version, transitions=transitions
+                )
+            except Exception as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
+
+    def write_transitions_behind(self, writes: Sequence[LifeWrite]) -> Settled:
+        """``BatchedWrites``: written at once (a dictionary has no commit to share)."""
+        return Settled(self.write_transitions_together(writes))
+
+    def mark_lost(self, marks: Sequence[Creation]) -> set[str]:
+        """``BatchedWrites``: each mark a compare-and-set of the ending's columns."""
+        self._check_open()
+        won: set[str] = set()
+        for marked, transition in marks:
+            task_id = marked.task_id
+            with self._stripe(task_id):
+                current = self._tasks.get(task_id)
+                if current is None or current.status_version != transition.version - 1:
+                    continue  # it moved: its holder is alive after all
+                self._tasks[task_id] = current.evolve(
+                    status=marked.status,
+                    status_version=marked.status_version,
+                    ended_at=marked.ended_at,
+                    failure=marked.failure,
+                )
+            self.append(transition)
+            won.add(task_id)
+        return won
 
     def save(self, snapshot: TaskSnapshot, *, expect_version: int) -> None:
         self.write_transitions(snapshot, expect_version=expect_version, transitions=())
@@ -245,13 +290,13 @@ class InMemoryTaskStore:
             )
 
     def renew_leases(self, task_ids: Sequence[str], *, owner: str, until: datetime) -> list[str]:
-        """Optional capability (``SupportsRenewLeases``)."""
+        """``BatchedWrites``."""
         return self._activity([(t, None, None) for t in task_ids], owner, until)
 
     def write_activity(
         self, items: Sequence[tuple[str, Progress | None, datetime | None]], *, owner: str
     ) -> list[str]:
-        """Optional capability (``SupportsWriteActivity``)."""
+        """``BatchedWrites``."""
         return self._activity(items, owner, None)
 
     def _activity(
@@ -286,11 +331,20 @@ class InMemoryTaskStore:
     def claim_commands(
         self, *, now: datetime, lease_seconds: float, limit: int = 50
     ) -> list[Command]:
+        return self._claim(None, now=now, lease_seconds=lease_seconds, limit=limit)
+
+    def _claim(
+        self, holder: str | None, *, now: datetime, lease_seconds: float, limit: int
+    ) -> list[Command]:
         now = utc(now, "now")
         until = now + timedelta(seconds=lease_seconds)
         with self._lock:
             self._check_open()
-            open_ = [c for c in self._commands.values() if c.finished_at is None]
+            open_ = [
+                c
+                for c in self._commands.values()
+                if c.finished_at is None and self._claimable_by(holder, c.task_id)
+            ]
             picked = in_arrival_order(
                 [
                     (c.command_id, c.task_id, c.lease_until is not None and c.lease_until > now)
@@ -303,8 +357,31 @@ class InMemoryTaskStore:
                 self._commands[command.command_id] = command
             return claimed
 
+    def claim_commands_for(
+        self, holder: str, *, now: datetime, lease_seconds: float, limit: int = 50
+    ) -> list[Command]:
+        """``CommandChannel``: ``claim_commands`` among ``holder``'s tasks and nobody's."""
+        return self._claim(holder, now=now, lease_seconds=lease_seconds, limit=limit)
+
+    def _claimable_by(self, holder: str | None, task_id: str) -> bool:
+        """Whether ``holder`` (``None``: anyone) may act on the task's commands."""
+        if holder is None:
+            return True
+        s = self._tasks.get(task_id)
+        return s is None or s.lease_owner in (None, holder) or s.status in TERMINAL
+
+    def subscribe_commands(self, wake: Callable[[], None]) -> None:
+        """``CommandChannel``: none (a node on this store polls)."""
+        return None
+
+    def subscribe_commands_for(self, holder: str, wake: Callable[[], None]) -> None:
+        return None
+
+    def subscribe_transitions(self, wake: Callable[[], None]) -> None:
+        return None
+
     def pending_commands(self, task_id: str) -> list[Command]:
-        """Optional capability (``SupportsPendingCommands``); dicts keep arrival order."""
+        """``CommandChannel``; dicts keep arrival order."""
         with self._lock:
             self._check_open()
             return [
@@ -329,7 +406,7 @@ class InMemoryTaskStore:
             if command is not None and command.finished_at is None:
                 self._commands[command_id] = replace(command, lease_until=None)
 
-    # -- node declarations (SupportsNodeRegistry) ----------------------------------------------
+    # -- node declarations (FleetRegistry) ----------------------------------------------
 
     def declare_node(self, record: NodeRecord) -> None:
         with self._lock:
@@ -347,6 +424,21 @@ class InMemoryTaskStore:
             )
             return True
 
+    def pulse_node(
+        self, node: str, *, now: datetime, health: NodeHealth | None = None
+    ) -> int | None:
+        """``FleetRegistry``: ``refresh_node`` and the commands ``node`` may claim."""
+        if not self.refresh_node(node, now=now, health=health):
+            return None
+        with self._lock:
+            return sum(
+                1
+                for c in self._commands.values()
+                if c.finished_at is None
+                and (c.lease_until is None or c.lease_until <= now)
+                and self._claimable_by(node, c.task_id)
+            )
+
     def retire_node(self, node: str, *, now: datetime) -> None:
         with self._lock:
             self._check_open()
@@ -359,7 +451,7 @@ class InMemoryTaskStore:
             self._check_open()
             return list(self._nodes.values())
 
-    # -- schedule declarations (SupportsScheduleRegistry) --------------------------------------
+    # -- schedule declarations (FleetRegistry) --------------------------------------
 
     def declare_schedule(self, record: ScheduleRecord) -> None:
         with self._lock:
@@ -383,7 +475,7 @@ class InMemoryTaskStore:
         done.sort(key=lambda c: c.finished_at or after)
         return done[:limit]
 
-    # -- late reports (SupportsLateReports) ------------------------------------------------------
+    # -- late reports (Maintenance) ------------------------------------------------------
 
     def record_late_report(self, report: LateReport) -> None:
         with self._lock:
@@ -405,7 +497,7 @@ class InMemoryTaskStore:
             self._check_open()
             return len(self._late)
 
-    # -- holds of a pause before the start (SupportsHolds) ----------------------------------
+    # -- holds of a pause before the start (CommandChannel) ----------------------------------
 
     def hold_task(self, task_id: str, *, since: datetime, by: str) -> None:
         with self._lock:
@@ -427,7 +519,7 @@ class InMemoryTaskStore:
             oldest = sorted(self._holds.items(), key=lambda item: item[1])[:limit]
             return dict(oldest)
 
-    # -- pipeline shapes (SupportsPipelineRegistry) ---------------------------------------------
+    # -- pipeline shapes (FleetRegistry) ---------------------------------------------
 
     def record_pipeline(self, record: PipelineRecord) -> None:
         with self._lock:
@@ -485,7 +577,7 @@ class InMemoryTaskStore:
         buckets: frozenset[int] | None = None,
         limit: int = 500,
     ) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         with self._lock:
             doomed = self._ended(before, statuses, buckets, limit)[:limit]
             return sum(self._forget(snapshot) for snapshot in doomed)
@@ -497,12 +589,12 @@ class InMemoryTaskStore:
         statuses: frozenset[TaskStatus] | None = None,
         buckets: frozenset[int] | None = None,
     ) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         with self._lock:
             return len(self._ended(before, statuses, buckets, 1))
 
     def prune_finished_commands(self, *, before: datetime, limit: int = 500) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         check_retention_args(before, None, limit)
         with self._lock:
             self._check_open()
@@ -512,7 +604,7 @@ class InMemoryTaskStore:
             return min(len(doomed), limit)
 
     def count_finished_commands(self, *, before: datetime) -> int:
-        """Optional capability (``SupportsPruneByAge``)."""
+        """``Maintenance``."""
         check_retention_args(before, None, 1)
         with self._lock:
             return len(self._finished_before(before))
@@ -524,10 +616,38 @@ class InMemoryTaskStore:
             if c.finished_at is not None and c.finished_at < before
         ]
 
+    def count_tasks(
+        self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        """``Maintenance``: counted over the dictionary."""
+        self._check_open()
+        return ReadWhole(self).count_tasks(by, statuses=statuses)
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        self._check_open()
+        return ReadWhole(self).scan_tasks(scan)
+
+    def mark_expired_lost(
+        self,
+        scan: TaskScan,
+        *,
+        exclude: frozenset[str],
+        at: datetime,
+        actor: str,
+        verdict: Verdict,
+    ) -> list[str]:
+        """``Maintenance``: the expired read, then each a ``mark_lost`` compare-and-set."""
+        if scan.statuses - LOSABLE:
+            raise ValueError("reconcile marks lost only what the state table allows")
+        _, expired = self.scan_tasks(scan)
+        marks = [lost_mark(s, at, actor, verdict) for s in expired if s.task_id not in exclude]
+        won = self.mark_lost(marks)
+        return [marked.task_id for marked, _ in marks if marked.task_id in won]
+
     def ended_timeline(
         self, *, since: datetime, width: timedelta
     ) -> dict[tuple[int, TaskStatus], int]:
-        """Optional capability (``SupportsEndedTimeline``)."""
+        """``Maintenance``."""
         self._check_open()
         return timeline_of(list(self._tasks.values()), since, width)
 

@@ -48,10 +48,10 @@ class ContractBase:
             store.close()
 
     @staticmethod
-    def _declares(store: TaskStore, capability: type, name: str) -> None:
-        """Skip the test where the store does not declare ``capability``."""
-        if not isinstance(store, capability):
-            raise SkipTest(f"{type(store).__name__} does not declare {name} (optional)")
+    def _declares(store: TaskStore, role: type, name: str) -> None:
+        """Skip the test (of ``name``) where the store does not declare ``role`` whole."""
+        if not isinstance(store, role):
+            raise SkipTest(f"{type(store).__name__} does not declare {role.__name__} ({name})")
 
     @staticmethod
     def snapshot(task_id: str = "t1", **changes: Any) -> TaskSnapshot:

@@ -1,11 +1,11 @@
-"""The dedupe section of the store contract (``SupportsDedupe``): a key identifies at
+"""The dedupe section of the store contract (``BatchedWrites``): a key identifies at
 most one unfinished task in the store; it is free again once that task ends, or, after a
 success with a ``dedupe_window``, once the window has passed."""
 
 from __future__ import annotations
 
 from ..model import TaskStatus
-from ..stores.capabilities import SupportsDedupe
+from ..stores.capabilities import BatchedWrites
 from ._contract_base import ContractBase, at
 
 __all__ = ["DedupeContract"]
@@ -14,8 +14,8 @@ __all__ = ["DedupeContract"]
 class DedupeContract(ContractBase):
     def test_capability_dedupe_one_unfinished_task_holds_a_key(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsDedupe, "create_deduped()")
-            assert isinstance(store, SupportsDedupe)
+            self._declares(store, BatchedWrites, "create_deduped()")
+            assert isinstance(store, BatchedWrites)
 
             def submit(task_id: str, key: str, when: float) -> str | None:
                 made = self.snapshot(task_id, dedupe_key=key, created_at=at(when))
@@ -40,8 +40,8 @@ class DedupeContract(ContractBase):
 
     def test_capability_dedupe_a_success_keeps_its_key_for_its_window(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsDedupe, "create_deduped()")
-            assert isinstance(store, SupportsDedupe)
+            self._declares(store, BatchedWrites, "create_deduped()")
+            assert isinstance(store, BatchedWrites)
             made = self.snapshot("w1", dedupe_key="daily", dedupe_window=60.0)
             assert store.create_deduped(made, self.transition("w1", 1, TaskStatus.QUEUED)) is None
             done = made.evolve(status=TaskStatus.SUCCEEDED, status_version=2, ended_at=at(10))

@@ -1,14 +1,14 @@
 """The retention section of the store contract: finished tasks deleted by when they
 ended, in batches, oldest first, with their trail, unfinished ones never, whatever their
-age (``SupportsPruneByAge``); and counted by when they ended, to the microsecond
-(``SupportsEndedTimeline``)."""
+age (``Maintenance``); and counted by when they ended, to the microsecond
+(``Maintenance``)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 from ..model import TaskStatus
-from ..stores.capabilities import SupportsEndedTimeline, SupportsPruneByAge
+from ..stores.capabilities import Maintenance
 from ..stores.protocol import TaskStore
 from ._contract_base import ContractBase, at, raises
 
@@ -43,8 +43,8 @@ class RetentionContract(ContractBase):
 
     def test_capability_prune_by_age_deletes_finished_tasks_that_ended_before(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsPruneByAge, "prune_ended()")
-            assert isinstance(store, SupportsPruneByAge)
+            self._declares(store, Maintenance, "prune_ended()")
+            assert isinstance(store, Maintenance)
             self._filled(store)
             cutoff = at(1000)  # every task is older; only finished ones go
             assert store.count_ended(before=at(103)) == 3  # o0, o1, o2 ended before it
@@ -68,8 +68,8 @@ class RetentionContract(ContractBase):
 
     def test_capability_prune_by_age_refuses_what_it_cannot_mean(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsPruneByAge, "prune_ended()")
-            assert isinstance(store, SupportsPruneByAge)
+            self._declares(store, Maintenance, "prune_ended()")
+            assert isinstance(store, Maintenance)
             self._filled(store)
             naive = at(1000).replace(tzinfo=None)
             for call in (
@@ -83,8 +83,8 @@ class RetentionContract(ContractBase):
 
     def test_capability_ended_timeline_counts_finished_tasks_per_slot(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsEndedTimeline, "ended_timeline()")
-            assert isinstance(store, SupportsEndedTimeline)
+            self._declares(store, Maintenance, "ended_timeline()")
+            assert isinstance(store, Maintenance)
             self._filled(store)  # o0-o4 ended at 100-104 s, late at 500 s
             two = timedelta(seconds=2)
             assert store.ended_timeline(since=at(100), width=two) == {
@@ -119,8 +119,8 @@ class RetentionContract(ContractBase):
 
     def test_capability_prune_by_age_deletes_finished_commands_oldest_first(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsPruneByAge, "prune_ended()")
-            assert isinstance(store, SupportsPruneByAge)
+            self._declares(store, Maintenance, "prune_ended()")
+            assert isinstance(store, Maintenance)
             for i in range(4):
                 store.submit_command(self.command(f"c{i}", i, task_id=f"t{i}"))
             for i, finished in ((2, 30), (0, 10), (1, 20)):  # c3 stays open

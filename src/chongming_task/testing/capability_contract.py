@@ -19,16 +19,9 @@ from ..model import (
     Transition,
 )
 from ..stores.capabilities import (
+    BatchedWrites,
+    Maintenance,
     SupportsAtomic,
-    SupportsCreateMany,
-    SupportsMarkExpired,
-    SupportsMarkLost,
-    SupportsRenewLeases,
-    SupportsTaskScan,
-    SupportsWriteActivity,
-    SupportsWriteBehind,
-    SupportsWriteTogether,
-    SupportsWriteTransitions,
 )
 from ._contract_base import at, raises
 from ._dedupe_contract import DedupeContract
@@ -64,8 +57,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_create_many_is_all_or_nothing(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsCreateMany, "create_many()")
-            assert isinstance(store, SupportsCreateMany)
+            self._declares(store, BatchedWrites, "create_many()")
+            assert isinstance(store, BatchedWrites)
 
             def item(task_id: str) -> tuple[TaskSnapshot, Transition]:
                 return self.snapshot(task_id), self.transition(task_id, 1, TaskStatus.QUEUED)
@@ -78,8 +71,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_write_transitions_is_a_compare_and_set_with_its_trail(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsWriteTransitions, "write_transitions()")
-            assert isinstance(store, SupportsWriteTransitions)
+            self._declares(store, BatchedWrites, "write_transitions()")
+            assert isinstance(store, BatchedWrites)
             store.create(self.snapshot(tags=frozenset({"io"}), bucket=3, bucket_key="k"))
             store.touch("t1", lease_owner="node-a", lease_until=at(30))
             running = self.snapshot(
@@ -111,8 +104,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_write_together_lets_each_write_stand_alone(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsWriteTogether, "write_transitions_together()")
-            assert isinstance(store, SupportsWriteTogether)
+            self._declares(store, BatchedWrites, "write_transitions_together()")
+            assert isinstance(store, BatchedWrites)
             for task_id in ("w1", "w2", "w3"):
                 store.create(self.snapshot(task_id))
                 store.append(self.transition(task_id, 1, TaskStatus.QUEUED))
@@ -145,8 +138,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_write_behind_lands_each_write_on_its_own(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsWriteBehind, "write_transitions_behind()")
-            assert isinstance(store, SupportsWriteBehind)
+            self._declares(store, BatchedWrites, "write_transitions_behind()")
+            assert isinstance(store, BatchedWrites)
             for task_id in ("b1", "b2"):
                 store.create(self.snapshot(task_id))
                 store.append(self.transition(task_id, 1, TaskStatus.QUEUED))
@@ -178,8 +171,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_renew_leases_sets_only_the_lease_of_the_listed_tasks(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsRenewLeases, "renew_leases()")
-            assert isinstance(store, SupportsRenewLeases)
+            self._declares(store, BatchedWrites, "renew_leases()")
+            assert isinstance(store, BatchedWrites)
             for task_id in ("r1", "r2", "other"):
                 store.create(self.snapshot(task_id, status=TaskStatus.RUNNING, status_version=3))
             store.touch("other", lease_owner="node-b", lease_until=at(5))
@@ -199,8 +192,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
         self,
     ) -> None:
         with self._store() as store:
-            self._declares(store, SupportsRenewLeases, "renew_leases()")
-            assert isinstance(store, SupportsRenewLeases)
+            self._declares(store, BatchedWrites, "renew_leases()")
+            assert isinstance(store, BatchedWrites)
             store.create(self.snapshot("mine", status=TaskStatus.RUNNING))
             store.create(self.snapshot("lost", status=TaskStatus.LOST))
             store.create(self.snapshot("theirs", status=TaskStatus.RUNNING))
@@ -217,8 +210,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
         self,
     ) -> None:
         with self._store() as store:
-            self._declares(store, SupportsWriteActivity, "write_activity()")
-            assert isinstance(store, SupportsWriteActivity)
+            self._declares(store, BatchedWrites, "write_activity()")
+            assert isinstance(store, BatchedWrites)
             store.create(self.snapshot("mine", status=TaskStatus.RUNNING))
             store.create(self.snapshot("done", status=TaskStatus.SUCCEEDED))
             store.create(self.snapshot("theirs", status=TaskStatus.RUNNING))
@@ -245,8 +238,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_mark_lost_marks_only_tasks_that_did_not_move(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsMarkLost, "mark_lost()")
-            assert isinstance(store, SupportsMarkLost)
+            self._declares(store, BatchedWrites, "mark_lost()")
+            assert isinstance(store, BatchedWrites)
             store.create(self.snapshot("still", status=TaskStatus.RUNNING, status_version=3))
             store.create(self.snapshot("moved", status=TaskStatus.RUNNING, status_version=5))
             failure = Failure(kind=FailureKind.LOST, message="lease expired", carrier_may_run=True)
@@ -284,8 +277,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_task_scan_counts_and_finds_inside_the_store(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsTaskScan, "the task scan")
-            assert isinstance(store, SupportsTaskScan)
+            self._declares(store, Maintenance, "the task scan")
+            assert isinstance(store, Maintenance)
             q, r = TaskStatus.QUEUED, TaskStatus.RUNNING
             store.create(self.snapshot("a", bucket=1, created_at=at(0)))  # no lease
             store.create(
@@ -341,8 +334,8 @@ class CapabilityContract(FleetCapabilityContract, DedupeContract, RetentionContr
 
     def test_capability_mark_expired_lost_judges_and_marks_in_the_store(self) -> None:
         with self._store() as store:
-            self._declares(store, SupportsMarkExpired, "mark_expired_lost()")
-            assert isinstance(store, SupportsMarkExpired)
+            self._declares(store, Maintenance, "mark_expired_lost()")
+            assert isinstance(store, Maintenance)
             r = TaskStatus.RUNNING
 
             def running(task_id: str, bucket: int, lease: float) -> TaskSnapshot:

@@ -69,7 +69,7 @@ class Aggregates:
 @dataclass(frozen=True, slots=True)
 class Finished:
     """The tasks that ended in the ``SLOTS`` slots from ``since`` (the last slot holds
-    ``at``), per ``(slot, status)``, as the store counts them (``SupportsEndedTimeline``)."""
+    ``at``), per ``(slot, status)``, as the store counts them (``Maintenance``)."""
 
     since: datetime
     at: datetime

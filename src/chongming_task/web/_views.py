@@ -203,7 +203,7 @@ def schedules(d: Dashboard) -> dict[str, Any]:
     for r in d.caps.schedules():
         last = None if r.last_task_id is None else d.store.get(r.last_task_id)
         rows.append(_schedule(r, nodes.get(r.node), last, now))
-    return {"now": now, "rows": rows, "has_registry": d.caps.has_schedule_registry}
+    return {"now": now, "rows": rows, "has_registry": d.caps.has_fleet_registry}
 
 
 def _schedule(r: ScheduleRecord, node: Any, last: TaskSnapshot | None, now: datetime) -> Any:
@@ -221,7 +221,7 @@ def nodes(d: Dashboard) -> dict[str, Any]:
     return {
         "now": now,
         "nodes": [{**present.node_json(n), "said": present.node_health(n)} for n in statuses],
-        "has_registry": d.caps.has_node_registry,
+        "has_registry": d.caps.has_fleet_registry,
     }
 
 
@@ -237,7 +237,7 @@ def pipelines(d: Dashboard) -> dict[str, Any]:
         for t in tasks:
             counts[t.status.value] = counts.get(t.status.value, 0) + 1
         rows.append({"record": record, "counts": sorted(counts.items()), "size": len(tasks)})
-    return {"rows": rows, "has_registry": d.caps.has_pipeline_registry}
+    return {"rows": rows, "has_registry": d.caps.has_fleet_registry}
 
 
 def pipeline(d: Dashboard, given: str) -> dict[str, Any]:

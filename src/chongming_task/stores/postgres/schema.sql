@@ -109,7 +109,7 @@ CREATE TABLE IF NOT EXISTS {schema}.late_reports (
     stored_status TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_late_reports_at ON {schema}.late_reports (reported_at);
--- Tasks a pause holds before they started (SupportsHolds): their status stays queued.
+-- Tasks a pause holds before they started (CommandChannel): their status stays queued.
 CREATE TABLE IF NOT EXISTS {schema}.holds (
     task_id TEXT PRIMARY KEY,
     since   TIMESTAMPTZ NOT NULL,

@@ -58,8 +58,8 @@ from .._sql import (
     query_sql,
     verdicts_of_expired,
 )
-from .._supports import LifeWrite
 from ..capabilities import Verdict
+from ..roles import LifeWrite
 from .schema import (
     SCHEMA_VERSION,
     check_schema_name,
@@ -288,7 +288,7 @@ class PostgresTaskStore(
         return None  # the server's clock, read by the statement: one for every node
 
     def storage_now(self) -> datetime:
-        """Optional capability (``SupportsStorageClock``): the server's clock."""
+        """``SupportsStorageClock``: the server's clock."""
         with self._cursor("storage_now") as cur:
             row = cur.execute(self._sql["storage_now"]).fetchone()
         if row is None:  # pragma: no cover - SELECT of a function returns one row
@@ -297,7 +297,7 @@ class PostgresTaskStore(
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        """Optional capability (not part of ``TaskStore``): calls made inside, on this
+        """``SupportsAtomic``: calls made inside, on this
         thread, run in one transaction."""
         if getattr(self._local, "conn", None) is not None:
             yield
@@ -355,7 +355,7 @@ class PostgresTaskStore(
         self._wrote()
 
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
-        """Optional capability (``SupportsCreateMany``): every task and its creation
+        """``BatchedWrites``: every task and its creation
         transition in one transaction, all or nothing. One task (a ``submit``) goes
         through the group commit, sharing a statement with concurrent writes; a few are
         plain inserts in one transaction; from ``_BULK_FROM`` a batch is one statement,
@@ -391,7 +391,7 @@ class PostgresTaskStore(
         expect_version: int,
         transitions: Sequence[Transition],
     ) -> None:
-        """Optional capability (``SupportsWriteTransitions``), used by the write-through:
+        """``BatchedWrites``, used by the write-through:
         compare-and-set the columns a task's life changes (the identity columns are
         fixed at create) and append ``transitions`` where it won, in one statement.
         Raises ``ConcurrencyConflict`` like ``save``, with nothing written.
@@ -403,7 +403,7 @@ class PostgresTaskStore(
         )
 
     def write_transitions_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
-        """Optional capability (``SupportsWriteTogether``): ``write_transitions`` for each
+        """``BatchedWrites``: ``write_transitions`` for each
         of ``writes``, queued to the group commit together (usually one statement); each
         compare-and-set stands alone. Returns each write's error, ``None`` where it
         landed."""
@@ -415,7 +415,7 @@ class PostgresTaskStore(
         return [write.error for write in group]
 
     def write_transitions_behind(self, writes: Sequence[LifeWrite]) -> Behind:
-        """Optional capability (``SupportsWriteBehind``): ``write_transitions_together``,
+        """``BatchedWrites``: ``write_transitions_together``,
         queued to the group commit and not waited for. The writes ride the next
         statement anyone leads (a ``submit``'s, say), or ``serve()`` (when no statement
         is in flight) / ``wait()`` on what is returned commits them; inside
@@ -462,7 +462,7 @@ class PostgresTaskStore(
             self._wrote()
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
-        """Optional capability (``SupportsMarkLost``), used by ``reconcile()``: each
+        """``BatchedWrites``, used by ``reconcile()``: each
         task its own compare-and-set from ``transition.version - 1``, its trail row
         appended only where that won; all in one statement. Returns the ids marked."""
         if not marks:
@@ -498,7 +498,7 @@ class PostgresTaskStore(
         actor: str,
         verdict: Verdict,
     ) -> list[str]:
-        """Optional capability (``SupportsMarkExpired``): ``reconcile()`` in one
+        """``Maintenance``: ``reconcile()`` in one
         statement (the judgement, each task's compare-and-set and its trail row)."""
         with self.atomic(), self._cursor("mark_expired_lost") as cur:
             (where, where_params), verdicts = verdicts_of_expired(
@@ -611,18 +611,18 @@ class PostgresTaskStore(
         return self._server.size() + len(self._listening)
 
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
-        """Optional capability (``SupportsCommandWakeups``): ``wake()`` soon after any
+        """``CommandChannel``: ``wake()`` soon after any
         process submits a command; polling stays the truth (docs/design.md, "Commands")."""
         return self._listening.to_commands(wake)
 
     def subscribe_commands_for(
         self, holder: str, wake: Callable[[], None]
     ) -> Callable[[], None] | None:
-        """Optional capability (``SupportsAddressedWakeups``): for ``holder``'s commands."""
+        """``CommandChannel``: for ``holder``'s commands."""
         return self._listening.to_commands(wake, holder=holder)
 
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
-        """Optional capability (``SupportsTransitionWakeups``): ``wake()`` soon after any
+        """``CommandChannel``: ``wake()`` soon after any
         process writes tasks or transitions through a store that announces its writes."""
         return self._listening.to_transitions(wake)
 

@@ -34,7 +34,6 @@ from typing import Any
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from .. import codec
 from .._dedupe import DEDUPE_HELD, KeyHeld
-from .._hints import writes_can_wait
 from .._sql import load_named
 
 __all__ = [
@@ -309,8 +308,8 @@ class GroupCommit:
     thread was measured too: two thread hand-offs per write cost ~90 us on the reference
     VM.)
 
-    Writes that may wait (``behind()``: the workers' writes, queued and not waited for;
-    or any write of a thread marked ``let_writes_wait``) are the exception: a thread
+    Writes that may wait (``behind()``: the workers' writes, queued and not waited for)
+    are the exception: a thread
     that has committed its own write leaves them queued unless a caller's write is
     queued too, so they ride with the next caller's write (a loop of ``submit``: a run's
     end shares the next create's commit, 1.45 commits a task became 1.0); past
@@ -372,14 +371,9 @@ class GroupCommit:
         that one batch usually commits them all; returns once each is committed or has
         failed, its error left on it (``error``), none raised."""
         # Queue first, then try the lock: if the try fails, the holder has not released
-        # yet, and it looks at the queue after releasing (see serve()); a write that may
-        # wait, it leaves for up to _WAIT, and its own thread comes back for it then.
-        if writes_can_wait():
-            self.behind(requests)
-            self.settle(requests, self._WAIT)
-        else:
-            self._queue.extend(requests)
-            self.settle(requests, self._RETRY)
+        # yet, and it looks at the queue after releasing (see serve()).
+        self._queue.extend(requests)
+        self.settle(requests, self._RETRY)
 
     def behind(self, requests: Sequence[WriteRequest]) -> Behind:
         """Queue ``requests`` as writes that may wait, and return at once: they ride the

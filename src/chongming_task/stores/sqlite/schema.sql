@@ -170,7 +170,7 @@ CREATE TABLE IF NOT EXISTS late_reports (
 -- name: schema_idx_late_reports_at
 CREATE INDEX IF NOT EXISTS idx_late_reports_at ON late_reports (reported_at)
 
--- Tasks a pause holds before they started (SupportsHolds): their status stays queued.
+-- Tasks a pause holds before they started (CommandChannel): their status stays queued.
 -- name: schema_holds
 CREATE TABLE IF NOT EXISTS holds (
     task_id TEXT PRIMARY KEY,

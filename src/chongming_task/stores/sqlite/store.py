@@ -53,8 +53,8 @@ from .._sql import (
     query_sql,
     verdicts_of_expired,
 )
-from .._supports import LifeWrite
 from ..capabilities import Verdict
+from ..roles import LifeWrite
 from .checkpoint import Checkpointer
 from .connection import ReadScope, SqliteConnection, WriteScope
 from .group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
@@ -246,7 +246,7 @@ class SqliteTaskStore(
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        """Optional capability (not part of ``TaskStore``): the calls made inside commit
+        """``SupportsAtomic``: the calls made inside commit
         together or not at all. The write-through uses it to land a ``save`` and its
         ``append`` calls in one transaction."""
         with self._write("atomic"):
@@ -358,7 +358,7 @@ class SqliteTaskStore(
             wake()
 
     def subscribe_commands(self, wake: Callable[[], None]) -> Callable[[], None] | None:
-        """Optional capability (``SupportsCommandWakeups``): call ``wake()`` soon after
+        """``CommandChannel``: call ``wake()`` soon after
         any process submits a command on this file, through a named pipe of this
         process (``wakeups``); polling stays the truth. Returns the function that stops
         it, or ``None`` where no pipe can be made."""
@@ -367,8 +367,19 @@ class SqliteTaskStore(
             return lambda: self._wakes.remove(wake) if wake in self._wakes else None
         return subscribe(self._wake_directory, wake, name=f"chongming-wake[{self.path}]")
 
+    def subscribe_commands_for(
+        self, holder: str, wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """``CommandChannel``: every command wakes every process on the file (a pipe
+        carries no address; the nodes of one machine are few)."""
+        return self.subscribe_commands(wake)
+
+    def subscribe_transitions(self, wake: Callable[[], None]) -> None:
+        """``CommandChannel``: none (a follower of this file polls it)."""
+        return None
+
     def create_many(self, items: Sequence[tuple[TaskSnapshot, Transition]]) -> None:
-        """Optional capability (not part of ``TaskStore``), used by ``submit``,
+        """``BatchedWrites``, used by ``submit``,
         ``submit_many`` and ``submit_pipeline``: ``create`` every snapshot and ``append`` its
         transition in one transaction, all rows encoded before the connection lock is
         taken. All or nothing; an existing id raises ``TaskAlreadyExists``.
@@ -399,7 +410,7 @@ class SqliteTaskStore(
         expect_version: int,
         transitions: Sequence[Transition],
     ) -> None:
-        """Optional capability (not part of ``TaskStore``), used by the write-through:
+        """``BatchedWrites``, used by the write-through:
         compare-and-set the columns a task's life changes (``codec.LIFE_COLUMNS``; the identity
         columns are fixed at create) and ``append`` the transitions, in one transaction,
         every row encoded before the connection lock is taken. Raises
@@ -409,7 +420,7 @@ class SqliteTaskStore(
         self._group_write(_life_request(snapshot, expect_version, transitions))
 
     def write_transitions_together(self, writes: Sequence[LifeWrite]) -> list[BaseException | None]:
-        """Optional capability (``SupportsWriteTogether``): ``write_transitions`` for each
+        """``BatchedWrites``: ``write_transitions`` for each
         of ``writes``, queued to the group commit together (usually one statement); each
         compare-and-set stands alone. Returns each write's error, ``None`` where it
         landed."""
@@ -418,7 +429,7 @@ class SqliteTaskStore(
         return [request.error for request in requests]
 
     def write_transitions_behind(self, writes: Sequence[LifeWrite]) -> Behind:
-        """Optional capability (``SupportsWriteBehind``): ``write_transitions_together``,
+        """``BatchedWrites``: ``write_transitions_together``,
         queued to the group commit and not waited for. The writes ride the next batch
         anyone commits (a ``submit``'s create, say), or ``serve()`` / ``wait()`` on what
         is returned commits them; inside ``atomic()`` they are written at once."""
@@ -463,7 +474,7 @@ class SqliteTaskStore(
         actor: str,
         verdict: Verdict,
     ) -> list[str]:
-        """Optional capability (``SupportsMarkExpired``): ``reconcile()`` in one
+        """``Maintenance``: ``reconcile()`` in one
         ``BEGIN IMMEDIATE`` transaction: no other writer comes between the judgement and
         the marks."""
         when = codec.encode_dt(at)
@@ -489,7 +500,7 @@ class SqliteTaskStore(
             return marked
 
     def mark_lost(self, marks: Sequence[tuple[TaskSnapshot, Transition]]) -> set[str]:
-        """Optional capability (not part of ``TaskStore``), used by ``reconcile()``.
+        """``BatchedWrites``, used by ``reconcile()``.
 
         For each ``(lost snapshot, its transition)``: compare-and-set ``status``,
         ``status_version``, ``ended_at`` and ``failure`` where the stored version is still

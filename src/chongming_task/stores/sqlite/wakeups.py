@@ -1,5 +1,5 @@
 """Command wake-ups between the processes sharing one SQLite file
-(``SupportsCommandWakeups``; docs/design.md, "Commands").
+(``CommandChannel``; docs/design.md, "Commands").
 
 SQLite runs on one machine, so a process can wake another directly: each subscriber
 owns a named pipe (FIFO) in a directory beside the file (``<file>-wake/``) and a thread
