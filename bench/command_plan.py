@@ -22,9 +22,9 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from chongming_task.model import NodeRecord
-from chongming_task.stores._sql import load_named
 from chongming_task.stores.postgres import PostgresTaskStore
 from chongming_task.stores.postgres.schema import statements_in
+from chongming_task.stores.sql import load_named
 
 
 def fill(conn: psycopg.Connection, schema: str, commands: int, open_: int) -> None:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from chongming_task.stores._sql import load_named
+from chongming_task.stores.sql import load_named
 from chongming_task.stores.sqlite import SqliteTaskStore
 
 SQLITE_SQL = load_named("chongming_task.stores.sqlite")  # the statements the store runs

@@ -47,8 +47,8 @@ from chongming_task import Controller, TaskQuery, TaskSnapshot, TaskStatus
 from chongming_task.model import NodeRecord, Transition
 from chongming_task.states import NON_TERMINAL
 from chongming_task.stores import codec
-from chongming_task.stores._sql import load_named
 from chongming_task.stores.protocol import TaskStore
+from chongming_task.stores.sql import load_named
 
 NOW = datetime.now(UTC)
 LIVE = 1_000  # running, live lease
@@ -388,7 +388,7 @@ def dashboard_read(target: Target) -> tuple[float, float, float]:
     ``read_aggregates``), the finished tasks' timeline alone (the overview's chart: the
     whole table, as no index holds ``ended_at``), and the raw SQL floor of that timeline."""
     from chongming_task.stores.capabilities import Capabilities
-    from chongming_task.web._follow import SLOT, read_aggregates
+    from chongming_task.web.follow import SLOT, read_aggregates
 
     since = NOW - timedelta(minutes=10)
     with opened(target) as store:

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -55,6 +56,38 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         tick.wait(0.005)
+
+
+class Lines:
+    """A process's output, line by line as it comes: a thread reads ``stream`` to its
+    end, so a test waits for what it expects to be printed, not a guessed while."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._lock:
+                self._lines.append(line)
+
+    def text(self) -> str:
+        """What was printed so far (after ``close()``: all of it)."""
+        with self._lock:
+            return "".join(self._lines)
+
+    def wait_for(
+        self, predicate: Callable[[str], bool], timeout: float = 20.0, what: str = ""
+    ) -> None:
+        """Until ``predicate`` holds for what was printed so far."""
+        wait_until(lambda: predicate(self.text()), timeout=timeout, what=what)
+
+    def close(self, timeout: float = 20.0) -> str:
+        """Once the stream has ended (its process exited): everything printed."""
+        self._thread.join(timeout)
+        return self.text()
 
 
 def stored_status(db: Path | str, task_id: str) -> TaskStatus:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from . import _observe, states
+from . import observe, states
 from .errors import StoreUnavailable, TaskNotFound, WaitTimeout
 from .limits import MAX_OWNER, MAX_REASON
 from .model import Command, CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
@@ -85,7 +85,7 @@ class StoreControl:
         snapshot = self.store.get(task_id)
         if snapshot is None:
             raise TaskNotFound(f"no task {task_id} in {self.store!r}")
-        watch = _observe.watcher
+        watch = observe.watcher
         if watch is None:
             return self._answer(snapshot, action, reason)
         with watch.controlling(snapshot, action, reason, self.owner) as told:

@@ -21,7 +21,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import _observe
+from . import observe
 
 __all__ = ["CurrentTask", "current", "enter", "install_log_context", "leave", "running"]
 
@@ -114,7 +114,7 @@ def install_log_context() -> None:
                 record.task_id = run.task_id
                 record.task_name = run.name
                 record.attempt = run.signals.attempt
-                if (watch := _observe.watcher) is not None:
+                if (watch := observe.watcher) is not None:
                     watch.annotate(record)  # the trace and span ids, when instrumented
             return record
 

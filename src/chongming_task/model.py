@@ -17,9 +17,9 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ._fast_records import make_builder, make_changer, make_evolver
-from ._text import utf8_fault
 from .errors import InvalidValue
 from .health import NodeHealth
+from .text import utf8_fault
 
 __all__ = [
     "BRIEF_MESSAGE",

@@ -61,7 +61,7 @@ except ImportError as missing:  # pragma: no cover - what a user without the ext
         'chongming_task.otel needs the [otel] extra: pip install "chongming-task[otel]"'
     ) from missing
 
-from . import _observe
+from . import observe
 from .current import install_log_context
 from .limits import MAX_TRACE_CONTEXT
 from .model import CommandAction, ControlReceipt, FailureKind, TaskSnapshot, TaskStatus
@@ -540,7 +540,7 @@ class _Watcher:
 
     # -- attempts ------------------------------------------------------------------------------
 
-    def began(self, run: Run) -> _observe.Seen:
+    def began(self, run: Run) -> observe.Seen:
         try:
             snapshot = run.writes.snapshot
             attributes: dict[str, Any] = {
@@ -726,11 +726,11 @@ class ChongmingTaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         meter = get_meter(_SCOPE, release, kwargs.get("meter_provider"))
         self._watcher = _Watcher(tracer, meter)
         install_log_context()
-        _observe.install(self._watcher)
+        observe.install(self._watcher)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         if self._watcher is not None:
-            _observe.remove(self._watcher)
+            observe.remove(self._watcher)
             self._watcher.meter.close()
             self._watcher = None
 

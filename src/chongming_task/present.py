@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ._text import printable
 from .fleet import Alarm, FleetReport, NodeStatus, lease_expired
 from .late import LateReport
 from .model import (
@@ -21,6 +20,7 @@ from .model import (
 )
 from .policies import format_buckets
 from .states import WAITING
+from .text import printable
 
 __all__ = [
     "SCHEDULE_HEADERS",

@@ -26,10 +26,10 @@ from typing import (
     overload,
 )
 
-from . import _observe
-from ._observe import submitted
+from . import observe
 from .definitions import Carrier, Definitions, TaskDefinition, TaskFunction, define
 from .errors import ConfigurationError, InvalidValue
+from .observe import submitted
 from .options import OnDuplicate, SubmitOptions
 from .policies import RetryPolicy
 
@@ -109,7 +109,7 @@ class Task(Generic[P]):
         A missing, extra or misspelt argument is a ``TypeError`` here, nothing stored;
         ``StoreError`` if the store refuses the task."""
         node = self._submitter()
-        if (watch := _observe.watcher) is not None:
+        if (watch := observe.watcher) is not None:
             return submitted(watch, "submit", node.submit, self.definition, args, kwargs)
         return node.submit(self.definition, args, kwargs)
 
@@ -121,7 +121,7 @@ class Task(Generic[P]):
         """Queue one run per tuple of positional arguments in ``calls``: all stored in
         one transaction where the store can (the built-in SQL stores), or none."""
         node = self._submitter()
-        if (watch := _observe.watcher) is not None:
+        if (watch := observe.watcher) is not None:
             return submitted(watch, "submit_many", node.submit_many, self.definition, calls)
         return node.submit_many(self.definition, calls)
 
@@ -209,7 +209,7 @@ class ConfiguredTask(Generic[P]):
         """``Task.submit`` with these options."""
         node = self.task._submitter()
         definition = self.task.definition
-        if (watch := _observe.watcher) is not None:
+        if (watch := observe.watcher) is not None:
             return submitted(
                 watch, "submit", node.submit_with, self.options, definition, args, kwargs
             )
@@ -224,7 +224,7 @@ class ConfiguredTask(Generic[P]):
         each as ``submit``)."""
         node = self.task._submitter()
         definition = self.task.definition
-        if (watch := _observe.watcher) is not None:
+        if (watch := observe.watcher) is not None:
             submit = node.submit_many_with
             return submitted(watch, "submit_many", submit, self.options, definition, calls)
         return node.submit_many_with(self.options, definition, calls)

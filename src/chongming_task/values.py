@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._text import utf8_fault
 from .errors import InvalidValue
 from .limits import MAX_FAILURE_MESSAGE, MAX_PROGRESS_MESSAGE, MAX_TAG, MAX_TAGS, MAX_TRACEBACK
 from .model import Progress
+from .text import utf8_fault
 
 __all__ = [
     "STRICT",

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from chongming_task import SqliteTaskStore, TaskStatus
-from tests.conftest import wait_until
+from tests.conftest import Lines, wait_until
 from tests.integration.test_cli import cli
 from tests.integration.test_cross_process import Node
 
@@ -72,13 +71,17 @@ def test_an_async_task_is_listed_watched_leased_and_judged_like_any_other(
             assert watch.stdout is not None
             first = json.loads(watch.stdout.readline())  # its first refresh is read
             assert first["event"] == "progress", first
+            printed = Lines(watch.stdout)
             assert "now paused" in _cli(db, "pause", aloop, "--wait", "10")
             assert "now running" in _cli(db, "resume", aloop, "--wait", "10")
-            time.sleep(0.6)  # a few refreshes after the resume
+            printed.wait_for(
+                lambda out: '"from": "paused", "to": "running"' in out,
+                what="the resume on the screen",
+            )
         finally:
             watch.terminate()
-            out, err = watch.communicate(timeout=20)
-        out = json.dumps(first) + "\n" + out
+            _, err = watch.communicate(timeout=20)
+        out = json.dumps(first) + "\n" + printed.close()
         events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         seen = [e["to"] for e in events if e.get("event") == "transition" and e["task_id"] == aloop]
         assert seen[-3:] == ["pausing", "paused", "running"], (seen, err)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -24,6 +24,7 @@ from chongming_task import (
     TaskStatus,
 )
 from chongming_task.model import Progress, Transition
+from tests.conftest import wait_until
 from tests.integration.postgres_support import drop_schemas, new_schema, require_dsn
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -82,19 +83,16 @@ def started(task_id: str, **changes: object) -> tuple[TaskSnapshot, list[Transit
 
 
 class Statements:
-    """Counts the group-commit statements a store runs (its ``_group_apply`` calls) and
+    """Counts the group-commit statements a store runs (``group.on_batch``) and
     the writes each carried."""
 
     def __init__(self, store: object, monkeypatch: pytest.MonkeyPatch) -> None:
         self.batches: list[list[str]] = []
-        real = store._group_apply  # type: ignore[attr-defined]
 
         def counted(writes: list[object]) -> None:
             self.batches.append([w.task_id for w in writes])  # type: ignore[attr-defined]
-            real(writes)
 
-        monkeypatch.setattr(store, "_group_apply", counted)
-        store._group._apply = counted  # type: ignore[attr-defined]
+        monkeypatch.setattr(store.group, "on_batch", counted)  # type: ignore[attr-defined]
 
 
 def blocked_rows(dsn: str, schema: str, task_ids: list[str]) -> tuple[object, Callable[[], None]]:
@@ -173,8 +171,8 @@ def test_writes_queued_behind_a_statement_share_the_next_one(
     leaders = Calls({ids[0]: start(ids[0]), ids[1]: start(ids[1])})
     waiting_on_locks(dsn, 2)  # both leaders' statements wait on the held rows
     rest = Calls({task_id: start(task_id) for task_id in ids[2:]})
-    time.sleep(0.1)
-    assert statements.batches == [[ids[0]], [ids[1]]]  # the others queued meanwhile
+    wait_until(lambda: store.group.queued == len(ids) - 2, what="the others queued")  # type: ignore[attr-defined]
+    assert statements.batches == [[ids[0]], [ids[1]]]
     release()
     outcome = leaders.outcome() | rest.outcome()
     assert outcome == dict.fromkeys(ids)
@@ -219,7 +217,7 @@ def test_one_callers_fault_in_a_batch_costs_the_others_nothing(
             "new-two": create("new-two"),
         }
     )
-    time.sleep(0.1)
+    wait_until(lambda: store.group.queued == 6, what="the six queued")  # type: ignore[attr-defined]
     release()
     assert leaders.outcome() == {"block-a": None, "block-b": None}
     rest = calls.outcome()
@@ -305,19 +303,22 @@ def test_a_lone_compare_and_set_that_loses_says_what_it_found(store: object) -> 
 
 @pytest.mark.parametrize("size", [1, 2, 4, 5, 8, 9, 40])
 def test_every_statement_shape_writes_each_row_with_its_trail(store: object, size: int) -> None:
-    """One statement per shape, run as it is sent (server placeholders, no driver
-    parsing): compare-and-sets alone (the per-row form up to eight, JSON rows beyond),
-    mixed with new tasks, new tasks alone, and one that loses in each."""
+    """One statement per shape (one caller's writes, one batch), run as it is sent (server
+    placeholders, no driver parsing): compare-and-sets alone (the per-row form up to
+    eight, JSON rows beyond), mixed with new tasks, new tasks alone, and one that
+    loses in each."""
     from chongming_task.stores.postgres.group import GroupWrite
 
     ids = [f"s{size}-{k}" for k in range(size)]
     for task_id in ids:
         store.create_many([queued(task_id)])  # type: ignore[attr-defined]
+    statements: list[int] = []  # the writes each statement carried
+    store.group.on_batch = lambda batch: statements.append(len(batch))  # type: ignore[attr-defined]
     writes = []
     for k, task_id in enumerate(ids):
         snap, trail = started(task_id, progress=Progress(current=k, total=size))
         writes.append(GroupWrite(task_id, trail, life=snap, expect=1 if k else 2))
-    store._group_apply(writes)  # type: ignore[attr-defined]
+    store.group.run(writes)  # type: ignore[attr-defined]
     assert isinstance(writes[0].error, ConcurrencyConflict)  # expected 2, stored 1
     assert "expected version 2, stored version 1" in str(writes[0].error)
     assert all(w.error is None for w in writes[1:])
@@ -334,14 +335,15 @@ def test_every_statement_shape_writes_each_row_with_its_trail(store: object, siz
     new = [create(f"n{size}-{k}") for k in range(size)]
     snap, trail = started(ids[0])
     mixed = [*new, GroupWrite(ids[0], trail, life=snap, expect=1)]
-    store._group_apply(mixed)  # type: ignore[attr-defined]
+    store.group.run(mixed)  # type: ignore[attr-defined]
     assert all(w.error is None for w in mixed)
     assert store.get(ids[0]).status is TaskStatus.RUNNING  # type: ignore[attr-defined]
     again = [create(w.task_id) for w in new]
-    store._group_apply(again)  # type: ignore[attr-defined]
+    store.group.run(again)  # type: ignore[attr-defined]
     assert all(isinstance(w.error, TaskAlreadyExists) for w in again)
     for w in new:
         assert [t.version for t in store.history(w.task_id)] == [1]  # type: ignore[attr-defined]
+    assert statements == [size, size + 1, size]  # each shape one statement, losers inside
 
 
 def test_a_nodes_ends_ride_the_submits_statements_and_are_stored_when_told(
@@ -358,14 +360,12 @@ def test_a_nodes_ends_ride_the_submits_statements_and_are_stored_when_told(
 
     assert isinstance(store, PostgresTaskStore)
     statements: list[tuple[int, int]] = []  # (new tasks, life writes) of each
-    group_apply = store._group_apply
 
-    def counted(writes: list[GroupWrite]) -> None:
+    def counted(writes: Sequence[GroupWrite]) -> None:
         new = sum(1 for w in writes if w.new is not None)
         statements.append((new, len(writes) - new))
-        group_apply(writes)
 
-    store._group._apply = counted
+    store.group.on_batch = counted
     reader = PostgresTaskStore(require_dsn(), schema=store.schema)
     node = Controller(store, max_workers=2)
     try:

@@ -480,7 +480,7 @@ def test_the_statements_in_postgres_sql_match_the_codec(pg_dsn: str, schemas: li
 
     from chongming_task.states import TERMINAL
     from chongming_task.stores import codec
-    from chongming_task.stores._sql import load_named
+    from chongming_task.stores.sql import load_named
 
     store = make(pg_dsn, schemas)
     store.close()
@@ -616,16 +616,12 @@ def test_a_command_wakes_its_tasks_holder_and_not_another_node(
                 with lock:
                     if lock.wait_for(lambda: min(woken.values()) > 0, 0.25):
                         break
-            # Quiet: no wake-up of the commands above is still on its way.
-            with lock:
-                seen = dict(woken)
-            while True:
-                time.sleep(0.3)
-                with lock:
-                    if woken == seen:
-                        woken.update({"node-a": 0, "node-b": 0})
-                        break
+            with lock:  # quiet for 0.3 s: the wake-ups of the commands above are spent
+                seen: dict[str, int] = {}
+                while seen != woken:
                     seen = dict(woken)
+                    lock.wait(0.3)
+                woken.update({"node-a": 0, "node-b": 0})
             # B's task's command wakes B; anyone's then wakes both and reaches A after B's
             # (one connection delivers in commit order): A slept through B's.
             store.submit_command(command("for-b", "b-task"))

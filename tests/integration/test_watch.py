@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from chongming_task import CancellationToken, Controller, Progress, SqliteTaskStore, TaskStatus
-from tests.conftest import wait_until
+from tests.conftest import Lines, wait_until
 
 
 def _watch(db: Path, *args: str, **kw: object) -> subprocess.Popen[str]:
@@ -49,19 +49,27 @@ def test_watch_shows_every_transition_with_names_and_endings(tmp_path: Path) -> 
             assert watch.stdout is not None
             header = watch.stdout.readline()
             assert header.startswith(f"watching {db}: 1 unfinished"), header
+            printed = Lines(watch.stdout)
             # The first refresh has been read: from here on everything is new to watch.
             time.sleep(0.3)
             short = node.submit(quick)  # created and finished between two refreshes
             assert short.wait(10).status is TaskStatus.SUCCEEDED
             assert long_run.wait(30).status is TaskStatus.SUCCEEDED
-            time.sleep(1.0)  # a few refreshes after the end
+            long_id, short_id = long_run.task_id[:12], short.task_id[:12]
+            printed.wait_for(
+                lambda out: all(
+                    f"{task}  {name}  running -> succeeded" in out
+                    for task, name in ((long_id, "slow"), (short_id, "quick"))
+                ),
+                what="both successes on the screen",
+            )
         finally:
             watch.terminate()
-            out, err = watch.communicate(timeout=20)
+            _, err = watch.communicate(timeout=20)
+        out = printed.close()
     # The header line was read above; progress lines are not transitions.
     lines = [line for line in out.splitlines() if " -> " in line]
     moves = {(line.split("  ")[1], line.split("  ")[2], line.split("  ")[3]) for line in lines}
-    long_id, short_id = long_run.task_id[:12], short.task_id[:12]
     assert (long_id, "slow", "running -> succeeded by node-w") in moves, out
     short_moves = {m for (i, _, m) in moves if i == short_id}
     assert {
@@ -154,7 +162,7 @@ def test_watch_says_when_a_delayed_task_runs(tmp_path: Path) -> None:
 def test_watch_in_80_columns_drops_whole_columns_and_cuts_no_status(tmp_path: Path) -> None:
     import re
 
-    from chongming_task.cli._watch import fitting
+    from chongming_task.cli.watch import fitting
 
     db = tmp_path / "narrow.db"
     with Controller(SqliteTaskStore(db), owner="node-narrow") as node:

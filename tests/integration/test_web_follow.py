@@ -21,7 +21,7 @@ pytest.importorskip("prometheus_client", reason="the [web] extra is not installe
 
 from prometheus_client import CollectorRegistry
 
-from chongming_task.web._follow import Follower
+from chongming_task.web.follow import Follower
 
 # One short task run by a node process of its own: three appends of transitions.
 _WRITER = """

@@ -4,9 +4,9 @@ even when a task's trail is read ahead of its row."""
 from __future__ import annotations
 
 from chongming_task import TaskStatus
-from chongming_task._feed import TransitionFeed
+from chongming_task.feed import TransitionFeed
 from chongming_task.stores.memory import InMemoryTaskStore
-from chongming_task.testing._contract_base import ContractBase
+from chongming_task.testing.contract_base import ContractBase
 
 S = TaskStatus
 make = ContractBase.snapshot

@@ -35,7 +35,7 @@ from chongming_task import (
     Pipeline,
     RetryPolicy,
     TaskStatus,
-    _observe,
+    observe,
 )
 from chongming_task.control import StoreControl
 from chongming_task.model import CommandAction
@@ -580,7 +580,7 @@ def test_a_pause_asked_before_the_start_is_an_event_of_the_attempt(
 def test_a_forked_child_records_its_own_measurements(otel: Otel) -> None:
     """A server that forks its workers after instrumenting: each child gets a recorder
     thread of its own (the parent's does not cross fork())."""
-    watcher = _observe.watcher
+    watcher = observe.watcher
     assert watcher is not None
     recorder = watcher.meter.recorder  # type: ignore[attr-defined]
     read, write = os.pipe()

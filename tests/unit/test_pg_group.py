@@ -144,9 +144,9 @@ def test_each_shape_has_one_placeholder_per_parameter() -> None:
     import re
 
     pytest.importorskip("psycopg")
-    from chongming_task.stores._sql import load_named
     from chongming_task.stores.postgres.group import group_statements
     from chongming_task.stores.postgres.schema import statements_in
+    from chongming_task.stores.sql import load_named
 
     statements = group_statements(statements_in(load_named("chongming_task.stores.postgres"), "s"))
 
@@ -211,7 +211,7 @@ def test_one_caller_writes_several_in_one_batch_and_leads_a_write_handed_to_it()
 
     caller = threading.Thread(target=call)
     caller.start()
-    while len(group._queue) < 2:
+    while group.queued < 2:
         time.sleep(0.001)
     gates["a"].set()  # a's leader hands the lead to c1; the caller waits to take
     leaders[0].join(10)
@@ -223,7 +223,7 @@ def test_one_caller_writes_several_in_one_batch_and_leads_a_write_handed_to_it()
     assert not caller.is_alive() and raised == []
     assert all(w.settled and w.error is None for w in mine)
     assert sorted(t for batch in batches for t in batch) == ["a", "b", "c1", "c2"]
-    assert group._leaders == 0 and not group._queue
+    assert group.leading == 0 and not group.queued
 
 
 def test_several_writes_of_one_caller_usually_share_one_statement() -> None:
@@ -275,7 +275,7 @@ def test_serve_commits_on_its_thread_only_when_no_statement_is_in_flight() -> No
     pending.serve()  # nothing in flight now: committed here
     assert pending.settled and pending.errors() == [None]
     assert batches == [["slow"], ["end"]]
-    assert group._leaders == 0 and not group._queue
+    assert group.leading == 0 and not group.queued
 
 
 def test_wait_sees_writes_behind_through_whoever_commits_them() -> None:
@@ -290,7 +290,7 @@ def test_wait_sees_writes_behind_through_whoever_commits_them() -> None:
     group = GroupCommit(statement, leaders=1)
     leader = threading.Thread(target=group.run, args=([write("slow")],))
     leader.start()
-    while not group._leaders:
+    while not group.leading:
         time.sleep(0.001)
     pending = group.behind([write("a"), write("b")])
     threading.Timer(0.05, gate.set).start()
@@ -298,7 +298,7 @@ def test_wait_sees_writes_behind_through_whoever_commits_them() -> None:
     assert pending.settled and pending.errors() == [None, None]
     pending.wait()  # settled: at once
     leader.join(10)
-    assert group._leaders == 0
+    assert group.leading == 0
 
 
 def test_an_outage_fails_each_write_behind_with_its_own_exception() -> None:
@@ -317,4 +317,4 @@ def test_nothing_queued_behind_is_settled_at_once() -> None:
     assert pending.settled and pending.errors() == []
     pending.serve()
     pending.wait()
-    assert group._leaders == 0 and not group._queue
+    assert group.leading == 0 and not group.queued

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from chongming_task import ConfigurationError, SqliteTaskStore
-from chongming_task.cli._context import Context
-from chongming_task.cli._parser import build_parser
+from chongming_task.cli.context import Context
+from chongming_task.cli.parser import build_parser
 from chongming_task.stores import open_store
 from chongming_task.stores.sqlite.store import DEFAULT_DURABILITY
 

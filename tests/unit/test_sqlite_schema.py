@@ -37,7 +37,7 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
 
     from chongming_task.states import TERMINAL
     from chongming_task.stores import codec
-    from chongming_task.stores._sql import load_named
+    from chongming_task.stores.sql import load_named
     from chongming_task.stores.sqlite.group import LIFE_FILLS, NEW_FILLS, WRITE_VIEW_COLUMNS
 
     store = SqliteTaskStore(tmp_path / "s.db")
@@ -269,7 +269,7 @@ def test_the_loose_trail_is_found_without_reading_every_task(tmp_path: Path) -> 
     """The loose trail is nearly always empty, and tasks may be a million rows: each
     statement that reads it is driven by it, a lookup in tasks per loose row (planned
     the other way round, adopting after a bulk create read every task)."""
-    from chongming_task.stores._sql import load_named
+    from chongming_task.stores.sql import load_named
 
     statements = load_named("chongming_task.stores.sqlite")
     store = SqliteTaskStore(tmp_path / "plans.db")

@@ -183,7 +183,7 @@ def test_bucket_totals_count_the_bucketless_without_reading_the_table(tmp_path: 
             .fetchone()
         )
         assert index.endswith("WHERE bucket IS NOT NULL")
-        from chongming_task.stores._sql import load_named
+        from chongming_task.stores.sql import load_named
 
         plan = [
             row[3]

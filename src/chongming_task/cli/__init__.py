@@ -17,11 +17,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .._text import utf8_fault
-from ._commands import COMMANDS
-from ._context import Context
-from ._errors import errors_mapped
-from ._parser import UsageError, build_parser
+from ..text import utf8_fault
+from .commands import COMMANDS
+from .context import Context
+from .errors import errors_mapped
+from .parser import UsageError, build_parser
 
 
 def _check_text_arguments(args: argparse.Namespace) -> None:

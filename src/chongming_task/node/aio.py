@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import _observe
+from .. import observe
 from ..current import enter, leave
 from ..errors import StopRequested
 from ..loops import ThreadWatch, keep_running
@@ -50,7 +50,7 @@ async def attempt(run: Run) -> None:
     its function awaited, its writes handed to the node's writer."""
     if not run.begin_attempt():
         return
-    watch = _observe.watcher
+    watch = observe.watcher
     seen = None if watch is None else watch.began(run)
     raised: BaseException | None = None
     try:

@@ -20,8 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, overload
 
-from .. import _observe
-from .._observe import submitted
+from .. import observe
 from ..clock import Clock, SystemClock
 from ..current import install_log_context
 from ..definitions import (
@@ -45,6 +44,7 @@ from ..model import (
     Transition,
     utc,
 )
+from ..observe import submitted
 from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy
@@ -531,7 +531,7 @@ class Controller(AsyncFace):
             task = task.definition
         elif isinstance(task, str):
             raise _by_name(task)
-        if (watch := _observe.watcher) is not None:
+        if (watch := observe.watcher) is not None:
             return submitted(watch, "submit", self._submitter.submit, task, args, kwargs)
         return self._submitter.submit(task, args, kwargs)
 
@@ -546,7 +546,7 @@ class Controller(AsyncFace):
             task = task.definition
         elif isinstance(task, str):
             raise _by_name(task)
-        if (watch := _observe.watcher) is not None:
+        if (watch := observe.watcher) is not None:
             return submitted(watch, "submit_many", self._submitter.submit_many, task, calls)
         return self._submitter.submit_many(task, calls)
 
@@ -557,7 +557,7 @@ class Controller(AsyncFace):
         All nodes are created in one store transaction when the store offers ``atomic()``.
         """
         submit = self._submitter.submit_pipeline
-        watch = _observe.watcher
+        watch = observe.watcher
         handle = submit(pipeline) if watch is None else submitted(watch, "submit", submit, pipeline)
         self._services.start(self._services.pipelines)
         return handle
@@ -639,7 +639,7 @@ class Controller(AsyncFace):
         return self._services.scheduler.tick()
 
     def _fire(self, entry: Schedule) -> TaskRun | StoredTask:
-        watch = _observe.watcher
+        watch = observe.watcher
         if watch is None:
             return self._fire_one(entry)
         with watch.firing(entry.name):  # a trace of its own

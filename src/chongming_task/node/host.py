@@ -7,7 +7,7 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from .. import _observe
+from .. import observe
 from ..clock import Clock
 from ..errors import ConcurrencyConflict
 from ..health import FaultLog
@@ -84,7 +84,7 @@ class NodeHost:
 
     def ended(self, run: Run) -> None:
         """``run`` is terminal (its end written, or buffered after a failed write)."""
-        watch = _observe.watcher
+        watch = observe.watcher
         if watch is not None:
             watch.run_ended(run)
         if run.pipeline is not None:

@@ -31,7 +31,7 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _observe
+from .. import observe
 from ..current import enter, leave
 from ..errors import CarrierCrashed, StopRequested
 from ..health import WorkerProcesses
@@ -243,7 +243,7 @@ class ProcessPool:
             signals.attempt,
             run.bucket,
             logging.getLogger().getEffectiveLevel(),
-            None if (watch := _observe.watcher) is None else watch.trace_context(),
+            None if (watch := observe.watcher) is None else watch.trace_context(),
         )
         child = self._child(slot)
         try:

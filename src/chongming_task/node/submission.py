@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _observe
+from .. import observe
 from ..definitions import check_arguments, check_crossing
 from ..errors import (
     ChongmingTaskError,
@@ -450,7 +450,7 @@ class Submitter:
             # the supervisor, not per submit).
             leased_from + self._leases.offset + self._lease_delta,
             *(_NO_OPTIONS if options is None else options.stored(starts)),
-            None if (watch := _observe.watcher) is None else watch.trace_context(),
+            None if (watch := observe.watcher) is None else watch.trace_context(),
         )
         created: Transition = trusted_transition(
             task_id=snapshot.task_id,

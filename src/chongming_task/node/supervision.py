@@ -31,7 +31,7 @@ from .submission import end_doubtful
 
 if TYPE_CHECKING:
     from ..run.life import Run
-    from ..stores._activity import Activity
+    from ..stores.roles import Activity
     from .dispatch import Dispatcher
 
 __all__ = [

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import _observe
+from .. import observe
 from ..current import enter, leave
 from ..loops import Pass, ThreadWatch, keep_running
 from .registry import RunRegistry
@@ -151,7 +151,7 @@ def attempt(run: Run, carry: Callable[[Run], Any] | None = None) -> None:
     worker process, served from the calling slot thread)."""
     if not run.begin_attempt():
         return  # cancelled or stopped while it waited
-    watch = _observe.watcher
+    watch = observe.watcher
     seen = None if watch is None else watch.began(run)
     raised = None
     try:

@@ -37,7 +37,6 @@ from ..model import (
     trusted_transition,
 )
 from ..states import TERMINAL
-from ._retention import timeline_of
 from .protocol import TaskStore
 from .roles import (
     BatchedWrites,
@@ -57,6 +56,7 @@ from .roles import (
     SupportsStorageClock,
     Verdict,
     rules_of,
+    timeline_of,
 )
 
 __all__ = [

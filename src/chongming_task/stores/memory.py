@@ -31,11 +31,18 @@ from ..model import (
 from ..states import LOSABLE, TERMINAL
 from ..trail import TRAIL_TEXT, TRAIL_WIDTH, Trail, trail_merged, trail_transitions
 from ..values import ValueRules
-from ._commands import in_arrival_order
-from ._dedupe import holder
-from ._retention import check_retention_args, timeline_of
 from .capabilities import ReadWhole, lost_mark
-from .roles import CountBy, Creation, LifeWrite, Settled, Verdict
+from .roles import (
+    CountBy,
+    Creation,
+    LifeWrite,
+    Settled,
+    Verdict,
+    check_retention_args,
+    dedupe_holder,
+    in_arrival_order,
+    timeline_of,
+)
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -105,7 +112,7 @@ class InMemoryTaskStore:
         with self._dedupe_lock:
             last = self._tasks.get(self._keyed.get(key, ""))
             if last is not None:
-                found = holder(
+                found = dedupe_holder(
                     [(last.task_id, last.status.value, last.ended_at, last.dedupe_window)],
                     snapshot.created_at,
                 )

@@ -22,7 +22,7 @@ Traits, each declared alone: ``SupportsAtomic``, ``DeclaresValueRules``,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -42,10 +42,13 @@ from ..model import (
     TaskStatus,
     Transition,
 )
+from ..states import TERMINAL
 from ..values import STRICT, ValueRules
+from .codec import decode_dt
 
 __all__ = [
     "ROLES",
+    "Activity",
     "BatchedWrites",
     "CommandChannel",
     "CountBy",
@@ -63,8 +66,13 @@ __all__ = [
     "SupportsCreateSchema",
     "SupportsStorageClock",
     "Verdict",
+    "check_retention_args",
+    "check_timeline_args",
+    "dedupe_holder",
+    "in_arrival_order",
     "roles_of",
     "rules_of",
+    "timeline_of",
 ]
 
 Creation = tuple[TaskSnapshot, Transition]
@@ -74,6 +82,8 @@ LifeWrite = tuple[TaskSnapshot, int, Sequence[Transition]]
 """One task's ``write_transitions``: the snapshot, the version expected, the trail."""
 Verdict = Callable[[str | None], tuple[Failure, str]]
 """For a lease owner (``None``: none), the failure and the trail reason of its lost tasks."""
+Activity = tuple[str, Progress | None, datetime | None]
+"""One task's activity to write: its id, progress and heartbeat (``None``: as is)."""
 CountBy = Literal["status", "bucket", "owner", "lease_owner", "bucket_status"]
 """A column to count tasks by; ``bucket_status`` counts per ``(bucket, status)`` pair."""
 
@@ -192,9 +202,7 @@ class BatchedWrites(Protocol):
         set and not ``owner``) is left as is. Returns the ids renewed."""
         ...
 
-    def write_activity(
-        self, items: Sequence[tuple[str, Progress | None, datetime | None]], *, owner: str
-    ) -> list[str]:
+    def write_activity(self, items: Sequence[Activity], *, owner: str) -> list[str]:
         """For each ``(task_id, progress, heartbeat_at)``: set the given columns
         (``None``: as is), as ``touch`` does, in one transaction. A task not stored,
         finished or held by another owner is left as is. Returns the ids written."""
@@ -442,6 +450,87 @@ ROLES: tuple[type, ...] = (BatchedWrites, CommandChannel, FleetRegistry, Mainten
 def roles_of(store: object) -> list[str]:
     """The names of the roles ``store`` declares whole."""
     return [role.__name__ for role in ROLES if isinstance(store, role)]
+
+
+# -- rules a store may reuse -----------------------------------------------------------------------
+
+
+def in_arrival_order(open_commands: Sequence[tuple[str, str, bool]], *, limit: int) -> list[str]:
+    """The ids a claim may lease, from ``(command_id, task_id, leased)`` of the open
+    commands in arrival order: every one not leased, except those behind a leased (or
+    skipped) command of the same task, at most ``limit``. A command whose ``leased`` is
+    true is held by another claimer (its lease lives, or it is locked mid-claim)."""
+    held: set[str] = set()
+    picked: list[str] = []
+    for command_id, task_id, leased in open_commands:
+        if leased or task_id in held:
+            held.add(task_id)
+            continue
+        if len(picked) == limit:
+            held.add(task_id)  # the rest of this task waits for the next claim
+            continue
+        picked.append(command_id)
+    return picked
+
+
+_DEDUPE_SLACK = timedelta(milliseconds=5)
+
+
+def dedupe_holder(rows: Iterable[Sequence[Any]], now: datetime) -> str | None:
+    """The task holding a dedupe key, from its candidates (task id, status, ended at,
+    dedupe window): an unfinished one, or a success less than its window before
+    ``now`` (``create_deduped``)."""
+    for task_id, status, ended_at, window in rows:
+        if not TaskStatus(status).is_terminal:
+            return str(task_id)
+        ended = decode_dt(ended_at)
+        if status != TaskStatus.SUCCEEDED.value or window is None or ended is None:
+            continue
+        # Kept after its success. A store may judge the window in SQL (SQLite's
+        # julianday is good to about a millisecond): near its end, the success answers.
+        if ended + timedelta(seconds=float(window)) + _DEDUPE_SLACK > now:
+            return str(task_id)
+    return None
+
+
+def check_retention_args(
+    before: datetime, statuses: frozenset[TaskStatus] | None, limit: int
+) -> frozenset[TaskStatus]:
+    """The finished statuses to prune (``statuses``, all of them by default); a
+    ``ValueError`` for an unfinished one, a naive ``before`` or a ``limit`` below 1."""
+    if before.tzinfo is None:
+        raise ValueError(f"before must be an aware datetime, got {before.isoformat()}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    chosen = TERMINAL if statuses is None else frozenset(statuses)
+    unfinished = sorted(s.value for s in chosen - TERMINAL)
+    if unfinished:
+        raise ValueError(f"only finished tasks are pruned, not {', '.join(unfinished)}")
+    return chosen
+
+
+def check_timeline_args(since: datetime, width: timedelta) -> int:
+    """``width`` in whole microseconds; a ``ValueError`` for a naive ``since`` or a
+    ``width`` under a microsecond."""
+    if since.tzinfo is None:
+        raise ValueError(f"since must be an aware datetime, got {since.isoformat()}")
+    micros = width // timedelta(microseconds=1)
+    if micros < 1:
+        raise ValueError(f"width must be at least a microsecond, got {width}")
+    return micros
+
+
+def timeline_of(
+    snapshots: Iterable[TaskSnapshot], since: datetime, width: timedelta
+) -> dict[tuple[int, TaskStatus], int]:
+    """``ended_timeline`` over snapshots in hand."""
+    step = timedelta(microseconds=check_timeline_args(since, width))
+    counts: dict[tuple[int, TaskStatus], int] = {}
+    for s in snapshots:
+        if s.status in TERMINAL and s.ended_at is not None and s.ended_at >= since:
+            key = ((s.ended_at - since) // step, s.status)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 # -- traits: each declared alone ------------------------------------------------------------------

@@ -9,8 +9,8 @@ from typing import Any
 
 from ..errors import StoreError, StoreUnavailable
 from ..model import Command, Progress, TaskQuery, TaskSnapshot, TaskStatus, Transition
-from ..stores.capabilities import rules_of
 from ..stores.protocol import TaskStore
+from ..stores.roles import rules_of
 from ..values import ValueRules
 
 __all__ = ["FaultyStore"]

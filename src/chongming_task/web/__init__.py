@@ -10,7 +10,7 @@ what happened. Importing ``chongming_task`` never imports this package.
 
 from __future__ import annotations
 
-from ._app import create_app
-from ._dashboard import Dashboard
+from .app import create_app
+from .dashboard import Dashboard
 
 __all__ = ["Dashboard", "create_app"]

@@ -273,6 +273,19 @@ class GroupCommit:
         self._mutex = threading.Lock()
         self._queue: deque[GroupWrite] = deque()
         self._leaders = 0
+        self.on_batch: Callable[[Sequence[GroupWrite]], None] | None = None
+        """Told the writes of each statement before it runs (a bench or a test counting
+        what statements carry), on the leader's thread."""
+
+    @property
+    def queued(self) -> int:
+        """Writes waiting for a statement to carry them."""
+        return len(self._queue)
+
+    @property
+    def leading(self) -> int:
+        """Statements in flight (one a leader)."""
+        return self._leaders
 
     def run(self, writes: Sequence[GroupWrite]) -> None:
         """Commit one caller's ``writes`` (each of another task), queued together so that
@@ -362,6 +375,8 @@ class GroupCommit:
             self._leaders -= 1
 
     def _commit(self, batch: list[GroupWrite]) -> None:
+        if self.on_batch is not None:
+            self.on_batch(batch)
         try:
             self._apply(batch)
         except StoreUnavailable as exc:  # an outage: every write of the batch fails
@@ -381,6 +396,8 @@ class GroupCommit:
 
     def _one_by_one(self, batch: list[GroupWrite]) -> None:
         for done, write in enumerate(batch):
+            if self.on_batch is not None:
+                self.on_batch([write])
             try:
                 self._apply([write])
             except StoreUnavailable as exc:  # the server went away meanwhile

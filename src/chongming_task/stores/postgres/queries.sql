@@ -1,11 +1,11 @@
 -- The PostgreSQL store's statements, one named block per statement, loaded by name
--- (chongming_task.stores._sql.load_named). The schema is stores/postgres/schema.sql. Column
+-- (chongming_task.stores.sql.load_named). The schema is stores/postgres/schema.sql. Column
 -- lists follow chongming_task.stores.codec; JSONB columns are read as text (the codec
 -- decodes JSON text) and written with ::jsonb, times with ::timestamptz.
 
 -- A new task whose dedupe key an unfinished task holds fails on idx_tasks_dedupe_open; one
 -- whose key a success keeps (its window from the new task's creation) is not inserted,
--- as an existing id is not (DedupeSQL then finds the holder).
+-- as an existing id is not (SqlStore then finds the holder).
 -- name: insert_task
 INSERT INTO {schema}.tasks (
     task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
@@ -537,7 +537,7 @@ UNION ALL
 SELECT 'v', task_id, status_version FROM {schema}.tasks
 WHERE task_id = %s AND NOT EXISTS (SELECT FROM life{n})
 
--- The tasks that may hold a dedupe key (DedupeSQL): the unfinished one, and successes
+-- The tasks that may hold a dedupe key (create_deduped): the unfinished one, and successes
 -- that keep it for a window; one probe of idx_tasks_dedupe.
 -- name: dedupe_holders
 SELECT task_id, status, ended_at, dedupe_window FROM {schema}.tasks
@@ -545,7 +545,7 @@ WHERE dedupe_key = %s
   AND (status NOT IN ('succeeded', 'failed', 'stopped', 'cancelled', 'lost')
        OR (status = 'succeeded' AND dedupe_window IS NOT NULL))
 
--- A batch of finished tasks pruned by age (RetentionSQL), the ids an array (each %s the
+-- A batch of finished tasks pruned by age (prune_ended), the ids an array (each %s the
 -- same): their trail, late reports and finished commands with them.
 -- name: prune_ids
 WITH gone_history AS (DELETE FROM {schema}.transitions WHERE task_id = ANY(%s)),

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from ...model import (
@@ -38,28 +38,15 @@ from ...model import (
     TaskQuery,
     TaskScan,
     TaskSnapshot,
-    TaskStatus,
     Transition,
     utc,
 )
 from ...values import STRICT
 from .. import codec
-from .._activity import ActivitySQL
-from .._commands import CommandQueueSQL
-from .._dedupe import DedupeSQL
-from .._holds import HoldsSQL
-from .._late import LateReportsSQL
-from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
-from .._retention import RetentionSQL
-from .._sql import (
-    Executor,
-    TaskScanSQL,
-    load_named,
-    query_sql,
-    verdicts_of_expired,
-)
 from ..capabilities import Verdict
 from ..roles import LifeWrite
+from ..sql import load_named, query_sql, verdicts_of_expired
+from ..sql_store import SqlStore
 from .schema import (
     SCHEMA_VERSION,
     check_schema_name,
@@ -112,23 +99,7 @@ _ANNOUNCE_EVERY = 0.1
 """Seconds between two notifications of writes, at least."""
 
 
-def _holds_nul(query: TaskQuery) -> bool:
-    """Whether a text filter of ``query`` holds NUL, which PostgreSQL cannot be sent."""
-    return any("\x00" in text for _, text in query.texts())
-
-
-class PostgresTaskStore(
-    ActivitySQL,
-    CommandQueueSQL,
-    DedupeSQL,
-    HoldsSQL,
-    LateReportsSQL,
-    NodeRegistrySQL,
-    ScheduleRegistrySQL,
-    PipelineRegistrySQL,
-    RetentionSQL,
-    TaskScanSQL,
-):
+class PostgresTaskStore(SqlStore):
     """A ``TaskStore`` in one PostgreSQL schema (default ``chongming``)."""
 
     def __init__(
@@ -170,16 +141,21 @@ class PostgresTaskStore(
         self.schema = check_schema_name(schema)
         # No session state (no search_path), so a pooler in transaction mode can carry
         # the connections: every statement names its schema.
-        self._sql = statements_in(_SQL, schema)
+        super().__init__(
+            statements=statements_in(_SQL, schema),
+            dialect=dialect_in(schema),
+            scope=lambda what, *, write: self._cursor(what, transaction=write),
+        )
         self._group_sql = group_statements(self._sql)
-        self._dialect = dialect_in(schema)
         self._announcer = (
             Announcer(self._announce, every=_ANNOUNCE_EVERY, name=f"chongming-announce[{schema}]")
             if announce_writes
             else None
         )
         self._local = threading.local()
-        self._group = GroupCommit(self._group_apply, leaders=_GROUP_LEADERS)
+        self.group = GroupCommit(self._group_apply, leaders=_GROUP_LEADERS)
+        """The group commit of this store's writes (for benches and tools: how well
+        writes are grouped)."""
         self._server = ServerPool(
             dsn,
             schema=schema,
@@ -258,35 +234,6 @@ class PostgresTaskStore(
             with conn.transaction(), cursor(conn) as cur:
                 yield cur
 
-    def _sql_scope(
-        self, what: str, *, write: bool
-    ) -> contextlib.AbstractContextManager[Cursor[Any]]:
-        return self._cursor(what, transaction=write)
-
-    def _lock_commands(self, cur: Executor, ids: list[str], now: str) -> set[str]:
-        """Claimers run side by side: lock the commands picked, skipping those another
-        claimer is taking (``CommandQueueSQL``)."""
-        return {row[0] for row in cur.execute(self._sql["lock_commands"], [ids, now]).fetchall()}
-
-    @staticmethod
-    def _id_list(task_ids: Sequence[str]) -> object:
-        return list(task_ids)  # a text[] (``LateReportsSQL``)
-
-    def _each_returning(self, cur: Executor, sql: str, rows: list[list[Any]]) -> list[str]:
-        """One pipelined batch for the renewals or activity of many tasks
-        (``ActivitySQL``): a supervisor pass renewing a hundred leases was a hundred
-        round trips."""
-        pg = cast("Cursor[Any]", cur)  # this store's scopes give psycopg cursors
-        pg.executemany(sql, rows, returning=True)
-        written: list[str] = []
-        while True:
-            written.extend(row[0] for row in pg.fetchall())
-            if not pg.nextset():
-                return written
-
-    def _seen(self, given: datetime) -> None:
-        return None  # the server's clock, read by the statement: one for every node
-
     def storage_now(self) -> datetime:
         """``SupportsStorageClock``: the server's clock."""
         with self._cursor("storage_now") as cur:
@@ -338,10 +285,6 @@ class PostgresTaskStore(
             cur.execute(self._sql["ddl_lock"], schema_lock_key(self.schema))
             cur.execute(schema_ddl(self.schema))
         self._older = None
-
-    @staticmethod
-    def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
-        return codec.values_to_snapshot(row)
 
     # -- task snapshots -------------------------------------------------------------------------
 
@@ -425,11 +368,11 @@ class PostgresTaskStore(
             for snapshot, expect, transitions in writes
         ]
         if getattr(self._local, "conn", None) is None:
-            return self._group.behind(group)
+            return self.group.behind(group)
         self._group_write_all(group)  # on the caller's transaction: here, now
         for write in group:
             write.settled = True
-        return Behind(self._group, group, time.monotonic())
+        return Behind(self.group, group, time.monotonic())
 
     def _group_write(self, write: GroupWrite) -> None:
         """Commit ``write`` (``_group_write_all``); raise its error."""
@@ -442,7 +385,7 @@ class PostgresTaskStore(
         ``atomic()`` as one statement on its connection (never others' writes in the
         caller's transaction), else through the group commit."""
         if getattr(self._local, "conn", None) is None:
-            self._group.run(writes)
+            self.group.run(writes)
             return
         try:
             self._group_apply(writes)
@@ -536,46 +479,17 @@ class PostgresTaskStore(
             snapshot.task_id, expect_version, None if found is None else found[0]
         )
 
-    def get(self, task_id: str) -> TaskSnapshot | None:
-        if "\x00" in task_id:
-            return None  # no stored text holds NUL: nothing has that id
-        with self._cursor("get") as cur:
-            cur.execute(self._sql["get_task"], [task_id])
-            row = cur.fetchone()
-        return None if row is None else self._snapshot(row)
-
-    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        if query is not None and _holds_nul(query):
-            return []  # no stored text holds NUL: nothing matches
-        sql, params = query_sql(query or TaskQuery(), self._dialect)
-        with self._cursor("query") as cur:
-            cur.execute(sql, params)
-            rows = cur.fetchall()
-        return [self._snapshot(r) for r in rows]
-
     def explain_query(self, query: TaskQuery | None = None) -> list[str]:
         sql, params = query_sql(query or TaskQuery(), self._dialect)
         with self._cursor("explain") as cur:
             cur.execute("EXPLAIN " + sql, params)
             return [r[0] for r in cur.fetchall()]
 
-    def counts(self) -> dict[TaskStatus, int]:
-        with self._cursor("counts") as cur:
-            cur.execute(self._sql["counts"])
-            rows = cur.fetchall()
-        return {TaskStatus(status): n for status, n in rows}
-
     def append(self, transition: Transition) -> None:
         values = codec.transition_to_values(transition)
         with self._cursor("append") as cur:
             cur.execute(self._sql["append"], values)
         self._wrote()
-
-    def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
-        with self._cursor("history") as cur:
-            cur.execute(self._sql["history"], [task_id, since_version])
-            rows = cur.fetchall()
-        return [codec.values_to_transition(r) for r in rows]
 
     def touch(
         self,

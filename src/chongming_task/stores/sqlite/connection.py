@@ -63,6 +63,10 @@ class SqliteConnection:
         the caller's transaction."""
         return WriteScope(self, what)
 
+    def scope(self, what: str, *, write: bool) -> ReadScope | WriteScope:
+        """``write`` or ``read``: the scope ``SqlStore`` runs its statements in."""
+        return WriteScope(self, what) if write else ReadScope(self, what)
+
     def in_transaction(self) -> bool:
         """Whether the lock's holder is inside a write scope (``atomic()``)."""
         return self.depth > 0

@@ -33,8 +33,8 @@ from typing import Any
 
 from ...errors import ConcurrencyConflict, StoreError, TaskAlreadyExists
 from .. import codec
-from .._dedupe import DEDUPE_HELD, KeyHeld
-from .._sql import load_named
+from ..sql import load_named
+from ..sql_store import DEDUPE_HELD, KeyHeld
 
 __all__ = [
     "LIFE_FILLS",

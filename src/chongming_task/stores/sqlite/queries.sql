@@ -1,5 +1,5 @@
 -- The SQLite store's statements, one named block per statement, loaded by name
--- (chongming_task.stores._sql.load_named) and run with bound parameters. The tables they
+-- (chongming_task.stores.sql.load_named) and run with bound parameters. The tables they
 -- read and write are made by schema.sql.
 
 -- name: insert_task
@@ -346,7 +346,7 @@ SELECT command_id, task_id, action, issued_by, created_at, reason, lease_until,
 FROM commands WHERE finished_at > ?
 ORDER BY finished_at LIMIT ?
 
--- The tasks that may hold a dedupe key (DedupeSQL): the unfinished one, and successes
+-- The tasks that may hold a dedupe key (create_deduped): the unfinished one, and successes
 -- that keep it for a window; one probe of idx_tasks_dedupe.
 -- name: dedupe_holders
 SELECT task_id, status, ended_at, dedupe_window FROM tasks

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...errors import StoreError
 from .. import codec
-from .._sql import load_named, newer_schema
+from ..sql import load_named, newer_schema
 from .connection import SqliteConnection
 
 __all__ = [

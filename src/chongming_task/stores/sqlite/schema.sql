@@ -1,5 +1,5 @@
 -- The SQLite store's schema, one named block per statement (schema_*), loaded by name
--- (chongming_task.stores._sql.load_named) and run in file order inside one BEGIN
+-- (chongming_task.stores.sql.load_named) and run in file order inside one BEGIN
 -- IMMEDIATE by the migration (schema.py). Column lists follow chongming_task.stores.codec
 -- (a test compares them with the tables made here). The statements the store runs are
 -- in queries.sql.
@@ -250,7 +250,7 @@ WHERE 0
 -- A new task with a dedupe key whose holder is in the store (an unfinished task, or a
 -- success within its window of the new task's creation) aborts the statement: the key is
 -- checked inside the batch, under the write lock every creator takes, so a deduplicated
--- create rides the group commit like any other (DedupeSQL finds the holder after).
+-- create rides the group commit like any other (SqlStore finds the holder after).
 -- A new task's row carries its first transition (schema 7): one row, so one run of the
 -- view's three triggers, where a task and a trail row were two (a create through the
 -- view: 192k instructions, 130k). A row without one (version NULL) inserts the task only.

@@ -38,23 +38,16 @@ from ...model import (
 )
 from ...values import ValueRules
 from .. import codec
-from .._activity import ActivitySQL
-from .._commands import CommandQueueSQL
-from .._dedupe import DedupeSQL
-from .._holds import HoldsSQL
-from .._late import LateReportsSQL
-from .._nodes import NodeRegistrySQL, PipelineRegistrySQL, ScheduleRegistrySQL
-from .._retention import RetentionSQL
-from .._sql import (
+from ..capabilities import Verdict
+from ..roles import CountBy, LifeWrite
+from ..sql import (
     Dialect,
-    TaskScanSQL,
     encoded_tag,
     load_named,
     query_sql,
     verdicts_of_expired,
 )
-from ..capabilities import Verdict
-from ..roles import LifeWrite
+from ..sql_store import SqlStore
 from .checkpoint import Checkpointer
 from .connection import ReadScope, SqliteConnection, WriteScope
 from .group import Behind, GroupCommit, Row, WriteRequest, adopt_loose, append_rows
@@ -133,18 +126,7 @@ def _create_private(path: str) -> None:
     os.close(fd)
 
 
-class SqliteTaskStore(
-    ActivitySQL,
-    CommandQueueSQL,
-    DedupeSQL,
-    HoldsSQL,
-    LateReportsSQL,
-    NodeRegistrySQL,
-    ScheduleRegistrySQL,
-    PipelineRegistrySQL,
-    RetentionSQL,
-    TaskScanSQL,
-):
+class SqliteTaskStore(SqlStore):
     """A ``TaskStore`` in one SQLite file (or ``":memory:"``).
 
     ``create=False`` refuses to create a missing file: read-only tools should say "no
@@ -189,6 +171,7 @@ class SqliteTaskStore(
         if not memory and create:
             _create_private(self.path)
         self.connection = link = SqliteConnection(self.path, timeout=timeout)
+        super().__init__(statements=_SQL, dialect=_DIALECT, scope=link.scope)
         self._wake_directory = None if memory else wake_directory(os.path.realpath(self.path))
         self._wakes: list[Callable[[], None]] = []  # a file in memory: this store's own
         """The store's one connection and its lock: for tools and tests that read or
@@ -230,12 +213,6 @@ class SqliteTaskStore(
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    _sql = _SQL
-    _dialect = _DIALECT
-
-    def _sql_scope(self, what: str, *, write: bool) -> ReadScope | WriteScope:
-        return self.connection.write(what) if write else self.connection.read(what)
-
     def _locked(self, what: str) -> ReadScope:
         """``with self._locked(what) as conn``: the connection, under its lock."""
         return self.connection.read(what)
@@ -251,10 +228,6 @@ class SqliteTaskStore(
         ``append`` calls in one transaction."""
         with self._write("atomic"):
             yield
-
-    @staticmethod
-    def _snapshot(row: Sequence[Any]) -> TaskSnapshot:
-        return codec.values_to_snapshot(row)
 
     # -- task snapshots -------------------------------------------------------------------------
 
@@ -286,30 +259,14 @@ class SqliteTaskStore(
             snapshot.task_id, expect_version, None if found is None else found[0]
         )
 
-    def get(self, task_id: str) -> TaskSnapshot | None:
-        with self._locked("get") as conn:
-            row = conn.execute(_SQL["get_task"], (task_id,)).fetchone()
-        return None if row is None else self._snapshot(row)
-
-    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        sql, params = query_sql(query or TaskQuery(), _DIALECT)
-        with self._locked("query") as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return [self._snapshot(r) for r in rows]
-
     def explain_query(self, query: TaskQuery | None = None) -> list[str]:
         """SQLite's plan for ``query(query)``: proof that a filter uses its index."""
         sql, params = query_sql(query or TaskQuery(), _DIALECT)
         with self._locked("explain") as conn:
             return [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
 
-    def counts(self) -> dict[TaskStatus, int]:
-        with self._locked("counts") as conn:
-            rows = conn.execute(_SQL["counts"]).fetchall()
-        return {TaskStatus(status): n for status, n in rows}
-
     def count_tasks(
-        self, by: str, *, statuses: frozenset[TaskStatus] | None = None
+        self, by: CountBy, *, statuses: frozenset[TaskStatus] | None = None
     ) -> dict[Any, int]:
         if by != "bucket" or statuses is not None:
             return super().count_tasks(by, statuses=statuses)
@@ -323,11 +280,6 @@ class SqliteTaskStore(
         values = codec.transition_to_values(transition)  # encoded before the lock is taken
         with self._write("append") as conn:
             append_rows(conn, [values])
-
-    def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
-        with self._locked("history") as conn:
-            rows = conn.execute(_SQL["history"], (task_id, since_version)).fetchall()
-        return [codec.values_to_transition(r) for r in rows]
 
     # -- side channel -----------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
-"""What the two SQL stores share: named statements loaded from ``.sql`` files, and the
-one ``TaskQuery`` to ``SELECT`` builder, written once over a small dialect."""
+"""The SQL both SQL stores speak: named statements loaded from their ``queries.sql``,
+the ``Dialect`` that spells what a statement cannot say alone, and the statements built
+from a ``TaskQuery``, a ``TaskScan`` or a retention cut over it. ``SqlStore``
+(``sql_store``) runs them."""
 
 from __future__ import annotations
 
@@ -7,28 +9,29 @@ import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from .. import states
-from .._glob import Glob
-from .._glob import parse as parse_glob
 from ..errors import StoreError
-from ..model import Failure, TaskQuery, TaskScan, TaskSnapshot, TaskStatus
+from ..globs import Glob
+from ..globs import parse as parse_glob
+from ..model import Failure, TaskQuery, TaskScan, TaskStatus
 from . import codec
 
 __all__ = [
     "Dialect",
     "Executor",
-    "TaskScanSQL",
     "count_sql",
+    "ended_where",
     "json_id_list",
     "load_named",
     "newer_schema",
     "older_schema",
+    "one_by_one",
     "query_sql",
     "scan_sql",
     "scan_where",
@@ -59,8 +62,7 @@ def older_schema(holder: str, found: int, understood: int) -> StoreError:
 
 
 def json_id_list(task_ids: Sequence[str]) -> object:
-    """A list of task ids as one parameter: JSON text (SQLite's ``json_each``); the
-    mixins' ``_id_list`` unless their store spells it otherwise (PostgreSQL: a text[])."""
+    """A list of task ids as one parameter: JSON text (SQLite's ``json_each``)."""
     return json.dumps(list(task_ids))
 
 
@@ -94,9 +96,27 @@ def load_named(package: str, filename: str = "queries.sql") -> Mapping[str, str]
 Fragment = tuple[str, list[Any]]
 
 
+class Executor(Protocol):
+    """What ``sqlite3.Connection`` and a psycopg cursor both offer."""
+
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: Any, params: Any, /) -> Any: ...
+
+
+def one_by_one(cur: Executor, sql: str, rows: list[list[Any]]) -> list[str]:
+    """Run ``sql`` once for each of ``rows``; the first column of what they return."""
+    written: list[str] = []
+    for row in rows:
+        written.extend(r[0] for r in cur.execute(sql, row).fetchall())
+    return written
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dialect:
-    """How one SQL store spells the parts of a task query."""
+    """How one SQL store spells what its statements in ``queries.sql`` cannot say alone:
+    the parts of a task query, a list of ids as one parameter, a statement run for many
+    rows, and whose clock a node's times are."""
 
     select: str
     """``SELECT <task columns> FROM tasks``."""
@@ -131,6 +151,18 @@ class Dialect:
     """Which rows of the trail (``transitions tr``) are the task's, by its key (SQLite
     keys the trail by ``seq * 16777216 + version``: the task's row of its current
     version, the one a scan reads)."""
+    id_list: Callable[[Sequence[str]], object] = json_id_list
+    """A list of task ids as one parameter (SQLite: JSON text its ``json_each`` reads;
+    PostgreSQL: a ``text[]``)."""
+    each_returning: Callable[[Executor, str, list[list[Any]]], list[str]] = one_by_one
+    """Run one statement for each of many rows; the first column of what they return
+    (PostgreSQL: one pipelined batch, not a round trip a row)."""
+    nul_in_text: bool = True
+    """Whether text sent to the server may hold NUL (PostgreSQL: no; none is stored
+    either, so a filter holding one matches nothing)."""
+    clock_in_sql: bool = False
+    """Whether the statements write the store's own clock for a node's times (PostgreSQL:
+    one clock for every node); else the node's time given is written."""
 
 
 def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
@@ -279,47 +311,27 @@ def scan_sql(scan: TaskScan, dialect: Dialect) -> tuple[Fragment, Fragment]:
     return count, (rows_sql, rows_params)
 
 
-class Executor(Protocol):
-    """What ``sqlite3.Connection`` and a psycopg cursor both offer."""
-
-    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
-
-    def executemany(self, sql: Any, params: Any, /) -> Any: ...
-
-
-class TaskScanSQL:
-    """``Maintenance`` written once for both SQL stores, over each one's dialect and
-    scope (``_sql_scope(what, write=)``) and row decoder (``_snapshot``)."""
-
-    __slots__ = ()
-
-    _dialect: Dialect
-
-    def _sql_scope(self, what: str, *, write: bool) -> AbstractContextManager[Executor]:
-        raise NotImplementedError
-
-    @staticmethod
-    def _snapshot(row: Any) -> TaskSnapshot:
-        raise NotImplementedError
-
-    def count_tasks(
-        self, by: str, *, statuses: frozenset[TaskStatus] | None = None
-    ) -> dict[Any, int]:
-        sql, params = count_sql(by, statuses, self._dialect)
-        with self._sql_scope("count_tasks", write=False) as c:
-            rows = c.execute(sql, params).fetchall()
-        if by == "status":
-            return {TaskStatus(value): n for value, n in rows}
-        if by == "bucket_status":
-            return {(bucket, TaskStatus(status)): n for bucket, status, n in rows}
-        return {value: n for value, n in rows}
-
-    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
-        (count_q, count_p), (rows_q, rows_p) = scan_sql(scan, self._dialect)
-        with self._sql_scope("scan_tasks", write=False) as c:
-            (count,) = c.execute(count_q, count_p).fetchone()
-            rows = [] if not count or scan.limit == 0 else c.execute(rows_q, rows_p).fetchall()
-        return count, [self._snapshot(r) for r in rows]
+def ended_where(
+    dialect: Dialect,
+    before: datetime,
+    statuses: frozenset[TaskStatus],
+    buckets: frozenset[int] | None,
+) -> Fragment:
+    """The condition of the finished tasks in ``statuses`` (and ``buckets``) that ended
+    before ``before``."""
+    at = codec.encode_dt(before)
+    # The status index would give every finished task, to be sorted by age (SQLite took
+    # 0.29 s a batch at a million tasks): the created_at range is the way in.
+    in_status, params = dialect.one_of(
+        dialect.unindexed("status"), sorted(s.value for s in statuses)
+    )
+    where = [f"created_at < {dialect.time}", f"ended_at < {dialect.time}", in_status]
+    params = [at, at, *params]
+    if buckets is not None:
+        in_bucket, more = dialect.one_of("bucket", sorted(buckets))
+        where.append(in_bucket)
+        params += more
+    return " AND ".join(where), params
 
 
 def verdicts_of_expired(

@@ -28,9 +28,9 @@ from datetime import datetime, timedelta
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import fleet
-from .._feed import TransitionFeed
 from ..clock import EPOCH
 from ..errors import ChongmingTaskError
+from ..feed import TransitionFeed
 from ..loops import Pass, keep_running
 from ..model import TaskScan, TaskStatus
 from ..states import NON_TERMINAL, TERMINAL

@@ -12,11 +12,10 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from .._lookup import find_pipeline_run, find_task, with_held
-from .._lookup import holds_of as held_in
-from .._text import json_for_terminal, printable
 from ..control import StoreControl
 from ..errors import ConfigurationError
+from ..lookup import find_pipeline_run, find_task, with_held
+from ..lookup import holds_of as held_in
 from ..model import TaskQuery, TaskSnapshot, TaskStatus
 from ..node.controller import Controller
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, parse_buckets
@@ -25,7 +24,8 @@ from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from ..stores.dsn import check_schema_name, check_target, shown_dsn
 from ..stores.protocol import TaskStore
-from ._parser import PROG, UsageError
+from ..text import json_for_terminal, printable
+from .parser import PROG, UsageError
 
 __all__ = [
     "Context",

@@ -18,8 +18,8 @@ from .. import present
 from ..errors import ChongmingTaskError
 from ..model import CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from ..states import NON_TERMINAL
-from ._context import Context, find_tasks, holds_of, task_query
-from ._parser import PROG, UsageError
+from .context import Context, find_tasks, holds_of, task_query
+from .parser import PROG, UsageError
 
 __all__ = ["SELECTION_FLAGS", "cmd_bulk_control", "outcome_label"]
 

@@ -9,9 +9,9 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from .._text import printable
 from ..errors import ChongmingTaskError, InvalidValue, StoreError, WaitTimeout
-from ._parser import PROG, UsageError
+from ..text import printable
+from .parser import PROG, UsageError
 
 __all__ = ["errors_mapped"]
 

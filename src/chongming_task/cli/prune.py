@@ -12,8 +12,8 @@ from ..model import TaskStatus
 from ..states import TERMINAL
 from ..stores.capabilities import Capabilities
 from ..stores.sqlite import SqliteTaskStore
-from ._context import Context
-from ._parser import PROG, UsageError
+from .context import Context
+from .parser import PROG, UsageError
 
 __all__ = ["BATCH", "cmd_prune"]
 

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from .. import fleet, present
 from ..model import TaskStatus
-from ._follow import Follower
+from .follow import Follower
 
 __all__ = ["Sources", "StoreCollector", "metrics_text", "store_registry"]
 

@@ -44,16 +44,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .._lookup import AmbiguousId, find_pipeline_run, find_task, holds_of, with_held
 from ..errors import ChongmingTaskError, InvalidValue, StoreError
+from ..lookup import AmbiguousId, find_pipeline_run, find_task, holds_of, with_held
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from ..values import check_text
-from . import _views
-from ._access import SECURITY_HEADERS, same_origin
-from ._dashboard import Dashboard
-from ._metrics import metrics_text
+from . import views
+from .access import SECURITY_HEADERS, same_origin
+from .dashboard import Dashboard
+from .metrics import metrics_text
 
 __all__ = ["create_app"]
 
@@ -83,11 +83,11 @@ def _templates() -> Jinja2Templates:
     folder = resources.files(__package__).joinpath("templates")
     templates = Jinja2Templates(directory=str(folder))
     templates.env.globals.update(
-        age=_views.age,
-        short=_views.short,
-        style=_views.status_style,
-        ts=_views.clock,
-        status_text=_views.status_text,
+        age=views.age,
+        short=views.short,
+        style=views.status_style,
+        ts=views.clock,
+        status_text=views.status_text,
     )
     templates.env.filters["buckets"] = format_buckets
     return templates
@@ -114,10 +114,10 @@ def create_app(dashboard: Dashboard) -> Starlette:
         return page(request, "error.html", {"status": status, "message": message, **more}, status)
 
     def overview(request: Request) -> Response:
-        return page(request, "overview.html", _views.overview(d))
+        return page(request, "overview.html", views.overview(d))
 
     def overview_live(request: Request) -> Response:
-        return page(request, "_overview_live.html", _views.overview(d))
+        return page(request, "_overview_live.html", views.overview(d))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -165,7 +165,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "older": older,
                 "filters": shown,
                 "statuses": [s.value for s in TaskStatus],
-                "health": {s.task_id: _views.health(s, now) for s in listed},
+                "health": {s.task_id: views.health(s, now) for s in listed},
                 "held": holds_of(d.caps, listed),
             },
         )
@@ -175,11 +175,11 @@ def create_app(dashboard: Dashboard) -> Starlette:
         snapshot = find_task(d.store, given, d.where)
         if snapshot.task_id != given:
             return RedirectResponse(f"/tasks/{snapshot.task_id}", status_code=303)
-        return page(request, "task.html", _views.task(d, snapshot))
+        return page(request, "task.html", views.task(d, snapshot))
 
     def task_live(request: Request) -> Response:
         snapshot = find_task(d.store, _path_id(d, request), d.where)
-        return page(request, "_task_live.html", _views.task(d, snapshot))
+        return page(request, "_task_live.html", views.task(d, snapshot))
 
     def task_result(request: Request) -> Response:
         """A finished task's whole result, as the store holds it (JSON)."""
@@ -202,7 +202,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
             except ChongmingTaskError as exc:
                 answers.append((snapshot, f"failed: {exc}"))
                 continue
-            answers.append((snapshot, _views.control_outcome(receipt)))
+            answers.append((snapshot, views.control_outcome(receipt)))
         return answers
 
     async def control_form(request: Request) -> tuple[FormData, CommandAction] | Response:
@@ -299,21 +299,21 @@ def create_app(dashboard: Dashboard) -> Starlette:
         )
 
     def pipelines(request: Request) -> Response:
-        return page(request, "pipelines.html", _views.pipelines(d))
+        return page(request, "pipelines.html", views.pipelines(d))
 
     def pipeline(request: Request) -> Response:
         run_id = _checked(d, request.path_params["run_id"], "pipeline run id")
-        return page(request, "pipeline.html", _views.pipeline(d, run_id))
+        return page(request, "pipeline.html", views.pipeline(d, run_id))
 
     def pipeline_live(request: Request) -> Response:
         run_id = _checked(d, request.path_params["run_id"], "pipeline run id")
-        return page(request, "_pipeline_live.html", _views.pipeline(d, run_id))
+        return page(request, "_pipeline_live.html", views.pipeline(d, run_id))
 
     def schedules(request: Request) -> Response:
-        return page(request, "schedules.html", _views.schedules(d))
+        return page(request, "schedules.html", views.schedules(d))
 
     def nodes(request: Request) -> Response:
-        return page(request, "nodes.html", _views.nodes(d))
+        return page(request, "nodes.html", views.nodes(d))
 
     async def events(request: Request) -> Response:
         """Server-sent events: ``change`` when the follower saw a transition or a progress

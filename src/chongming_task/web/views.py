@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
-from .._lookup import find_pipeline_run, holds_of
+from ..lookup import find_pipeline_run, holds_of
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
-from ._follow import SLOT, SLOTS, Finished
+from .follow import SLOT, SLOTS, Finished
 
 if TYPE_CHECKING:
-    from ._dashboard import Dashboard
+    from .dashboard import Dashboard
 
 __all__ = [
     "age",

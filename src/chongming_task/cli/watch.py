@@ -2,7 +2,7 @@
 names, who and why; a live table redrawn in place when stdout is a terminal (``rich``,
 from the ``[cli]`` extra), plain lines when piped, JSON lines with ``--json``.
 
-The transitions come from ``TransitionFeed`` (``chongming_task._feed``), over the tasks
+The transitions come from ``TransitionFeed`` (``chongming_task.feed``), over the tasks
 the filters select.
 """
 
@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import present
-from .._feed import RECENT, Change, TransitionFeed
-from .._text import printable
+from ..feed import RECENT, Change, TransitionFeed
 from ..model import TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
-from ._context import Context, find_tasks, task_query
-from ._parser import UsageError
+from ..text import printable
+from .context import Context, find_tasks, task_query
+from .parser import UsageError
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -14,9 +14,9 @@ from ..node.controller import Controller
 from ..policies import BucketPolicy
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
-from ._access import LOOPBACK, Access
-from ._follow import Follower
-from ._metrics import store_registry
+from .access import LOOPBACK, Access
+from .follow import Follower
+from .metrics import store_registry
 
 __all__ = ["Dashboard"]
 

@@ -20,11 +20,11 @@ from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
-from ._bulk import SELECTION_FLAGS, cmd_bulk_control
-from ._context import Context, find_tasks, get_task, holds_of, task_query
-from ._parser import PROG, UsageError
-from ._prune import cmd_prune
-from ._watch import cmd_watch
+from .bulk import SELECTION_FLAGS, cmd_bulk_control
+from .context import Context, find_tasks, get_task, holds_of, task_query
+from .parser import PROG, UsageError
+from .prune import cmd_prune
+from .watch import cmd_watch
 
 if TYPE_CHECKING:
     from ..control import StoreControl
@@ -399,7 +399,7 @@ def cmd_web(ctx: Context) -> int:
         import uvicorn
 
         from ..web import Dashboard, create_app
-        from ..web._access import answered_hosts
+        from ..web.access import answered_hosts
     except ImportError as exc:
         raise UsageError(
             f'the dashboard needs the [web] extra: pip install "chongming-task[web]" ({exc.name})'
