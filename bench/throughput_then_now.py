@@ -1,6 +1,7 @@
 """bench/throughput.py's rows for an earlier commit and for this tree, side by side.
 
     uv run python bench/throughput_then_now.py --then REV [--tasks N] [--rounds R]
+        [--dsn DSN [--pg-tasks N]]
 
 The VM's speed drifts by tens of per cent over minutes: the same code has measured
 5,696 and 8,607 per-call SQLite tasks/s on one day, so a rate read alone says as much
@@ -8,7 +9,10 @@ about the moment as about the code. This runs bench/throughput.py's own
 ``run_controller`` (the same no-op tasks, workers and timing from the first submit to
 the last task's end) for the package at ``--then`` (its ``src/``, taken from this
 checkout's history with ``git archive``) and for this tree: in memory per call, SQLite
-per call, and SQLite ``submit_many``. Each run is a fresh process of this interpreter
+per call, and SQLite ``submit_many``; with ``--dsn``, also bench/postgres_throughput.py's
+own ``run_chongming`` on that server (a fresh database each run, ``--pg-tasks`` jobs,
+prefilled and as you go: its rate over the whole window, the jobs' completions seen in
+the database). Each run is a fresh process of this interpreter
 (the bench checks which package it imported); every contender runs once a round, the
 order turning. It prints each round's rates and the ratio of now to then, with their
 median, read against ``--floor`` (default 0.90: no row more than 10 % slower than the
@@ -34,12 +38,21 @@ from _stats import in_rounds  # bench/ is on sys.path when run as a script
 BENCH = Path(__file__).resolve().parent
 NOW = BENCH.parent / "src"
 MODES = ("memory per-call", "per-call", "submit_many")
+PG_MODES = ("postgres prefilled", "postgres as you go")
 BATCH = 100  # as bench/throughput.py's default
 
 
 def child(mode: str, tasks: int, workers: int, folder: str) -> None:
-    """One run in this process, of whichever ``chongming_task`` PYTHONPATH gives."""
+    """One run in this process, of whichever ``chongming_task`` PYTHONPATH gives; for a
+    PostgreSQL mode, ``folder`` is the server's DSN."""
     import chongming_task
+
+    if mode in PG_MODES:
+        from postgres_throughput import run_chongming
+
+        result = run_chongming(folder, tasks, workers, mode.removeprefix("postgres "))
+        print(json.dumps({"rate": tasks / result.seconds, "module": chongming_task.__file__}))
+        return
     from throughput import run_controller
 
     path = Path(folder) / f"{mode.replace(' ', '-')}-{os.getpid()}.db"
@@ -90,7 +103,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--floor", type=float, default=0.90, help="the lowest median ratio")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--dsn", help="a PostgreSQL server: its rows too")
+    parser.add_argument("--pg-tasks", type=int, default=4000, help="jobs a PostgreSQL run")
+    parser.add_argument("--child", choices=MODES + PG_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -102,20 +117,25 @@ def main() -> None:
         then = extract(args.then, Path(tmp) / "then")
         trees = {f"then ({args.then})": then, "now (this tree)": NOW}
 
+        modes = MODES + (PG_MODES if args.dsn else ())
+
         def run(src: Path, mode: str) -> Callable[[], float]:
+            if mode in PG_MODES:
+                return lambda: measure(src, mode, args.pg_tasks, args.workers, args.dsn)
             return lambda: measure(src, mode, args.tasks, args.workers, tmp)
 
         contenders = {
-            f"{mode}, {label}": run(src, mode) for mode in MODES for label, src in trees.items()
+            f"{mode}, {label}": run(src, mode) for mode in modes for label, src in trees.items()
         }
         rates = in_rounds(contenders, args.rounds)
     print(
-        f"{args.tasks} no-op tasks a run, {args.workers} workers, {args.rounds} rounds (each "
-        "runs every contender once, the order turning); tasks/s of each round"
+        f"{args.tasks} no-op tasks a run ({args.pg_tasks} on PostgreSQL), {args.workers} "
+        f"workers, {args.rounds} rounds (each runs every contender once, the order "
+        "turning); tasks/s of each round"
     )
     for name, runs in rates.items():
         print(f"{name:40} {' '.join(f'{rate:7,.0f}' for rate in runs)}")
-    for mode in MODES:
+    for mode in modes:
         earlier, now = (rates[f"{mode}, {label}"] for label in trees)
         ratios = [ours / theirs for ours, theirs in zip(now, earlier, strict=True)]
         median = statistics.median(ratios)
