@@ -62,7 +62,7 @@ def main() -> None:
                 run.wait(60)
             # Every frame stays in the WAL to be read back: no background checkpoint
             # (the store's Checkpointer would let the WAL start over), none by commits.
-            checkpointer = store._checkpointer
+            checkpointer = store.checkpointer
             assert checkpointer is not None
             checkpointer.close()
             store.connection.conn.execute("PRAGMA wal_autocheckpoint = 0")

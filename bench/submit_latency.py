@@ -40,7 +40,7 @@ def run(path: Path, tasks: int, *, by_commits: bool) -> tuple[float, list[float]
     """(tasks a second, each submit's seconds)."""
     store = SqliteTaskStore(path)
     if by_commits:
-        checkpointer = store._checkpointer
+        checkpointer = store.checkpointer
         assert checkpointer is not None
         checkpointer.close()  # before any commit: the thread never starts
         with store.connection.read("checkpoint settings") as conn:  # as before the thread

@@ -84,7 +84,7 @@ def queued_write_errors(store: SqliteTaskStore, calls: list[object]) -> list[Bas
             t.start()
             threads.append(t)
         deadline = threading.Event()
-        while len(store.connection.group._queue) < len(calls):
+        while store.connection.group.queued < len(calls):
             deadline.wait(0.001)
     finally:
         store.connection.lock.release()

@@ -253,7 +253,7 @@ def test_writes_no_commit_carried_are_committed_by_the_writers_thread(
     """No worker commits its own write and no caller comes: the writer's thread commits
     them (past ``HAND_OVER``) and ends their runs."""
     store = SqliteTaskStore(tmp_path / "t.db")
-    store.connection.group._WAIT = 30.0  # no release of the store's lock commits them early either
+    store.connection.group.WAIT = 30.0  # no release of the store's lock commits them early either
     c = make_controller(store, max_workers=4)
     assert isinstance(c._services.writer, BehindWriter)
     c._services.writer._backlog = lambda: True  # a worker always leaves its write to ride
@@ -272,7 +272,7 @@ def test_stopping_the_writer_sees_every_pending_write_through(
     what is stored."""
     monkeypatch.setattr(BehindWriter, "TICK", 30.0)
     store = SqliteTaskStore(tmp_path / "t.db")
-    store.connection.group._WAIT = 30.0
+    store.connection.group.WAIT = 30.0
     c = Controller(store, max_workers=4)
     writer = c._services.writer
     assert isinstance(writer, BehindWriter)
@@ -282,7 +282,7 @@ def test_stopping_the_writer_sees_every_pending_write_through(
     wait_until(lambda: all(run.status is S.SUCCEEDED for run in runs))
     writer.stop()
     writer.join(10)
-    assert not writer._pending
+    assert not writer.pending
     for run in runs:
         run.wait(10)  # a worker still writing when the writer stopped writes itself
         stored = store.get(run.task_id)

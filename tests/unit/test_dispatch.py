@@ -89,7 +89,7 @@ class _Workers:
         """Start the threads in order, each parked before the next starts."""
         for n, thread in enumerate(self.threads, 1):
             thread.start()
-            wait_until(lambda n=n: len(self.dispatcher._parked) == n, timeout=5)
+            wait_until(lambda n=n: self.dispatcher.parked == n, timeout=5)
 
     def all(self) -> list[object]:
         return [run for runs in self.got.values() for run in runs]
@@ -120,7 +120,7 @@ def test_a_run_wakes_the_worker_that_parked_last_and_nobody_else() -> None:
     dispatcher.put(_run(1))
     wait_until(lambda: workers.got[3] == ["run-1"], timeout=5)
     # It parks again, last once more; the three others were never woken.
-    wait_until(lambda: len(dispatcher._parked) == 4, timeout=5)
+    wait_until(lambda: dispatcher.parked == 4, timeout=5)
     assert workers.got[0] == workers.got[1] == workers.got[2] == []
     if before:
         assert [_switches(t) for t in others] == before
@@ -141,7 +141,7 @@ def test_a_retry_waits_out_its_delay_with_every_worker_parked() -> None:
     wait_until(lambda: workers.all() == ["run-1"], timeout=5)
     assert time.monotonic() - scheduled >= 0.1
     # The timer released it to one parked worker; the other stayed parked throughout.
-    wait_until(lambda: len(dispatcher._parked) == 2, timeout=5)
+    wait_until(lambda: dispatcher.parked == 2, timeout=5)
     dispatcher.put(_run(2))
     wait_until(lambda: sorted(map(str, workers.all())) == ["run-1", "run-2"], timeout=5)
     dispatcher.close()

@@ -50,7 +50,7 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> Non
 
 
 def checkpointer(store: SqliteTaskStore) -> Checkpointer:
-    found = store._checkpointer
+    found = store.checkpointer
     assert found is not None
     return found
 
@@ -60,7 +60,7 @@ def started(store: SqliteTaskStore) -> tuple[Checkpointer, threading.Thread]:
     create_one_by_one(store, "a", Checkpointer.START_AFTER)
     c = checkpointer(store)
     wait_for(lambda: c.passes >= 1, "the first checkpoint")
-    thread = c._thread
+    thread = c.thread
     assert thread is not None and thread.is_alive()
     return c, thread
 
@@ -105,7 +105,7 @@ def test_commits_leave_the_wal_to_the_thread_which_keeps_it_from_growing(
         restarts, largest = write_for(store, path, 0.4)
         assert restarts >= 3, (restarts, largest)
         assert checkpointer(store).passes >= restarts
-        thread = checkpointer(store)._thread
+        thread = checkpointer(store).thread
         assert thread is not None and thread.is_alive() and thread.name == Checkpointer.name
     finally:
         store.close()
@@ -132,7 +132,7 @@ def test_the_last_frames_are_copied_once_commits_stop(tmp_path: Path) -> None:
     try:
         create_one_by_one(store, "a", 300)
         c = checkpointer(store)
-        wait_for(lambda: c._asleep, "the thread to run out of work")
+        wait_for(lambda: c.asleep, "the thread to run out of work")
         assert c.last is not None and c.last[1] == c.last[2] > 0
         with sqlite3.connect(path) as other:  # nothing was left to copy
             assert other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall() == [c.last]
@@ -148,7 +148,7 @@ def test_close_ends_the_thread_and_no_commit_starts_it_again(tmp_path: Path) -> 
     store.close()
     assert not thread.is_alive()
     c.committed()  # as a commit racing close() would
-    assert c._thread is thread
+    assert c.thread is thread
 
 
 def test_a_store_dropped_without_close_is_collected_and_its_thread_ends(
@@ -177,13 +177,13 @@ def test_close_cuts_a_long_checkpoint_short(
     store = SqliteTaskStore(tmp_path / "c.db")
     create_one_by_one(store, "a", Checkpointer.START_AFTER)  # the thread starts its pass
     c = checkpointer(store)
-    wait_for(lambda: c._connection is not None, "the thread's connection")
+    wait_for(lambda: c.connected, "the thread's connection")
     time.sleep(0.05)
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="chongming_task.store"):
         store.close()
     assert time.monotonic() - began < 10  # the pass never ends by itself: interrupted
-    thread = c._thread
+    thread = c.thread
     assert thread is not None and not thread.is_alive()
     assert "checkpoint" not in caplog.text  # an interrupt asked for is no failure
 
@@ -201,7 +201,7 @@ def test_a_thread_that_cannot_connect_hands_checkpoints_back_to_commits(
         monkeypatch.setattr(_sqlite_checkpoint.sqlite3, "connect", refuse)
         with caplog.at_level(logging.WARNING, logger="chongming_task.store"):
             create_one_by_one(store, "first", Checkpointer.START_AFTER)
-            thread = checkpointer(store)._thread
+            thread = checkpointer(store).thread
             assert thread is not None
             thread.join(5)
         assert "no background checkpoints (unable to open database file)" in caplog.text
@@ -217,9 +217,9 @@ def test_a_process_that_writes_a_few_times_makes_no_thread(tmp_path: Path) -> No
     store = SqliteTaskStore(tmp_path / "c.db")
     try:
         create_one_by_one(store, "a", Checkpointer.START_AFTER - 1)
-        assert checkpointer(store)._thread is None
+        assert checkpointer(store).thread is None
         create_one_by_one(store, "b", 1)
-        thread = checkpointer(store)._thread
+        thread = checkpointer(store).thread
         assert thread is not None and thread.is_alive()
     finally:
         store.close()
@@ -228,7 +228,7 @@ def test_a_process_that_writes_a_few_times_makes_no_thread(tmp_path: Path) -> No
 def test_a_store_in_memory_has_no_wal_and_no_thread() -> None:
     store = SqliteTaskStore(":memory:")
     try:
-        assert store._checkpointer is None  # nothing to start: commits call a no-op
+        assert store.checkpointer is None  # nothing to start: commits call a no-op
         store.create(snap("m"))
         assert store.get("m") is not None
     finally:

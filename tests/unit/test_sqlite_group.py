@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,7 +94,7 @@ def test_a_callers_write_queued_while_writes_behind_commit_is_served_at_once(
     the caller's write queued meanwhile (a caller is never left to its safety net)."""
 
     store = SqliteTaskStore(tmp_path / "g.db")
-    store.connection.group._RETRY = 30.0  # were it left behind, its caller would wait this long
+    store.connection.group.RETRY = 30.0  # were it left behind, its caller would wait this long
     store.create_many([new_task("a")])
     a, a_trail = life_step("a", 2)
     caller = threading.Thread(target=lambda: store.create_many([new_task("b")]))
@@ -102,7 +104,7 @@ def test_a_callers_write_queued_while_writes_behind_commit_is_served_at_once(
         if not started.is_set() and sql.startswith("INSERT INTO task_writes"):
             started.set()
             caller.start()
-            while not store.connection.group._queue:
+            while not store.connection.group.queued:
                 threading.Event().wait(0.001)
 
     def writer() -> None:
@@ -124,29 +126,29 @@ def test_a_nodes_run_writes_are_queued_behind_and_its_creates_are_a_callers(
 ) -> None:
     """Runs' transitions are queued behind the workers and may wait; submit's creates
     are a caller's and never do."""
-    from collections import deque
-
-    class Counted(deque):  # type: ignore[type-arg]
-        def __init__(self) -> None:
-            super().__init__()
-            self.rows = {"new": 0, "life": 0}
-
-        def extend(self, requests: object) -> None:
-            for request in requests:  # type: ignore[attr-defined]
-                self.rows["new"] += len(request.new)
-                self.rows["life"] += len(request.life)
-            super().extend(requests)  # type: ignore[arg-type]
-
     store = SqliteTaskStore(tmp_path / "w.db")
-    waiting, callers = Counted(), Counted()
-    store.connection.group._waiting, store.connection.group._queue = waiting, callers
+    group = store.connection.group
+    rows = {"run": {"new": 0, "life": 0}, "behind": {"new": 0, "life": 0}}
+
+    def counted(kind: str) -> Callable[[Sequence[Any]], Any]:
+        real = getattr(group, kind)
+
+        def count(requests: Sequence[Any]) -> Any:
+            for request in requests:
+                rows[kind]["new"] += len(request.new)
+                rows[kind]["life"] += len(request.life)
+            return real(requests)
+
+        return count
+
+    group.run, group.behind = counted("run"), counted("behind")  # type: ignore[method-assign]
     controller = Controller(store, max_workers=2)
     job = controller.task(lambda token: None, name="noop")
     for run in [controller.submit(job) for _ in range(20)]:
         assert run.wait(10) and run.status is TaskStatus.SUCCEEDED
     controller.close()
-    assert callers.rows["new"] == 20 and waiting.rows["new"] == 0
-    assert waiting.rows["life"] >= 20 and callers.rows["life"] == 0
+    assert rows["run"]["new"] == 20 and rows["behind"]["new"] == 0
+    assert rows["behind"]["life"] >= 20 and rows["run"]["life"] == 0
 
 
 def _stored_version(path: Path, task_id: str) -> int:
@@ -201,7 +203,7 @@ def test_writes_queued_behind_are_committed_by_serve_or_wait(tmp_path: Path) -> 
     served = store.write_transitions_behind([(a, 1, a_trail)])
     served.serve()  # the store is free: committed now, on this thread
     assert served.settled and served.errors() == [None] and _stored_version(path, "a") == 2
-    store.connection.group._WAIT = 30.0  # a write that may wait is never due on its own
+    store.connection.group.WAIT = 30.0  # a write that may wait is never due on its own
     waited = store.write_transitions_behind([(b, 1, b_trail)])
     store.connection.lock.acquire()  # busy: wait() waits for whoever holds the store
     done = threading.Event()
@@ -340,7 +342,7 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
     writer's retry timer (here an hour, so only the hand-over can commit it)."""
     from chongming_task.stores.sqlite import group as _sqlite_group
 
-    monkeypatch.setattr(_sqlite_group.GroupCommit, "_RETRY", 3600.0)
+    monkeypatch.setattr(_sqlite_group.GroupCommit, "RETRY", 3600.0)
     store = SqliteTaskStore(tmp_path / "g.db")
     finished = threading.Event()
 
@@ -351,7 +353,7 @@ def test_a_write_queued_behind_a_reader_is_committed_when_the_reader_lets_go(
     with store.connection.read("a long read"):
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
-        while not store.connection.group._queue:
+        while not store.connection.group.queued:
             finished.wait(0.001)
         assert not finished.is_set()  # queued behind us
     assert finished.wait(10), "the queued write was not committed when the lock came free"

@@ -271,6 +271,11 @@ class FifoDispatcher:
         worker would have to release): one wake-up a run, its carrier's, not a
         worker's and then its carrier's."""
 
+    @property
+    def parked(self) -> int:
+        """Workers parked, waiting for a run."""
+        return len(self._parked)
+
     def put(self, run: Run) -> None:
         if run.definition.max_per_key is not None and not self._gate.admit(run):
             return  # waits at the gate for one of its key to be done

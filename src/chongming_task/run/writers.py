@@ -155,6 +155,11 @@ class BehindWriter(_WriterThread):
         self._completing = threading.Lock()
         self._idle = False  # the thread sleeps until something is pending
 
+    @property
+    def pending(self) -> int:
+        """Writes queued behind and not yet seen settled."""
+        return len(self._pending)
+
     def watch(self, writes: RunWrites) -> None:
         """The run's start is queued and its write lock free: written by whoever takes
         it first, its worker (with the end) or this thread (past ``HAND_OVER``)."""

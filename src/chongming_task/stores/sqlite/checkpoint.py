@@ -102,6 +102,21 @@ class Checkpointer:
         self._failed: str | None = None  # the last failure's words, logged once
         self._ended = False  # the store closed under a pass: the thread ends
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread copying the WAL back, once a commit started it."""
+        return self._thread
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the thread waits for commits (no work in hand), or was never started."""
+        return self._asleep
+
+    @property
+    def connected(self) -> bool:
+        """Whether the thread holds its own connection (while it runs)."""
+        return self._connection is not None
+
     def committed(self) -> None:
         """Called after every commit: the WAL has pages to copy back."""
         self._dirty = True

@@ -288,7 +288,7 @@ class Behind:
             self._group.serve(self._requests[-1])
 
     def wait(self) -> None:
-        self._group.settle(self._requests, GroupCommit._RETRY)
+        self._group.settle(self._requests, GroupCommit.RETRY)
 
 
 class GroupCommit:
@@ -313,7 +313,7 @@ class GroupCommit:
     that has committed its own write leaves them queued unless a caller's write is
     queued too, so they ride with the next caller's write (a loop of ``submit``: a run's
     end shares the next create's commit, 1.45 commits a task became 1.0); past
-    ``_WAIT`` the thread that waits on them commits them (``settle()``), and writes
+    ``WAIT`` the thread that waits on them commits them (``settle()``), and writes
     queued behind are committed by whoever serves them (the node's ``BehindWriter``).
 
     If the statement fails on a constraint (a compare-and-set found another version, or
@@ -324,11 +324,11 @@ class GroupCommit:
     """
 
     # How long a write that may wait waits for a caller's write to ride with.
-    _WAIT = 0.0005
+    WAIT = 0.0005
     # Safety net only: whoever releases the store's lock serves every caller's write
-    # queued, and every write that may wait once it has waited _WAIT, so a queued write
+    # queued, and every write that may wait once it has waited WAIT, so a queued write
     # is never left without a thread to commit it.
-    _RETRY = 0.05
+    RETRY = 0.05
 
     def __init__(
         self,
@@ -362,6 +362,16 @@ class GroupCommit:
         self.writes = 0
 
     @property
+    def queued(self) -> int:
+        """Callers' writes waiting for a batch to carry them."""
+        return len(self._queue)
+
+    @property
+    def queued_behind(self) -> int:
+        """Writes queued behind (``behind()``) that no batch carried yet."""
+        return len(self._waiting)
+
+    @property
     def pending(self) -> bool:
         """Whether writes are queued (a releaser of the lock then calls ``serve()``)."""
         return bool(self._queue or self._waiting)
@@ -373,7 +383,7 @@ class GroupCommit:
         # Queue first, then try the lock: if the try fails, the holder has not released
         # yet, and it looks at the queue after releasing (see serve()).
         self._queue.extend(requests)
-        self.settle(requests, self._RETRY)
+        self.settle(requests, self.RETRY)
 
     def behind(self, requests: Sequence[WriteRequest]) -> Behind:
         """Queue ``requests`` as writes that may wait, and return at once: they ride the
@@ -387,7 +397,7 @@ class GroupCommit:
     def settle(self, requests: Sequence[WriteRequest], wait: float) -> None:
         """Return once each of ``requests`` (queued) is committed or has failed:
         commit them if the lock is free, else wait for whoever holds it (looking again
-        after ``wait``, then every ``_RETRY``)."""
+        after ``wait``, then every ``RETRY``)."""
         if not requests:
             return
         last = requests[-1]  # batches go in queue order: the others settle before it
@@ -397,7 +407,7 @@ class GroupCommit:
                 continue  # its done lock stays released: settling again never blocks
             while not request.done.acquire(timeout=wait):
                 self.serve(last)
-                wait = self._RETRY  # past _WAIT: whoever releases the lock commits it
+                wait = self.RETRY  # past WAIT: whoever releases the lock commits it
             request.done.release()
 
     def serve(self, mine: WriteRequest | None = None) -> None:
@@ -428,14 +438,14 @@ class GroupCommit:
     def _due(self, mine: WriteRequest | None) -> bool:
         """Whether the writes that may wait go now (some are queued): always, until the
         caller's own write (``mine``) is settled; after, once the oldest has waited
-        ``_WAIT`` (a caller who commits one write at a time is back sooner)."""
+        ``WAIT`` (a caller who commits one write at a time is back sooner)."""
         if mine is None or not mine.settled:
             return True
         try:
             oldest = self._waiting[0]
         except IndexError:  # taken meanwhile by another thread
             return False
-        return oldest.queued_at <= time.monotonic() - self._WAIT
+        return oldest.queued_at <= time.monotonic() - self.WAIT
 
     def _commit(self, batch: list[WriteRequest]) -> None:
         """Called holding the store's lock."""

@@ -177,9 +177,10 @@ class SqliteTaskStore(SqlStore):
         """The store's one connection and its lock: for tools and tests that read or
         trace the file's SQL directly (a write through it bypasses the store's rules)."""
         # A file's WAL is copied back by a thread of its own, never by a committing caller.
-        self._checkpointer = None if memory else _checkpointer_of(link)
-        if self._checkpointer is not None:
-            link.committed = self._checkpointer.committed
+        self.checkpointer = None if memory else _checkpointer_of(link)
+        """The thread of the store's own that copies the WAL back (``None`` in memory)."""
+        if self.checkpointer is not None:
+            link.committed = self.checkpointer.committed
         link.group = self._group = GroupCommit(
             lock=link.lock,
             in_transaction=link.in_transaction,
@@ -541,8 +542,8 @@ class SqliteTaskStore(SqlStore):
         return before - self.space()[0]
 
     def close(self) -> None:
-        if self._checkpointer is not None:  # first, and outside the lock its fallback takes
-            self._checkpointer.close()
+        if self.checkpointer is not None:  # first, and outside the lock its fallback takes
+            self.checkpointer.close()
         self.connection.close()
 
 
