@@ -41,10 +41,18 @@ class Road:
         self.proxied = PostgresTaskStore(via, schema=schema, connect_timeout=2)
         self.direct = PostgresTaskStore(dsn, schema=schema)
 
-    def unheard(self, call: Callable[[], Any], *, after: bytes | None = None) -> Any:
+    def unheard(
+        self,
+        call: Callable[[], Any],
+        *,
+        landed: Callable[[], bool],
+        after: bytes | None = None,
+    ) -> Any:
         """Run ``call`` on a thread while the server's answers are dropped (from the
-        first ``after`` a client sends, if given), then cut and heal the road: what
-        ``call`` returned or raised."""
+        first ``after`` a client sends, if given) until the server has carried it out
+        (``landed``, seen on the direct road) or 5 s have passed (nothing was sent: a
+        connection's handshake went unheard), then cut and heal the road: what ``call``
+        returned or raised."""
         got: list[Any] = []
 
         def target() -> None:
@@ -56,7 +64,9 @@ class Road:
         self.proxy.deafen(after=after)
         thread = threading.Thread(target=target)
         thread.start()
-        time.sleep(0.5)  # the statement reaches the server, which carries it out
+        deadline = time.monotonic() + 5.0
+        while not landed() and time.monotonic() < deadline:
+            thread.join(0.01)
         self.proxy.cut()
         self.proxy.heal()  # the server can be asked again (a call may, before it returns)
         thread.join(30)
@@ -87,7 +97,11 @@ class Road:
         number (each attempt's own, for the arguments it submits)."""
         for attempt in range(8):
             tag = f"attempt-{attempt}"
-            got = self.unheard(lambda tag=tag, n=attempt: submit(tag, n), after=after)
+            got = self.unheard(
+                lambda tag=tag, n=attempt: submit(tag, n),
+                landed=lambda tag=tag: bool(self.direct.query(TaskQuery(tag=tag))),
+                after=after,
+            )
             if not isinstance(got, BaseException):
                 continue  # it waited for a connection, made after the heal: heard
             assert isinstance(got, StoreUnavailable), got
@@ -213,23 +227,29 @@ def test_a_command_that_landed_unheard_is_answered_accepted(
 
     monkeypatch.setattr(road.proxied, "submit_command", watched)
     began = c.clock.now() - timedelta(minutes=1)
-    for _ in range(8):
-        got = road.unheard(
-            lambda: control.queue(task.task_id, CommandAction.PAUSE, "unheard", status=S.QUEUED),
-            after=b"COMMIT",  # stored and announced in one transaction: its commit unheard
-        )
-        # Stored: still open, or already carried out by the node (a pause of a waiting
-        # task is answered at once).
-        stored = {c.command_id for c in road.direct.pending_commands(task.task_id)} | {
+
+    def stored() -> set[str]:
+        """Still open, or already carried out by the node (a pause of a waiting task is
+        answered at once)."""
+        return {c.command_id for c in road.direct.pending_commands(task.task_id)} | {
             c.command_id for c in road.direct.finished_commands(after=began)
         }
+
+    for _ in range(8):
+        before = stored()
+        got = road.unheard(
+            lambda: control.queue(task.task_id, CommandAction.PAUSE, "unheard", status=S.QUEUED),
+            landed=lambda before=before: stored() != before,  # type: ignore[misc]
+            after=b"COMMIT",  # stored and announced in one transaction: its commit unheard
+        )
+        now_stored = stored()
         if not isinstance(got, BaseException):
-            assert got.outcome is ControlOutcome.ACCEPTED and got.command_id in stored
+            assert got.outcome is ControlOutcome.ACCEPTED and got.command_id in now_stored
             if got.command_id in unheard:
                 return  # its write raised, and it was answered by what the store holds
         else:  # nothing stored: the failure is the truth
             assert isinstance(got, StoreUnavailable) and unheard
-            assert unheard[-1] not in stored
+            assert unheard[-1] not in now_stored
     raise AssertionError("no command write landed unheard in 8 attempts")
 
 
@@ -252,13 +272,17 @@ def test_a_transition_that_landed_unheard_is_the_runs_own_not_another_writers(
         go.set()  # its success is written while nobody hears the server
         return str(run.result(timeout=30))
 
-    assert road.unheard(finish) == "through"
+    def succeeded() -> bool:
+        stored = road.direct.get(run.task_id)
+        return stored is not None and stored.status is S.SUCCEEDED
+
+    assert road.unheard(finish, landed=succeeded) == "through"
     wait_until(
         lambda: road.direct.get(run.task_id).status is S.SUCCEEDED,  # type: ignore[union-attr]
         timeout=20,
         what="the success in the store",
     )
-    time.sleep(0.5)  # the catch-up's pass after the heal
+    time.sleep(0.5)  # a window for the catch-up's pass after the heal: no desync in it
     assert not run.desynced
     assert c.health().desynced == 0
     statuses = [t.to_status for t in road.direct.history(run.task_id)]
