@@ -15,7 +15,7 @@ Where the store pulses (``FleetRegistry``), the refresh also counts the open
 commands this node may claim, and the beacon wakes the command poller if there are: the
 poller's safety net then costs no statement of its own.
 
-A store without the node-registry capability, or a failing write, costs the node nothing
+A store without a fleet registry, or a failing write, costs the node nothing
 but a logged warning: visibility never stops a node from running its tasks.
 """
 

@@ -275,7 +275,7 @@ class Controller(AsyncFace):
         else:
             self.store = open_store(store if store is not None else "chongming-task.db")
             self._owns_store = True
-        # The store's optional capabilities, resolved once, each with its fallback.
+        # The store's roles, resolved once, each with its fallback.
         self.capabilities = Capabilities(self.store)
         # What the store can hold: every value handed over is checked against it.
         self.value_rules = self.capabilities.value_rules

@@ -58,7 +58,7 @@ class CommandChannelContract(ContractBase):
             finally:
                 unsubscribe()
 
-    def test_capability_addressed_wakeups_wake_the_holder_alone(self) -> None:
+    def test_capability_addressed_wakeups_wake_the_holder(self) -> None:
         with self._store() as store:
             self._declares(store, CommandChannel, "subscribe_commands_for()")
             assert isinstance(store, CommandChannel)
