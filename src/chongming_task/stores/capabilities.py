@@ -1,9 +1,7 @@
 """``Capabilities``: the one adapter the runtime asks about a store. It resolves the
 store's roles once (``chongming_task.stores.roles``) and falls back, role by role, to the
 14 methods of ``TaskStore`` where the store does not declare a role whole, so the
-runtime has one code path whatever the store. Here too: the fallbacks' own helpers (the
-marks a node writes to end a task it does not hold, and the questions about many tasks
-answered by reading them all).
+runtime has one code path whatever the store.
 
 The runtime never asks a store what it can do; it asks its ``Capabilities``. A
 third-party store needs no role; a store that declares one proves it with that role's
@@ -18,25 +16,20 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .. import states
 from ..errors import ConcurrencyConflict, ConfigurationError, StoreError
 from ..health import NodeHealth
 from ..late import LateReport
 from ..model import (
     Command,
-    Failure,
     NodeRecord,
     PipelineRecord,
     Progress,
     ScheduleRecord,
-    TaskQuery,
     TaskScan,
     TaskSnapshot,
     TaskStatus,
     Transition,
-    trusted_transition,
 )
-from ..states import TERMINAL
 from .protocol import TaskStore
 from .roles import (
     BatchedWrites,
@@ -50,13 +43,15 @@ from .roles import (
     PartialCreate,
     PartialWrite,
     PendingWrites,
+    ReadWhole,
     SupportsAtomic,
     SupportsConnectionCount,
     SupportsCreateSchema,
     SupportsStorageClock,
     Verdict,
+    ended_mark,
+    lost_mark,
     rules_of,
-    timeline_of,
 )
 
 __all__ = [
@@ -563,77 +558,3 @@ class Commands:
         if self._channel is None:
             return []
         return self._channel.finished_commands(after=after, limit=limit)
-
-
-# -- the fallbacks' helpers ------------------------------------------------------------------
-
-
-def ended_mark(
-    s: TaskSnapshot,
-    to: TaskStatus,
-    at: datetime,
-    actor: str,
-    reason: str,
-    failure: Failure | None = None,
-) -> Creation:
-    """``s`` ended ``to`` at ``at`` (the one table checks the move), and its transition:
-    written with a compare-and-set from ``s``'s version."""
-    states.check(s.task_id, s.status, to)
-    version = s.status_version + 1
-    marked = s.evolve(status=to, status_version=version, ended_at=at, failure=failure)
-    transition: Transition = trusted_transition(
-        task_id=s.task_id,
-        version=version,
-        from_status=s.status,
-        to_status=to,
-        at=at,
-        reason=reason,
-        actor=actor,
-    )
-    return marked, transition
-
-
-def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Creation:
-    """The ``lost`` snapshot and transition reconcile writes for ``s``."""
-    failure, reason = verdict(s.lease_owner)
-    return ended_mark(s, TaskStatus.LOST, at, actor, reason, failure)
-
-
-class ReadWhole:
-    """``count_tasks``, ``scan_tasks`` and ``ended_timeline`` over ``store.query``."""
-
-    __slots__ = ("store",)
-
-    def __init__(self, store: TaskStore) -> None:
-        self.store = store
-
-    def count_tasks(
-        self, by: str, *, statuses: frozenset[TaskStatus] | None = None
-    ) -> dict[Any, int]:
-        counts: dict[Any, int] = {}
-        for s in self.store.query(TaskQuery(statuses=statuses)):
-            value = (s.bucket, s.status) if by == "bucket_status" else getattr(s, by)
-            counts[value] = counts.get(value, 0) + 1
-        return counts
-
-    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
-        store = self.store
-        kept = [
-            s
-            for s in store.query(TaskQuery(statuses=scan.statuses, buckets=scan.buckets))
-            if scan.matches(s)
-        ]
-        if scan.unchanged_since is not None:
-            cut = scan.unchanged_since
-            kept = [s for s in kept if s.created_at <= cut and self._changed_at(s) <= cut]
-        return len(kept), kept if scan.limit is None else kept[: scan.limit]
-
-    def ended_timeline(
-        self, *, since: datetime, width: timedelta
-    ) -> dict[tuple[int, TaskStatus], int]:
-        return timeline_of(self.store.query(TaskQuery(statuses=TERMINAL)), since, width)
-
-    def _changed_at(self, s: TaskSnapshot) -> datetime:
-        """When the task last changed status: its trail's row for the current version."""
-        trail = self.store.history(s.task_id, since_version=s.status_version - 1)
-        return trail[-1].at if trail else s.created_at

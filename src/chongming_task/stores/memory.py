@@ -31,16 +31,17 @@ from ..model import (
 from ..states import LOSABLE, TERMINAL
 from ..trail import TRAIL_TEXT, TRAIL_WIDTH, Trail, trail_merged, trail_transitions
 from ..values import ValueRules
-from .capabilities import ReadWhole, lost_mark
 from .roles import (
     CountBy,
     Creation,
     LifeWrite,
+    ReadWhole,
     Settled,
     Verdict,
     check_retention_args,
     dedupe_holder,
     in_arrival_order,
+    lost_mark,
     timeline_of,
 )
 

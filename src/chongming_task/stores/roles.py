@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from .. import states
 from ..errors import StoreError
 from ..health import NodeHealth
 from ..late import LateReport
@@ -37,14 +38,17 @@ from ..model import (
     PipelineRecord,
     Progress,
     ScheduleRecord,
+    TaskQuery,
     TaskScan,
     TaskSnapshot,
     TaskStatus,
     Transition,
+    trusted_transition,
 )
 from ..states import TERMINAL
 from ..values import STRICT, ValueRules
 from .codec import decode_dt
+from .protocol import TaskStore
 
 __all__ = [
     "ROLES",
@@ -60,6 +64,7 @@ __all__ = [
     "PartialCreate",
     "PartialWrite",
     "PendingWrites",
+    "ReadWhole",
     "Settled",
     "SupportsAtomic",
     "SupportsConnectionCount",
@@ -69,7 +74,9 @@ __all__ = [
     "check_retention_args",
     "check_timeline_args",
     "dedupe_holder",
+    "ended_mark",
     "in_arrival_order",
+    "lost_mark",
     "roles_of",
     "rules_of",
     "timeline_of",
@@ -531,6 +538,79 @@ def timeline_of(
             key = ((s.ended_at - since) // step, s.status)
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def ended_mark(
+    s: TaskSnapshot,
+    to: TaskStatus,
+    at: datetime,
+    actor: str,
+    reason: str,
+    failure: Failure | None = None,
+) -> Creation:
+    """``s`` ended ``to`` at ``at`` (the one table checks the move), and its transition:
+    written with a compare-and-set from ``s``'s version."""
+    states.check(s.task_id, s.status, to)
+    version = s.status_version + 1
+    marked = s.evolve(status=to, status_version=version, ended_at=at, failure=failure)
+    transition: Transition = trusted_transition(
+        task_id=s.task_id,
+        version=version,
+        from_status=s.status,
+        to_status=to,
+        at=at,
+        reason=reason,
+        actor=actor,
+    )
+    return marked, transition
+
+
+def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Creation:
+    """The ``lost`` snapshot and transition reconcile writes for ``s``."""
+    failure, reason = verdict(s.lease_owner)
+    return ended_mark(s, TaskStatus.LOST, at, actor, reason, failure)
+
+
+class ReadWhole:
+    """``count_tasks``, ``scan_tasks`` and ``ended_timeline`` of ``Maintenance`` answered
+    through the core (``query`` and ``history``; time and memory grow with the store):
+    the memory store's own answers, and the node's for a store without the role."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: TaskStore) -> None:
+        self.store = store
+
+    def count_tasks(
+        self, by: str, *, statuses: frozenset[TaskStatus] | None = None
+    ) -> dict[Any, int]:
+        counts: dict[Any, int] = {}
+        for s in self.store.query(TaskQuery(statuses=statuses)):
+            value = (s.bucket, s.status) if by == "bucket_status" else getattr(s, by)
+            counts[value] = counts.get(value, 0) + 1
+        return counts
+
+    def scan_tasks(self, scan: TaskScan) -> tuple[int, list[TaskSnapshot]]:
+        store = self.store
+        kept = [
+            s
+            for s in store.query(TaskQuery(statuses=scan.statuses, buckets=scan.buckets))
+            if scan.matches(s)
+        ]
+        if scan.unchanged_since is not None:
+            cut = scan.unchanged_since
+            kept = [s for s in kept if s.created_at <= cut and self._changed_at(s) <= cut]
+        return len(kept), kept if scan.limit is None else kept[: scan.limit]
+
+    def ended_timeline(
+        self, *, since: datetime, width: timedelta
+    ) -> dict[tuple[int, TaskStatus], int]:
+        return timeline_of(self.store.query(TaskQuery(statuses=TERMINAL)), since, width)
+
+    def _changed_at(self, s: TaskSnapshot) -> datetime:
+        """When the task last changed status: its trail's row for the current version."""
+        trail = self.store.history(s.task_id, since_version=s.status_version - 1)
+        return trail[-1].at if trail else s.created_at
 
 
 # -- traits: each declared alone ------------------------------------------------------------------
