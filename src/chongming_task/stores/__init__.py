@@ -1,4 +1,5 @@
-"""Built-in stores and the ``TaskStore`` contract.
+"""Built-in stores and the ``TaskStore`` contract (the roles beyond it:
+``chongming_task.stores.roles``).
 
 ``PostgresTaskStore`` lives in ``chongming_task.stores.postgres`` and is imported only when
 asked for, so this package needs no third-party driver.

@@ -17,6 +17,11 @@ runs only for the roles the store declares. ``docs/stores.md`` gives each role's
 
 Traits, each declared alone: ``SupportsAtomic``, ``DeclaresValueRules``,
 ``SupportsStorageClock``, ``SupportsConnectionCount``, ``SupportsCreateSchema``.
+
+And the rules a store may reuse to meet a contract: commands in arrival order
+(``in_arrival_order``), the holder of a dedupe key (``dedupe_holder``), retention's and
+the timeline's checks, the marks that end a task (``ended_mark``, ``lost_mark``),
+``Settled`` writes, and ``ReadWhole``: counts, scans and the timeline through the core.
 """
 
 from __future__ import annotations
