@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class TestJsonFileStore(StoreContract):
+    made: type[JsonFileTaskStore] = JsonFileTaskStore
+
     @pytest.fixture(autouse=True)
     def _dir(self, tmp_path: Path) -> None:
         self._tmp = tmp_path
@@ -33,21 +35,14 @@ class TestJsonFileStore(StoreContract):
 
     def make_store(self) -> TaskStore:
         self._n += 1
-        return JsonFileTaskStore(self._tmp / f"store-{self._n}.json")
+        return self.made(self._tmp / f"store-{self._n}.json")
 
 
-class TestJsonRolesStore(StoreContract):
+class TestJsonRolesStore(TestJsonFileStore):
     """The same store with the four roles, written from the guide: every section of the
     contract runs (none is skipped for a role it lacks)."""
 
-    @pytest.fixture(autouse=True)
-    def _dir(self, tmp_path: Path) -> None:
-        self._tmp = tmp_path
-        self._n = 0
-
-    def make_store(self) -> TaskStore:
-        self._n += 1
-        return JsonRolesStore(self._tmp / f"store-{self._n}.json")
+    made = JsonRolesStore
 
 
 def test_the_json_roles_store_declares_every_role(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from .roles import (
     Verdict,
     ended_mark,
     lost_mark,
+    mark_expired_by_scan,
     rules_of,
 )
 
@@ -322,16 +323,16 @@ class Capabilities:
                 scan, exclude=exclude, at=at, actor=actor, verdict=verdict
             )
             return marked, []
-        _, expired = self.scan_tasks(scan)
-        candidates = [s for s in expired if s.task_id not in exclude]
-        lost: list[str] = []
-        let_go: list[str] = []
-        for offset in range(0, len(candidates), chunk):
-            part = candidates[offset : offset + chunk]
-            won = self.mark_lost([lost_mark(s, at, actor, verdict) for s in part])
-            for snapshot in part:
-                (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
-        return lost, let_go
+        return mark_expired_by_scan(
+            self.scan_tasks,
+            self.mark_lost,
+            scan,
+            exclude=exclude,
+            at=at,
+            actor=actor,
+            verdict=verdict,
+            chunk=chunk,
+        )
 
     def subscribe_transitions(self, wake: Callable[[], None]) -> Callable[[], None] | None:
         """Subscribe ``wake`` to transition wake-ups; ``None`` where the store has none

@@ -41,7 +41,7 @@ from .roles import (
     check_retention_args,
     dedupe_holder,
     in_arrival_order,
-    lost_mark,
+    mark_expired_by_scan,
     timeline_of,
 )
 
@@ -647,10 +647,16 @@ class InMemoryTaskStore:
         """``Maintenance``: the expired read, then each a ``mark_lost`` compare-and-set."""
         if scan.statuses - LOSABLE:
             raise ValueError("reconcile marks lost only what the state table allows")
-        _, expired = self.scan_tasks(scan)
-        marks = [lost_mark(s, at, actor, verdict) for s in expired if s.task_id not in exclude]
-        won = self.mark_lost(marks)
-        return [marked.task_id for marked, _ in marks if marked.task_id in won]
+        marked, _ = mark_expired_by_scan(
+            self.scan_tasks,
+            self.mark_lost,
+            scan,
+            exclude=exclude,
+            at=at,
+            actor=actor,
+            verdict=verdict,
+        )
+        return marked
 
     def ended_timeline(
         self, *, since: datetime, width: timedelta

@@ -82,6 +82,7 @@ __all__ = [
     "ended_mark",
     "in_arrival_order",
     "lost_mark",
+    "mark_expired_by_scan",
     "roles_of",
     "rules_of",
     "timeline_of",
@@ -574,6 +575,33 @@ def lost_mark(s: TaskSnapshot, at: datetime, actor: str, verdict: Verdict) -> Cr
     """The ``lost`` snapshot and transition reconcile writes for ``s``."""
     failure, reason = verdict(s.lease_owner)
     return ended_mark(s, TaskStatus.LOST, at, actor, reason, failure)
+
+
+def mark_expired_by_scan(
+    scan_tasks: Callable[[TaskScan], tuple[int, list[TaskSnapshot]]],
+    mark_lost: Callable[[Sequence[Creation]], set[str]],
+    scan: TaskScan,
+    *,
+    exclude: frozenset[str],
+    at: datetime,
+    actor: str,
+    verdict: Verdict,
+    chunk: int = 500,
+) -> tuple[list[str], list[str]]:
+    """``mark_expired_lost`` through a scan and ``mark_lost``: the expired (but those
+    in ``exclude``) read, then marked ``chunk`` at a time, each its own compare-and-set.
+    Returns the ids marked, and the ids let go (their version moved meanwhile: their
+    holder is alive)."""
+    _, expired = scan_tasks(scan)
+    candidates = [s for s in expired if s.task_id not in exclude]
+    lost: list[str] = []
+    let_go: list[str] = []
+    for offset in range(0, len(candidates), chunk):
+        part = candidates[offset : offset + chunk]
+        won = mark_lost([lost_mark(s, at, actor, verdict) for s in part])
+        for snapshot in part:
+            (lost if snapshot.task_id in won else let_go).append(snapshot.task_id)
+    return lost, let_go
 
 
 class ReadWhole:

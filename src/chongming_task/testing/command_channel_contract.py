@@ -34,6 +34,17 @@ def _quiet(woke: threading.Event, deadline: float = 10.0) -> None:
         assert time.monotonic() < end, f"wake-ups kept coming for {deadline} s"
 
 
+def _until_woken(woke: threading.Event, poke: Callable[[int], None], what: str) -> None:
+    """``poke(i)`` until ``woke`` is set (a subscription may take a moment to start, and
+    may wake once when it does), then wait until the wake-ups of the pokes are spent."""
+    for i in range(40):
+        poke(i)
+        if woke.wait(0.25):
+            break
+    assert woke.is_set(), f"no wake-up within 10 s of {what}"
+    _quiet(woke)
+
+
 class CommandChannelContract(ContractBase):
     def test_capability_command_wakeups_wake_a_subscriber(self) -> None:
         with self._store() as store:
@@ -44,14 +55,11 @@ class CommandChannelContract(ContractBase):
             if unsubscribe is None:
                 raise SkipTest(f"{type(store).__name__} cannot wake a subscriber here")
             try:
-                # The subscription may take a moment to start (and may wake once when it
-                # does): keep submitting a while.
-                for i in range(40):
-                    store.submit_command(self.command(f"wake-{i}", i))
-                    if woke.wait(0.25):
-                        break
-                assert woke.is_set(), "no wake-up within 10 s of submitting commands"
-                _quiet(woke)  # the wake-ups of the commands above are spent
+                _until_woken(
+                    woke,
+                    lambda i: store.submit_command(self.command(f"wake-{i}", i)),
+                    "submitting commands",
+                )
                 # Once subscribed, a single command is enough.
                 store.submit_command(self.command("wake-once", 100))
                 assert woke.wait(5), "a single command woke no subscriber within 5 s"
@@ -116,14 +124,12 @@ class CommandChannelContract(ContractBase):
             if unsubscribe is None:
                 raise SkipTest(f"{type(store).__name__} wakes no follower")
             try:
-                # The subscription may take a moment to start: keep appending a while.
-                for i in range(40):
+
+                def made(i: int) -> None:
                     store.create(self.snapshot(f"woken-{i}"))
                     store.append(self.transition(f"woken-{i}", 1, TaskStatus.QUEUED))
-                    if woke.wait(0.25):
-                        break
-                assert woke.is_set(), "no wake-up within 10 s of appending transitions"
-                _quiet(woke)  # the wake-ups of the appends above are spent
+
+                _until_woken(woke, made, "appending transitions")
                 # Once subscribed, a single append is enough.
                 store.append(
                     self.transition(
