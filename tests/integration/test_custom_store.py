@@ -108,9 +108,7 @@ _WRITER = """
 import sys
 from datetime import UTC, datetime
 from chongming_task import TaskSnapshot, TaskStatus
-from chongming_task.stores.roles import ROLES, roles_of
 from tests.integration.json_file_store import JsonFileTaskStore
-from tests.integration.json_roles_store import JsonRolesStore
 
 store = JsonFileTaskStore(sys.argv[1])
 for i in range(int(sys.argv[3])):
