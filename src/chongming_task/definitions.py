@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import pickle
@@ -10,6 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .errors import ConfigurationError, InvalidValue, UnknownTask
@@ -127,35 +129,78 @@ def _check_by_reference(name: str, func: TaskFunction, *, is_async: bool) -> Non
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", "")
     why = None
+    hint = " (define it at the top level of an importable module)"
     if not module or not qualname:
-        why = "it has no module and name to be found by"
+        why = "it has no module and name to be found by" + hint
     elif "<lambda>" in qualname:
-        why = "a lambda has no name to be found by"
+        why = "a lambda has no name to be found by" + hint
     elif "<locals>" in qualname:
-        why = f"{qualname} is defined inside a function"
-    elif module == "__main__" and not _main_importable():
-        why = (
-            "it is defined in the program's __main__, which a worker process cannot import "
-            "(an interactive session, python -c or standard input: a script file or "
-            "python -m can be)"
-        )
+        why = f"{qualname} is defined inside a function" + hint
+    elif module == "__main__":
+        why = _main_refused()
     if why is not None:
         raise InvalidValue(
             f"task {name}: carrier='process' needs a function a worker process can import by "
-            f"its module and name: {why} (define it at the top level of an importable module)"
+            f"its module and name: {why}"
         )
 
 
-def _main_importable() -> bool:
-    """Whether a worker process can import the program's ``__main__`` as
-    ``multiprocessing`` does (by the module name ``python -m`` ran, or the script's
-    path): a function defined there is then found by name."""
+def main_module() -> tuple[str, str] | None:
+    """Where a worker process finds the program's ``__main__``, as ``multiprocessing``
+    does: ``("name", module)`` for ``python -m module``, ``("path", script)`` for a
+    script file; ``None`` where it cannot (an interactive session, ``python -c``)."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    if spec is not None and getattr(spec, "name", None):
-        return True
+    name = getattr(spec, "name", None)
+    if name and name != "__main__" and not name.endswith(".__main__"):
+        return ("name", name)
     path = getattr(main, "__file__", None)
-    return isinstance(path, str) and os.path.isfile(path)
+    if isinstance(path, str) and os.path.isfile(path):
+        return ("path", os.path.abspath(path))
+    return None
+
+
+def _main_refused() -> str | None:
+    """Why a worker process cannot find a function defined in the program's
+    ``__main__``, or ``None`` if it can: it imports the script (or the module ``python
+    -m`` ran) to find it, which runs everything at its top level again there, so the
+    program's own work must sit under ``if __name__ == "__main__":``."""
+    where = main_module()
+    if where is None:
+        return (
+            "it is defined in the program's __main__, which a worker process cannot import "
+            "(an interactive session, python -c or standard input: a script file or "
+            "python -m can be); define it at the top level of an importable module"
+        )
+    path = where[1]
+    if where[0] == "name":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        path = getattr(spec, "origin", None) or ""
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None  # unreadable here: the worker's import will say what it finds
+    if any(_is_main_guard(node) for node in tree.body):
+        return None
+    return (
+        f"it is defined in the script {path}, which each worker process imports to find it, "
+        "and that would run the script's top level there too; put the script's own work "
+        '(making the node, submitting) under `if __name__ == "__main__":`, or define the '
+        "function in a module of its own"
+    )
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either way round)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    test = node.test
+    if len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [side for side in sides if isinstance(side, ast.Name) and side.id == "__name__"]
+    texts = [side for side in sides if isinstance(side, ast.Constant) and side.value == "__main__"]
+    return len(names) == 1 and len(texts) == 1
 
 
 def check_arguments(

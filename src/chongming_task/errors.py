@@ -155,6 +155,12 @@ class StopRequested(ChongmingTaskError):
     """
 
 
+class CarrierTerminated(StopRequested):
+    """A stop (or timeout) carried out by force: the node ended the worker process
+    carrying the attempt. The message says what happened (``its worker process 1234 was
+    terminated``); the task ends as the stop asked, and nothing of it runs on."""
+
+
 class CarrierCrashed(ChongmingTaskError):
     """The worker process carrying a task died on its own (a signal, an exit, the
     kernel's OOM killer): the attempt failed ``crashed``, retried by its policy."""

@@ -545,9 +545,8 @@ def show_text(
         total = "?" if p.total is None else f"{p.total:g}"
         fields.append(("progress", f"{p.current:g}/{total} {bar(s)} {p.message or ''}".rstrip()))
     if s.failure is not None:
-        f = s.failure
-        note = " (its carrier may still be running)" if f.carrier_may_run else ""
-        fields.append(("failure", f"{f.kind.value}: {f.message}{note}"))
+        # Each failure's message says what may still run (``carrier_may_run``) itself.
+        fields.append(("failure", f"{s.failure.kind.value}: {s.failure.message}"))
     if s.status is TaskStatus.SUCCEEDED:
         fields.append(("outcome", repr(s.outcome)))
     if late is not None:

@@ -3,6 +3,7 @@ module and name (a test module's own functions are found the same way)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -10,7 +11,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chongming_task import CancellationToken, Progress, current, task
+from chongming_task import CancellationToken, Controller, Progress, SqliteTaskStore, current, task
+
+
+def node_on(path: Path, processes: int) -> Controller:
+    """A node on a SQLite file with ``processes`` worker processes, its supervisor quick."""
+    return Controller(SqliteTaskStore(path), max_processes=processes, activity_interval=0.05)
+
+
+def stat(pid: int) -> list[str]:
+    """A process's ``/proc`` stat line after its name: its state, its parent's pid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+        return stat(pid)[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def square(token: CancellationToken, x: int) -> dict[str, Any]:
@@ -159,3 +179,89 @@ def traced(token: CancellationToken) -> dict[str, str]:
             "span_id": format(made.span_id, "016x"),
             "parent": format(parent.span_id, "016x"),
         }
+
+
+# -- what a task can do to its worker's stream, and what it leaves running ---------------------
+
+
+def _wire_fds() -> list[int]:
+    """The worker's end of its node's stream (the one socket it holds)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                found.append(int(fd))
+    return found
+
+
+def scribbles(token: CancellationToken, pid_file: str) -> str:
+    """Writes bytes that are not a frame to its worker's stream, then returns."""
+    Path(pid_file).write_text(str(os.getpid()))
+    for fd in _wire_fds():
+        os.write(fd, b"these bytes are not a frame of the wire at all")
+    time.sleep(0.3)
+    return "the scribbler's value"
+
+
+def forges(token: CancellationToken, pid_file: str) -> str:
+    """Sends a well-formed frame of another job, saying it returned."""
+    import socket
+
+    from chongming_task.run import child
+
+    Path(pid_file).write_text(str(os.getpid()))
+    for fd in _wire_fds():
+        forged = child.Wire(socket.socket(fileno=os.dup(fd)))
+        forged.send(child.RETURNED, 10_000, "a forged answer")
+    time.sleep(0.3)
+    return "the forger's value"
+
+
+class Unloadable:
+    """Pickles anywhere; cannot be rebuilt in the node (its rebuild raises)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_refuse, ("rebuilt nowhere",))
+
+
+def _refuse(why: str) -> None:
+    raise ValueError(why)
+
+
+def logs_unloadable_extra(token: CancellationToken) -> int:
+    bad = {"bad": Unloadable()}
+    logging.getLogger("tests.extra").warning("a record with a bad extra", extra=bad)
+    time.sleep(0.2)
+    raise ValueError("raised by the task that logged")
+
+
+class BreaksInTheWorker:
+    """Pickles in the node; rebuilding it in a worker process raises."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_rebuild_only_here, (os.getpid(),))
+
+
+def _rebuild_only_here(pid: int) -> BreaksInTheWorker:
+    if os.getpid() != pid:
+        raise RuntimeError(f"made in process {pid}, cannot be rebuilt in another")
+    return BreaksInTheWorker()
+
+
+def takes(token: CancellationToken, value: object) -> int:
+    return os.getpid()
+
+
+def starts_a_child(token: CancellationToken, tell: str, session: bool = False) -> str:
+    """Starts ``sleep 60`` (in a session of its own with ``session``), says its pid, then
+    spins without a checkpoint."""
+    import subprocess
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=session)
+    Path(tell).write_text(f"{os.getpid()} {sleeper.pid}")
+    while True:
+        pass
+
+
+def niceness(token: CancellationToken) -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)

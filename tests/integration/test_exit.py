@@ -270,3 +270,39 @@ def test_ctrl_c_on_a_node_with_a_deaf_task_says_what_it_waits_for_and_what_becam
         assert store.get(ids["polite"]).status is TaskStatus.STOPPED
     finally:
         store.close()
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from chongming_task import Controller
+
+    async def stubborn(token):
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                pass  # refuses every cancellation
+
+    node = Controller(sys.argv[1])
+    run = node.task(stubborn, name="stubborn", timeout_grace=0.2).submit()
+    while run.status.value != "running":
+        time.sleep(0.01)
+    node.close()
+    print(run.snapshot().failure.kind.value, flush=True)
+    """
+)
+
+
+def test_a_coroutine_abandoned_at_close_is_not_called_a_crash_at_the_interpreters_exit(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", STUBBORN, str(tmp_path / "t.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "abandoned"), done.stderr
+    assert "refused cancellation" in done.stderr  # the close said what became of it
+    assert "carrier crashed" not in done.stderr and "ValueError" not in done.stderr

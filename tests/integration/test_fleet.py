@@ -159,9 +159,12 @@ def test_a_dead_nodes_delayed_task_is_named_at_once_and_marked_lost_by_the_heir(
     )
     shown = where.json("show", task_id)
     failure = shown["failure"]
-    assert failure["kind"] == "lost" and failure["carrier_may_run"] is True
+    # It never started: nothing of it runs anywhere now (had the node only been cut
+    # off, it may still start it, which the message says).
+    assert failure["kind"] == "lost" and failure["carrier_may_run"] is False
     assert "node node-a died" in failure["message"]
     assert "before the task's run time" in failure["message"]
+    assert "its carrier may still be running" not in where.cli("show", task_id).stdout
     assert shown["run_at"][:16].replace("T", " ") in failure["message"]
     (marked,) = [t for t in where.json("history", task_id) if t["to"] == "lost"]
     assert marked["actor"] == "node-b" and marked["reason"] == "reconcile: node node-a dead"

@@ -37,20 +37,9 @@ from tests.integration.postgres_support import drop_schemas, made_schema, requir
 S = TaskStatus
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Controller]:
-    with Controller(
-        SqliteTaskStore(tmp_path / "tasks.db"), max_processes=2, activity_interval=0.05
-    ) as made:
+    with tasks.node_on(tmp_path / "tasks.db", 2) as made:
         yield made
 
 
@@ -87,7 +76,7 @@ def test_progress_pause_resume_and_stop_cross_the_boundary(
     final = run.wait(timeout=10)
     assert final.status is S.STOPPED
     child = int(tell.read_text())
-    assert _alive(child)  # a stop obeyed at a checkpoint keeps its worker, warm
+    assert tasks.alive(child)  # a stop obeyed at a checkpoint keeps its worker, warm
 
 
 def test_log_records_made_in_the_child_reach_the_nodes_logging_naming_the_task(
@@ -144,7 +133,7 @@ def test_a_timeout_terminates_the_worker_and_says_the_carrier_cannot_run_on(
         final = spin.submit(60, str(tell)).wait(timeout=30)
         assert final.status is S.FAILED and final.failure is not None
         assert final.failure.kind is FailureKind.TIMEOUT and not final.failure.carrier_may_run
-        wait_until(lambda: not _alive(int(tell.read_text())), timeout=10, what="worker gone")
+        wait_until(lambda: not tasks.alive(int(tell.read_text())), timeout=10, what="worker gone")
         pid = node.task(tasks.pid, carrier="process", name="pid")
         assert pid.submit().result(timeout=60) != int(tell.read_text())  # a fresh worker
 
@@ -161,7 +150,7 @@ def test_a_stop_of_a_task_that_never_checkpoints_ends_its_worker(
     final = run.wait(timeout=10)
     assert final.status is S.STOPPED and time.monotonic() - started < 5
     assert final.failure is None or not final.failure.carrier_may_run
-    wait_until(lambda: not _alive(int(tell.read_text())), timeout=10, what="worker gone")
+    wait_until(lambda: not tasks.alive(int(tell.read_text())), timeout=10, what="worker gone")
 
 
 def test_a_pause_suspends_a_task_that_never_checkpoints_and_resume_continues_it(
@@ -204,7 +193,7 @@ def test_a_pause_suspends_a_task_that_never_checkpoints_and_resume_continues_it(
     again.stop()
     final = again.wait(timeout=10)
     assert final.status is S.STOPPED
-    wait_until(lambda: not _alive(worker), timeout=10, what="the suspended worker gone")
+    wait_until(lambda: not tasks.alive(worker), timeout=10, what="the suspended worker gone")
 
 
 def test_the_dashboards_task_page_says_the_carrier_and_the_suspended_worker(
@@ -476,7 +465,7 @@ def test_a_worker_holding_more_than_its_memory_line_is_replaced(tmp_path: Path) 
         assert big == small[0]
         after = hoards.submit(1).result(timeout=60)
         assert after != big  # the worker over the line was replaced
-        wait_until(lambda: not _alive(int(big)), timeout=10, what="the hoarder gone")  # type: ignore[arg-type]
+        wait_until(lambda: not tasks.alive(int(big)), timeout=10, what="the hoarder gone")  # type: ignore[arg-type]
 
 
 def test_a_pipeline_passes_results_to_and_from_process_steps(node: Controller) -> None:
@@ -527,8 +516,8 @@ def test_a_killed_node_leaves_no_worker_process_behind(tmp_path: Path) -> None:
     try:
         wait_until(tell.exists, timeout=60, what="the worker's pid")
         child = int(tell.read_text())
-        assert _alive(child)
+        assert tasks.alive(child)
     finally:
         proc.kill()
         proc.wait(10)
-    wait_until(lambda: not _alive(child), timeout=5, what="the orphan gone")
+    wait_until(lambda: not tasks.alive(child), timeout=5, what="the orphan gone")

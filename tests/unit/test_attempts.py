@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from chongming_task import (
     TaskStore,
 )
 from chongming_task.definitions import define
+from chongming_task.present import show_text
 from chongming_task.run import TaskRun
 from chongming_task.run.writes import RunWrites
 from chongming_task.testing import FakeClock, FaultyStore
@@ -272,6 +274,8 @@ def test_a_timed_out_task_that_ignores_stop_is_failed_and_its_carrier_replaced(
     assert final.failure is not None and final.failure.kind is FailureKind.TIMEOUT
     assert final.failure.carrier_may_run is True
     assert "may still be running" in final.failure.message
+    shown = show_text(final, datetime.now(UTC))  # said once, by the message itself
+    assert shown.count("may still be running") == 1 and "its carrier may" not in shown
     # The only worker is stuck in stubborn(), yet new work runs on a replacement carrier.
     assert c.submit(c.task(lambda token: 1, name="next")).result(5) == 1
     release.set()

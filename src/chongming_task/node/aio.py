@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from contextvars import Token
+from typing import TYPE_CHECKING, Any
 
 from .. import observe
 from ..current import enter, leave
@@ -261,11 +262,21 @@ class AsyncRunner:
         try:
             async with self._slots:
                 self._waiting -= 1
-                mark = enter(run)  # this asyncio task's context: current(), log records
+                mark: Token[Any] | None = enter(run)  # this task's context: current(), logs
                 try:
                     await attempt(run)
+                except GeneratorExit:
+                    # Closed, never finished: a coroutine that refused its cancellation,
+                    # left pending when the loop closed and destroyed at the interpreter's
+                    # exit. Its run ended then (abandoned); this is no longer the task's
+                    # context to leave, and nothing crashed.
+                    mark = None
+                    raise
                 finally:
-                    leave(mark)
+                    if mark is not None:
+                        leave(mark)
+        except GeneratorExit:
+            raise
         except BaseException as exc:
             self._crashed(run, exc)
         finally:

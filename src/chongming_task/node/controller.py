@@ -31,6 +31,7 @@ from ..definitions import (
     TaskRef,
     check_arguments,
     define,
+    main_module,
 )
 from ..errors import ConfigurationError, InvalidValue, StoreError, TaskNotFound
 from ..health import HealthMonitor, NodeHealth
@@ -48,6 +49,7 @@ from ..observe import submitted
 from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
 from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy
+from ..run.child import NICENESS
 from ..run.handle import TaskRun
 from ..run.life import CANCEL_WAIT, Run
 from ..run.stored import StoredTask
@@ -130,12 +132,20 @@ def check_settings(
 
 
 def check_processes(
-    max_processes: int | None, max_tasks_per_process: int | None, max_memory_per_process: int | None
+    max_processes: int | None,
+    max_tasks_per_process: int | None,
+    max_memory_per_process: int | None,
+    niceness: int = NICENESS,
 ) -> int:
     """Refuse impossible worker process settings at construction; return the count."""
     processes = (os.cpu_count() or 1) if max_processes is None else max_processes
     if processes < 1:
         raise ConfigurationError(f"max_processes must be >= 1, got {max_processes}")
+    if isinstance(niceness, bool) or not isinstance(niceness, int) or not 0 <= niceness <= 19:
+        raise ConfigurationError(
+            f"process_niceness must be an int from 0 (the node's own CPU priority) to 19 "
+            f"(the lowest), got {niceness!r}"
+        )
     for name, limit in (
         ("max_tasks_per_process", max_tasks_per_process),
         ("max_memory_per_process", max_memory_per_process),
@@ -208,6 +218,7 @@ class Controller(AsyncFace):
         max_processes: int | None = None,
         max_tasks_per_process: int | None = None,
         max_memory_per_process: int | None = None,
+        process_niceness: int = NICENESS,
     ) -> None:
         """Make a node on ``store``.
 
@@ -222,9 +233,10 @@ class Controller(AsyncFace):
 
         ``max_workers``: worker threads (default ``min(32, cores + 4)``);
         ``max_processes``: worker processes for ``carrier="process"`` tasks (default:
-        the machine's cores; started on a first such task, with ``forkserver``), each
+        the machine's cores; forked on a first such task by a fork server of the node's), each
         replaced after ``max_tasks_per_process`` tasks, or once a task leaves one holding
-        more than ``max_memory_per_process`` bytes (its resident set; ``None``: never);
+        more than ``max_memory_per_process`` bytes (its resident set; ``None``: never),
+        at ``process_niceness`` below the node's CPU priority (10; 0: the same);
         ``max_parallel_per_bucket``: at most that many of one bucket's tasks at once
         (``None``: no limit); ``max_async``: ``async def`` attempts at once on the
         node's event loop (1000).
@@ -262,7 +274,9 @@ class Controller(AsyncFace):
         )
         if max_async < 1:
             raise ConfigurationError(f"max_async must be >= 1, got {max_async}")
-        processes = check_processes(max_processes, max_tasks_per_process, max_memory_per_process)
+        processes = check_processes(
+            max_processes, max_tasks_per_process, max_memory_per_process, process_niceness
+        )
         if reconcile_interval == "lease_ttl":
             reconcile_interval = lease_ttl
         elif reconcile_interval is not None and reconcile_interval <= 0:
@@ -337,6 +351,8 @@ class Controller(AsyncFace):
                 processes,
                 max_tasks_per_process=max_tasks_per_process,
                 max_memory_per_process=max_memory_per_process,
+                niceness=process_niceness,
+                main=main_module(),
             ),
         )
         # What each run needs from this node: settings, and where it reports.

@@ -5,14 +5,15 @@ Each of the pool's slots is a thread of the node that carries a process task's a
 as a worker thread carries a thread task's, but the function runs in the slot's worker
 process: the thread sends the job, then serves the child's requests on the run's own
 signals (a checkpoint records the heartbeat and progress here, raises the stop, holds
-while paused) until the child answers with what the function returned or raised. The
-processes are started with ``forkserver`` (never a plain ``fork`` of the threaded
-node), kept warm and reused, and replaced after ``max_tasks_per_process`` tasks or once
-a task leaves one holding more than ``max_memory_per_process`` bytes. Force is honest:
-a run whose stop or timeout grace ran out has its child terminated (``SIGTERM``, then
-``SIGKILL`` after ``kill_grace``), and the task ends as asked with
-``carrier_may_run=False``; a child that dies on its own fails its task ``crashed``,
-naming the signal or exit code.
+while paused) until the child answers with what the function returned or raised; a
+frame that is not one, or not of the job it sent, ends that worker before anything else
+is sent to it. The processes are forked by the node's fork server (``forkserver.py``),
+kept warm and reused, and replaced after ``max_tasks_per_process`` tasks or once a task
+leaves one holding more than ``max_memory_per_process`` bytes. Force is honest: a run
+whose stop or timeout grace ran out has its child terminated with the processes its task
+started (``SIGTERM``, then ``SIGKILL`` after ``kill_grace``), and the task ends as asked
+with ``carrier_may_run=False``, saying so; a child that dies on its own fails its task
+``crashed``, naming the signal or exit code.
 """
 
 from __future__ import annotations
@@ -20,29 +21,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import observe
 from ..current import enter, leave
-from ..errors import CarrierCrashed, StopRequested
+from ..errors import CarrierCrashed, CarrierTerminated, StopRequested
 from ..health import WorkerProcesses
 from ..loops import ThreadWatch, keep_running
-from ..run.child import Job, Raised, receive, send, serve
+from ..run import child as wire
+from ..run.child import Job, Raised, Unreadable, load
 from .dispatch import Lane
+from .forkserver import ForkServer, Worker
 from .workers import attempt, crashed
 
 if TYPE_CHECKING:
-    from multiprocessing.process import BaseProcess
-
     from ..run.life import Run
 
 __all__ = ["ProcessPool", "RaisedInChild"]
@@ -59,49 +59,45 @@ class RaisedInChild(Exception):
 
 
 class _Child:
-    """One worker process and the node's ends of its two pipes."""
+    """One worker process, as its slot knows it."""
 
-    __slots__ = ("alive", "conn", "killed", "process", "suspended", "tasks")
+    __slots__ = ("dead", "job", "killed", "reached", "suspended", "tasks", "worker")
 
-    def __init__(self, context: BaseContext) -> None:
-        conn, child_conn = context.Pipe()
-        watched, alive = context.Pipe(duplex=False)
-        self.process: BaseProcess = context.Process(  # type: ignore[attr-defined]
-            target=serve, args=(child_conn, watched), name="chongming-task worker", daemon=True
-        )
-        self.process.start()
-        child_conn.close()  # its end, closed here: the child's death reads as EOF
-        watched.close()
-        self.alive = alive  # open while the node lives: the child exits once it closes
-        self.conn = conn
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.job = 0  # the number of the last job sent: every frame back must carry it
         self.tasks = 0
-        self.killed = False
+        self.killed = False  # terminated by the node for a stop or timeout
+        self.reached = 0  # processes its task had started that the termination reached
         self.suspended = False
+        self.dead = False  # ended (or found dead): never sent anything again
 
     @property
-    def pid(self) -> int | None:
-        return self.process.pid
+    def pid(self) -> int:
+        return self.worker.pid
 
-    def retire(self) -> None:
+    def retire(self, grace: float) -> None:
+        """Asked to exit (killed if it has not within ``grace``)."""
+        self.dead = True
         with contextlib.suppress(OSError):
-            send(self.conn, None)
-        self.process.join(KILL_GRACE)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(KILL_GRACE)
-        self._close()
+            self.worker.wire.send(wire.EXIT, self.job)
+        if self.worker.exit_code(grace) is None:
+            self.worker.end(signal.SIGKILL)
+            self.worker.exit_code(grace)
+        self.worker.close()
 
-    def _close(self) -> None:
-        self.conn.close()
-        self.alive.close()
-
-    def ended(self) -> str:
-        """How the process ended, in words (it has, or is about to)."""
-        self.process.join(KILL_GRACE)
-        code = self.process.exitcode
-        self._close()
+    def ended(self, grace: float) -> str:
+        """How the process ended, in words (it has, or it is ended now)."""
+        self.dead = True
+        code = self.worker.exit_code(grace)
+        if code is None:
+            self.worker.end(signal.SIGKILL)
+            code = self.worker.exit_code(grace)
+        self.worker.close()
         if code is None:
             return "it stopped answering"
+        if code == wire.UNREADABLE:
+            return "it could not read what the node sent it"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -109,6 +105,16 @@ class _Child:
                 name = f"signal {-code}"
             return f"killed by {name}"
         return f"exit code {code}"
+
+    def terminated(self) -> str:
+        """What a forced end did, in the task's words."""
+        also = (
+            ""
+            if not self.reached
+            else f" with the {self.reached} process{'es' if self.reached > 1 else ''} "
+            "its task had started"
+        )
+        return f"its worker process {self.pid} was terminated{also}"
 
 
 class _Slot:
@@ -137,14 +143,18 @@ class ProcessPool:
         self,
         size: int,
         *,
-        start_method: str = "forkserver",
         max_tasks_per_process: int | None = None,
         max_memory_per_process: int | None = None,
         kill_grace: float = KILL_GRACE,
+        niceness: int = wire.NICENESS,
+        main: tuple[str, str] | None = None,
     ) -> None:
+        """``niceness``: how much lower the workers' CPU priority is than the node's;
+        ``main``: where the program's ``__main__`` is, for a function defined there
+        (``definitions.main_module``)."""
         self.size = size
         self.name = "chongming-processes"
-        self._context = multiprocessing.get_context(start_method)
+        self._forks = ForkServer(niceness=niceness, main=main)
         self._max_tasks = max_tasks_per_process
         self._max_memory = max_memory_per_process
         self._kill_grace = kill_grace
@@ -245,15 +255,36 @@ class ProcessPool:
             logging.getLogger().getEffectiveLevel(),
             None if (watch := observe.watcher) is None else watch.trace_context(),
         )
+        kind = wire.JOB_IN_MAIN if job.module == "__main__" else wire.JOB
+        data = pickle.dumps(job, pickle.HIGHEST_PROTOCOL)
         child = self._child(slot)
+        child.job += 1
         try:
-            send(child.conn, job)
-        except OSError:  # it died while idle (its pipe is closed): the job goes to a fresh one
-            child.ended()
+            child.worker.wire.send_bytes(kind, child.job, data)
+        except OSError:  # it died while idle (its end is closed): the job goes to a fresh one
+            child.ended(self._kill_grace)
             slot.child = None
             child = self._child(slot)
-            send(child.conn, job)
-        return self._serve(run, child)
+            child.job += 1
+            child.worker.wire.send_bytes(kind, child.job, data)
+        try:
+            return self._serve(run, child)
+        except Unreadable as exc:
+            # Its stream cannot be trusted from here on: the worker is ended before
+            # anything else is sent to it, and the attempt says why.
+            child.worker.end(signal.SIGKILL)
+            how = child.ended(self._kill_grace)
+            log.warning(
+                "task %s: its worker process %s sent %s; ended (%s)",
+                run.task_id,
+                child.pid,
+                exc,
+                how,
+            )
+            raise CarrierCrashed(
+                f"its worker process {child.pid} sent {exc}: it was ended before anything "
+                "else was sent to it"
+            ) from None
 
     def _child(self, slot: _Slot) -> _Child:
         """``slot``'s worker process, started if it has none."""
@@ -265,47 +296,54 @@ class ProcessPool:
                 self.started += 1
                 self.replaced += slot.used
                 slot.used = True
-            child = slot.child = _Child(self._context)
+            child = slot.child = _Child(self._forks.fork())
         return child
 
     def _serve(self, run: Run, child: _Child) -> Any:
+        """The worker's frames for its current job until its answer (``Unreadable``: a
+        frame that is not one, or not this job's)."""
         signals = run.signals
-        conn = child.conn
+        channel = child.worker.wire
+        number = child.job
         while True:
             try:
-                message = receive(conn)
+                kind, job, body = channel.receive()
             except (EOFError, OSError):
-                how = child.ended()
+                how = child.ended(self._kill_grace)
                 if child.killed:  # terminated for its stop or timeout
-                    raise StopRequested(f"worker process {child.pid} terminated ({how})") from None
+                    raise CarrierTerminated(child.terminated()) from None
                 with self._lock:
                     self.crashed += 1
                 raise CarrierCrashed(f"its worker process {child.pid} died: {how}") from None
-            kind = message[0]
-            if kind == "log":  # one-way: handled here, as a record made on this thread
-                record = logging.makeLogRecord(message[1])
-                logging.getLogger(record.name).handle(record)
+            if kind == wire.LOG and job <= number:  # one-way, perhaps from a thread left behind
+                _handle_log(body, child.pid)
                 continue
-            if kind == "returned":
+            if job != number:
+                raise Unreadable(f"a frame of job {job} while it carried job {number}")
+            if kind == wire.RETURNED:
                 child.tasks += 1
-                return message[1]
-            if kind == "raised":
+                return load(body, "a result")
+            if kind == wire.RAISED:
                 child.tasks += 1
-                raise _rebuilt(message[1])
+                raise _rebuilt(load(body, "an exception"))
             answer: Any = None
             try:
-                if kind == "checkpoint":
-                    signals.checkpoint(message[1])
-                elif kind == "sleep":
-                    signals.sleep(message[1])
-                elif kind == "stop_requested":
+                if kind == wire.CHECKPOINT:
+                    signals.checkpoint(load(body, "a checkpoint"))
+                elif kind == wire.SLEEP:
+                    signals.sleep(load(body, "a sleep"))
+                elif kind == wire.STOP_ASKED:
                     answer = signals.stop_kind is not None
+                else:
+                    raise Unreadable(f"a frame of kind {kind}")
             except StopRequested as exc:
                 answer = ("stop", str(exc))
+            except Unreadable:
+                raise
             except Exception as exc:  # progress the store could not hold: raised in the task
                 answer = ("error", exc)
-            with contextlib.suppress(OSError):  # it died meanwhile: the next recv says how
-                send(conn, answer)
+            with contextlib.suppress(OSError):  # it died meanwhile: the next receive says how
+                channel.send(wire.ANSWER, number, answer)
 
     def _settle(self, slot: _Slot) -> None:
         """After a run: ``slot``'s process kept for the next one, or ended (dead,
@@ -313,19 +351,19 @@ class ProcessPool:
         child = slot.child
         if child is None:
             return
-        if child.killed or child.conn.closed:
+        if child.killed or child.dead:
             # Terminated (its task may have ended as the signal was sent), or dead:
             # never reused; the slot's next run starts a fresh one.
-            if not child.conn.closed:
-                child.ended()
+            if not child.dead:
+                child.ended(self._kill_grace)
             slot.child = None
             return
         spent = (self._max_tasks is not None and child.tasks >= self._max_tasks) or (
-            self._max_memory is not None and _resident(child) > self._max_memory
+            self._max_memory is not None and _resident(child.pid) > self._max_memory
         )
         if spent:
             slot.child = None
-            child.retire()
+            child.retire(self._kill_grace)
 
     # -- force, from other threads ----------------------------------------------------------------
 
@@ -335,39 +373,42 @@ class ProcessPool:
             return None if slot is None else slot.child
 
     def terminate(self, run: Run) -> bool:
-        """End the worker process carrying ``run`` (its stop or timeout grace ran out):
-        ``SIGTERM``, then ``SIGKILL`` after ``kill_grace``. Whether one was carrying it."""
+        """End the worker process carrying ``run`` (its stop or timeout grace ran out),
+        with the processes its task started: ``SIGTERM``, then ``SIGKILL`` after
+        ``kill_grace``. Whether one was carrying it."""
         child = self._carrier(run)
         if child is None or child.killed:
             return child is not None
         child.killed = True
         log.info("task %s: terminating its worker process %s", run.task_id, child.pid)
         if child.suspended:  # a stopped process would hold its SIGTERM until continued
-            _signal(child, signal.SIGCONT)
+            child.worker.end(signal.SIGCONT)
             child.suspended = False
-        child.process.terminate()
-        timer = threading.Timer(self._kill_grace, _kill_if_alive, args=(child.process,))
+        child.reached = child.worker.end(signal.SIGTERM)
+        timer = threading.Timer(self._kill_grace, _kill_if_alive, args=(child,))
         timer.daemon = True
         timer.start()
         return True
 
     def suspend(self, run: Run) -> int | None:
-        """Stop the worker process carrying ``run`` where it stands (SIGSTOP): a pause
-        it did not reach at a checkpoint. Its pid, or ``None`` if none carries it."""
+        """Stop the worker process carrying ``run`` where it stands, with the processes
+        its task started (SIGSTOP): a pause it did not reach at a checkpoint. Its pid,
+        or ``None`` if none carries it."""
         child = self._carrier(run)
-        if child is None or child.killed:
+        if child is None or child.killed or child.dead:
             return None
-        if not child.suspended and _signal(child, signal.SIGSTOP):
+        if not child.suspended:
+            child.worker.end(signal.SIGSTOP)
             child.suspended = True
             log.info("task %s: suspended its worker process %s", run.task_id, child.pid)
-        return child.pid if child.suspended else None
+        return child.pid
 
     def carry_on(self, run: Run) -> None:
         """Continue the suspended worker process of ``run`` (SIGCONT)."""
         child = self._carrier(run)
         if child is not None and child.suspended:
             child.suspended = False
-            _signal(child, signal.SIGCONT)
+            child.worker.end(signal.SIGCONT)
 
     # -- the node's view, and its end -------------------------------------------------------------
 
@@ -409,31 +450,33 @@ class ProcessPool:
 
     def close(self) -> None:
         """End every worker process: idle ones asked to exit, any still carrying a task
-        killed."""
+        killed with what its task started; then the fork server."""
         with self._lock:
             self._stopping = self._closed = True
             slots = list(self._slots)
             busy = {id(slot) for slot in self._carrying.values()}
         for slot in slots:
             child = slot.child
-            if child is None or child.conn.closed:
+            if child is None or child.dead:
                 continue
             if id(slot) in busy:
                 child.killed = True
-                child.process.kill()
+                child.worker.end(signal.SIGKILL)
             else:
                 slot.child = None
-                child.retire()
+                child.retire(self._kill_grace)
+        self._forks.close()
 
 
 def _nothing(run: Run) -> None:
     pass
 
 
-def _resident(child: _Child) -> int:
-    """Bytes of memory ``child`` holds now (its resident set; 0 where it cannot be read)."""
+def _resident(pid: int) -> int:
+    """Bytes of memory process ``pid`` holds now (its resident set; 0 where it cannot
+    be read)."""
     try:
-        pages = int(Path(f"/proc/{child.pid}/statm").read_text().split()[1])
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
     except (OSError, ValueError, IndexError):
         return 0
     return pages * _PAGE
@@ -442,27 +485,47 @@ def _resident(child: _Child) -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _signal(child: _Child, sent: signal.Signals) -> bool:
-    """Send ``sent`` to ``child``; whether it was there to get it."""
-    pid = child.pid
-    if pid is None:
-        return False
+def _kill_if_alive(child: _Child) -> None:
+    if not child.dead:
+        child.worker.end(signal.SIGKILL)
+
+
+def _handle_log(body: bytearray, pid: int) -> None:
+    """A worker's log record, handled by the node's logging as a record made here. Its
+    ``extra`` fields travel pickled apart: where they cannot be read, the record is
+    handled without them and says so."""
     try:
-        os.kill(pid, sent)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _kill_if_alive(process: BaseProcess) -> None:
-    if process.is_alive():
-        process.kill()
+        fields, kept = pickle.loads(body)
+    except Exception as exc:
+        fields = {
+            "name": "chongming_task.processes",
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+            "msg": f"a log record from worker process {pid} cannot be read ({exc!r})",
+        }
+        kept = b""
+    if kept:
+        try:
+            extra = pickle.loads(kept)
+        except Exception as exc:
+            fields["msg"] = (
+                f"{fields.get('msg')} [its extra fields cannot be read in the node: {exc!r}]"
+            )
+        else:
+            fields.update(extra)
+    record = logging.makeLogRecord(fields)
+    logging.getLogger(record.name).handle(record)
 
 
 def _rebuilt(raised: Raised) -> BaseException:
     """The exception to record for what the child raised, its traceback attached."""
-    exc = raised.exception
-    if exc is None:
+    exc: BaseException | None = None
+    if raised.pickled is not None:
+        try:
+            exc = pickle.loads(raised.pickled)
+        except Exception:
+            exc = None
+    if not isinstance(exc, BaseException):
         exc = RaisedInChild(f"{raised.type_name}: {raised.message}")
     exc.add_note(f"in its worker process:\n{raised.traceback.rstrip()}")
     return exc

@@ -544,9 +544,13 @@ def _dead_verdict(
             "its function; had the node only been cut off, it may still run it"
         )
     else:
-        message = f"{dead}; result unknown: the task had started, and may have run partly or fully"
+        message = (
+            f"{dead}; result unknown: the task had started, and may have run partly or fully "
+            "and may still be running"
+        )
+    started = s.status not in states.WAITING  # one that never started runs nowhere now
     found = (
-        Failure(kind=FailureKind.LOST, message=message, carrier_may_run=True),
+        Failure(kind=FailureKind.LOST, message=message, carrier_may_run=started),
         f"reconcile: node {record.node} dead",
     )
     return lambda _lease_owner: found

@@ -77,19 +77,25 @@ def crash_failure(exc: BaseException, rules: ValueRules) -> Failure:
 
 
 def stopped_end(
-    kind: str | None, was: TaskStatus, timeout: float | None, *, cancelled: bool = False
+    kind: str | None, was: TaskStatus, timeout: float | None, how: str
 ) -> tuple[TaskStatus, Failure | None, str]:
     """How a task that obeyed a stop ends: the status, its failure, the trail's reason.
-    ``kind`` is the token's stop kind; ``was`` what it was doing when asked;
-    ``cancelled``: a coroutine the runtime cancelled at an ``await`` (it did not stop at a
-    checkpoint of its own)."""
-    where = "cancelled at an await" if cancelled else "stopped at a checkpoint"
+    ``kind`` is the token's stop kind; ``was`` what it was doing when asked; ``how`` what
+    ended the attempt, in words: ``stopped at a checkpoint``, ``cancelled at an await``
+    (a coroutine the runtime cancelled) or what a forced end did (``its worker process
+    1234 was terminated``)."""
     if kind == "timeout":
-        failure = Failure(kind=FailureKind.TIMEOUT, message=f"timed out after {timeout}s ({where})")
+        failure = Failure(kind=FailureKind.TIMEOUT, message=f"timed out after {timeout}s ({how})")
         return TaskStatus.FAILED, failure, "timeout"
     if kind == "cancel":
-        return TaskStatus.CANCELLED, None, f"cancelled while {was.value}"
-    return TaskStatus.STOPPED, None, where
+        forced = "" if how in _OBEYED else f": {how}"
+        return TaskStatus.CANCELLED, None, f"cancelled while {was.value}{forced}"
+    return TaskStatus.STOPPED, None, how
+
+
+AT_A_CHECKPOINT = "stopped at a checkpoint"
+AT_AN_AWAIT = "cancelled at an await"
+_OBEYED = (AT_A_CHECKPOINT, AT_AN_AWAIT)
 
 
 def _still_running(is_async: bool) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import states
 from ..errors import (
+    CarrierTerminated,
     StopRequested,
     TaskDesynced,
     TaskUnsuccessful,
@@ -487,7 +488,7 @@ class Run:
         if isinstance(exc, StopRequested):
             with self._lock:
                 if not self.writes.snapshot.is_terminal:
-                    self._finish_stopped()
+                    self._finish_stopped(str(exc) if isinstance(exc, CarrierTerminated) else None)
             self.writes.write(soon=soon)
         else:
             self._failed(exc, retry=isinstance(exc, Exception), soon=soon)
@@ -537,15 +538,20 @@ class Run:
         if delay is not None:
             self._host.requeue(self, delay)
 
-    def _finish_stopped(self) -> None:
-        """The task obeyed a stop, cancel or timeout request. Caller holds the lock."""
+    def _finish_stopped(self, forced: str | None = None) -> None:
+        """The task obeyed a stop, cancel or timeout request, or was ended by force
+        (``forced`` says how). Caller holds the lock."""
         if self.writes.snapshot.status in states.STOPPABLE:
             self._apply(S.STOPPING, reason="stop raised in the task")
         # What it was doing when asked: the status the move into stopping left.
         last = self.writes.trail[-TRAIL_WIDTH:]  # version, from, to, at, reason, actor
         was = S(last[1]) if last and last[2] == S.STOPPING.value and last[1] else S.RUNNING
+        if forced is not None:
+            how = forced
+        else:
+            how = attempt.AT_AN_AWAIT if self.cancel_asked else attempt.AT_A_CHECKPOINT
         to, failure, reason = attempt.stopped_end(
-            self.signals.stop_kind, was, self.definition.timeout, cancelled=self.cancel_asked
+            self.signals.stop_kind, was, self.definition.timeout, how
         )
         if failure is None:
             self._apply(to, reason=reason)
