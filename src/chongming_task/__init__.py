@@ -19,6 +19,7 @@ from .errors import ConfigurationError as ConfigurationError
 from .errors import ControllerClosed as ControllerClosed
 from .errors import IllegalTransition as IllegalTransition
 from .errors import InvalidValue as InvalidValue
+from .errors import Retry as Retry
 from .errors import StopRequested as StopRequested
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailable as StoreUnavailable
@@ -89,6 +90,7 @@ __all__ = [
     "PostgresTaskStore",
     "Progress",
     "ReconcileReport",
+    "Retry",
     "RetryPolicy",
     "Schedule",
     "SqliteTaskStore",

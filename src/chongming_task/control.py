@@ -142,6 +142,7 @@ class StoreControl:
             command_id=command.command_id,
             status=status,
             behind=None if behind is None else behind.action,
+            woken=self._caps.commands.wakes,
         )
 
     def _landed(self, command: Command, exc: StoreUnavailable) -> bool:

@@ -10,13 +10,13 @@ import pickle
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .errors import ConfigurationError, InvalidValue, UnknownTask
 from .limits import MAX_TASK_NAME
-from .policies import RetryPolicy
+from .policies import ExceptionClasses, RetryPolicy, exception_classes
 from .values import ValueRules, check_tags, check_text
 
 if TYPE_CHECKING:
@@ -269,8 +269,11 @@ def _as_options(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
     them (``task.configure(bucket_key=...)``), as the refusal's last words."""
     from dataclasses import fields
 
-    from .options import SubmitOptions  # the error path only: no import cycle to fear
+    from .options import SubmitOptions, celery_hint  # the error path only: no import cycle
 
+    celery = [celery_hint(k, option=True) for k in sorted(kwargs) if k not in signature.parameters]
+    if any(celery):
+        return "".join(celery)
     options = {f.name for f in fields(SubmitOptions)}
     named = sorted(k for k in kwargs if k in options and k not in signature.parameters)
     if not named:
@@ -300,6 +303,8 @@ def define(
     name: str | None = None,
     retries: int | None = None,
     backoff: RetryPolicy | None = None,
+    retry_on: ExceptionClasses | None = None,
+    give_up_on: ExceptionClasses | None = None,
     timeout: float | None = None,
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
@@ -324,13 +329,11 @@ def define(
             f"backoff=RetryPolicy(retries={backoff.retries}, ...): give the count once"
         )
     if retries is not None and retries != policy.retries:
-        policy = RetryPolicy(
-            retries=retries,
-            base_delay=policy.base_delay,
-            factor=policy.factor,
-            max_delay=policy.max_delay,
-            jitter=policy.jitter,
-        )
+        policy = replace(policy, retries=retries)
+    if retry_on is not None:
+        policy = replace(policy, retry_on=exception_classes("retry_on", retry_on))
+    if give_up_on is not None:
+        policy = replace(policy, give_up_on=exception_classes("give_up_on", give_up_on))
     return TaskDefinition(
         name=name or default_name(func),
         func=func,

@@ -1,12 +1,15 @@
 """Every exception the library raises, under one root.
 
-Control flow inside a task (the stop signal) lives here too, beneath the root, so that a
-blanket ``except ChongmingTaskError`` in user code sees everything we raise.
+Control flow inside a task (the stop signal, a retry asked for) lives here too, beneath
+the root, so that a blanket ``except ChongmingTaskError`` in user code sees everything we
+raise.
 """
 
 from __future__ import annotations
 
 from typing import Generic, Protocol, Self, TypeVar
+
+from .limits import MAX_DURATION
 
 __all__ = [
     "ChongmingTaskError",
@@ -15,6 +18,7 @@ __all__ = [
     "ControllerClosed",
     "IllegalTransition",
     "InvalidValue",
+    "Retry",
     "StopRequested",
     "StoreError",
     "StoreUnavailable",
@@ -153,6 +157,33 @@ class StopRequested(ChongmingTaskError):
     Let it propagate out of the task function: the runtime turns it into ``stopped``,
     ``cancelled`` or ``failed`` (timeout), whichever was asked for.
     """
+
+
+class Retry(ChongmingTaskError):
+    """Raised by a task to run again ``after`` seconds from now without counting a
+    failure: the attempt ends, the task waits ``queued`` (its trail says it asked, and
+    ``reason``), and its retries are left as they were. A bad ``after`` is an
+    ``InvalidValue`` where the ``Retry`` is made. (Celery's ``self.retry(countdown=)``,
+    without the count.)"""
+
+    def __init__(self, after: float = 0.0, reason: str | None = None) -> None:
+        if (
+            isinstance(after, bool)
+            or not isinstance(after, int | float)
+            or not 0 <= after <= MAX_DURATION
+        ):
+            raise InvalidValue(
+                f"Retry(after=...) takes seconds from 0 to {MAX_DURATION}, got {after!r}"
+            )
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidValue(f"Retry(reason=...) takes text, got {reason!r}")
+        super().__init__(after, reason)
+        self.after = float(after)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        said = f"asked to run again in {self.after:g}s"
+        return said if self.reason is None else f"{said}: {self.reason}"
 
 
 class CarrierTerminated(StopRequested):

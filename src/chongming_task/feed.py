@@ -9,7 +9,7 @@ last seen, never twice; the first refresh starts from now.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .model import Progress, TaskQuery, TaskSnapshot, Transition
@@ -41,24 +41,34 @@ class Change:
 
 class TransitionFeed:
     """Reads what changed since the last refresh. ``query`` selects the unfinished tasks
-    to follow (default: all of them)."""
+    to follow (default: all of them); several queries select their union."""
 
     def __init__(
         self,
         store: TaskStore,
-        query: TaskQuery | None = None,
+        query: TaskQuery | Sequence[TaskQuery] | None = None,
         *,
         any_status: bool = True,
         active: Callable[[], list[TaskSnapshot]] | None = None,
     ) -> None:
         self._store = store
+        given = [query] if query is None or isinstance(query, TaskQuery) else list(query)
         # A follower reads lists: no results, no tracebacks (TaskQuery.brief).
-        query = dataclasses.replace(query or TaskQuery(statuses=NON_TERMINAL), brief=True)
-        self._active = active or (lambda: store.query(query))
+        queries = [
+            dataclasses.replace(each or TaskQuery(statuses=NON_TERMINAL), brief=True)
+            for each in given
+        ]
+        self._active = active or (lambda: [s for each in queries for s in store.query(each)])
         # The newest tasks, in whatever status (unless the caller asked for some).
-        self._recent = dataclasses.replace(
-            query, statuses=None if any_status else query.statuses, newest_first=True, limit=RECENT
-        )
+        self._recent = [
+            dataclasses.replace(
+                each,
+                statuses=None if any_status else each.statuses,
+                newest_first=True,
+                limit=RECENT,
+            )
+            for each in queries
+        ]
         self._shown: dict[str, int] = {}  # task id -> last status version seen
         self._unfinished: set[str] = set()
         self._progress: dict[str, Progress | None] = {}
@@ -67,7 +77,8 @@ class TransitionFeed:
     def poll(self) -> Change:
         store = self._store
         active = self._active()
-        recent = store.query(self._recent)
+        newest = [store.query(each) for each in self._recent]
+        recent = [s for each in newest for s in each]
         current = {s.task_id: s for s in recent}
         current.update((s.task_id, s) for s in active)
         for task_id in self._unfinished - current.keys():
@@ -75,10 +86,9 @@ class TransitionFeed:
             if gone is not None:
                 current[task_id] = gone
         # Every one of the newest tasks unseen: more may have come and gone unread.
-        overflow = (
-            not self._first
-            and len(recent) >= RECENT
-            and not any(s.task_id in self._shown for s in recent)
+        overflow = not self._first and any(
+            len(each) >= RECENT and not any(s.task_id in self._shown for s in each)
+            for each in newest
         )
         transitions: list[Transition] = []
         for s in current.values():

@@ -523,7 +523,8 @@ class ControlReceipt:
     still ``queued`` for ``pause-pending``, which the run turns into ``paused`` once it
     starts).
     ``behind`` is the action of the pending command an accepted one was queued behind
-    (it is judged after that one), if any.
+    (it is judged after that one), if any. ``woken``: the store wakes the holder as the
+    command is written (else the holder finds it at its next poll).
     """
 
     task_id: str
@@ -532,6 +533,7 @@ class ControlReceipt:
     command_id: str | None = None
     status: TaskStatus | None = None
     behind: CommandAction | None = None
+    woken: bool = False
 
     @property
     def accepted(self) -> bool:

@@ -21,12 +21,36 @@ if TYPE_CHECKING:
     pass
 
 
-__all__ = ["OnDuplicate", "SubmitOptions"]
+__all__ = ["CELERY_NAMES", "CELERY_OPTIONS", "OnDuplicate", "SubmitOptions", "celery_hint"]
 
 OnDuplicate = Literal["return", "raise"]
 """What a submit whose dedupe key is held gets: the holder's handle, or an error."""
 
 _NO_TAGS: frozenset[str] = frozenset()
+
+CELERY_NAMES = {
+    "delay": "submit(*args, **kwargs)",
+    "apply_async": "configure(delay=..., run_at=..., priority=...).submit(*args, **kwargs)",
+    "retry": "raise chongming_task.Retry(after=...) inside the task",
+    "s": "a Pipeline (chongming_task.Pipeline) for work that follows other work",
+    "si": "a Pipeline (chongming_task.Pipeline) for work that follows other work",
+    "signature": "a Pipeline (chongming_task.Pipeline) for work that follows other work",
+}
+"""The names of a Celery task's methods a user reaches for, and what does that here."""
+
+CELERY_OPTIONS = {
+    "countdown": "delay= (seconds from now): task.configure(delay=...).submit(...)",
+    "eta": "run_at= (an aware datetime): task.configure(run_at=...).submit(...)",
+}
+"""The options Celery's ``apply_async`` takes that ours name otherwise."""
+
+
+def celery_hint(word: str, *, option: bool = False) -> str:
+    """`` (Celery's X: here ...)`` for a Celery method's name, or for its option's
+    (``option``), else nothing."""
+    found = (CELERY_OPTIONS if option else CELERY_NAMES).get(word)
+    return "" if found is None else f" (Celery's {word}: here {found})"
+
 
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """What every store holds in its ``priority`` column (a 32-bit integer)."""

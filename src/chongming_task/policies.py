@@ -11,6 +11,7 @@ import hashlib
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from .errors import ConfigurationError
 from .limits import MAX_BUCKETS
@@ -97,17 +98,23 @@ def parse_buckets(spec: str, num_buckets: int) -> frozenset[int]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
-    """Exponential backoff with jitter: retry ``n`` waits about
-    ``min(max_delay, base_delay * factor ** (n - 1))``, spread by ``±jitter`` (a fraction).
-    """
+    """Which failures are retried, how often and after how long: an exception that is
+    one of ``retry_on`` (every ``Exception``, by default) and none of ``give_up_on`` is
+    retried up to ``retries`` times; retry ``n`` waits about ``min(max_delay, base_delay
+    * factor ** (n - 1))``, spread by ``±jitter`` (a fraction). A single exception class
+    may be given for either."""
 
     retries: int = 0
     base_delay: float = 1.0
     factor: float = 2.0
     max_delay: float = 300.0
     jitter: float = 0.1
+    retry_on: tuple[type[Exception], ...] = (Exception,)
+    give_up_on: tuple[type[Exception], ...] = ()
 
     def __post_init__(self) -> None:
+        for label in ("retry_on", "give_up_on"):
+            object.__setattr__(self, label, exception_classes(label, getattr(self, label)))
         if self.retries < 0:
             raise ConfigurationError(f"retries must be >= 0, got {self.retries}")
         if self.base_delay < 0 or self.max_delay < 0 or self.factor < 1:
@@ -115,11 +122,37 @@ class RetryPolicy:
         if not 0 <= self.jitter <= 1:
             raise ConfigurationError(f"jitter is a fraction in 0..1, got {self.jitter}")
 
+    def retries_on(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is worth another attempt (its count aside)."""
+        return isinstance(exc, self.retry_on) and not isinstance(exc, self.give_up_on)
+
+    def why_not(self, exc: BaseException) -> str:
+        """Why ``exc`` is not retried, in words (``retries_on`` said no)."""
+        if isinstance(exc, self.give_up_on):
+            return f"not retried: {type(exc).__name__} is one of give_up_on"
+        return f"not retried: {type(exc).__name__} is none of retry_on"
+
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1-based)."""
         raw = min(self.max_delay, self.base_delay * self.factor ** max(0, retry - 1))
         spread = (rng or random).uniform(-self.jitter, self.jitter)
         return max(0.0, raw * (1.0 + spread))
+
+
+ExceptionClasses: TypeAlias = "type[Exception] | tuple[type[Exception], ...]"
+"""What ``retry_on`` and ``give_up_on`` take: one exception class, or a tuple of them."""
+
+
+def exception_classes(label: str, given: object) -> tuple[type[Exception], ...]:
+    """``given`` as a tuple of exception classes (one class alone is allowed);
+    ``ConfigurationError`` naming ``label`` for anything else."""
+    classes = given if isinstance(given, tuple) else (given,)
+    for each in classes:
+        if not (isinstance(each, type) and issubclass(each, Exception)):
+            raise ConfigurationError(
+                f"{label} takes exception classes (subclasses of Exception), got {each!r}"
+            )
+    return classes
 
 
 def format_buckets(buckets: Iterable[int]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from .fleet import Alarm, FleetReport, NodeStatus, lease_expired
 from .late import LateReport
 from .model import (
+    CommandAction,
     ControlOutcome,
     ControlReceipt,
     NodeRecord,
@@ -225,6 +226,15 @@ def by_bucket(
     return per
 
 
+_WILL_DO = {
+    CommandAction.STOP: "will ask the task to stop at its next checkpoint",
+    CommandAction.CANCEL: "will cancel it (a running task stops at its next checkpoint)",
+    CommandAction.PAUSE: "will ask the task to pause at its next checkpoint",
+    CommandAction.RESUME: "will resume it",
+}
+"""What the node holding a task does with an accepted command, once it has it."""
+
+
 def control_outcome(receipt: ControlReceipt) -> str:
     """What a stop / pause / resume / cancel did, in words: exactly what happened."""
     o, status = ControlOutcome, receipt.status.value if receipt.status else "unknown"
@@ -234,9 +244,10 @@ def control_outcome(receipt: ControlReceipt) -> str:
             f"{receipt.behind.value}; the node holding the task acts on both in order"
         )
     if receipt.accepted:
+        when = "is woken at once" if receipt.woken else "finds it at its next poll of the store"
         return (
-            f"request accepted (command {receipt.command_id}); "
-            "the node holding the task acts on it at its next poll"
+            f"request accepted (command {receipt.command_id}); the node holding the task "
+            f"{when} and {_WILL_DO[receipt.action]}"
         )
     if receipt.outcome is o.ALREADY_TERMINAL:
         return f"already {status}; nothing to do"

@@ -20,6 +20,7 @@ from typing import (
     Any,
     Concatenate,
     Generic,
+    Never,
     ParamSpec,
     Protocol,
     TypeAlias,
@@ -30,8 +31,8 @@ from . import observe
 from .definitions import Carrier, Definitions, TaskDefinition, TaskFunction, define
 from .errors import ConfigurationError, InvalidValue
 from .observe import submitted
-from .options import OnDuplicate, SubmitOptions
-from .policies import RetryPolicy
+from .options import OnDuplicate, SubmitOptions, celery_hint
+from .policies import ExceptionClasses, RetryPolicy
 
 if TYPE_CHECKING:
     from .run.handle import TaskRun
@@ -84,6 +85,12 @@ class Task(Generic[P]):
     def __repr__(self) -> str:
         where = "" if self._node is not None else ", not registered on a node"
         return f"<Task {self.definition.name}{where}>"
+
+    if not TYPE_CHECKING:  # at run time only: a type checker still flags a misspelt name
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for names it does not have: Celery's are answered with ours."""
+            raise AttributeError(f"{type(self).__name__} has no {name!r}{celery_hint(name)}")
 
     @property
     def name(self) -> str:
@@ -141,6 +148,7 @@ class Task(Generic[P]):
         concurrency_key: str | None = None,
         bucket_key: str | None = None,
         tags: Iterable[str] = (),
+        **unknown: Never,
     ) -> ConfiguredTask[P]:
         """This task with submit options: start ``delay`` seconds from now or at
         ``run_at`` (an aware datetime); ``priority`` (higher first in the node's queue);
@@ -149,7 +157,10 @@ class Task(Generic[P]):
         ``on_duplicate="raise"``; ``dedupe_window``: a success keeps the key that many
         seconds more); ``concurrency_key`` (the runs sharing it count against the task's
         ``max_per_key``); ``bucket_key`` (a business key, such as a tenant id, that
-        picks the bucket); extra ``tags``. A bad option is an ``InvalidValue`` here."""
+        picks the bucket); extra ``tags``. A bad option is an ``InvalidValue`` here; an
+        unknown one a ``TypeError`` (Celery's ``countdown``/``eta`` named as ours)."""
+        if unknown:
+            _refuse_unknown(unknown)
         if isinstance(tags, str):
             raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
         options = SubmitOptions(
@@ -203,7 +214,16 @@ class ConfiguredTask(Generic[P]):
             raise InvalidValue(
                 f"tags must be an iterable of text, not the text {options['tags']!r}"
             )
+        unknown = {k: v for k, v in options.items() if k not in SubmitOptions.__dataclass_fields__}
+        if unknown:
+            _refuse_unknown(unknown)
         return ConfiguredTask(self.task, replace(self.options, **options))
+
+    if not TYPE_CHECKING:  # at run time only: a type checker still flags a misspelt name
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for names it does not have: Celery's are answered with ours."""
+            raise AttributeError(f"{type(self).__name__} has no {name!r}{celery_hint(name)}")
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> TaskRun | StoredTask:
         """``Task.submit`` with these options."""
@@ -232,6 +252,11 @@ class ConfiguredTask(Generic[P]):
     async def asubmit_many(self, calls: Iterable[tuple[Any, ...]], /) -> list[TaskRun | StoredTask]:
         """``submit_many``, the store write on a thread."""
         return await asyncio.to_thread(self.submit_many, list(calls))
+
+
+def _refuse_unknown(unknown: dict[str, Any]) -> None:
+    words = ", ".join(f"{k}{celery_hint(k, option=True)}" for k in sorted(unknown))
+    raise TypeError(f"configure() got options it does not take: {words}")
 
 
 Runnable: TypeAlias = "Task[Any] | TaskDefinition | TaskFunction"
@@ -270,6 +295,8 @@ def task(
     name: str | None = None,
     retries: int | None = None,
     backoff: RetryPolicy | None = None,
+    retry_on: ExceptionClasses | None = None,
+    give_up_on: ExceptionClasses | None = None,
     timeout: float | None = None,
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
@@ -287,6 +314,8 @@ def task(
     name: str | None = None,
     retries: int | None = None,
     backoff: RetryPolicy | None = None,
+    retry_on: ExceptionClasses | None = None,
+    give_up_on: ExceptionClasses | None = None,
     timeout: float | None = None,
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
@@ -303,6 +332,8 @@ def task(
     name: str | None = None,
     retries: int | None = None,
     backoff: RetryPolicy | None = None,
+    retry_on: ExceptionClasses | None = None,
+    give_up_on: ExceptionClasses | None = None,
     timeout: float | None = None,
     timeout_grace: float = 5.0,
     tags: Iterable[str] = (),
@@ -320,6 +351,8 @@ def task(
             name=name,
             retries=retries,
             backoff=backoff,
+            retry_on=retry_on,
+            give_up_on=give_up_on,
             timeout=timeout,
             timeout_grace=timeout_grace,
             tags=tags,

@@ -265,3 +265,14 @@ def starts_a_child(token: CancellationToken, tell: str, session: bool = False) -
 
 def niceness(token: CancellationToken) -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def asks_again(token: CancellationToken) -> int:
+    """Asks to run again once, then says which attempt it is."""
+    from chongming_task import Retry
+
+    here = current()
+    assert here is not None
+    if here.attempt == 1:
+        raise Retry(after=0.01, reason="not yet")
+    return here.attempt

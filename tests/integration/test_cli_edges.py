@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -126,6 +127,38 @@ def test_one_name_glob_in_the_cli_and_the_dashboard(
         assert shown == expected, page
     finally:
         web.close()
+
+
+def test_every_name_and_tag_given_is_taken_not_the_last_alone(tmp_path: Path) -> None:
+    path = tmp_path / "tagged.db"
+    store = SqliteTaskStore(path)
+    tagged = {"etl.load": {"io"}, "etl.extract": {"cpu"}, "etl": {"io", "cpu"}, "report": set()}
+    for name, digit in NAMES.items():
+        store.create(replace(task(name, digit, TaskStatus.QUEUED), tags=frozenset(tagged[name])))
+    store.close()
+    db = str(path)
+    assert ids(run("--db", db, "--json", "ps", "--name", "etl", "--name", "report").stdout) == [
+        "etl",
+        "report",
+    ]
+    # Globs that overlap: each task once.
+    assert ids(run("--db", db, "--json", "ps", "--name", "etl*", "--name", "*.load").stdout) == [
+        "etl",
+        "etl.extract",
+        "etl.load",
+    ]
+    assert ids(run("--db", db, "--json", "ps", "--tag", "io", "--tag", "cpu").stdout) == [
+        "etl",
+        "etl.extract",
+        "etl.load",
+    ]
+    # Names and tags together: any of the names, and any of the tags.
+    both = run("--db", db, "--json", "ps", "--name", "etl", "--name", "report", "--tag", "io")
+    assert ids(both.stdout) == ["etl"]
+    # A control by selection takes them all too.
+    dry = run("--db", db, "--json", "stop", "--name", "etl.load", "--name", "report", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["selected"] == 2
 
 
 def test_ps_shows_the_newest_hundred_and_says_how_many_more(tmp_path: Path) -> None:

@@ -261,3 +261,10 @@ def test_a_script_without_a_main_guard_runs_once_when_its_process_tasks_live_els
     assert last.startswith("chongming_task.errors.InvalidValue: task double: carrier='process'")
     assert f"defined in the script {own}" in last
     assert 'under `if __name__ == "__main__":`' in last
+
+
+def test_a_retry_asked_for_in_a_worker_process_crosses_back(node: Controller) -> None:
+    asks = node.task(tasks.asks_again, carrier="process", name="asks", retries=0)
+    run = asks.submit()
+    assert run.result(timeout=60) == 2
+    assert "asked to run again in 0.01s: not yet" in [t.reason for t in run.history()]

@@ -424,3 +424,22 @@ def test_async_tasks_in_pipelines_and_schedules(make_controller: Make) -> None:
         lambda: sum(t.name == "fetch" and t.status is S.SUCCEEDED for t in c.list_tasks()) >= 3,
         what="the schedule firing an async task",
     )
+
+
+def test_a_sync_submit_on_a_running_event_loop_is_warned_once_naming_asubmit(
+    make_controller: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make_controller()
+    noop = c.task(lambda token: None, name="noop")
+
+    async def main() -> None:
+        noop.submit()  # blocks the loop: said
+        noop.submit()  # said once
+        await noop.asubmit()  # the awaited twin: not said
+
+    noop.submit()  # no loop runs here: not said
+    with caplog.at_level(logging.WARNING, logger="chongming_task.submit"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if r.name == "chongming_task.submit"]
+    assert len(said) == 1
+    assert "on a running event loop" in said[0] and "await asubmit(...)" in said[0]

@@ -145,7 +145,8 @@ def test_a_success_is_written_with_its_outcome_and_what_the_task_reported(
     assert done.outcome == {"n": 1} and c.get(reported.task_id).outcome == {"n": 1}  # type: ignore[union-attr]
     for seen in (done, c.get(reported.task_id)):
         assert seen is not None
-        assert seen.progress == Progress(current=3, total=10, message="three")
+        # Reported at 3 of 10; a success says it is complete.
+        assert seen.progress == Progress(current=10, total=10, message="three")
         assert seen.last_heartbeat_at is not None
     assert retried.wait(5).attempt == 2 and retried.result(5) == "ok"
 
@@ -325,6 +326,47 @@ def test_progress_and_heartbeat_reach_the_store_through_touch_not_save(
     go_on.set()
     run.wait(5)
     assert store.calls["save"] == saves_before + 1  # only the final transition saved
+
+
+@pytest.mark.parametrize(
+    ("last", "said"),
+    [
+        (
+            Progress(current=19, total=20, message="page 19"),
+            Progress(current=20, total=20, message="page 19"),
+        ),
+        (Progress(current=7), Progress(current=7, total=7)),
+        (Progress(current=20, total=20), Progress(current=20, total=20)),
+    ],
+    ids=["short-of-its-total", "open-ended", "already-complete"],
+)
+def test_a_success_says_its_progress_is_complete_in_the_store_and_the_handle(
+    make_controller: Make, last: Progress, said: Progress
+) -> None:
+    c = make_controller()
+
+    @c.task(name="pages")
+    def pages(token: CancellationToken) -> str:
+        token.checkpoint(last)
+        return "done"
+
+    run = c.submit(pages)
+    assert run.wait(5).status is S.SUCCEEDED
+    assert run.progress == said and run.snapshot().progress == said
+    assert c.get(run.task_id).progress == said
+
+
+def test_a_failure_keeps_the_progress_it_reached(make_controller: Make) -> None:
+    c = make_controller()
+
+    @c.task(name="pages", retries=0)
+    def pages(token: CancellationToken) -> None:
+        token.checkpoint(Progress(current=19, total=20))
+        raise ValueError("page 20 is missing")
+
+    run = c.submit(pages)
+    assert run.wait(5).status is S.FAILED
+    assert c.get(run.task_id).progress == Progress(current=19, total=20)
 
 
 def test_a_save_never_writes_an_older_heartbeat_than_touch_did(make_controller: Make) -> None:

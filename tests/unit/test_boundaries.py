@@ -84,9 +84,10 @@ def test_bad_progress_raises_in_the_task_and_stores_nothing(
     assert run.result(5) == "done"
     assert len(seen) == 1 and isinstance(seen[0], InvalidValue)
     assert "progress" in str(seen[0])
-    # Nothing of the bad value was kept: the last good progress is what the store holds.
+    # Nothing of the bad value was kept: the last good progress, said complete by the
+    # success, is what the store holds.
     wait_until(lambda: c.get(run.task_id).progress is not None, what="progress flushed")
-    assert c.get(run.task_id).progress == Progress(current=1, total=4, message="ok")
+    assert c.get(run.task_id).progress == Progress(current=4, total=4, message="ok")
 
 
 def test_nul_in_a_progress_message_is_refused_where_the_store_cannot_hold_it() -> None:

@@ -8,12 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from chongming_task import InvalidValue, SqliteTaskStore, TaskNotFound, TaskSnapshot, TaskStatus
+from chongming_task import (
+    InvalidValue,
+    SqliteTaskStore,
+    TaskNotFound,
+    TaskSnapshot,
+    TaskStatus,
+    present,
+)
 from chongming_task.cli import main
 from chongming_task.control import StoreControl
 from chongming_task.model import CommandAction, ControlOutcome
 from chongming_task.node.controller import Controller
 from tests.conftest import wait_until
+from tests.unit.core_only import core_only
 
 S = TaskStatus
 
@@ -46,6 +54,29 @@ def test_a_control_of_a_task_held_elsewhere_writes_one_command_for_its_holder(
         assert command.command_id == receipt.command_id and command.task_id == "running01"
         assert command.action is CommandAction.STOP and command.reason == "enough"
         assert command.issued_by == "console"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("wakes", [True, False], ids=["store-wakes-its-nodes", "core-only"])
+def test_an_accepted_control_says_when_the_holder_hears_of_it_and_what_it_will_do(
+    tmp_path: Path, wakes: bool
+) -> None:
+    store = SqliteTaskStore(tmp_path / "s.db")
+    try:
+        _task(store, "running01", S.RUNNING)
+        _task(store, "paused001", S.PAUSED)
+        through = store if wakes else core_only(store)
+        control = StoreControl(through, owner="console")
+        stop = control.send("running01", CommandAction.STOP)
+        resume = control.send("paused001", CommandAction.RESUME)
+        assert stop.woken is resume.woken is wakes
+        when = "is woken at once" if wakes else "finds it at its next poll of the store"
+        assert present.control_outcome(stop) == (
+            f"request accepted (command {stop.command_id}); the node holding the task {when} "
+            "and will ask the task to stop at its next checkpoint"
+        )
+        assert present.control_outcome(resume).endswith(f"{when} and will resume it")
     finally:
         store.close()
 

@@ -29,7 +29,7 @@ EXPORTS = {
     "ControlOutcome", "ControlReceipt", "Controller", "ControllerClosed", "CronTrigger",
     "CurrentTask", "Failure", "FailureKind", "IllegalTransition", "InMemoryTaskStore",
     "IntervalTrigger", "InvalidValue", "Pipeline", "PipelineNode", "PipelineRun",
-    "PostgresTaskStore", "Progress", "ReconcileReport", "RetryPolicy", "Schedule",
+    "PostgresTaskStore", "Progress", "ReconcileReport", "Retry", "RetryPolicy", "Schedule",
     "SqliteTaskStore", "StopRequested", "StoreError", "StoreUnavailable", "StoredTask",
     "SystemClock", "Task", "TaskAlreadyExists", "TaskDefinition", "TaskDesynced",
     "TaskNotFound", "TaskQuery", "TaskRun", "TaskSnapshot", "TaskStatus", "TaskStore",

@@ -18,7 +18,7 @@ from .. import present
 from ..errors import ChongmingTaskError
 from ..model import CommandAction, ControlOutcome, ControlReceipt, TaskSnapshot
 from ..states import NON_TERMINAL
-from .context import Context, find_tasks, holds_of, task_query
+from .context import Context, find_tasks, holds_of, task_queries
 from .parser import PROG, UsageError
 
 __all__ = ["SELECTION_FLAGS", "cmd_bulk_control", "outcome_label"]
@@ -54,16 +54,18 @@ def cmd_bulk_control(ctx: Context, action: CommandAction) -> int:
     a = ctx.args
     if a.wait is not None:
         raise UsageError("--wait follows one task: give its id (a selection answers at once)")
-    query = task_query(ctx)
+    queries = task_queries(ctx)
+    asked = queries[0].statuses  # the same in each
     # Only unfinished tasks can be controlled: --all or a finished --status selects
     # none of the finished ones (a count including them would say more than is sent).
-    unfinished = NON_TERMINAL if query.statuses is None else query.statuses & NON_TERMINAL
+    unfinished = NON_TERMINAL if asked is None else asked & NON_TERMINAL
     if not unfinished:
         raise UsageError(
             f"{action.value} acts on unfinished tasks only: --status "
-            f"{','.join(sorted(s.value for s in query.statuses or ()))} selects none"
+            f"{','.join(sorted(s.value for s in asked or ()))} selects none"
         )
-    chosen = find_tasks(ctx, replace(query, statuses=unfinished))  # held ones with paused
+    # Held ones with paused.
+    chosen = find_tasks(ctx, [replace(query, statuses=unfinished) for query in queries])
     verb = action.value
     if a.dry_run or not chosen:
         headers, rows = present.ps_rows(chosen, ctx.now(), holds_of(ctx, chosen))

@@ -21,7 +21,7 @@ from ..states import NON_TERMINAL, TERMINAL
 from ..stores import is_postgres_dsn, open_store
 from ..stores.capabilities import Capabilities
 from .bulk import SELECTION_FLAGS, cmd_bulk_control
-from .context import Context, find_tasks, get_task, holds_of, task_query
+from .context import Context, find_tasks, get_task, holds_of, task_queries
 from .parser import PROG, UsageError
 from .prune import cmd_prune
 from .watch import cmd_watch
@@ -72,7 +72,7 @@ def cmd_ps(ctx: Context) -> int:
 def _count(ctx: Context) -> int | None:
     """How many tasks the selection holds, where one count of the store answers it (a
     selection by status and bucket only); ``None`` otherwise."""
-    a, query = ctx.args, task_query(ctx)
+    a, (query, *_) = ctx.args, task_queries(ctx)
     narrowed = (a.name, a.tag, a.carrier, a.pipeline, a.node, a.dedupe_key, a.older_than)
     if any(value is not None for value in narrowed):
         return None

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import socket
 import sys
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -34,7 +35,7 @@ __all__ = [
     "holds_of",
     "pipeline_run",
     "program_words",
-    "task_query",
+    "task_queries",
 ]
 
 
@@ -160,7 +161,10 @@ def program_words() -> list[str]:
     return [sys.executable, "-m", "chongming_task"]
 
 
-def task_query(ctx: Context) -> TaskQuery:
+def task_queries(ctx: Context) -> list[TaskQuery]:
+    """The store queries the filter flags make: one per ``--name`` and ``--tag`` given
+    (every one is taken, as ``--status``'s are: a task is selected when it matches any
+    of the names and any of the tags); one query where each is given at most once."""
     a = ctx.args
     buckets: frozenset[int] | None = frozenset(a.bucket) if a.bucket else None
     if a.mine:
@@ -172,15 +176,13 @@ def task_query(ctx: Context) -> TaskQuery:
         statuses = frozenset(TaskStatus(s) for s in a.status)
     elif not a.all:
         statuses = NON_TERMINAL
-    tag = a.tag
+    tags: list[str | None] = list(dict.fromkeys(a.tag or [None]))
     if a.carrier is not None:  # a carrier's tasks carry its name as a tag
-        if tag is not None and tag != a.carrier:
+        if tags != [None] and tags != [a.carrier]:
             raise UsageError(f"--carrier {a.carrier} selects the tag {a.carrier}: not with --tag")
-        tag = a.carrier
-    return TaskQuery(
+        tags = [a.carrier]
+    base = TaskQuery(
         statuses=statuses,
-        name_glob=a.name,  # an exact name is the glob without wildcards
-        tag=tag,
         buckets=buckets,
         pipeline_run_id=pipeline_run(ctx, a.pipeline),
         owner=a.node,
@@ -190,6 +192,9 @@ def task_query(ctx: Context) -> TaskQuery:
         newest_first=True,
         brief=True,  # a list: no results, no tracebacks (show has them)
     )
+    names: list[str | None] = list(dict.fromkeys(a.name or [None]))
+    # An exact name is the glob without wildcards.
+    return [replace(base, name_glob=name, tag=tag) for name in names for tag in tags]
 
 
 def pipeline_run(ctx: Context, given: str | None) -> str | None:
@@ -200,11 +205,22 @@ def pipeline_run(ctx: Context, given: str | None) -> str | None:
     return find_pipeline_run(ctx.store(), given) or given
 
 
-def find_tasks(ctx: Context, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-    """The tasks the filter flags select (``--name`` is a glob), or ``query``; with
-    ``paused`` among the statuses, the tasks a pause holds before their start too."""
-    query = task_query(ctx) if query is None else query
-    return with_held(Capabilities(ctx.store()), query, ctx.store().query(query))
+def find_tasks(ctx: Context, queries: list[TaskQuery] | None = None) -> list[TaskSnapshot]:
+    """The tasks the filter flags select (``--name`` is a glob), or ``queries`` (their
+    union, newest first, at most their limit); with ``paused`` among the statuses, the
+    tasks a pause holds before their start too."""
+    queries = task_queries(ctx) if queries is None else queries
+    store = ctx.store()
+    caps = Capabilities(store)
+    if len(queries) == 1:
+        return with_held(caps, queries[0], store.query(queries[0]))
+    found: dict[str, TaskSnapshot] = {}
+    for query in queries:
+        for s in with_held(caps, query, store.query(query)):
+            found.setdefault(s.task_id, s)
+    union = sorted(found.values(), key=lambda s: s.created_at, reverse=True)
+    limit = queries[0].limit
+    return union if limit is None else union[:limit]
 
 
 def holds_of(ctx: Context, snapshots: list[TaskSnapshot]) -> dict[str, datetime]:

@@ -195,8 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--all", action="store_true", help="include finished tasks")
         p.add_argument("--mine", action="store_true", help="only this node's buckets")
         p.add_argument("--status", action="append", choices=[s.value for s in TaskStatus])
-        p.add_argument("--name")
-        p.add_argument("--tag")
+        p.add_argument(
+            "--name", action="append", help="a name or a glob ('etl.*'); repeat for any of several"
+        )
+        p.add_argument("--tag", action="append", help="a tag; repeat for any of several")
         p.add_argument(
             "--carrier",
             choices=["process", "async"],

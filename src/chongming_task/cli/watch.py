@@ -21,7 +21,7 @@ from ..model import TaskSnapshot, Transition
 from ..states import SHOWS_PROGRESS
 from ..stores.capabilities import Capabilities
 from ..text import printable
-from .context import Context, find_tasks, task_query
+from .context import Context, find_tasks, task_queries
 from .parser import UsageError
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _feed(ctx: Context) -> TransitionFeed:
     """The transitions of the tasks ``watch``'s filters select (endings included)."""
     return TransitionFeed(
         ctx.store(),
-        task_query(ctx),
+        task_queries(ctx),
         any_status=not ctx.args.status,
         active=lambda: find_tasks(ctx),
     )

@@ -48,7 +48,7 @@ from ..model import (
 from ..observe import submitted
 from ..options import SubmitOptions
 from ..pipelines import Pipeline, PipelineRun
-from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, RetryPolicy
+from ..policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ExceptionClasses, RetryPolicy
 from ..run.child import NICENESS
 from ..run.handle import TaskRun
 from ..run.life import CANCEL_WAIT, Run
@@ -442,6 +442,8 @@ class Controller(AsyncFace):
         name: str | None = None,
         retries: int | None = None,
         backoff: RetryPolicy | None = None,
+        retry_on: ExceptionClasses | None = None,
+        give_up_on: ExceptionClasses | None = None,
         timeout: float | None = None,
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
@@ -459,6 +461,8 @@ class Controller(AsyncFace):
         name: str | None = None,
         retries: int | None = None,
         backoff: RetryPolicy | None = None,
+        retry_on: ExceptionClasses | None = None,
+        give_up_on: ExceptionClasses | None = None,
         timeout: float | None = None,
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
@@ -475,6 +479,8 @@ class Controller(AsyncFace):
         name: str | None = None,
         retries: int | None = None,
         backoff: RetryPolicy | None = None,
+        retry_on: ExceptionClasses | None = None,
+        give_up_on: ExceptionClasses | None = None,
         timeout: float | None = None,
         timeout_grace: float = 5.0,
         tags: Iterable[str] = (),
@@ -489,7 +495,10 @@ class Controller(AsyncFace):
         ``name``: its name in the store (default ``module.qualname``). ``retries``: how
         many times a failed attempt is retried; ``backoff``: the ``RetryPolicy`` that
         shapes the delays between them (give the count once: in either, or the same in
-        both). ``timeout``: seconds an attempt may run (paused time not counted) before
+        both); ``retry_on``: the exceptions worth a retry (default: every ``Exception``),
+        ``give_up_on``: those never retried (each one class or a tuple). The function may
+        also ``raise Retry(after=30)`` to run again later without counting a failure.
+        ``timeout``: seconds an attempt may run (paused time not counted) before
         it is asked to stop, and ``timeout_grace`` more before it is abandoned.
         ``tags``: on every run. ``max_per_key``: at most that many of its runs sharing
         one ``concurrency_key`` (``configure``) run at once on this node. ``carrier``:
@@ -506,6 +515,8 @@ class Controller(AsyncFace):
                 name=name,
                 retries=retries,
                 backoff=backoff,
+                retry_on=retry_on,
+                give_up_on=give_up_on,
                 timeout=timeout,
                 timeout_grace=timeout_grace,
                 tags=tags,

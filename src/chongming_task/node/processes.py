@@ -400,6 +400,9 @@ class ProcessPool:
         if not child.suspended:
             child.worker.end(signal.SIGSTOP)
             child.suspended = True
+            # A signal is delivered, not obeyed, by the time kill() returns: the task is
+            # said paused once the kernel shows its worker stopped.
+            _until_stopped(child.pid, self._kill_grace)
             log.info("task %s: suspended its worker process %s", run.task_id, child.pid)
         return child.pid
 
@@ -483,6 +486,21 @@ def _resident(pid: int) -> int:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _until_stopped(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds until process ``pid`` is stopped (Linux: its
+    ``/proc`` state; elsewhere, or once it is gone, at once)."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat[stat.rfind(")") + 2] in "tTZX":
+            return
+        tick.wait(0.001)
 
 
 def _kill_if_alive(child: _Child) -> None:

@@ -9,6 +9,7 @@ another node's bucket would sit ``queued`` forever with no error (docs/design.md
 
 from __future__ import annotations
 
+import asyncio.events
 import logging
 import os
 import random
@@ -188,6 +189,7 @@ class Submitter:
         self._resolve = resolve
         self._accepting = accepting
         self._stored = stored  # called after each success: starts the node's services
+        self._warned_loop = False  # a sync submit on a running event loop is said once
         self._control = control  # the handles' controls go through the node's router
 
     def accepting(self) -> bool:
@@ -477,6 +479,14 @@ class Submitter:
     def persist(self, prepared: list[Prepared]) -> None:
         """Store new runs (all in one transaction where the store can); on failure none
         is kept. Tells the node after each success (its services start then)."""
+        if not self._warned_loop and _running_loop() is not None:
+            self._warned_loop = True
+            log.warning(
+                "a synchronous submit was called on a running event loop: it blocks the "
+                "loop until the store has the task; await asubmit(...) instead "
+                "(node.asubmit, task.asubmit: every call that touches the store has an awaited "
+                "twin named with an a)"
+            )
         items = [(run.writes.snapshot, created) for run, created in prepared]
         try:
             appended = self._caps.create_many(items)
@@ -498,3 +508,9 @@ class Submitter:
         for run, created in prepared:
             run.stored(created, appended=appended)
         self._stored()
+
+
+_running_loop = asyncio.events._get_running_loop
+"""The calling thread's running event loop, or ``None``: in ``asyncio.events.__all__``
+and, unlike ``asyncio.get_running_loop``, raises nothing where there is none (24 ns a
+submit against 215 on this machine, where a submit in memory costs about 17 µs)."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .. import states
 from ..errors import (
     CarrierTerminated,
+    Retry,
     StopRequested,
     TaskDesynced,
     TaskUnsuccessful,
@@ -41,7 +42,7 @@ from ..model import (
 )
 from ..model import TaskStatus as S
 from ..trail import TRAIL_WIDTH, trail_transitions
-from ..values import check_text
+from ..values import check_text, storable_text
 from . import attempt
 from .host import RunGroup, RunHost
 from .token import CancellationToken, RunSignals, StopKind
@@ -71,6 +72,7 @@ class Run:
     # cyclic garbage collector to walk on every full collection.
     __slots__ = (
         "_args",
+        "_asked_again",
         "_deadline",
         "_done",
         "_finished",
@@ -129,6 +131,7 @@ class Run:
             self.signals.make_async()
         self.abandoned = False
         self.cancel_asked = False
+        self._asked_again = 0  # attempts that ended in a Retry: no failure counted
         """An async attempt's cancellation was asked (a stop's grace ran out, a timeout)."""
         self.pipeline: RunGroup | None = None  # set for pipeline nodes
         self.node_key: str | None = None
@@ -251,6 +254,8 @@ class Run:
         return changes
 
     def _refreshed(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        if snapshot.is_terminal:  # its end carried its last activity; nothing is newer
+            return snapshot
         changes = self._activity()
         return snapshot.evolve(**changes) if changes else snapshot
 
@@ -263,7 +268,7 @@ class Run:
         writes progress and heartbeat back older."""
         with self._lock:
             if self.signals.checkpointed:
-                changes.update(self._activity())
+                changes = {**self._activity(), **changes}
             return self.writes.move(((to, reason),), actor, changes)
 
     def _end(self) -> None:
@@ -485,7 +490,9 @@ class Run:
     def ended_by(self, exc: BaseException, *, soon: bool = False) -> None:
         """Record what the function raised: a stop obeyed, an exception (retried by the
         policy), a ``BaseException`` (never retried). ``soon``: handed to the writer."""
-        if isinstance(exc, StopRequested):
+        if isinstance(exc, Retry):
+            self._again(exc, soon=soon)
+        elif isinstance(exc, StopRequested):
             with self._lock:
                 if not self.writes.snapshot.is_terminal:
                     self._finish_stopped(str(exc) if isinstance(exc, CarrierTerminated) else None)
@@ -510,7 +517,8 @@ class Run:
                 elif status is _RUNNING and not self.signals.checkpointed:
                     self.writes.succeed(outcome)
                 else:
-                    self._apply(_SUCCEEDED, outcome=outcome, failure=None)
+                    done = _complete(self.signals.progress)
+                    self._apply(_SUCCEEDED, outcome=outcome, failure=None, **done)
             taken = self.writes.take_if_free()
         self.writes.hand_off(taken)
 
@@ -523,17 +531,42 @@ class Run:
             if not current.is_terminal:
                 failure = attempt.exception_failure(exc, self._host.value_rules)
                 policy = self.definition.retry
-                if retry and current.status is not S.STOPPING and current.attempt <= policy.retries:
-                    delay = policy.delay(current.attempt, self._host.rng)
+                failures = current.attempt - self._asked_again  # a Retry asked counts none
+                retry = retry and current.status is not S.STOPPING and failures <= policy.retries
+                why = None
+                if retry and not policy.retries_on(exc):
+                    retry, why = False, policy.why_not(exc)
+                if retry:
+                    delay = policy.delay(failures, self._host.rng)
                     self._deadline = None
                     self._apply(
                         S.QUEUED,
                         failure=failure,
-                        reason=f"retry {current.attempt}/{policy.retries} in {delay:.3g}s "
+                        reason=f"retry {failures}/{policy.retries} in {delay:.3g}s "
                         f"after {failure.message}",
                     )
                 else:
-                    self._apply(S.FAILED, failure=failure, reason=failure.message)
+                    reason = failure.message if why is None else f"{failure.message} ({why})"
+                    self._apply(S.FAILED, failure=failure, reason=reason)
+        self.writes.write(soon=soon)
+        if delay is not None:
+            self._host.requeue(self, delay)
+
+    def _again(self, asked: Retry, *, soon: bool) -> None:
+        """The task raised ``Retry``: back to ``queued`` to run again ``asked.after``
+        seconds from now, no failure counted (a stop asked meanwhile wins)."""
+        delay: float | None = None
+        with self._lock:
+            current = self.writes.snapshot
+            if not current.is_terminal:
+                if current.status is S.STOPPING:
+                    self._finish_stopped()
+                else:
+                    self._asked_again += 1
+                    self._deadline = None
+                    delay = asked.after
+                    said = storable_text(str(asked), self._host.value_rules, limit=MAX_REASON)
+                    self._apply(S.QUEUED, failure=None, reason=said)
         self.writes.write(soon=soon)
         if delay is not None:
             self._host.requeue(self, delay)
@@ -726,3 +759,15 @@ class Run:
 
     def activity_flushed(self, seq: int) -> None:
         self._flushed_activity = seq
+
+
+def _complete(progress: Progress | None) -> dict[str, Any]:
+    """A success's progress: the last one reported, said complete (``current`` at its
+    ``total``; an open-ended one's total is where it got to), so a task that last
+    checkpointed at 19 of 20 does not read 19 of 20 once it has succeeded."""
+    if progress is None:
+        return {}
+    total = progress.current if progress.total is None else progress.total
+    if progress.current == total and progress.total is not None:
+        return {}
+    return {"progress": Progress(current=total, total=total, message=progress.message)}

@@ -554,6 +554,12 @@ class Commands:
         """Whether the store keeps finished commands."""
         return self._channel is not None
 
+    @property
+    def wakes(self) -> bool:
+        """Whether a command written wakes the node it is for (the store's own
+        ``CommandChannel``), rather than waiting for that node's next poll."""
+        return self._channel is not None
+
     def finished(self, *, after: datetime, limit: int = 500) -> list[Command]:
         """Commands finished after ``after``; empty where the store keeps no log."""
         if self._channel is None:
