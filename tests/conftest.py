@@ -259,6 +259,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.integration.pg_cluster import start_throwaway, unavailable_reason
 
     if os.environ.get(postgres_support.ENV) or hasattr(config, "workerinput"):
+        postgres_support.password_to_environment()
         return
     reason = unavailable_reason()
     try:

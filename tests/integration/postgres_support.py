@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -14,6 +15,29 @@ ENV = "CHONGMING_TEST_POSTGRES"
 NO_SERVER_REASON: str | None = None
 """Why this test run has no PostgreSQL (set by tests/conftest.py when it could not start a
 throwaway cluster)."""
+
+
+def password_to_environment() -> None:
+    """Move a password out of the test DSN into ``PGPASSWORD`` (libpq reads it there),
+    once a session: the CLI refuses a password on its command line, which every user of
+    the machine can read, and the tests run the CLI as users do."""
+    dsn = os.environ.get(ENV)
+    if not dsn or dsn == "none":
+        return
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    info = conninfo_to_dict(dsn)
+    password = info.pop("password", None)
+    if not password:
+        return
+    os.environ["PGPASSWORD"] = str(password)
+    parts = urlsplit(dsn)
+    if parts.scheme in ("postgresql", "postgres") and parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}@" if parts.username else ""
+        os.environ[ENV] = urlunsplit(parts._replace(netloc=user + netloc))
+    else:
+        os.environ[ENV] = make_conninfo(**{k: str(v) for k, v in info.items()})
 
 
 def require_dsn() -> str:

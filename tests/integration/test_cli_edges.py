@@ -5,6 +5,7 @@ the dashboard. The CLI and the dashboard run as real processes on a SQLite file.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -199,3 +200,30 @@ def test_ps_shows_the_newest_hundred_and_says_how_many_more(tmp_path: Path) -> N
     assert len(json.loads(every.stdout)) == 130
     capped = run("--db", str(path), "--json", "ps")
     assert len(json.loads(capped.stdout)) == 100 and "30 more" in capped.stderr
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--db", "postgresql://app:hunter2-long@127.0.0.1:1/ops"],
+        ["--db=postgresql://app@127.0.0.1:1/ops?password=hunter2-long"],
+        ["--db", "host=127.0.0.1 port=1 dbname=ops password=hunter2-long"],
+        ["--pg-listen-dsn", "postgresql://app:hunter2-long@127.0.0.1:1/ops"],
+    ],
+)
+def test_a_password_on_the_command_line_is_refused_and_taken_from_the_environment(
+    given: list[str],
+) -> None:
+    refused = run(*given, "ps")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "readable by every user of this machine" in refused.stderr
+    assert "CHONGMING_DB" in refused.stderr and "hunter2" not in refused.stderr
+    # The same DSN from the environment is taken (and then finds nothing listening).
+    taken = subprocess.run(
+        [sys.executable, "-m", "chongming_task", "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "CHONGMING_DB": "postgresql://app:hunter2-long@127.0.0.1:1/ops"},
+    )
+    assert taken.returncode == 1 and "nothing listens there" in taken.stderr, taken.stderr

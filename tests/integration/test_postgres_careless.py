@@ -5,6 +5,7 @@ bound, and a password given as a DSN parameter."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,11 +39,14 @@ def _sleep(token: CancellationToken) -> None:
 
 
 def cli(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI on ``dsn``, given in the environment: a password on the command line is
+    refused, as every user of the machine could read it there."""
     return subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", dsn, "--pg-schema", schema, *args],
+        [sys.executable, "-m", "chongming_task", "--pg-schema", schema, *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "CHONGMING_DB": dsn},
     )
 
 

@@ -4,6 +4,7 @@ test's own that asks for one), nothing listening on the port."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -16,12 +17,16 @@ from tests.integration.pg_cluster import throwaway_cluster as throwaway_cluster
 
 
 def ps(dsn: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``ps`` on ``dsn``, given in the environment (a password on the command line is
+    refused), with no password of the test session's beside it."""
+    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", dsn, "ps"],
+        [sys.executable, "-m", "chongming_task", "ps"],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**env, "CHONGMING_DB": dsn},
     )
     return result, time.monotonic() - start
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.cookiejar
 import json
+import os
 import re
 import socket
 import subprocess
@@ -42,8 +43,13 @@ class Web:
         *args: str,
         wrap: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
-        """``wrap``: a command the dashboard runs under (``opentelemetry-instrument``)."""
+        """``wrap``: a command the dashboard runs under (``opentelemetry-instrument``);
+        ``token``: its access token, given as an operator gives it (in the environment:
+        the command line refuses one)."""
+        if token is not None:
+            env = {**(os.environ if env is None else env), "CHONGMING_WEB_TOKEN": token}
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         command = [*wrap, sys.executable, "-m", "chongming_task", "--db", str(db), "web"]
@@ -208,7 +214,7 @@ def test_read_only_and_the_access_token(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2 and "give --token" in refused.stderr
     assert refused.stderr.count("\n") == 1
-    web = Web(db, "--token", "s3cret", "--read-only")
+    web = Web(db, "--read-only", token="s3cret")
     try:
         assert web.get("/")[0] == 401
         assert web.get("/", Authorization="Bearer wrong")[0] == 401

@@ -87,7 +87,7 @@ def test_bad_bucket_read_only_health_and_icon(tmp_path: Path) -> None:
     SqliteTaskStore(db).close()
     node = Node(db, "--submit", "loop")
     read_only = Web(db, "--read-only")
-    guarded = Web(db, "--token", "s3cret")
+    guarded = Web(db, token="s3cret")
     try:
         first = node.task_ids[0]
         wait_until(lambda: stored_status(db, first) is TaskStatus.RUNNING, what="running")

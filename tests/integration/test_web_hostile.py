@@ -7,6 +7,7 @@ list, and paging deep into a large store."""
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import subprocess
 import sys
@@ -142,12 +143,13 @@ def test_an_allowed_host_is_answered_and_a_wildcard_bind_needs_one(tmp_path: Pat
             assert raw(web, "GET", "/healthz", Host=name)[0] == 400, name
     finally:
         web.close()
-    wildcard = ["web", "--host", "0.0.0.0", "--token", TOKEN]
+    wildcard = ["web", "--host", "0.0.0.0"]
     refused = subprocess.run(
         [sys.executable, "-m", "chongming_task", "--db", str(db), *wildcard],
         capture_output=True,
         text=True,
         timeout=30,
+        env={**os.environ, "CHONGMING_WEB_TOKEN": TOKEN},
     )
     assert refused.returncode == 2 and "--allowed-host" in refused.stderr
     assert refused.stderr.count("\n") == 1
@@ -173,16 +175,19 @@ def test_every_answer_forbids_framing_and_foreign_scripts(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("env", "args", "said"),
     [
-        ({}, ["--host", "0.0.0.0", "--allowed-host", "*", "--token", "a"], "16 or more"),
+        ({"CHONGMING_WEB_TOKEN": "a"}, ["--host", "0.0.0.0", "--allowed-host", "*"], "16 or more"),
         ({"CHONGMING_WEB_TOKEN": " "}, [], "blank"),
         ({"CHONGMING_WEB_TOKEN": " "}, ["--host", "0.0.0.0", "--allowed-host", "*"], "blank"),
+        ({}, ["--token", TOKEN], "--token: a token on the command line is readable"),
+        ({}, [f"--token={TOKEN}"], "give it in CHONGMING_WEB_TOKEN or in a file"),
+        ({"CHONGMING_WEB_TOKEN": TOKEN}, ["--trusted-proxy", "*"], "no address"),
+        ({"CHONGMING_WEB_TOKEN": "short"}, ["--trusted-proxy", "127.0.0.1"], "16+"),
+        ({}, ["--token-file", "/nonexistent/token"], "--token-file /nonexistent/token"),
     ],
 )
-def test_weak_tokens_are_refused(
+def test_weak_tokens_secrets_on_the_command_line_and_blind_trust_are_refused(
     tmp_path: Path, env: dict[str, str], args: list[str], said: str
 ) -> None:
-    import os
-
     db = tmp_path / "weak.db"
     SqliteTaskStore(db).close()
     result = subprocess.run(
@@ -199,14 +204,73 @@ def test_weak_tokens_are_refused(
 def test_guessing_the_token_is_slowed_and_never_a_500(tmp_path: Path) -> None:
     db = tmp_path / "guess.db"
     SqliteTaskStore(db).close()
-    web = Web(db, "--token", TOKEN)
+    strong, short = Web(db, token=TOKEN), Web(db, token="s3cret")
     try:
-        codes = [raw(web, "GET", "/", Authorization=f"Bearer wrong-{n}")[0] for n in range(15)]
-        assert codes[:10] == [401] * 10
-        assert codes[10:] == [429] * 5  # the rest wait: even the right token, for now
-        status, headers, _ = raw(web, "GET", "/", Authorization=f"Bearer {TOKEN}")
+        for web in (strong, short):
+            codes = [raw(web, "GET", "/", Authorization=f"Bearer wrong-{n}")[0] for n in range(15)]
+            assert codes[:10] == [401] * 10
+            assert codes[10:] == [429] * 5  # the rest wait
+            assert raw(web, "GET", "/healthz")[0] == 200  # a probe is never held back
+        # A strong token is looked at first: others' guesses from the same address never
+        # lock its holders out (its length keeps it from being guessed).
+        status, _, _ = raw(strong, "GET", "/", Authorization=f"Bearer {TOKEN}")
+        assert status == 200
+        assert raw(strong, "GET", f"/?token={TOKEN}")[0] == 303
+        # A short one (loopback only) is not even looked at while its client waits.
+        status, headers, _ = raw(short, "GET", "/", Authorization="Bearer s3cret")
         assert status == 429 and int(headers["retry-after"]) > 0
-        assert raw(web, "GET", "/healthz")[0] == 200  # a probe is never held back
+    finally:
+        strong.close()
+        short.close()
+
+
+def test_forwarding_headers_count_only_from_a_proxy_named_trusted(tmp_path: Path) -> None:
+    db = tmp_path / "proxy.db"
+    SqliteTaskStore(db).close()
+    direct = Web(db, token=TOKEN)
+    proxied = Web(db, "--trusted-proxy", "127.0.0.1", token=TOKEN)
+    try:
+        # Nobody named: each guess's own X-Forwarded-For changes nothing, one client.
+        codes = [
+            raw(direct, "GET", "/", Authorization="Bearer no", X_Forwarded_For=f"10.0.0.{n}")[0]
+            for n in range(12)
+        ]
+        assert codes == [401] * 10 + [429] * 2
+        # The proxy named: the client is the address it forwarded for.
+        for n in range(12):
+            guessed = raw(
+                proxied, "GET", "/", Authorization="Bearer no", X_Forwarded_For="10.9.9.9"
+            )
+            assert guessed[0] == (401 if n < 10 else 429)
+        other = raw(proxied, "GET", "/", Authorization="Bearer no", X_Forwarded_For="10.8.8.8")
+        assert other[0] == 401  # another client, its own count
+        # Secure cookies where the proxy says the client came over TLS.
+        status, headers, _ = raw(
+            proxied,
+            "GET",
+            f"/?token={TOKEN}",
+            X_Forwarded_Proto="https",
+            X_Forwarded_For="10.7.7.7",
+        )
+        assert status == 303 and "secure" in headers["set-cookie"].lower()
+        status, headers, _ = raw(direct, "GET", f"/?token={TOKEN}", X_Forwarded_Proto="https")
+        assert status == 303 and "secure" not in headers["set-cookie"].lower()  # not believed
+    finally:
+        direct.close()
+        proxied.close()
+
+
+def test_the_token_is_read_from_a_file(tmp_path: Path) -> None:
+    db = tmp_path / "file.db"
+    SqliteTaskStore(db).close()
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n")
+    web = Web(db, "--token-file", str(secret))
+    try:
+        assert raw(web, "GET", "/")[0] == 401
+        assert raw(web, "GET", "/", Authorization=f"Bearer {TOKEN}")[0] == 200
+        cmdline = Path(f"/proc/{web.proc.pid}/cmdline").read_bytes()
+        assert TOKEN.encode() not in cmdline
     finally:
         web.close()
 
@@ -215,8 +279,8 @@ def test_odd_text_in_tokens_ids_times_and_globs_is_a_4xx_never_a_500(tmp_path: P
     db = tmp_path / "fivehundred.db"
     SqliteTaskStore(db).close()
     plain = Web(db)
-    guarded = Web(db, "--token", TOKEN)
-    odd = Web(db, "--token", "tökén-ünïcode-øø-1234")
+    guarded = Web(db, token=TOKEN)
+    odd = Web(db, token="tökén-ünïcode-øø-1234")
     try:
         for path in (
             "/tasks?q=a%F4%8F%BF%BF",
@@ -260,7 +324,7 @@ def test_odd_text_in_tokens_ids_times_and_globs_is_a_4xx_never_a_500(tmp_path: P
 def test_redirects_stay_on_the_dashboard(tmp_path: Path) -> None:
     db = tmp_path / "redirect.db"
     SqliteTaskStore(db).close()
-    web = Web(db, "--token", TOKEN)
+    web = Web(db, token=TOKEN)
     try:
         for path, to in (
             (f"//evil.example/?token={TOKEN}", "/evil.example/"),

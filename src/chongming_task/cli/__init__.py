@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from ..stores.dsn import password_of
 from ..text import utf8_fault
 from .commands import COMMANDS
 from .context import Context
@@ -37,6 +38,32 @@ def _check_text_arguments(args: argparse.Namespace) -> None:
                 )
 
 
+def _check_secrets(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """Refuse a secret given on the command line: every user of the machine can read
+    it there (``ps``, ``/proc/PID/cmdline``), in this process's and in a parent's such as
+    ``uv run``'s, which nothing here could scrub. Each error names where it goes."""
+    for flag, name in (("--db", "db"), ("--pg-listen-dsn", "pg_listen_dsn")):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and password_of(value) and _given(value, argv):
+            raise UsageError(
+                f"{flag}: a password on the command line is readable by every user of this "
+                "machine: give the DSN in the environment (CHONGMING_DB, "
+                "CHONGMING_PG_LISTEN_DSN) or the password in ~/.pgpass or PGPASSWORD"
+            )
+    token = getattr(args, "token", None)
+    if token and _given(token, argv):
+        raise UsageError(
+            "--token: a token on the command line is readable by every user of this "
+            "machine: give it in CHONGMING_WEB_TOKEN or in a file (--token-file FILE)"
+        )
+
+
+def _given(value: str, argv: Sequence[str]) -> bool:
+    """Whether ``value`` was given as a flag's value in ``argv`` (``--flag VALUE`` or
+    ``--flag=VALUE``), rather than read from the environment."""
+    return any(word == value or word.endswith("=" + value) for word in argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # The pool logs each failed connection attempt; the one-line error says it already.
     driver_log = logging.getLogger("psycopg")
@@ -47,8 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = [0]
     ctx: Context | None = None
     with errors_mapped(code):
-        args = build_parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser().parse_args(words)
         _check_text_arguments(args)
+        _check_secrets(args, words)
         ctx = Context(args)  # bucket flags are validated here, before anything else
         try:
             code[0] = COMMANDS[args.command](ctx)

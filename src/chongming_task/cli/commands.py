@@ -399,13 +399,15 @@ def cmd_web(ctx: Context) -> int:
         import uvicorn
 
         from ..web import Dashboard, create_app
-        from ..web.access import answered_hosts
+        from ..web.access import answered_hosts, trusted_proxies
     except ImportError as exc:
         raise UsageError(
             f'the dashboard needs the [web] extra: pip install "chongming-task[web]" ({exc.name})'
         ) from None
+    token = a.token if a.token_file is None else _read_token(a.token_file)
     try:
-        allowed = answered_hosts(a.host, a.token, a.allowed_host)
+        allowed = answered_hosts(a.host, token, a.allowed_host)
+        proxies = trusted_proxies(a.trusted_proxy, token)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     # First: its errors are the ones to show. On PostgreSQL one pooled connection (the
@@ -428,7 +430,7 @@ def cmd_web(ctx: Context) -> int:
         where=ctx.where(),
         num_buckets=ctx.policy.num_buckets if ctx.num_buckets_given else None,
         read_only=a.read_only,
-        token=a.token or None,
+        token=token or None,
         allowed_hosts=allowed,
         aside=aside,  # SQLite: a second connection for the whole-store reads
     )
@@ -441,6 +443,10 @@ def cmd_web(ctx: Context) -> int:
             port=a.port,
             log_level="warning",
             timeout_graceful_shutdown=5,
+            # Forwarding headers are believed from the proxies named, from nobody else
+            # (uvicorn's default believes 127.0.0.1's).
+            proxy_headers=bool(proxies),
+            forwarded_allow_ips=proxies or None,
         )
     )
     dashboard.closing = lambda: server.should_exit  # open event streams end at a stop
@@ -451,6 +457,19 @@ def cmd_web(ctx: Context) -> int:
         if aside is not None:
             aside.close()
     return 0
+
+
+def _read_token(path: str) -> str:
+    """The token in ``path``'s first line (``UsageError`` if it cannot be read or is
+    blank)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            token = file.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--token-file {path}: {exc}") from None
+    if not token.strip():
+        raise UsageError(f"--token-file {path}: its first line is blank")
+    return token
 
 
 def cmd_demo(ctx: Context) -> int:

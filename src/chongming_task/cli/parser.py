@@ -113,6 +113,11 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _listed(variable: str) -> list[str]:
+    """An environment variable's comma-separated items (none where it is unset)."""
+    return [item for item in os.environ.get(variable, "").split(",") if item]
+
+
 def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     """The flags every command takes, before the command or after it. Given after it,
     the subcommand's parser sets them; its defaults are left out (``SUPPRESS``), so the
@@ -303,13 +308,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         default=os.environ.get("CHONGMING_WEB_TOKEN"),
-        help="access token (env CHONGMING_WEB_TOKEN); required off loopback, of "
-        f"{MIN_REMOTE_TOKEN}+ characters there",
+        help="access token: give it in the environment (CHONGMING_WEB_TOKEN) or a file "
+        "(--token-file), never on the command line, which every user of the machine can "
+        f"read; required off loopback and behind a proxy, of {MIN_REMOTE_TOKEN}+ characters",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=os.environ.get("CHONGMING_WEB_TOKEN_FILE"),
+        help="read the access token from FILE (its first line; env CHONGMING_WEB_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=_listed("CHONGMING_WEB_TRUSTED_PROXIES"),
+        metavar="ADDRESS",
+        help="a proxy in front of the dashboard whose X-Forwarded-For and X-Forwarded-Proto "
+        "are believed: an address or a network (127.0.0.1, 10.0.0.0/8); repeatable (env "
+        "CHONGMING_WEB_TRUSTED_PROXIES, comma-separated). Nobody else's are",
     )
     p.add_argument(
         "--allowed-host",
         action="append",
-        default=[h for h in os.environ.get("CHONGMING_WEB_ALLOWED_HOSTS", "").split(",") if h],
+        default=_listed("CHONGMING_WEB_ALLOWED_HOSTS"),
         metavar="NAME",
         help="a host name the dashboard answers to besides its address and localhost: "
         "dash.example.com, .example.com (a domain), * (any); repeatable "

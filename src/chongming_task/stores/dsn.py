@@ -24,6 +24,7 @@ __all__ = [
     "check_schema_name",
     "check_target",
     "is_postgres_dsn",
+    "password_of",
     "shown_dsn",
     "where_of",
 ]
@@ -95,6 +96,17 @@ def check_target(target: str | Path) -> None:
                 f"unsupported scheme {found['scheme']}: give a SQLite file path or a "
                 "postgresql:// DSN"
             )
+
+
+def password_of(target: str) -> str | None:
+    """The password a PostgreSQL DSN carries, wherever it is written in it (``None``
+    for none, for a DSN that does not parse, and for a SQLite path)."""
+    if not is_postgres_dsn(target):
+        return None
+    try:
+        return _parsed(target).get("password") or None
+    except ValueError:
+        return None
 
 
 def shown_dsn(dsn: str) -> str:

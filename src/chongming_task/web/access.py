@@ -14,12 +14,22 @@ framing, only the dashboard's own scripts) are here too.
   CSRF value and the token.
 - **Token.** Compared as bytes in constant time (any text compares; none raises).
   A client that sends ``GUESSES`` wrong tokens in ``WINDOW`` seconds is answered 429
-  until they age out, so guessing takes years, not seconds.
+  until they age out, so guessing takes years, not seconds. A client is the address
+  the request came from, or, from a proxy the operator named (``--trusted-proxy``),
+  the address that proxy says it forwarded: forwarding headers from anyone else are
+  ignored, so a guesser cannot pose as many clients. A strong token (``MIN_REMOTE_TOKEN``
+  characters or more: required off loopback and behind a proxy) is looked at first and
+  never refused: others' guesses from the same address cannot lock its holders out,
+  and its length, not the limiter, is what keeps it from being guessed. A short one,
+  allowed on loopback alone, is not even looked at while its client waits.
+- **Cookies** get ``Secure`` when the request came over TLS, or from a trusted proxy
+  that says it did (``X-Forwarded-Proto: https``).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import re
 import threading
 import time
@@ -38,6 +48,7 @@ __all__ = [
     "host_allowed",
     "parse_host",
     "same_origin",
+    "trusted_proxies",
 ]
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -99,6 +110,32 @@ def answered_hosts(host: str, token: str | None, allowed: Iterable[str]) -> froz
         raise ConfigurationError(f"--allowed-host {bad!a} is no host name")
     bound = set() if host in WILDCARD else {host.lower().strip("[]")}
     return frozenset(LOOPBACK | bound | names)
+
+
+def trusted_proxies(given: Iterable[str], token: str | None) -> list[str]:
+    """The proxies whose forwarding headers are believed: addresses or networks
+    (``127.0.0.1``, ``10.0.0.0/8``). ``ConfigurationError`` for anything else (``*``
+    included: anyone could then pose as any client), and for a token shorter than
+    ``MIN_REMOTE_TOKEN`` behind one (everyone who reaches the proxy reaches the
+    dashboard)."""
+    found: list[str] = []
+    for item in given:
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ConfigurationError(
+                f"--trusted-proxy {item!a} is no address or network: name the proxy's "
+                "address (127.0.0.1) or its network (10.0.0.0/8)"
+            ) from None
+    if found and (token is None or len(token) < MIN_REMOTE_TOKEN):
+        raise ConfigurationError(
+            f"behind a proxy the dashboard needs a token of {MIN_REMOTE_TOKEN}+ characters "
+            "(CHONGMING_WEB_TOKEN or --token-file): everyone who reaches the proxy reaches it"
+        )
+    return found
 
 
 def parse_host(value: str) -> tuple[str, int | None] | None:
@@ -164,6 +201,8 @@ class Access:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._token = None if token is None else token.encode("utf-8", "surrogatepass")
+        self.strong = token is not None and len(token) >= MIN_REMOTE_TOKEN
+        """Whether the token is long enough to be looked at before the limiter."""
         self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
         self._clock = clock
         self._lock = threading.Lock()

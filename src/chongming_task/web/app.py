@@ -394,21 +394,29 @@ def create_app(dashboard: Dashboard) -> Starlette:
         if not d.access.needs_token or request.url.path.startswith("/healthz"):
             return None
         client = request.client.host if request.client is not None else "-"
-        wait = d.access.waiting(client)
+        given = request.query_params.get("token")
+        # A strong token is looked at first: others' guesses never refuse its holder.
+        right = d.access.strong and _token_right(request, d, given)
+        wait = 0.0 if right else d.access.waiting(client)
         if wait > 0:
             return PlainTextResponse(
                 f"429: too many wrong tokens from {client}: try again in {wait:.0f} s",
                 status_code=429,
                 headers={"Retry-After": str(max(1, round(wait)))},
             )
-        given = request.query_params.get("token")
         if given is not None and d.access.token_is(given):
             # Back to the page without the token in its address; never off the dashboard
             # ("//evil.example/" is a path here, not another site).
             response: Response = RedirectResponse(_local(request.scope["path"]), status_code=303)
-            response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+            response.set_cookie(
+                TOKEN_COOKIE,
+                given,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
             return response
-        if _token_ok(request, d):
+        if right or _token_ok(request, d):
             return None
         if given is not None or _token_given(request):
             d.access.guessed_wrong(client)
@@ -426,7 +434,13 @@ def create_app(dashboard: Dashboard) -> Starlette:
             request.state.csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
             answer = await _answered(request, call_next)
             if CSRF_COOKIE not in request.cookies:
-                answer.set_cookie(CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict")
+                answer.set_cookie(
+                    CSRF_COOKIE,
+                    request.state.csrf,
+                    httponly=True,
+                    samesite="strict",
+                    secure=request.url.scheme == "https",
+                )
         answer.headers.update(SECURITY_HEADERS)
         return answer
 
@@ -493,6 +507,11 @@ def _token_given(request: Request) -> bool:
     return request.headers.get("authorization", "").startswith("Bearer ") or (
         TOKEN_COOKIE in request.cookies
     )
+
+
+def _token_right(request: Request, d: Dashboard, given: str | None) -> bool:
+    """Whether the request carries the token, in any of the three places."""
+    return (given is not None and d.access.token_is(given)) or _token_ok(request, d)
 
 
 def _token_ok(request: Request, d: Dashboard) -> bool:
