@@ -2,26 +2,28 @@
 
     uv run python bench/web_heavy.py --then REV [--result-mb 20] [--heavy 11] [--deep 100000]
 
-One SQLite store: ``--heavy`` succeeded tasks whose results are ``--result-mb`` MB each,
-and ``--deep`` small tasks to page through. For the package at ``--then`` (its ``src/``
-from this checkout's history) and for this tree, the same ``chongming-task web`` process
-serves the same file, and the bench asks it, each request ``--requests`` times:
+One SQLite store a tree, made by that tree's own code (each reads the schema it writes):
+``--heavy`` succeeded tasks whose results are ``--result-mb`` MB each, and ``--deep``
+small tasks to page through. For the package at ``--then`` (its ``src/`` from this
+checkout's history) and for this tree, ``chongming-task web`` serves its file, and the
+bench asks it, each request ``--requests`` times:
 
+- six ``/tasks?status=all`` at once, first, then six ``/tasks/ID`` of heavy tasks at
+  once: the server's peak memory (``VmHWM``) is read after each;
 - ``/healthz``: the floor, one point read;
-- six ``/tasks?status=all`` at once, first: the server's peak memory (``VmHWM``) is
-  read after them;
 - ``/tasks?status=all``: the list, with every heavy task on its first page;
 - ``/tasks/ID`` of a heavy task, and the bytes it sends;
-- the costliest page a URL can ask for: with the earlier code an offset of ``--deep``
-  from the newest task (``until`` + ``skip=``), with this tree the page ``--deep``
-  tasks down by its key (``until`` + ``before``), which is what the "Older" link gives.
+- the costliest page a URL can ask for: the page ``--deep`` tasks down by its key
+  (``until`` + ``before``), which is what the "Older" link gives.
 
-Medians in milliseconds, bytes of the answer, and the peak RSS in MiB, side by side.
+Medians in milliseconds, bytes of the answer, the task page's median against
+``/healthz``'s, and the peak RSS in MiB, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -41,9 +43,9 @@ HEAVY_ID = "{:02d}" + "e" * 30
 
 
 def fill(db: Path, heavy: int, result_mb: int, deep: int) -> tuple[str, str, str]:
-    """The store; returns the newest creation time, and the key (``until``, ``before``)
-    of the task ``deep`` down."""
-    sys.path.insert(0, str(NOW))
+    """The store, made by the package this process imports (``--child-fill``); returns
+    the newest creation time, and the key (``until``, ``before``) of the task ``deep``
+    down."""
     from chongming_task import SqliteTaskStore, TaskSnapshot, TaskStatus, Transition
     from chongming_task.stores.capabilities import Capabilities
 
@@ -127,13 +129,14 @@ def measure(src: Path, db: Path, pages: dict[str, str], requests: int) -> dict[s
             except OSError:
                 time.sleep(0.1)
         found: dict[str, object] = {}
-        # First, before any other page: the peak is the lists' own.
-        threads = [threading.Thread(target=_get, args=(base + pages["list"],)) for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        found["peak MiB"] = _peak_mib(web.pid)
+        # First, before any other page: the peak is the lists' own, then the pages'.
+        for label in ("list", "task page"):
+            threads = [threading.Thread(target=_get, args=(base + pages[label],)) for _ in range(6)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            found[f"peak MiB after 6 {label}s at once"] = _peak_mib(web.pid)
         for label, path in pages.items():
             _get(base + path)  # warm
             taken = [_get(base + path) for _ in range(requests)]
@@ -144,6 +147,17 @@ def measure(src: Path, db: Path, pages: dict[str, str], requests: int) -> dict[s
         web.wait(30)
 
 
+def filled(src: Path, db: Path, args: argparse.Namespace) -> tuple[str, str, str]:
+    """``fill`` run by the package under ``src``, in a process of its own."""
+    command = [sys.executable, __file__, "--child-fill", str(db), "--then", "-"]
+    command += ["--heavy", str(args.heavy), "--result-mb", str(args.result_mb)]
+    command += ["--deep", str(args.deep)]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    newest, until, before = json.loads(out.splitlines()[-1])
+    return newest, until, before
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--then", required=True, help="the earlier commit")
@@ -151,22 +165,24 @@ def main() -> None:
     parser.add_argument("--result-mb", type=int, default=20)
     parser.add_argument("--deep", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--child-fill", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_fill:
+        print(json.dumps(fill(Path(args.child_fill), args.heavy, args.result_mb, args.deep)))
+        return
     with tempfile.TemporaryDirectory(prefix="web-heavy-") as folder:
         then = extract(args.then, Path(folder) / "then")
-        db = Path(folder) / "heavy.db"
-        newest, until, before = fill(db, args.heavy, args.result_mb, args.deep)
+        dbs = {"then": Path(folder) / "then.db", "now": Path(folder) / "now.db"}
         common = {
             "healthz": "/healthz",
             "list": "/tasks?status=all",
             "task page": "/tasks/" + HEAVY_ID.format(0),
         }
-        deep_then = f"/tasks?status=all&until={urllib.parse.quote(newest)}&skip={args.deep}"
-        deep_now = f"/tasks?status=all&until={urllib.parse.quote(until)}&before={before}"
-        rows = {
-            "then": measure(then, db, {**common, "deepest page": deep_then}, args.requests),
-            "now": measure(NOW, db, {**common, "deepest page": deep_now}, args.requests),
-        }
+        rows = {}
+        for tree, src in (("then", then), ("now", NOW)):
+            _, until, before = filled(src, dbs[tree], args)
+            deep = f"/tasks?status=all&until={urllib.parse.quote(until)}&before={before}"
+            rows[tree] = measure(src, dbs[tree], {**common, "deepest page": deep}, args.requests)
     print(
         f"{args.heavy} results of {args.result_mb} MB, {args.deep:,} tasks to page through; "
         f"medians of {args.requests}"
@@ -175,8 +191,12 @@ def main() -> None:
     for label in (*common, "deepest page"):
         (t_ms, t_bytes), (n_ms, n_bytes) = rows["then"][label], rows["now"][label]  # type: ignore[misc]
         print(f"{label:<16}{t_ms:>12.1f}{t_bytes:>14,}{n_ms:>12.1f}{n_bytes:>14,}")
-    print(f"{'peak MiB (6 lists at once)':<30}{rows['then']['peak MiB']:>12.0f}"
-          f"{rows['now']['peak MiB']:>26.0f}")  # fmt: skip
+    for tree in ("then", "now"):
+        page, floor = rows[tree]["task page"][0], rows[tree]["healthz"][0]  # type: ignore[index]
+        print(f"{tree}: the task page {page / floor:.1f}x /healthz")
+    for label in ("list", "task page"):
+        peak = f"peak MiB after 6 {label}s at once"
+        print(f"{peak:<36}{rows['then'][peak]:>8.0f}{rows['now'][peak]:>26.0f}")
 
 
 if __name__ == "__main__":

@@ -32,20 +32,24 @@ class AmbiguousId(LookupError):
         self.candidates = candidates
 
 
-def find_task(store: TaskStore, given: str, where: str, *, shown: int = 5) -> TaskSnapshot:
+def find_task(
+    store: TaskStore, given: str, where: str, *, shown: int = 5, brief: bool = False
+) -> TaskSnapshot:
     """The task ``given`` names: its full id, or a unique prefix of at least
     ``MIN_PREFIX`` characters. ``LookupError`` (one line, naming ``where``) when there is
-    none; ``AmbiguousId`` naming the candidates when the prefix fits several."""
-    snapshot = store.get(given)
+    none; ``AmbiguousId`` naming the candidates when the prefix fits several. ``brief``:
+    read as a list reads it (no result, no traceback: ``TaskQuery.brief``), to find the
+    task whatever its result's size."""
+    snapshot = store.get(given) if not brief else _exactly(store, given)
     if snapshot is not None:
         return snapshot
     if given != given.lower():  # the ids made here are lower-case hex; a person may shout
-        return find_task(store, given.lower(), where, shown=shown)
+        return find_task(store, given.lower(), where, shown=shown, brief=brief)
     if len(given) < MIN_PREFIX:
         raise LookupError(
             f"no task {given} in {where} (an id prefix needs {MIN_PREFIX}+ characters)"
         )
-    found = store.query(TaskQuery(id_prefix=given, limit=shown + 1))
+    found = store.query(TaskQuery(id_prefix=given, limit=shown + 1, brief=brief))
     if not found:
         raise LookupError(f"no task {given} in {where}")
     if len(found) == 1:
@@ -53,6 +57,12 @@ def find_task(store: TaskStore, given: str, where: str, *, shown: int = 5) -> Ta
     listed = ", ".join(f"{s.task_id} ({s.name})" for s in found[:shown])
     more = " and more" if len(found) > shown else ""
     raise AmbiguousId(f"id prefix {given} is ambiguous: it matches {listed}{more}", found[:shown])
+
+
+def _exactly(store: TaskStore, task_id: str) -> TaskSnapshot | None:
+    """The task whose id is ``task_id``, read briefly (``None``: none has it)."""
+    found = store.query(TaskQuery(id_prefix=task_id, limit=2, brief=True))
+    return next((s for s in found if s.task_id == task_id), None)
 
 
 def find_pipeline_run(store: TaskStore, given: str) -> str | None:

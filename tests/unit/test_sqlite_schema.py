@@ -4,6 +4,7 @@ trail, in the order tasks were made."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from chongming_task import (
     TaskStatus,
     Transition,
 )
-from chongming_task.stores import SqliteTaskStore
+from chongming_task.stores import SqliteTaskStore, codec
 from chongming_task.stores.sqlite import SCHEMA_VERSION
 from tests.unit.sqlite_support import (
     life_step,
@@ -48,8 +49,13 @@ def test_the_schema_in_sqlite_sql_matches_the_codec(tmp_path: Path) -> None:
         def columns(table: str) -> tuple[str, ...]:
             return tuple(r[1] for r in raw.execute(f"PRAGMA table_info({table})"))
 
-        # seq (schema 9) is the store's own: the codec's rows never carry it.
-        assert columns("tasks") == ("seq", *codec.TASK_COLUMNS)
+        # seq (schema 9) is the store's own: the codec's rows never carry it. The result
+        # is the row's last column (schema 16: nothing else is read past it), after its
+        # generated preview (which table_info does not list).
+        rest = tuple(c for c in codec.TASK_COLUMNS if c != "outcome")
+        assert columns("tasks") == ("seq", *rest, "outcome")
+        every = tuple(r[1] for r in raw.execute("PRAGMA table_xinfo(tasks)"))
+        assert every[-2:] == ("outcome_preview", "outcome")
         # key (schema 11) is the store's own too: seq * 16777216 + version.
         assert columns("transitions") == ("key", *codec.TRANSITION_COLUMNS)
         assert columns("commands") == codec.COMMAND_COLUMNS
@@ -204,15 +210,14 @@ def test_an_older_file_gains_the_new_tables_when_opened(
         reopened = SqliteTaskStore(path, create=False)
     # The rebuild takes a while on a large file: it says so, once, with the count.
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: upgrading to schema {SCHEMA_VERSION}, which rebuilds the trail of its 2 "
-        "tasks once "
-        "(about 40 s a million tasks); other processes wait for the file"
+        f"{path}: upgrading to schema {SCHEMA_VERSION}, which copies its 2 tasks and their "
+        "trail once (about 40 s a million tasks); other processes wait for the file"
     ]
     try:
         assert reopened.get("kept") is not None
         assert reopened.nodes() == [] and reopened.schedules() == []
         (now,) = sql(reopened).execute("PRAGMA user_version").fetchone()
-        assert now == SCHEMA_VERSION == 15
+        assert now == SCHEMA_VERSION == 16
         assert reopened.holds() == {}  # schema 15: the holds of a pause before the start
         # Schema 12: what nodes say of their health, and the late reports beside tasks.
         assert "health" in [r[1] for r in sql(reopened).execute("PRAGMA table_info(nodes)")]
@@ -357,9 +362,8 @@ def test_a_file_with_the_trail_keyed_by_seq_is_rebuilt_once(
         store = SqliteTaskStore(path, create=False)
     try:
         assert [r.getMessage() for r in caplog.records] == [
-            f"{path}: upgrading to schema {SCHEMA_VERSION}, which rebuilds the trail of its 2 "
-            "tasks once "
-            "(about 40 s a million tasks); other processes wait for the file"
+            f"{path}: upgrading to schema {SCHEMA_VERSION}, which copies its 2 tasks and "
+            "their trail once (about 40 s a million tasks); other processes wait for the file"
         ]
         assert sql(store).execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         assert sql(store).execute(
@@ -593,3 +597,37 @@ def test_a_compare_and_set_carries_its_last_transition_and_the_others_follow(
     assert store.get("c") == moved_c and [t.version for t in store.history("c")] == [1]
     assert [t.reason for t in store.history("other")] == [None, "handed over"]
     store.close()
+
+
+def test_a_schema_15_file_keeps_its_results_last_in_the_row_with_their_previews(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file as the release before the result previews made it: opened, the tasks are
+    copied once into the table of schema 16 (the result the row's last column, a long
+    one's first characters beside it), every task and its trail kept."""
+    from chongming_task.stores.roles import PREVIEW
+    from tests.unit.older_files import older_file
+
+    path = tmp_path / "v15.db"
+    at = codec.encode_dt(datetime(2026, 1, 1, tzinfo=UTC))
+    long = json.dumps(["ü" * 100] * 100)
+    values = ["old", "echo", "succeeded", 1, 1, "[]", None, None, None, "n", at]
+    values += [at, at, None, None, None, long, None, None, None, 3, None, None, None, None]
+    older_file(path, 15, codec.TASK_COLUMNS, values)
+    with caplog.at_level("WARNING", logger="chongming_task.store"):
+        store = SqliteTaskStore(path, create=False)
+    try:
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{path}: upgrading to schema {SCHEMA_VERSION}, which copies its 1 tasks once "
+            "(about 20 s a million tasks); other processes wait for the file"
+        ]
+        kept = store.get("old")
+        assert kept is not None and kept.outcome == json.loads(long) and kept.priority == 3
+        assert [t.reason for t in store.history("old")] == ["made by the older release"]
+        found = store.get_previewed("old")
+        assert found is not None and found.snapshot == kept.evolve(outcome=None)
+        assert found.preview == long[:PREVIEW]
+        every = [r[1] for r in sql(store).execute("PRAGMA table_xinfo(tasks)")]
+        assert every[-2:] == ["outcome_preview", "outcome"]
+    finally:
+        store.close()

@@ -30,6 +30,7 @@ from ..model import (
     TaskStatus,
     Transition,
 )
+from . import codec
 from .protocol import TaskStore
 from .roles import (
     BatchedWrites,
@@ -43,15 +44,18 @@ from .roles import (
     PartialCreate,
     PartialWrite,
     PendingWrites,
+    Previewed,
     ReadWhole,
     SupportsAtomic,
     SupportsConnectionCount,
     SupportsCreateSchema,
+    SupportsResultPreview,
     SupportsStorageClock,
     Verdict,
     ended_mark,
     lost_mark,
     mark_expired_by_scan,
+    previewed,
     rules_of,
 )
 
@@ -125,6 +129,7 @@ class Capabilities:
         "_channel",
         "_connections",
         "_fleet",
+        "_previews",
         "_schema",
         "_storage_now",
         "_upkeep",
@@ -169,6 +174,9 @@ class Capabilities:
         )
         self._connections = (
             store.connections if isinstance(store, SupportsConnectionCount) else None
+        )
+        self._previews: SupportsResultPreview | None = (
+            store if isinstance(store, SupportsResultPreview) else None
         )
 
     def __repr__(self) -> str:
@@ -477,6 +485,22 @@ class Capabilities:
         if self._channel is None:
             return {}
         return self._channel.holds(task_ids=task_ids, limit=limit)
+
+    def get_previewed(self, task_id: str) -> Previewed | None:
+        """A task with a long result cut to its preview: read so where the store can,
+        else ``get`` (the whole result read) and cut here."""
+        if self._previews is not None:
+            return self._previews.get_previewed(task_id)
+        found = self.store.get(task_id)
+        return None if found is None else previewed(found)
+
+    def result_json(self, task_id: str) -> str | None:
+        """A task's result as JSON text: as the store holds it where it can say, else
+        ``get``'s, encoded here."""
+        if self._previews is not None:
+            return self._previews.result_json(task_id)
+        found = self.store.get(task_id)
+        return None if found is None else codec.encode_json(found.outcome)
 
     @property
     def has_storage_clock(self) -> bool:

@@ -31,10 +31,12 @@ from ..model import (
 from ..states import LOSABLE, TERMINAL
 from ..trail import TRAIL_TEXT, TRAIL_WIDTH, Trail, trail_merged, trail_transitions
 from ..values import ValueRules
+from . import codec
 from .roles import (
     CountBy,
     Creation,
     LifeWrite,
+    Previewed,
     ReadWhole,
     Settled,
     Verdict,
@@ -42,6 +44,7 @@ from .roles import (
     dedupe_holder,
     in_arrival_order,
     mark_expired_by_scan,
+    previewed,
     timeline_of,
 )
 
@@ -241,6 +244,16 @@ class InMemoryTaskStore:
         if self._closed:  # inline on the hot paths: one attribute read, no call
             raise _closed()
         return self._tasks.get(task_id)
+
+    def get_previewed(self, task_id: str) -> Previewed | None:
+        """``SupportsResultPreview``: the result is held decoded here, so its JSON text
+        is encoded only as far as the preview needs (``roles.previewed``)."""
+        found = self.get(task_id)
+        return None if found is None else previewed(found)
+
+    def result_json(self, task_id: str) -> str | None:
+        found = self.get(task_id)
+        return None if found is None else codec.encode_json(found.outcome)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
         query = query or TaskQuery()

@@ -16,19 +16,23 @@ runs only for the roles the store declares. ``docs/stores.md`` gives each role's
   reports.
 
 Traits, each declared alone: ``SupportsAtomic``, ``DeclaresValueRules``,
-``SupportsStorageClock``, ``SupportsConnectionCount``, ``SupportsCreateSchema``.
+``SupportsStorageClock``, ``SupportsConnectionCount``, ``SupportsCreateSchema``,
+``SupportsResultPreview``.
 
 And the rules a store may reuse to meet a contract: commands in arrival order
 (``in_arrival_order``), the holder of a dedupe key (``dedupe_holder``), retention's and
 the timeline's checks, the marks that end a task (``ended_mark``, ``lost_mark``),
-``Settled`` writes, and ``ReadWhole``: counts, scans and the timeline through the core.
+``Settled`` writes, ``ReadWhole``: counts, scans and the timeline through the core, and
+``previewed``: a task read with its result cut to a preview.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -56,6 +60,7 @@ from .codec import decode_dt
 from .protocol import TaskStore
 
 __all__ = [
+    "PREVIEW",
     "ROLES",
     "Activity",
     "BatchedWrites",
@@ -69,11 +74,13 @@ __all__ = [
     "PartialCreate",
     "PartialWrite",
     "PendingWrites",
+    "Previewed",
     "ReadWhole",
     "Settled",
     "SupportsAtomic",
     "SupportsConnectionCount",
     "SupportsCreateSchema",
+    "SupportsResultPreview",
     "SupportsStorageClock",
     "Verdict",
     "check_retention_args",
@@ -83,6 +90,7 @@ __all__ = [
     "in_arrival_order",
     "lost_mark",
     "mark_expired_by_scan",
+    "previewed",
     "roles_of",
     "rules_of",
     "timeline_of",
@@ -691,6 +699,58 @@ class SupportsCreateSchema(Protocol):
     def create_schema(self) -> None:
         """Create the store's schema if absent (idempotent)."""
         ...
+
+
+PREVIEW = 4000
+"""Characters of a result's JSON text that a preview holds: a task's page shows them and
+says the result goes on (the SQL stores write 4001, so a reader can tell)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Previewed:
+    """A task as one look at it needs it: ``snapshot`` with its result left out
+    (``outcome`` ``None``) where the result's JSON text is longer than ``PREVIEW``
+    characters, and ``preview``, then that text's first ``PREVIEW`` characters (else
+    ``None``: the snapshot holds the whole result)."""
+
+    snapshot: TaskSnapshot
+    preview: str | None = None
+
+
+@runtime_checkable
+class SupportsResultPreview(Protocol):
+    """A store that can show the start of a large result without reading it whole (the
+    SQL stores write each result's first characters beside it)."""
+
+    def get_previewed(self, task_id: str) -> Previewed | None:
+        """``get``, reading no more of a long result than its preview; ``None`` for no
+        such task. The snapshot is ``get``'s in every other field, its traceback
+        included."""
+        ...
+
+    def result_json(self, task_id: str) -> str | None:
+        """The task's result as the JSON text the store holds, never decoded (a
+        download); ``None`` for no such task, and for a task without a result."""
+        ...
+
+
+def previewed(snapshot: TaskSnapshot) -> Previewed:
+    """``snapshot`` as ``get_previewed`` gives it, for a store that holds the result
+    decoded (the memory store, and the fallback over ``get``): its JSON text encoded
+    only as far as the preview needs."""
+    if snapshot.outcome is None:
+        return Previewed(snapshot)
+    shown: list[str] = []
+    size = 0
+    for chunk in _ENCODER.iterencode(snapshot.outcome):
+        shown.append(chunk)
+        size += len(chunk)
+        if size > PREVIEW:
+            return Previewed(snapshot.evolve(outcome=None), "".join(shown)[:PREVIEW])
+    return Previewed(snapshot)
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def rules_of(store: object) -> ValueRules:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -181,7 +182,10 @@ def query_sql(query: TaskQuery, dialect: Dialect) -> Fragment:
     if query.id_prefix is not None:
         # The range lets the primary key index find the candidates; the prefix test is exact.
         text = query.id_prefix
-        add((f"task_id >= {p} AND task_id < {p}", [text, text[:-1] + chr(ord(text[-1]) + 1)]))
+        if text and ord(text[-1]) < sys.maxunicode:
+            add((f"task_id >= {p} AND task_id < {p}", [text, text[:-1] + chr(ord(text[-1]) + 1)]))
+        else:  # ends with the last code point: no next one bounds the range
+            add((f"task_id >= {p}", [text]))
         add(dialect.prefix("task_id", text))
     if query.name is not None:
         add((f"name = {p}", [query.name]))

@@ -39,7 +39,9 @@ from ..model import (
 from ..states import TERMINAL
 from . import codec
 from .roles import (
+    PREVIEW,
     CountBy,
+    Previewed,
     check_retention_args,
     check_timeline_args,
     dedupe_holder,
@@ -95,6 +97,28 @@ class SqlStore(ABC):
         with self._scope("get", write=False) as c:
             row = c.execute(self._sql["get_task"], (task_id,)).fetchone()
         return None if row is None else codec.values_to_snapshot(row)
+
+    def get_previewed(self, task_id: str) -> Previewed | None:
+        """``get``, a result longer than ``PREVIEW`` characters of JSON text left out
+        and its preview given (``SupportsResultPreview``): the statement reads the
+        preview column each store writes beside the result, never the result itself."""
+        if not self._dialect.nul_in_text and "\x00" in task_id:
+            return None
+        with self._scope("get", write=False) as c:
+            row = c.execute(self._sql["get_previewed"], (task_id,)).fetchone()
+        if row is None:
+            return None
+        *values, preview = row
+        snapshot = codec.values_to_snapshot(values)
+        return Previewed(snapshot, None if preview is None else preview[:PREVIEW])
+
+    def result_json(self, task_id: str) -> str | None:
+        """The result's JSON text as stored, never decoded (``SupportsResultPreview``)."""
+        if not self._dialect.nul_in_text and "\x00" in task_id:
+            return None
+        with self._scope("get", write=False) as c:
+            row = c.execute(self._sql["result_json"], (task_id,)).fetchone()
+        return None if row is None else row[0]
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
         query = query or TaskQuery()

@@ -355,6 +355,7 @@ class StoreContract(CapabilityContract):
                 ("A1B2C3", []),
                 ("a1b2c5", []),
                 ("b", ["b1b2c3d4"]),
+                ("b\U0010ffff", []),  # the last code point: no next one bounds a range
             ]
             for prefix, expected in cases:
                 assert self._ids(store.query(TaskQuery(id_prefix=prefix))) == expected, prefix

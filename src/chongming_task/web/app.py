@@ -19,7 +19,7 @@ import contextlib
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from importlib import resources
@@ -49,6 +49,7 @@ from ..lookup import AmbiguousId, find_pipeline_run, find_task, holds_of, with_h
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
+from ..stores.roles import Previewed
 from ..values import check_text
 from . import views
 from .access import SECURITY_HEADERS, same_origin
@@ -170,24 +171,34 @@ def create_app(dashboard: Dashboard) -> Starlette:
             },
         )
 
+    def previewed(task_id: str) -> Previewed:
+        """The task read for its page: a large result's preview, never the result."""
+        found = d.caps.get_previewed(task_id)
+        if found is None:
+            raise LookupError(f"no task {task_id} in {d.where}")
+        return found
+
     def task(request: Request) -> Response:
         given = _path_id(d, request)
-        snapshot = find_task(d.store, given, d.where)
-        if snapshot.task_id != given:
-            return RedirectResponse(f"/tasks/{snapshot.task_id}", status_code=303)
-        return page(request, "task.html", views.task(d, snapshot))
+        task_id = find_task(d.store, given, d.where, brief=True).task_id
+        if task_id != given:
+            return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+        return page(request, "task.html", views.task(d, previewed(task_id)))
 
     def task_live(request: Request) -> Response:
-        snapshot = find_task(d.store, _path_id(d, request), d.where)
-        return page(request, "_task_live.html", views.task(d, snapshot))
+        task_id = find_task(d.store, _path_id(d, request), d.where, brief=True).task_id
+        return page(request, "_task_live.html", views.task(d, previewed(task_id)))
 
     def task_result(request: Request) -> Response:
-        """A finished task's whole result, as the store holds it (JSON)."""
-        snapshot = find_task(d.store, _path_id(d, request), d.where)
+        """A finished task's whole result, as the store holds it (JSON), sent as it is
+        read: the text is never decoded here."""
+        snapshot = find_task(d.store, _path_id(d, request), d.where, brief=True)
         if snapshot.status is not TaskStatus.SUCCEEDED:
             raise LookupError(f"task {snapshot.task_id} has no result: it is {snapshot.status}")
-        return JSONResponse(
-            snapshot.outcome,
+        text = d.caps.result_json(snapshot.task_id)
+        return StreamingResponse(
+            _pieces("null" if text is None else text),
+            media_type="application/json",
             headers={"Content-Disposition": f'inline; filename="{snapshot.task_id}.json"'},
         )
 
@@ -501,6 +512,12 @@ def _same_site(request: Request) -> bool:
         return fetched in ("same-origin", "none")
     origin = request.headers.get("origin")
     return origin is None or same_origin(origin, request.headers.get("host", ""))
+
+
+def _pieces(text: str, size: int = 1 << 16) -> Iterator[bytes]:
+    """``text`` as UTF-8, a slice at a time (one encoded copy of a slice, not of all)."""
+    for at in range(0, len(text), size):
+        yield text[at : at + size].encode("utf-8")
 
 
 def _token_given(request: Request) -> bool:

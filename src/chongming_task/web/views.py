@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import fleet, present
 from ..lookup import find_pipeline_run, holds_of
 from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
+from ..stores.roles import PREVIEW, Previewed
 from .follow import SLOT, SLOTS, Finished
 
 if TYPE_CHECKING:
@@ -141,7 +142,9 @@ def _chart(finished: Finished) -> dict[str, Any]:
     }
 
 
-def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
+def task(d: Dashboard, found: Previewed) -> dict[str, Any]:
+    """A task's page; ``found``: the task with a large result cut to its preview."""
+    s = found.snapshot
     now = d.now()
     late = next(iter(d.caps.late_reports(task_ids=[s.task_id])), None)
     held = holds_of(d.caps, [s]).get(s.task_id)
@@ -161,7 +164,7 @@ def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
         if s.last_heartbeat_at is None
         else present.age(max(0.0, (now - s.last_heartbeat_at).total_seconds())),
         "lease_left": None if s.lease_until is None else (s.lease_until - now).total_seconds(),
-        **_preview(s),
+        **_preview(found),
         "controls": _controls(s, held is not None),
         # A finished task changes no more (a lost one may still get a late report): its
         # page stops fetching itself again.
@@ -169,15 +172,19 @@ def task(d: Dashboard, s: TaskSnapshot) -> dict[str, Any]:
     }
 
 
-RESULT_PREVIEW = 4000
+RESULT_PREVIEW = PREVIEW
 """Characters of a result the task page shows; the whole value is a link away."""
 
 
-def _preview(s: TaskSnapshot) -> dict[str, Any]:
-    """The start of a succeeded task's result as JSON, encoded only as far as shown,
-    and whether there is more."""
+def _preview(found: Previewed) -> dict[str, Any]:
+    """The start of a succeeded task's result as JSON, and whether there is more: a large
+    result's preview as the store wrote it, else the result encoded only as far as
+    shown."""
+    s = found.snapshot
     if s.status is not TaskStatus.SUCCEEDED:
         return {"result_preview": None, "result_cut": False}
+    if found.preview is not None:
+        return {"result_preview": found.preview, "result_cut": True}
     shown: list[str] = []
     size = 0
     for chunk in json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(s.outcome):

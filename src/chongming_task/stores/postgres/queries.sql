@@ -58,6 +58,21 @@ SELECT task_id, name, status, status_version, attempt, tags::text, bucket, bucke
     dedupe_key, dedupe_window, concurrency_key, trace_context
 FROM {schema}.tasks WHERE task_id = %s
 
+-- get_task's columns, the result only where its preview holds it whole (4000 characters
+-- or fewer: roles.PREVIEW), then the preview where it does not. TOAST keeps a long
+-- result out of the row: it is not read.
+-- name: get_previewed
+SELECT task_id, name, status, status_version, attempt, tags::text, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at,
+    progress::text, failure::text,
+    CASE WHEN length(outcome_preview) <= 4000 THEN outcome::text END,
+    lease_owner, lease_until, run_at, priority, dedupe_key, dedupe_window, concurrency_key,
+    trace_context, CASE WHEN length(outcome_preview) > 4000 THEN outcome_preview END
+FROM {schema}.tasks WHERE task_id = %s
+
+-- name: result_json
+SELECT outcome::text FROM {schema}.tasks WHERE task_id = %s
+
 -- name: counts
 SELECT status, COUNT(*) FROM {schema}.tasks GROUP BY status
 

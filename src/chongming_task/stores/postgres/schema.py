@@ -26,12 +26,12 @@ __all__ = [
     "stored_version",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The version of the tables this release makes and reads (``schema_version``). A schema
 made before that table existed holds the tables of version 1. 2: ``nodes.health`` and
 ``late_reports``; 3: the option columns of ``tasks`` (``run_at``, ``priority``,
 ``dedupe_key``, ``dedupe_window``, ``concurrency_key``); 4: ``tasks.trace_context``;
-5: ``holds``."""
+5: ``holds``; 6: ``tasks.outcome_preview``."""
 
 
 _SCHEMA_LOCK_CLASS = 0x63686D74  # "chmt": the first key of chongming-task's advisory locks

@@ -35,6 +35,12 @@ ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS dedupe_window DOUBLE PRECISI
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS concurrency_key TEXT;
 -- Version 4: the W3C trace context of the submit (an instrumented node's).
 ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS trace_context TEXT;
+-- Version 6: the first 4001 characters of the result's JSON text, written with it, so a
+-- reader shows the start of a large result (and tells it was cut: roles.PREVIEW is
+-- 4000) without reading it whole (TOAST keeps the result itself out of the row).
+-- Adding it rewrites the table once.
+ALTER TABLE {schema}.tasks ADD COLUMN IF NOT EXISTS outcome_preview TEXT
+    GENERATED ALWAYS AS (left(outcome::text, 4001)) STORED;
 -- The successes that keep their dedupe key for a window (a task enters it once, as it
 -- ends): with the index below, what a create and a duplicate's lookup probe. A task's
 -- every status change writes an entry into each index it is in, so none covers every

@@ -30,6 +30,20 @@ SELECT task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
     concurrency_key, trace_context
 FROM tasks WHERE task_id = ?
 
+-- get_task's columns, the result only where it has no preview (its JSON text is 4000
+-- characters or fewer: roles.PREVIEW), then the preview. The result is the row's last
+-- column, so nothing here walks a long one's overflow pages.
+-- name: get_previewed
+SELECT task_id, name, status, status_version, attempt, tags, bucket, bucket_key,
+    pipeline_run_id, owner, created_at, started_at, ended_at, last_heartbeat_at, progress,
+    failure, CASE WHEN outcome_preview IS NULL THEN outcome END, lease_owner, lease_until,
+    run_at, priority, dedupe_key, dedupe_window, concurrency_key, trace_context,
+    outcome_preview
+FROM tasks WHERE task_id = ?
+
+-- name: result_json
+SELECT outcome FROM tasks WHERE task_id = ?
+
 -- name: counts
 SELECT status, COUNT(*) FROM tasks GROUP BY status
 

@@ -23,14 +23,15 @@ __all__ = [
     "pragma_value",
 ]
 
-SCHEMA_VERSION = 15  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
+SCHEMA_VERSION = 16  # 2: nodes, node_buckets; 3: schedules; 4: pipelines; 5: finished
 # index; 6: owner index, owner fixed at create; 7: a new task's row carries its first
 # transition (task_writes_new); 8: a compare-and-set's row carries its last one
 # (task_writes_life); 9: tasks.seq, the trail keyed by it (_rebuild_trail); 10: the
 # trail of tasks not held in loose_transitions; 11: the trail keyed by rowid, seq * 2^24 +
 # version (_rebuild_trail); 12: nodes.health, late_reports, idx_commands_pending; 13: the
 # option columns (run_at, priority, dedupe_key, dedupe_window, concurrency_key); 14:
-# tasks.trace_context; 15: holds
+# tasks.trace_context; 15: holds; 16: tasks.outcome last, after tasks.outcome_preview
+# (_result_last)
 PAGE_SIZE = 1024  # for new files; see open_schema
 AUTOCHECKPOINT = 8192
 """Pages in the WAL past which a commit checkpoints, where commits do (without the
@@ -161,20 +162,29 @@ def migrate(link: SqliteConnection) -> None:
         if version > SCHEMA_VERSION:
             raise newer_schema(str(link.path), version, SCHEMA_VERSION)
         trail = _columns(conn, "transitions")
-        if trail and trail[0] != "key":  # a file made before schema 11
+        old_trail = bool(trail) and trail[0] != "key"  # a file made before schema 11
+        every = _columns(conn, "tasks", hidden=True)
+        result_inside = bool(every) and every[-1] != "outcome"  # made before schema 16
+        if old_trail or result_inside:  # each a copy of the tasks: said once, with the count
             (tasks,) = conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
             log.warning(
-                "%s: upgrading to schema %d, which rebuilds the trail of its %d tasks "
-                "once (about 40 s a million tasks); other processes wait for the file",
+                "%s: upgrading to schema %d, which copies its %d tasks%s once (about %d s "
+                "a million tasks); other processes wait for the file",
                 link.path,
                 SCHEMA_VERSION,
                 tasks,
+                " and their trail" if old_trail else "",
+                40 if old_trail else 20,
             )
+        if old_trail:
             _rebuild_trail(conn)
         have = _columns(conn, "tasks")
         for column, kind in _ADDED_COLUMNS.items():  # a file made before schema 13 or 14
             if have and column not in have:
                 conn.execute(f"ALTER TABLE tasks ADD COLUMN {column} {kind}")
+        every = _columns(conn, "tasks", hidden=True)
+        if every and every[-1] != "outcome":  # a file made before schema 16
+            _result_last(conn)
         for statement in _SCHEMA:
             conn.execute(statement)
         if "health" not in _columns(conn, "nodes"):  # a file made before schema 12
@@ -186,8 +196,10 @@ def migrate(link: SqliteConnection) -> None:
     conn.execute("COMMIT")
 
 
-def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
-    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+def _columns(conn: sqlite3.Connection, table: str, *, hidden: bool = False) -> list[str]:
+    """``table``'s columns in order (``hidden``: its generated ones too)."""
+    pragma = "table_xinfo" if hidden else "table_info"
+    return [row[1] for row in conn.execute(f"PRAGMA {pragma}({table})")]
 
 
 def pragma_value(conn: sqlite3.Connection, name: str) -> str:
@@ -252,6 +264,21 @@ def _rebuild_trail(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE trail_11 RENAME TO transitions")
     for pragma in restore:
         conn.execute(pragma)
+
+
+def _result_last(conn: sqlite3.Connection) -> None:
+    """Schema 16, in the migration's transaction: ``tasks`` made again with ``outcome``
+    its last column and ``outcome_preview`` (generated) before it, every row copied in
+    ``seq`` order (a row keeps its seq: the trail is keyed by it). The view's triggers
+    are dropped first (they name the table); the schema makes them again, with the
+    indexes."""
+    for trigger in ("task_writes_new", "task_writes_life", "task_writes_trail"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    columns = ", ".join(("seq", *codec.TASK_COLUMNS))
+    _make_as(conn, "tasks", "tasks_16")
+    conn.execute(f"INSERT INTO tasks_16 ({columns}) SELECT {columns} FROM tasks ORDER BY seq")
+    conn.execute("DROP TABLE tasks")
+    conn.execute("ALTER TABLE tasks_16 RENAME TO tasks")
 
 
 def _make_as(conn: sqlite3.Connection, table: str, name: str) -> None:
