@@ -17,6 +17,7 @@ __all__ = [
     "find_pipeline_run",
     "find_task",
     "holds_of",
+    "read_briefly",
     "with_held",
 ]
 
@@ -40,7 +41,7 @@ def find_task(
     none; ``AmbiguousId`` naming the candidates when the prefix fits several. ``brief``:
     read as a list reads it (no result, no traceback: ``TaskQuery.brief``), to find the
     task whatever its result's size."""
-    snapshot = store.get(given) if not brief else _exactly(store, given)
+    snapshot = store.get(given) if not brief else read_briefly(store, given)
     if snapshot is not None:
         return snapshot
     if given != given.lower():  # the ids made here are lower-case hex; a person may shout
@@ -59,8 +60,9 @@ def find_task(
     raise AmbiguousId(f"id prefix {given} is ambiguous: it matches {listed}{more}", found[:shown])
 
 
-def _exactly(store: TaskStore, task_id: str) -> TaskSnapshot | None:
-    """The task whose id is ``task_id``, read briefly (``None``: none has it)."""
+def read_briefly(store: TaskStore, task_id: str) -> TaskSnapshot | None:
+    """The task whose id is ``task_id``, read as a list reads it (no result, no
+    traceback: ``TaskQuery.brief``); ``None``: none has it."""
     found = store.query(TaskQuery(id_prefix=task_id, limit=2, brief=True))
     return next((s for s in found if s.task_id == task_id), None)
 

@@ -6,7 +6,9 @@ list, and paging deep into a large store."""
 
 from __future__ import annotations
 
+import html
 import http.client
+import json
 import os
 import re
 import subprocess
@@ -340,7 +342,7 @@ def test_redirects_stay_on_the_dashboard(tmp_path: Path) -> None:
 def _hidden(page: str, name: str) -> str:
     found = re.search(rf'<input type="hidden" name="{name}" value="([^"]*)">', page)
     assert found is not None, name
-    return found[1].replace("&amp;", "&").replace("&#43;", "+")
+    return html.unescape(found[1])
 
 
 def test_acting_on_every_matching_task_leaves_tasks_made_after_the_question(
@@ -355,14 +357,21 @@ def test_acting_on_every_matching_task_leaves_tasks_made_after_the_question(
             wait_until(lambda t=task_id: stored_status(db, t) is TaskStatus.RUNNING, what="run")
         status, page = web.get("/tasks?name=loop")
         assert status == 200 and "All 2 task(s) matching this filter" in page
-        fields = {n: _hidden(page, n) for n in ("filter", "newest", "counted")}
-        assert fields["counted"] == "2"
-        later = datetime.now(UTC) + timedelta(seconds=1)  # after the question
-        create_many(db, [snapshot(f"{n:032x}", at=later) for n in range(300)])
+        fields = {n: _hidden(page, n) for n in ("filter", "counted_ids")}
+        assert sorted(json.loads(fields["counted_ids"])) == sorted(node.task_ids)
+        # Made after the question by a node whose clock is five minutes slow: stamped
+        # as if they came before it, and left alone all the same.
+        slow = datetime.now(UTC) - timedelta(minutes=5)
+        create_many(db, [snapshot(f"{n:032x}", at=slow) for n in range(300)])
         status, answer = web.request("/tasks/matching/pause", {"csrf": web.csrf(), **fields})
         assert status == 200, answer
         assert answer.count("request accepted") == 2
         assert "2 task(s) acted on; the question counted 2" in answer
+        for bad in ("not json", "[]", '"one"', json.dumps(["x"] * 1001), "[1, 2]"):
+            status, said = web.request(
+                "/tasks/matching/stop", {"csrf": web.csrf(), **fields, "counted_ids": bad}
+            )
+            assert status == 400 and "question&#39;s tasks are missing" in said, bad
         store = SqliteTaskStore(db)
         try:
             left = [s.status for s in store.query() if s.task_id not in node.task_ids]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import secrets
@@ -45,7 +46,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..errors import ChongmingTaskError, InvalidValue, StoreError
-from ..lookup import AmbiguousId, find_pipeline_run, find_task, holds_of, with_held
+from ..lookup import (
+    AmbiguousId,
+    find_pipeline_run,
+    find_task,
+    holds_of,
+    read_briefly,
+    with_held,
+)
 from ..model import CommandAction, TaskQuery, TaskSnapshot, TaskStatus
 from ..policies import format_buckets
 from ..states import NON_TERMINAL, TERMINAL
@@ -145,13 +153,17 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 [*params, ("until", last.created_at.isoformat()), ("before", last.task_id)]
             )
         matching = None
+        counted: list[str] = []
         if not d.read_only and query.after is None and listed:  # the first page of a filter
             # The page's own read holds the whole match unless there is an older page.
-            matching = (
-                len(found)
+            whole = (
+                found
                 if older is None
-                else len(d.store.query(replace(query, limit=MATCHING_AT_ONCE + 1)))
+                else d.store.query(replace(query, limit=MATCHING_AT_ONCE + 1))
             )
+            matching = len(whole)
+            # The question names what it counted: "act on all" acts on those alone.
+            counted = [s.task_id for s in whole] if matching <= MATCHING_AT_ONCE else []
         return page(
             request,
             "tasks.html",
@@ -160,8 +172,8 @@ def create_app(dashboard: Dashboard) -> Starlette:
                 "tasks": listed,
                 "matching": matching,
                 "matching_at_once": MATCHING_AT_ONCE,
-                # What the question counted: tasks created after it are left alone.
-                "newest": listed[0].created_at.isoformat() if listed else "",
+                # What the question counted: tasks made after it are left alone.
+                "counted_ids": json.dumps(counted),
                 "filter_query": urlencode(params),
                 "older": older,
                 "filters": shown,
@@ -251,28 +263,24 @@ def create_app(dashboard: Dashboard) -> Starlette:
         return page(request, shown, {"action": action.value, "answers": answers})
 
     async def control_matching(request: Request) -> Response:
-        """Every task the filter in the form's ``filter`` field selects, as the question
-        the tasks page asked counted them: tasks created after its newest are left alone.
-        Each is sent its own control; one task's failure is said and costs the others
-        nothing."""
+        """The tasks the question on the tasks page counted (their ids, in the form)
+        that the filter in the form's ``filter`` field still selects: a task made after
+        the question is left alone, whatever clock its node stamped it with. Each is
+        sent its own control; one task's failure is said and costs the others nothing."""
         posted = await control_form(request)
         if isinstance(posted, Response):
             return posted
         form, action = posted
         chosen = Request({"type": "http", "query_string": _field(form, "filter").encode()})
         query, _ = _task_query(d, chosen.query_params.multi_items())
-        newest = _time(_field(form, "newest"), "newest")
-        counted = _field(form, "counted")
-        if newest is None or not counted.isdigit():
-            raise BadInput("the question's count is missing: reload the tasks page")
-        query = replace(query, limit=MATCHING_AT_ONCE + 1, created_until=newest, after=None)
+        counted = _counted_ids(_field(form, "counted_ids"))
 
         def act() -> list[tuple[Any, str]]:
-            found = d.store.query(query)
-            if len(found) > MATCHING_AT_ONCE:
-                raise BadInput(
-                    f"more than {MATCHING_AT_ONCE} tasks match: narrow the filter (nothing sent)"
-                )
+            found = [
+                s
+                for s in (read_briefly(d.store, task_id) for task_id in counted)
+                if s is not None and query.matches(s)
+            ]
             return send_each(
                 found, action, f"{action.value} from the dashboard (all matching a filter)"
             )
@@ -281,7 +289,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
         return page(
             request,
             "answer.html",
-            {"action": action.value, "answers": answers, "counted": int(counted)},
+            {"action": action.value, "answers": answers, "counted": len(counted)},
         )
 
     async def reconcile(request: Request) -> Response:
@@ -512,6 +520,23 @@ def _same_site(request: Request) -> bool:
         return fetched in ("same-origin", "none")
     origin = request.headers.get("origin")
     return origin is None or same_origin(origin, request.headers.get("host", ""))
+
+
+def _counted_ids(text: str) -> list[str]:
+    """The ids a question counted (a JSON list of at most ``MATCHING_AT_ONCE``);
+    ``BadInput`` for anything else."""
+    try:
+        ids = json.loads(text) if text else None
+    except ValueError:
+        ids = None
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or len(ids) > MATCHING_AT_ONCE
+        or not all(isinstance(i, str) and 0 < len(i) <= MAX_PARAMETER for i in ids)
+    ):
+        raise BadInput("the question's tasks are missing: reload the tasks page")
+    return list(dict.fromkeys(ids))
 
 
 def _pieces(text: str, size: int = 1 << 16) -> Iterator[bytes]:
