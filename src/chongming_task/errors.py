@@ -27,6 +27,7 @@ __all__ = [
     "TaskNotFound",
     "TaskUnsuccessful",
     "UnknownTask",
+    "UnreadableRow",
     "WaitTimeout",
 ]
 
@@ -47,6 +48,17 @@ class InvalidValue(ChongmingTaskError, ValueError):
 
 class StoreError(ChongmingTaskError):
     """The store could not do what was asked: outage, corrupt file, closed store, ..."""
+
+
+class UnreadableRow(StoreError):
+    """A stored row this release cannot read: a value no writer of this store writes (a
+    hand edit, a disk fault, another program). The message names the task and the
+    field; a list read leaves the row out and says so, the rest of the store is read."""
+
+    def __init__(self, message: str, *, task_id: str, field: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.field = field
 
 
 class StoreUnavailable(StoreError):

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from .model import TaskQuery, TaskSnapshot, TaskStatus
 from .states import WAITING
+from .stores import codec
 from .stores.capabilities import Capabilities
 from .stores.protocol import TaskStore
 
@@ -50,7 +51,10 @@ def find_task(
         raise LookupError(
             f"no task {given} in {where} (an id prefix needs {MIN_PREFIX}+ characters)"
         )
-    found = store.query(TaskQuery(id_prefix=given, limit=shown + 1, brief=brief))
+    with codec.left_out() as unread:
+        found = store.query(TaskQuery(id_prefix=given, limit=shown + 1, brief=brief))
+    if not found and unread:
+        raise unread[0]  # the task is there, but cannot be read: say that, not "none"
     if not found:
         raise LookupError(f"no task {given} in {where}")
     if len(found) == 1:
@@ -63,8 +67,12 @@ def find_task(
 def read_briefly(store: TaskStore, task_id: str) -> TaskSnapshot | None:
     """The task whose id is ``task_id``, read as a list reads it (no result, no
     traceback: ``TaskQuery.brief``); ``None``: none has it."""
-    found = store.query(TaskQuery(id_prefix=task_id, limit=2, brief=True))
-    return next((s for s in found if s.task_id == task_id), None)
+    with codec.left_out() as unread:
+        found = store.query(TaskQuery(id_prefix=task_id, limit=2, brief=True))
+    exact = next((s for s in found if s.task_id == task_id), None)
+    if exact is None and any(exc.task_id == task_id for exc in unread):
+        raise next(exc for exc in unread if exc.task_id == task_id)
+    return exact
 
 
 def find_pipeline_run(store: TaskStore, given: str) -> str | None:

@@ -6,6 +6,7 @@ Each answer is one line on stderr and exit 2 (or the result), never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -18,12 +19,15 @@ from chongming_task import SqliteTaskStore, TaskSnapshot, TaskStatus
 HOSTILE = "\x1b[31mRED\x1b]0;pwned\x07\nnext\u202eline\x9b"
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 60, db: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI; ``db``: a store given in the environment (a DSN's password is refused as
+    an argument)."""
     return subprocess.run(
         [sys.executable, "-m", "chongming_task", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if db is None else {**os.environ, "CHONGMING_DB": db},
     )
 
 
@@ -104,7 +108,7 @@ def test_the_largest_bucket_count_answers_in_bounded_time(db: Path) -> None:
 def test_a_dsn_password_is_never_printed(dsn: str) -> None:
     pytest.importorskip("psycopg", reason="the [postgres] extra is not installed")
     for args in (["ps"], ["show", "abcdef"], ["doctor"]):
-        result = cli("--db", dsn, *args)
+        result = cli(*args, db=dsn)
         assert result.returncode == 1, result.stderr
         assert "sekrit" not in result.stdout + result.stderr, result.stderr
         assert "Traceback" not in result.stderr
@@ -202,3 +206,81 @@ def test_wait_on_a_task_already_on_its_way_waits_and_says_what_it_saw(tmp_path: 
     assert stopped.returncode == 1
     assert "already stopping" in stopped.stderr and "still stopping after 1" in stopped.stderr
     assert "stays queued" not in stopped.stderr  # no request was queued
+
+
+def _malformed(path: Path) -> dict[str, str]:
+    """A file holding a readable task and three rows someone else wrote: a time that is
+    none, a status no release has, a result nested too deep to read. Their ids by name."""
+    import sqlite3
+
+    store = SqliteTaskStore(path)
+    now = datetime.now(UTC)
+    ids = {name: f"{n:02d}" + "f" * 30 for n, name in enumerate(("good", "date", "status", "deep"))}
+    for name, task_id in ids.items():
+        store.create(
+            TaskSnapshot(
+                task_id=task_id,
+                name=name,
+                status=TaskStatus.SUCCEEDED,
+                status_version=1,
+                created_at=now,
+                outcome={"x": 1},
+            )
+        )
+    store.close()
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE tasks SET created_at = 'not a date' WHERE name = 'date'")
+    raw.execute("UPDATE tasks SET status = 'bogus' WHERE name = 'status'")
+    raw.execute(
+        "UPDATE tasks SET outcome = ? WHERE name = 'deep'", ("[" * 200_000 + "]" * 200_000,)
+    )
+    raw.commit()
+    raw.close()
+    return ids
+
+
+def test_a_malformed_row_is_one_line_naming_its_task_and_field_and_the_rest_is_shown(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "malformed.db"
+    ids = _malformed(path)
+    db = str(path)
+    listed = cli("--db", db, "--json", "ps", "--all")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert sorted(t["name"] for t in json.loads(listed.stdout)) == ["deep", "good"]
+    said = listed.stderr.strip().splitlines()
+    assert said == [
+        f"task {ids['date']}: its created_at 'not a date' cannot be read (Invalid isoformat "
+        "string: 'not a date'): left out of the list",
+        f"task {ids['status']}: its status 'bogus' cannot be read ('bogus' is not a valid "
+        "TaskStatus): left out of the list",
+    ]
+    for name, field in (("date", "created_at"), ("status", "status"), ("deep", "outcome")):
+        for command in ("show", "history"):
+            shown = cli("--db", db, command, ids[name][:8])
+            assert shown.returncode == 1 and "Traceback" not in shown.stderr, shown.stderr
+            (line,) = shown.stderr.strip().splitlines()
+            assert line.startswith(f"chongming-task: error: task {ids[name]}: its {field} ")
+    assert "nested too deep" in cli("--db", db, "show", ids["deep"]).stderr
+    stats = cli("--db", db, "stats")
+    assert stats.returncode == 0 and "Traceback" not in stats.stderr
+    assert "1 task(s) in a status this release does not know: 'bogus'" in stats.stderr
+    assert cli("--db", db, "show", ids["good"]).returncode == 0
+
+
+def test_the_dashboard_starts_and_serves_beside_a_malformed_row(tmp_path: Path) -> None:
+    from tests.integration.test_web import Web
+
+    path = tmp_path / "malformed.db"
+    ids = _malformed(path)
+    web = Web(path)
+    try:
+        for page in ("/", "/tasks?status=all", f"/tasks/{ids['good']}", f"/tasks/{ids['deep']}"):
+            status, body = web.get(page)
+            assert status == 200, (page, status)
+        status, body = web.get("/tasks?status=all")
+        assert ids["good"][:12] in body and ids["date"][:12] not in body
+        status, body = web.get(f"/tasks/{ids['date']}")
+        assert status == 503 and "its created_at &#39;not a date&#39; cannot be read" in body
+    finally:
+        web.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -307,11 +308,12 @@ def test_store_errors_are_one_line_and_lose_no_data(
         "dsn": "postgresql://user:secret@127.0.0.1:1/db",
         "bad-dsn": "postgresql://user:secret@127.0.0.1/db?nonsense=1",
     }.get(setup, str(db))
-    result = subprocess.run(
-        [sys.executable, "-m", "chongming_task", "--db", target, "ps"],
+    result = subprocess.run(  # in the environment: a password is refused as an argument
+        [sys.executable, "-m", "chongming_task", "ps"],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "CHONGMING_DB": target},
     )
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr

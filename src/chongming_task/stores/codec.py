@@ -10,10 +10,14 @@ text; a relational store keeps each row as is, a document store as a sub-object.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
+from ..errors import UnreadableRow
 from ..late import LateReport
 from ..model import (
     Command,
@@ -458,7 +462,76 @@ def touch_values(
 def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
     """A row in ``TASK_COLUMNS`` order as a snapshot (every query decodes its rows here;
     ``row_to_snapshot`` is this for a mapping). Every value is normalised here (UTC
-    times, frozenset tags): the trusted builder skips re-validation."""
+    times, frozenset tags): the trusted builder skips re-validation. ``UnreadableRow``,
+    naming the task and the field, for a value no writer of a store writes."""
+    try:
+        return _values_to_snapshot(values)
+    except Exception as exc:  # ValueError, TypeError, RecursionError (JSON too deep), ...
+        raise unreadable(values, TASK_COLUMNS, exc) from None
+
+
+def unreadable(values: Sequence[Any], columns: Sequence[str], exc: Exception) -> UnreadableRow:
+    """The error for a row that did not decode: the first of its fields that does not
+    on its own (the cause's text where none does)."""
+    task_id = str(values[0]) if values else "?"
+    for column, value in zip(columns, values, strict=False):
+        decode = _DECODERS.get(column)
+        if decode is None or value is None:
+            continue
+        try:
+            decode(value)
+        except Exception as cause:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            why = "nested too deep" if isinstance(cause, RecursionError) else str(cause)
+            return UnreadableRow(
+                f"task {task_id}: its {column} {shown} cannot be read ({why})",
+                task_id=task_id,
+                field=column,
+            )
+    said = f"task {task_id}: its row cannot be read ({exc!r})"
+    return UnreadableRow(said, task_id=task_id, field="")
+
+
+_left_out: ContextVar[list[UnreadableRow] | None] = ContextVar("left_out", default=None)
+
+
+@contextmanager
+def left_out() -> Iterator[list[UnreadableRow]]:
+    """Within: the rows a list read leaves out (``leave_out``) are gathered here, not
+    said (a lookup raises the one it wanted instead of saying there is none)."""
+    gathered: list[UnreadableRow] = []
+    mark = _left_out.set(gathered)
+    try:
+        yield gathered
+    finally:
+        _left_out.reset(mark)
+
+
+def leave_out(exc: UnreadableRow, log: logging.Logger) -> None:
+    """A list read left a row out: gathered where ``left_out`` is open, else said in
+    one line (the rest of the list is read)."""
+    gathered = _left_out.get()
+    if gathered is not None:
+        gathered.append(exc)
+    else:
+        say_once(log, f"{exc}: left out of the list")
+
+
+def say_once(log: logging.Logger, message: str) -> None:
+    """Warn ``message`` once a process (a dashboard reads its lists every second)."""
+    if message in _said:
+        return
+    if len(_said) < _SAY_AT_MOST:
+        _said.add(message)
+    log.warning("%s", message)
+
+
+_said: set[str] = set()
+_SAY_AT_MOST = 1000
+"""Messages said once each, up to this many (past it, each time)."""
+
+
+def _values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
     (
         task_id,
         name,
@@ -519,7 +592,29 @@ def values_to_snapshot(values: Sequence[Any]) -> TaskSnapshot:
 
 
 def values_to_transition(values: Sequence[Any]) -> Transition:
-    return row_to_transition(dict(zip(TRANSITION_COLUMNS, values, strict=True)))
+    try:
+        return row_to_transition(dict(zip(TRANSITION_COLUMNS, values, strict=True)))
+    except Exception as exc:
+        raise unreadable(values, TRANSITION_COLUMNS, exc) from None
+
+
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    "status": TaskStatus,
+    "from_status": TaskStatus,
+    "to_status": TaskStatus,
+    "status_version": int,
+    "version": int,
+    "attempt": int,
+    "priority": int,
+    "dedupe_window": float,
+    "tags": lambda value: decode_tags(value),
+    "progress": lambda value: decode_progress(value),
+    "failure": lambda value: decode_failure(value),
+    "outcome": lambda value: decode_json(value),
+    **{name: decode_dt for name in ("created_at", "started_at", "ended_at", "at")},
+    **{name: decode_dt for name in ("last_heartbeat_at", "lease_until", "run_at")},
+}
+"""How each field of a row is read, one at a time: to name the one that is not."""
 
 
 def values_to_command(values: Sequence[Any]) -> Command:

@@ -13,6 +13,7 @@ compare-and-sets of reconcile, and the wake-ups.
 from __future__ import annotations
 
 import json
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -20,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..clock import EPOCH
-from ..errors import StoreError, TaskAlreadyExists
+from ..errors import StoreError, TaskAlreadyExists, UnreadableRow
 from ..health import NodeHealth
 from ..late import LateReport
 from ..model import (
@@ -50,6 +51,8 @@ from .roles import (
 from .sql import Dialect, Executor, count_sql, ended_where, query_sql, scan_sql
 
 __all__ = ["DEDUPE_HELD", "UNFINISHED_KEYS", "KeyHeld", "Scope", "SqlStore"]
+
+log = logging.getLogger("chongming_task.store")
 
 Scope = Callable[..., AbstractContextManager[Executor]]
 """``scope(what, write=...)``: one transaction of the store (``write``: one that writes),
@@ -127,12 +130,20 @@ class SqlStore(ABC):
         sql, params = query_sql(query, self._dialect)
         with self._scope("query", write=False) as c:
             rows = c.execute(sql, params).fetchall()
-        return [codec.values_to_snapshot(r) for r in rows]
+        return _readable(rows)
 
     def counts(self) -> dict[TaskStatus, int]:
         with self._scope("counts", write=False) as c:
             rows = c.execute(self._sql["counts"]).fetchall()
-        return {TaskStatus(status): n for status, n in rows}
+        found: dict[TaskStatus, int] = {}
+        for status, n in rows:
+            try:
+                found[TaskStatus(status)] = n
+            except ValueError:
+                codec.say_once(
+                    log, f"{n} task(s) in a status this release does not know: {status!r}"
+                )
+        return found
 
     def history(self, task_id: str, *, since_version: int = 0) -> list[Transition]:
         with self._scope("history", write=False) as c:
@@ -443,7 +454,7 @@ class SqlStore(ABC):
         with self._scope("scan_tasks", write=False) as c:
             (count,) = c.execute(count_q, count_p).fetchone()
             rows = [] if not count or scan.limit == 0 else c.execute(rows_q, rows_p).fetchall()
-        return count, [codec.values_to_snapshot(r) for r in rows]
+        return count, _readable(rows)
 
     # Retention (docs/design.md, "Retention"). A task is judged by when it ended. The
     # candidates are found through the created_at index, oldest first, within the tasks
@@ -579,3 +590,15 @@ def _pipeline(row: Sequence[Any]) -> PipelineRecord:
         tasks={key: task_id for key, (task_id, _) in shape.items()},
         depends_on={key: tuple(deps) for key, (_, deps) in shape.items()},
     )
+
+
+def _readable(rows: Sequence[Sequence[Any]]) -> list[TaskSnapshot]:
+    """Rows as snapshots; a row that cannot be read is left out, each said in one line
+    (a list shows the rest of the store; ``get`` of that task raises ``UnreadableRow``)."""
+    found: list[TaskSnapshot] = []
+    for row in rows:
+        try:
+            found.append(codec.values_to_snapshot(row))
+        except UnreadableRow as exc:
+            codec.leave_out(exc, log)
+    return found
