@@ -101,7 +101,9 @@ class CommandChannelContract(ContractBase):
                 wait_for(1, 1)
                 with lock:  # the wake-ups of the commands above are spent
                     seen: dict[str, int] = {}
+                    end = time.monotonic() + 10
                     while seen != woken:
+                        assert time.monotonic() < end, "wake-ups kept coming for 10 s"
                         seen = dict(woken)
                         lock.wait(_QUIET)
                     woken.update({"node-a": 0, "node-b": 0})

@@ -3,6 +3,8 @@ test. ``StoreContract`` is the class to subclass."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -13,13 +15,42 @@ from unittest import SkipTest
 from ..model import Command, CommandAction, TaskSnapshot, TaskStatus, Transition
 from ..stores.protocol import TaskStore
 
-__all__ = ["T0", "ContractBase", "at", "raises"]
+__all__ = ["T0", "ContractBase", "ContractTimeout", "at", "raises"]
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
+
+
+class ContractTimeout(AssertionError):
+    """A contract test ran past its ``deadline``."""
+
+
+@contextmanager
+def _deadline(seconds: float, where: str) -> Iterator[None]:
+    """Within: past ``seconds``, ``ContractTimeout`` is raised in the test (a real-time
+    alarm: the main thread only; elsewhere nothing is armed)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise ContractTimeout(
+            f"{where}: a test ran past {seconds:g} s: a store call never returned, or the "
+            "store ignores a query field the test relies on to end"
+        )
+
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def raises(exc: type[BaseException], fn: Callable[[], object]) -> BaseException:
@@ -39,13 +70,19 @@ class ContractBase:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    deadline: float = 120.0
+    """Seconds a test may take with its store (on the main thread, where the interpreter
+    can interrupt it): a store call that never returns, or a loop over pages a store
+    never ends, fails the test instead of holding the suite for ever."""
+
     @contextmanager
     def _store(self) -> Iterator[TaskStore]:
-        store = self.make_store()
-        try:
-            yield store
-        finally:
-            store.close()
+        with _deadline(self.deadline, type(self).__name__):
+            store = self.make_store()
+            try:
+                yield store
+            finally:
+                store.close()
 
     @staticmethod
     def _declares(store: TaskStore, role: type, name: str) -> None:

@@ -419,10 +419,13 @@ class StoreContract(CapabilityContract):
                 whole = self._ids(store.query(TaskQuery(newest_first=newest_first)))
                 pages: list[str] = []
                 after = None
-                while True:
+                for _ in range(len(whole) + 1):  # a store that pages at all ends by then
                     page = store.query(TaskQuery(newest_first=newest_first, limit=2, after=after))
                     if not page:
                         break
+                    assert len(page) <= 2, f"a page of {len(page)}: it ignores TaskQuery.limit"
+                    again = set(self._ids(page)) & set(pages)
+                    assert not again, f"a page repeats {sorted(again)}: it ignores TaskQuery.after"
                     pages += self._ids(page)
                     after = (page[-1].created_at, page[-1].task_id)
                 assert pages == whole, (newest_first, pages, whole)
