@@ -15,8 +15,13 @@ from chongming_task import CancellationToken, Controller, Progress, SqliteTaskSt
 
 
 def node_on(path: Path, processes: int) -> Controller:
-    """A node on a SQLite file with ``processes`` worker processes, its supervisor quick."""
-    return Controller(SqliteTaskStore(path), max_processes=processes, activity_interval=0.05)
+    """A node on a SQLite file with ``processes`` worker processes, its supervisor quick,
+    its workers at its own CPU priority: on a loaded machine a worker at niceness 10 gets
+    about a hundredth of a core, and a test's task would wait seconds for its first line
+    (the default niceness has a test of its own)."""
+    return Controller(
+        SqliteTaskStore(path), max_processes=processes, activity_interval=0.05, process_niceness=0
+    )
 
 
 def stat(pid: int) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 from chongming_task import SqliteTaskStore, TaskSnapshot, TaskStatus
 from chongming_task.policies import BucketPolicy
-from tests.conftest import wait_until
+from tests.conftest import Lines, wait_until
 from tests.integration.test_cross_process import Node
 
 POLICY = BucketPolicy(64)
@@ -212,8 +213,6 @@ def test_watch_follows_transitions_incrementally(cluster: tuple[Path, Node, Node
             "watch",  # no --all: the ending shows though the task leaves the filter
             "--interval",
             "0.1",
-            "--count",
-            "40",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -221,19 +220,24 @@ def test_watch_follows_transitions_incrementally(cluster: tuple[Path, Node, Node
     )
     try:
         assert watch.stdout is not None
+        shown = Lines(watch.stdout)
         # watch starts "from now": wait for its first refresh (a progress line for the
         # running task) before changing anything, or the first events predate it.
-        line = ""
-        while task_id[:12] not in line:
-            line = watch.stdout.readline()
-            assert line, "watch ended before its first refresh"
-        assert "running" in line, line
+        shown.wait_for(lambda text: task_id[:12] in text, timeout=60, what="watch's first refresh")
+        first = next(line for line in shown.text().splitlines() if task_id[:12] in line)
+        assert "running" in first, first
         cli(db, "pause", task_id, "--wait", "20")
         cli(db, "stop", task_id, "--wait", "20")
-        out, err = watch.communicate(timeout=60)
+        # Until the ending is printed, however long the machine takes; then Ctrl-C, the
+        # normal end of a watch.
+        shown.wait_for(lambda text: "-> stopped" in text, timeout=60, what="the ending watched")
+        watch.send_signal(signal.SIGINT)
+        watch.wait(60)
+        out, err = shown.close(), watch.stderr.read()  # type: ignore[union-attr]
     finally:
         if watch.poll() is None:
             watch.kill()
+            watch.wait()
     assert watch.returncode == 0, err
     events = [line for line in out.splitlines() if task_id[:12] in line and "->" in line]
     moves = [line.split("  ")[3].split(" by ")[0] for line in events]

@@ -21,6 +21,7 @@ from chongming_task import Controller, TaskStatus
 from chongming_task.control import StoreControl
 from chongming_task.model import CommandAction
 from chongming_task.stores import open_store
+from chongming_task.stores.capabilities import Capabilities
 from tests.conftest import wait_until
 from tests.integration.postgres_support import pg_dsn, schema  # noqa: F401 (fixtures)
 from tests.integration.test_cross_process import Node
@@ -152,19 +153,22 @@ def test_a_waited_resume_behind_a_pending_pause_waits_for_both(
 ) -> None:
     """``resume --wait`` queued behind a pause returns once the holder has carried out
     both, not at once because the task is still running before the pause."""
-    h, _ = holder
+    h, console = holder
     cli(place, "pause", h.task_id)
     waited = subprocess.Popen(
-        [sys.executable, "-m", "chongming_task", *place.cli, "resume", h.task_id, "--wait", "30"],
+        [sys.executable, "-m", "chongming_task", *place.cli, "resume", h.task_id, "--wait", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        with pytest.raises(subprocess.TimeoutExpired):
-            waited.wait(2)  # nothing carried out yet: it waits
+        # Its resume in the store behind the pause, however long the CLI took to start;
+        # nothing carried out yet, so it waits.
+        pending = Capabilities(console.store).commands.pending
+        wait_until(lambda: len(pending(h.task_id) or []) == 2, timeout=60, what="resume stored")
+        assert waited.poll() is None
         assert h.poll() == 2
-        out, err = waited.communicate(timeout=30)
+        out, err = waited.communicate(timeout=60)
         assert waited.returncode == 0, err
         assert "after the pending pause" in out or "now running" in out, out
         assert out.rstrip().endswith("now running"), out

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from chongming_task.stores import open_store
 from chongming_task.stores.postgres import PostgresTaskStore
+from tests.conftest import Lines
 from tests.integration.postgres_support import new_schema, pg_dsn, schemas
 from tests.integration.test_cli import cli, cli_json
 
@@ -20,9 +20,10 @@ __all__ = ["pg_dsn", "schemas"]  # fixtures
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _race(where: str, schema: str, racers: int) -> list[dict[str, str]]:
-    """``racers`` processes submitting key ``race`` at one moment; what each got."""
-    at = time.time() + 3.0 + 0.3 * racers  # after every interpreter has started
+def _race(where: str, schema: str, racers: int, folder: Path) -> list[dict[str, str]]:
+    """``racers`` processes submitting key ``race`` at one moment (each ready, then all
+    told to go at once); what each got. The task they race for runs until every racer
+    has its answer, so none can come after it ended, however loaded the machine."""
     procs = [
         subprocess.Popen(
             [
@@ -33,7 +34,7 @@ def _race(where: str, schema: str, racers: int) -> list[dict[str, str]]:
                 schema,
                 "race",
                 f"racer-{n}",
-                str(at),
+                str(folder),
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -42,12 +43,28 @@ def _race(where: str, schema: str, racers: int) -> list[dict[str, str]]:
         )
         for n in range(racers)
     ]
-    got = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        got.append(json.loads(out.splitlines()[0]))
-    return got
+    try:
+        lines = [Lines(proc.stdout) for proc in procs]  # type: ignore[arg-type]
+        for said in lines:
+            said.wait_for(lambda text: "ready\n" in text, timeout=120, what="a racer ready")
+        (folder / "go").touch()
+        for said in lines:
+            said.wait_for(lambda text: "{" in text, timeout=120, what="a racer's answer")
+        got = [
+            json.loads(next(line for line in said.text().splitlines() if line.startswith("{")))
+            for said in lines
+        ]
+        (folder / "release").touch()
+        for proc, said in zip(procs, lines, strict=True):
+            proc.wait(120)
+            said.close()
+            assert proc.returncode == 0, proc.stderr.read()  # type: ignore[union-attr]
+        return got
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _one_task(got: list[dict[str, str]], where: str, schema: str | None) -> None:
@@ -65,17 +82,19 @@ def _one_task(got: list[dict[str, str]], where: str, schema: str | None) -> None
 def test_two_processes_on_one_sqlite_file_get_one_task(tmp_path: Path) -> None:
     where = str(tmp_path / "race.db")
     open_store(where).close()  # made before the race
-    got = _race(where, "", 2)
+    got = _race(where, "", 2, tmp_path)
     _one_task(got, where, None)
 
 
-def test_eight_processes_on_postgres_get_one_task(pg_dsn: str, schemas: list[str]) -> None:
+def test_eight_processes_on_postgres_get_one_task(
+    pg_dsn: str, schemas: list[str], tmp_path: Path
+) -> None:
     schema = new_schema()
     schemas.append(schema)
     made = PostgresTaskStore(pg_dsn, schema=schema)
     made.create_schema()
     made.close()
-    got = _race(pg_dsn, schema, 8)
+    got = _race(pg_dsn, schema, 8, tmp_path)
     _one_task(got, pg_dsn, schema)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,7 +27,9 @@ S = TaskStatus
 def test_a_paused_delayed_task_is_found_held_and_resumed_in_bulk(
     where: Where, started: list[Node]
 ) -> None:
-    node = where.node("--owner", "node-a", "--delay", "2", "--submit", "loop")
+    # Room for a CLI to start on a loaded machine before the run time (6 s); the wait
+    # below is for the run time itself to pass, read from the store, not a guess.
+    node = where.node("--owner", "node-a", "--delay", "6", "--submit", "loop")
     started.append(node)
     (task_id,) = node.task_ids
     paused = where.cli("pause", task_id)
@@ -43,7 +46,9 @@ def test_a_paused_delayed_task_is_found_held_and_resumed_in_bulk(
     shown = where.cli("show", task_id).stdout
     assert "by a pause since" in shown and "waits for a resume" in shown
     assert where.json("show", task_id)["held_since"] == row["held_since"]
-    time.sleep(2.5)  # past its run time: a pause holds it, it does not start
+    run_at = datetime.fromisoformat(where.json("show", task_id)["run_at"])
+    wait_until(lambda: datetime.now(UTC) > run_at + timedelta(seconds=0.5), timeout=30)
+    # Past its run time: a pause holds it, it does not start.
     assert where.json("show", task_id)["status"] == "queued"
     resumed = where.cli("resume", "--status", "paused", "--yes")
     assert resumed.returncode == 0, resumed.stderr

@@ -111,7 +111,7 @@ def test_a_timeout_ends_the_processes_the_task_started_and_says_what_happened(
         tasks.starts_a_child,
         carrier="process",
         name="starts",
-        timeout=0.5,
+        timeout=2.0,  # room for it to start its child first on a loaded machine
         timeout_grace=0.2,
         retries=0,
     )
@@ -121,7 +121,7 @@ def test_a_timeout_ends_the_processes_the_task_started_and_says_what_happened(
     assert final.status is S.FAILED and final.failure is not None
     assert final.failure.kind is FailureKind.TIMEOUT and not final.failure.carrier_may_run
     assert final.failure.message == (
-        f"timed out after 0.5s (its worker process {worker} was terminated with the 1 "
+        f"timed out after 2.0s (its worker process {worker} was terminated with the 1 "
         "process its task had started)"
     )
     assert "checkpoint" not in final.failure.message

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,9 +134,14 @@ def test_a_timeout_terminates_the_worker_and_says_the_carrier_cannot_run_on(
         final = spin.submit(60, str(tell)).wait(timeout=30)
         assert final.status is S.FAILED and final.failure is not None
         assert final.failure.kind is FailureKind.TIMEOUT and not final.failure.carrier_may_run
-        wait_until(lambda: not tasks.alive(int(tell.read_text())), timeout=10, what="worker gone")
+        # Which worker it was, from what the end says (on a loaded machine the function
+        # may not have reached its first line before the timeout ended it).
+        found = re.search(r"its worker process (\d+) was terminated", final.failure.message)
+        assert found is not None, final.failure.message
+        worker = int(found[1])
+        wait_until(lambda: not tasks.alive(worker), timeout=10, what="worker gone")
         pid = node.task(tasks.pid, carrier="process", name="pid")
-        assert pid.submit().result(timeout=60) != int(tell.read_text())  # a fresh worker
+        assert pid.submit().result(timeout=60) != worker  # a fresh worker
 
 
 def test_a_stop_of_a_task_that_never_checkpoints_ends_its_worker(
@@ -181,7 +187,8 @@ def test_a_pause_suspends_a_task_that_never_checkpoints_and_resume_continues_it(
     assert tasks.cpu_seconds(child) - before < 0.05  # stopped: no CPU while paused
     run.resume()
     assert run.result(timeout=30) == "spun"  # it went on where it stood
-    assert tasks.cpu_seconds(child) > before + 0.5
+    # It ran again after the resume (however little CPU a loaded machine gave it).
+    assert tasks.cpu_seconds(child) > before
 
     tell.unlink()
     again = spin.submit(60, str(tell))
