@@ -268,3 +268,27 @@ def test_a_retry_asked_for_in_a_worker_process_crosses_back(node: Controller) ->
     run = asks.submit()
     assert run.result(timeout=60) == 2
     assert "asked to run again in 0.01s: not yet" in [t.reason for t in run.history()]
+
+
+def test_a_suspended_worker_that_dies_fails_its_task_crashed_saying_so(
+    node: Controller, tmp_path: Path
+) -> None:
+    spin = node.task(
+        tasks.spin, carrier="process", name="spin", suspend=True, timeout_grace=0.2, retries=2
+    )
+    tell = tmp_path / "pid"
+    run = spin.submit(600, str(tell))
+    wait_until(tell.exists, timeout=60, what="the worker started")
+    run.pause()
+    wait_until(lambda: run.status is S.PAUSED, timeout=30, what="suspended")
+    worker = int(tell.read_text())
+    os.kill(worker, signal.SIGKILL)  # as the kernel's OOM killer would
+    final = run.wait(timeout=30)
+    assert final.status is S.FAILED and final.failure is not None
+    assert final.failure.kind is FailureKind.CRASHED
+    assert final.failure.message == (
+        f"CarrierCrashed: its worker process {worker} died: killed by SIGKILL"
+    )
+    trail = [(t.to_status, t.reason) for t in run.history()][-2:]
+    assert trail[0] == (S.STOPPING, "its carrier ended while it was paused")
+    assert trail[1][0] is S.FAILED and final.attempt == 1  # no retry from a pause

@@ -30,6 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,7 @@ def main(control_fd: int, settings: dict[str, Any]) -> None:
         settings["niceness"], None if where is None else (where[0], where[1])
     )
     server = os.getpid()
+    prctl = _prctl()  # loaded once here: every worker forked after has it
     statuses: dict[int, int] = {}  # pid -> the write end of its status pipe
     try:
         while True:
@@ -293,7 +295,7 @@ def main(control_fd: int, settings: dict[str, Any]) -> None:
                     control.sendall(_PID.pack(-(exc.errno or errno.EAGAIN)))
                     continue
                 if pid == 0:
-                    _worker(conn, closing, worker_settings, server)  # never returns
+                    _worker(conn, closing, worker_settings, server, prctl)  # never returns
                 with contextlib.suppress(OSError):  # it sets its own group too: whoever is first
                     os.setpgid(pid, pid)
                 os.close(conn)
@@ -336,12 +338,18 @@ def _reaped(statuses: dict[int, int], pid: int, code: int | None) -> None:
     os.close(status_w)
 
 
-def _worker(conn: int, closing: list[int], settings: Settings, server: int) -> None:
+def _worker(
+    conn: int,
+    closing: list[int],
+    settings: Settings,
+    server: int,
+    prctl: Callable[[int, int], int] | None,
+) -> None:
     """A forked worker: its own process group, dead with the server, then ``serve``."""
     code = 1
     try:
         os.setpgid(0, 0)
-        _die_with_parent(server)
+        _die_with_parent(server, prctl)
         for fd in closing:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -362,14 +370,25 @@ def _worker(conn: int, closing: list[int], settings: Settings, server: int) -> N
         os._exit(code)
 
 
-def _die_with_parent(server: int) -> None:
+def _prctl() -> Callable[[int, int], int] | None:
+    """libc's ``prctl`` (Linux), or ``None`` where there is none."""
+    try:
+        import ctypes
+
+        found: Callable[[int, int], int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return found
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(server: int, prctl: Callable[[int, int], int] | None) -> None:
     """Linux: the kernel kills this process when its parent, the fork server, dies (it
     is single-threaded: the signal is tied to the thread that forked, which is its one),
     even while it is stopped. Then the parent checked: it may have died before."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != server:
         os._exit(1)

@@ -530,6 +530,11 @@ class Run:
             current = self.writes.snapshot
             if not current.is_terminal:
                 failure = attempt.exception_failure(exc, self._host.value_rules)
+                if current.status is S.PAUSED:
+                    # Its worker died while suspended by the pause: it can neither run on
+                    # nor be retried from a pause, so it ends, saying so.
+                    self._apply(S.STOPPING, reason="its carrier ended while it was paused")
+                    current = self.writes.snapshot
                 policy = self.definition.retry
                 failures = current.attempt - self._asked_again  # a Retry asked counts none
                 retry = retry and current.status is not S.STOPPING and failures <= policy.retries
