@@ -48,7 +48,9 @@ def starts_children(token: CancellationToken, tell: str) -> None:
     their pids, then spins without a checkpoint."""
     kept = subprocess.Popen(["sleep", "600"])
     away = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    Path(tell).write_text(json.dumps([os.getpid(), kept.pid, away.pid]))
+    aside = f"{tell}.part"  # whole or not at all: the node reads it once it appears
+    Path(aside).write_text(json.dumps([os.getpid(), kept.pid, away.pid]))
+    os.replace(aside, tell)
     while True:
         pass
 

@@ -24,6 +24,14 @@ def node_on(path: Path, processes: int) -> Controller:
     )
 
 
+def told(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole: aside, then renamed, so a test that sees the file
+    never reads it half written."""
+    aside = f"{path}.{os.getpid()}.part"
+    Path(aside).write_text(text)
+    os.replace(aside, path)
+
+
 def stat(pid: int) -> list[str]:
     """A process's ``/proc`` stat line after its name: its state, its parent's pid, ..."""
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
@@ -46,7 +54,7 @@ def square(token: CancellationToken, x: int) -> dict[str, Any]:
 
 
 def counted(token: CancellationToken, steps: int, tell: str) -> int:
-    Path(tell).write_text(str(os.getpid()))
+    told(tell, str(os.getpid()))
     for step in range(1, steps + 1):
         token.checkpoint(Progress(current=step, total=steps, message=f"step {step}"))
         token.sleep(0.02)
@@ -55,7 +63,7 @@ def counted(token: CancellationToken, steps: int, tell: str) -> int:
 
 def spin(token: CancellationToken, seconds: float, tell: str) -> str:
     """Pure work that never reaches a checkpoint."""
-    Path(tell).write_text(str(os.getpid()))
+    told(tell, str(os.getpid()))
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
@@ -201,7 +209,7 @@ def _wire_fds() -> list[int]:
 
 def scribbles(token: CancellationToken, pid_file: str) -> str:
     """Writes bytes that are not a frame to its worker's stream, then returns."""
-    Path(pid_file).write_text(str(os.getpid()))
+    told(pid_file, str(os.getpid()))
     for fd in _wire_fds():
         os.write(fd, b"these bytes are not a frame of the wire at all")
     time.sleep(0.3)
@@ -214,7 +222,7 @@ def forges(token: CancellationToken, pid_file: str) -> str:
 
     from chongming_task.run import child
 
-    Path(pid_file).write_text(str(os.getpid()))
+    told(pid_file, str(os.getpid()))
     for fd in _wire_fds():
         forged = child.Wire(socket.socket(fileno=os.dup(fd)))
         forged.send(child.RETURNED, 10_000, "a forged answer")
@@ -263,7 +271,7 @@ def starts_a_child(token: CancellationToken, tell: str, session: bool = False) -
     import subprocess
 
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=session)
-    Path(tell).write_text(f"{os.getpid()} {sleeper.pid}")
+    told(tell, f"{os.getpid()} {sleeper.pid}")
     while True:
         pass
 
