@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from chongming_task import ConfigurationError, Controller, FailureKind, SqliteTaskStore, TaskStatus
+from chongming_task.node import forkserver
 from chongming_task.node.forkserver import descendants
 from tests.conftest import wait_until
 from tests.integration import process_tasks as tasks
@@ -193,6 +194,23 @@ KILLED_NODE = textwrap.dedent(
         node.serve()
     """
 )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_a_process_tree_is_found_whole_from_the_childrens_lists_and_from_a_scan() -> None:
+    # sh, below it a sleep and a subshell, below that another sleep
+    tree = subprocess.Popen(["sh", "-c", "sleep 60 & (sleep 60 & wait) & wait"])
+    try:
+        wait_until(lambda: len(descendants(tree.pid)) == 3, timeout=30, what="the tree")
+        found = descendants(tree.pid)
+        assert sorted(found) == sorted(forkserver._below_by_scan(tree.pid))
+        names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in found)
+        assert names == ["sh", "sleep", "sleep"]
+    finally:
+        for pid in [*descendants(tree.pid), tree.pid]:
+            os.kill(pid, signal.SIGKILL)
+        tree.wait(10)
+    assert descendants(tree.pid) == []
 
 
 def test_a_node_killed_with_kill_9_leaves_no_process_behind(tmp_path: Path) -> None:

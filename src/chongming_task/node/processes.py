@@ -508,7 +508,7 @@ def _kill_if_alive(child: _Child) -> None:
         child.worker.end(signal.SIGKILL)
 
 
-def _handle_log(body: bytearray, pid: int) -> None:
+def _handle_log(body: bytes, pid: int) -> None:
     """A worker's log record, handled by the node's logging as a record made here. Its
     ``extra`` fields travel pickled apart: where they cannot be read, the record is
     handled without them and says so."""

@@ -96,12 +96,14 @@ class Unreadable(Exception):
 class Wire:
     """One end of a worker's stream: frames of a kind, a job number and a pickled body.
     ``send`` may be called from several threads (it writes each frame whole under its
-    lock); one thread reads at a time."""
+    lock); one thread reads at a time, through a buffer, so a frame's header and a small
+    body come in one system call, not two."""
 
-    __slots__ = ("_lock", "_sock")
+    __slots__ = ("_lock", "_reader", "_sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._reader = sock.makefile("rb", buffering=_SMALL)
         self._lock = threading.Lock()
 
     def fileno(self) -> int:
@@ -112,6 +114,7 @@ class Wire:
         return self._sock.fileno() == -1
 
     def close(self) -> None:
+        self._reader.close()  # the descriptor is let go once both are closed
         self._sock.close()
 
     def send(self, kind: int, job: int, body: Any = None) -> None:
@@ -128,27 +131,22 @@ class Wire:
                 self._sock.sendall(header)
                 self._sock.sendall(data)
 
-    def receive(self) -> tuple[int, int, bytearray]:
+    def receive(self) -> tuple[int, int, bytes]:
         """The next frame: its kind, job number and body. ``EOFError`` at the end of the
         stream; ``Unreadable`` for bytes that are not a frame."""
-        mark, kind, job, length = _HEADER.unpack(self._read(_HEADER.size))
+        head = self._reader.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            raise EOFError("the other end closed the stream")
+        mark, kind, job, length = _HEADER.unpack(head)
         if mark != _MARK:
-            raise Unreadable(f"bytes that are not a frame ({bytes(mark)!r}...)")
-        return kind, job, self._read(length)
-
-    def _read(self, size: int) -> bytearray:
-        data = bytearray(size)
-        view = memoryview(data)
-        got = 0
-        while got < size:
-            n = self._sock.recv_into(view[got:])
-            if n == 0:
-                raise EOFError("the other end closed the stream")
-            got += n
-        return data
+            raise Unreadable(f"bytes that are not a frame ({mark!r}...)")
+        body = self._reader.read(length)
+        if len(body) < length:
+            raise EOFError("the other end closed the stream in a frame")
+        return kind, job, body
 
 
-def load(body: bytearray, what: str) -> Any:
+def load(body: bytes, what: str) -> Any:
     """A frame's body unpickled; ``Unreadable`` naming ``what`` if it cannot be."""
     try:
         return pickle.loads(body)
