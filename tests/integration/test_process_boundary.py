@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from chongming_task import ConfigurationError, Controller, FailureKind, SqliteTaskStore, TaskStatus
 from chongming_task.node import forkserver
-from chongming_task.node.forkserver import descendants
+from chongming_task.node.forkserver import ForkServer, Worker, descendants
 from tests.conftest import wait_until
 from tests.integration import process_tasks as tasks
 
@@ -286,6 +287,34 @@ def test_a_retry_asked_for_in_a_worker_process_crosses_back(node: Controller) ->
     run = asks.submit()
     assert run.result(timeout=60) == 2
     assert "asked to run again in 0.01s: not yet" in [t.reason for t in run.history()]
+
+
+def test_a_pause_asked_while_the_worker_is_being_started_suspends_it_once_started(
+    node: Controller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forked = ForkServer.fork
+
+    def slowly(server: ForkServer) -> Worker:
+        time.sleep(1.0)  # a loaded machine: the pause's grace runs out before any worker
+        return forked(server)
+
+    monkeypatch.setattr(ForkServer, "fork", slowly)
+    spin = node.task(tasks.spin, carrier="process", name="spin", suspend=True, timeout_grace=0.05)
+    tell = tmp_path / "pid"
+    run = spin.submit(600, str(tell))
+    wait_until(lambda: run.status is S.RUNNING, timeout=60, what="running")
+    assert not tell.exists()  # no worker carries it yet
+    run.pause()
+    wait_until(lambda: run.status is S.PAUSED, timeout=60, what="suspended once started")
+    said = run.history()[-1].reason or ""
+    assert said.startswith("suspended: its worker process ")
+    worker = int(said.split()[4])
+    assert tasks.stat(worker)[0] == "T"  # stopped where it stood
+    run.resume()
+    wait_until(tell.exists, timeout=60, what="the task going on once resumed")
+    assert int(tell.read_text()) == worker
+    run.stop()
+    assert run.wait(60).status is S.STOPPED
 
 
 def test_a_suspended_worker_that_dies_fails_its_task_crashed_saying_so(

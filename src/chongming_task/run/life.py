@@ -712,7 +712,12 @@ class Run:
         worker process is stopped where it stands (SIGSTOP), and the task is paused."""
         pid = self._host.suspend(self)
         if pid is None:
-            return False  # no worker process carries it (yet): it pauses at a checkpoint
+            # No worker process carries it yet (one is being started): asked again at
+            # the next check, while the pause stands.
+            with self._lock:
+                if self.writes.snapshot.status is S.PAUSING and self._pause_deadline is None:
+                    self._pause_deadline = self._host.clock.monotonic()
+            return False
         with self._lock:
             self._suspended = True
             if self.writes.snapshot.status is S.PAUSING:
