@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -128,3 +129,23 @@ def _wake_parked(cpu: int, wakes: int) -> float:
             raise RuntimeError("bench: the parked thread never woke")
     thread.join()
     return statistics.median(took) / 1000
+
+
+@contextlib.contextmanager
+def store_schema(dsn: str, prefix: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema with the store's tables, dropped on the way out."""
+    import secrets
+
+    import psycopg
+
+    from chongming_task.stores import open_store
+
+    schema = f"{prefix}_{secrets.token_hex(4)}"
+    made = open_store(dsn, schema=schema)
+    made.create_schema()  # type: ignore[attr-defined]
+    made.close()
+    try:
+        yield schema
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")  # type: ignore[arg-type]

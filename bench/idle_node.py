@@ -2,9 +2,10 @@
 
     uv run python bench/idle_node.py [--nodes 4] [--seconds 60] [--settle 100] [--dsn DSN]
 
-Starts ``--nodes`` node processes (each a ``Controller`` declaring all 64 buckets, no
-task) on a database of its own (created and dropped here), waits ``--settle`` seconds
-(pools shrink after 30 s unused; the server's statistics lag up to 10 s), then counts the
+Starts ``--nodes`` node processes (each a ``Controller`` declaring all 64 buckets, with
+an hourly schedule and no task) on a database of its own (created and dropped here),
+waits ``--settle`` seconds (pools shrink after 30 s unused; the server's statistics lag
+up to 10 s), then counts the
 database's transactions (``pg_stat_database``) over ``--seconds`` and its connections
 (``pg_stat_activity``). The same nodes then run again as a reference with a command poll
 every 0.5 s and a pool of up to 10 (the settings of a node that polls the table), in the
@@ -26,7 +27,7 @@ import psycopg
 
 _NODE = """
 import signal, sys
-from chongming_task import Controller
+from chongming_task import Controller, CronTrigger
 from chongming_task.stores.postgres import PostgresTaskStore
 dsn, owner, poll, size, tasks = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:6])
 store = PostgresTaskStore(dsn, schema="idle", max_size=size)
@@ -39,6 +40,13 @@ def long(token):  # checkpoints all the time, as a busy task does
         token.checkpoint()
         token.sleep(0.05)
 
+@node.task(name="report")
+def report(token):
+    return "sent"
+
+# Schedules defined on every node, as replicas of one service define them: an hourly
+# one costs nothing between its slots.
+node.schedule("hourly-report", "report", CronTrigger("0 * * * *"))
 for _ in range(tasks):
     node.tasks["long"].submit()
 print("up", flush=True)

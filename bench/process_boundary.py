@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _stats import store_schema  # bench/ is on sys.path when run as a script
 from chongming_task import TaskStatus
 from chongming_task.model import TaskQuery
 from chongming_task.stores import open_store
@@ -178,17 +179,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="boundary-db-") as folder:
         ok &= campaign(str(Path(folder) / "b.db"), "", args.kills, args.results, "SQLite")
     if args.dsn and args.dsn != "none":
-        import psycopg
-
-        schema = f"boundary_{secrets.token_hex(4)}"
-        made = open_store(args.dsn, schema=schema)
-        made.create_schema()  # type: ignore[attr-defined]
-        made.close()
-        try:
+        with store_schema(args.dsn, "boundary") as schema:
             ok &= campaign(args.dsn, schema, args.kills, args.results, "PostgreSQL")
-        finally:
-            with psycopg.connect(args.dsn, autocommit=True) as conn:
-                conn.execute(f"DROP SCHEMA {schema} CASCADE")
     sys.exit(0 if ok else 1)
 
 

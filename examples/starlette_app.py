@@ -11,7 +11,8 @@ one resumes it, one reads it.
 The task awaits its token (``acheckpoint``, ``asleep``), so a pause holds it without
 blocking the event loop, and a stop or timeout really cancels it. ``CHONGMING_DB`` names
 the store (default ``reports.db`` beside the working directory). A bad ``rows`` is a 400
-and an unknown task a 404, each with one line saying why.
+and an unknown task a 404, each with one line saying why. Stopping the server (Ctrl-C,
+or a deploy's SIGTERM) drains the node: running reports may finish first.
 """
 
 from __future__ import annotations
@@ -42,12 +43,21 @@ async def build_report(token: CancellationToken, rows: int) -> dict[str, int]:
     return {"rows": done}
 
 
+DRAIN = 30.0  # seconds a deploy gives the running reports to finish
+
+
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    async with Controller(os.environ.get("CHONGMING_DB", "reports.db")) as node:
+    node = Controller(os.environ.get("CHONGMING_DB", "reports.db"))
+    try:
         node.register(build_report)
         app.state.node = node
         yield
+    finally:
+        # A deploy's SIGTERM: the server stops taking requests, then this runs. The node
+        # takes no new report and lets the running ones finish for up to DRAIN seconds;
+        # what still runs then is stopped at its next checkpoint, saying so.
+        await node.aclose(drain=DRAIN)
 
 
 async def submit(request: Request) -> JSONResponse:

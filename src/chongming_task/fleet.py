@@ -69,6 +69,7 @@ DEFAULT_STALE_AFTER = 1800.0
 
 class AlarmKind(enum.StrEnum):
     DUPLICATE_BUCKET = "duplicate-bucket"
+    EVERY_BUCKET_SHARED = "every-bucket-shared"
     UNCOVERED_BUCKET = "uncovered-bucket"
     NUM_BUCKETS_MISMATCH = "num-buckets-mismatch"
     ORPHAN = "orphan"
@@ -183,6 +184,11 @@ def bucket_alarms(
                 nodes=tuple(r.node for r in live if r.num_buckets != num_buckets),
             )
         )
+    # Nodes that each declared every bucket are duplicate owners (said below); one that
+    # declared no partition at all is said here, with the split that fixes it.
+    everything = sorted(r.node for r in live if r.covers_all)
+    if len(everything) > 1 and any(r.buckets is None for r in live if r.node in everything):
+        alarms.append(_every_bucket_shared(everything, num_buckets))
     twice: dict[tuple[str, ...], list[int]] = {}
     for b, who in sorted(declared_buckets(live).items()):
         if len(who) > 1:
@@ -199,6 +205,26 @@ def bucket_alarms(
             )
         )
     return alarms
+
+
+def _every_bucket_shared(names: list[str], num_buckets: int) -> Alarm:
+    """Live nodes that each run every bucket: none owns a bucket, so what only an owner
+    can hold does not hold across them. The fix named is a split of the buckets."""
+    count = len(names)
+    cuts = [at * num_buckets // count for at in range(count + 1)]
+    split = [
+        f"{name}: {format_buckets(range(cuts[at], cuts[at + 1]))}"
+        for at, name in enumerate(names)
+        if num_buckets >= count
+    ]
+    fix = f" (say {'; '.join(split)})" if split else ""
+    return Alarm(
+        kind=AlarmKind.EVERY_BUCKET_SHARED,
+        message=f"{' and '.join(names)} each run every bucket: per-key and per-bucket "
+        "limits count on each node, not fleet-wide, and a bucketed schedule has no one "
+        f"owner; give each node its own owned_buckets{fix}",
+        nodes=tuple(names),
+    )
 
 
 def examine(

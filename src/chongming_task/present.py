@@ -4,6 +4,7 @@ and JSON, shared by the CLI and the dashboard. Nothing here touches a store."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,12 +27,14 @@ from .text import printable
 __all__ = [
     "SCHEDULE_HEADERS",
     "SHORT_ID",
+    "FleetSchedule",
     "age",
     "alarm_json",
     "bar",
     "by_bucket",
     "control_outcome",
     "doctor_text",
+    "fleet_schedules",
     "health",
     "health_json",
     "history_rows",
@@ -367,66 +370,128 @@ def nodes_rows(nodes: list[NodeStatus]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def schedule_state(r: ScheduleRecord, node: NodeRecord | None, now: datetime) -> str:
-    """Whether a schedule can fire: only while its node runs (schedules are node-owned)."""
+@dataclass(frozen=True, slots=True)
+class FleetSchedule:
+    """One schedule as the fleet defines it: every node's record of it (each node that
+    defines it records its own), read together. Its slots fire once fleet-wide, so its
+    last firing is the latest any node made, and the node that made it ran it."""
+
+    name: str
+    records: tuple[ScheduleRecord, ...]
+    """By node name."""
+
+    @property
+    def last(self) -> ScheduleRecord | None:
+        """The record of the node that fired last, if any fired."""
+        fired = [r for r in self.records if r.last_fired_at is not None]
+        return max(fired, key=lambda r: r.last_fired_at or r.updated_at) if fired else None
+
+
+def fleet_schedules(records: Iterable[ScheduleRecord]) -> list[FleetSchedule]:
+    """The records read as one row a schedule, by name."""
+    by_name: dict[str, list[ScheduleRecord]] = {}
+    for r in records:
+        by_name.setdefault(r.name, []).append(r)
+    return [
+        FleetSchedule(name, tuple(sorted(rs, key=lambda r: r.node)))
+        for name, rs in sorted(by_name.items())
+    ]
+
+
+def _node_state(name: str, nodes: Mapping[str, NodeRecord], now: datetime) -> str:
+    node = nodes.get(name)
     if node is None:
-        return "unknown node"
+        return "unknown"
     if node.stopped_at is not None:
-        return "node stopped"
-    return "ok" if node.is_live(now) else "node DEAD: will not fire"
+        return "stopped"
+    return "live" if node.is_live(now) else "dead"
+
+
+def schedule_state(s: FleetSchedule, nodes: Mapping[str, NodeRecord], now: datetime) -> str:
+    """Whether a schedule can fire: while a node that defines it runs."""
+    states = {_node_state(r.node, nodes, now) for r in s.records}
+    if "live" in states:
+        return "ok"
+    if states == {"unknown"}:
+        return "unknown node"
+    if states <= {"stopped", "unknown"}:
+        return "node stopped" if len(s.records) == 1 else "nodes stopped"
+    return "node DEAD: will not fire" if len(s.records) == 1 else "no live node: will not fire"
+
+
+def _next_slot(s: FleetSchedule, nodes: Mapping[str, NodeRecord], now: datetime) -> datetime | None:
+    """The next slot as the live nodes see it (else as any recorded it)."""
+    live = [r for r in s.records if _node_state(r.node, nodes, now) == "live"]
+    due = [r.next_fire_at for r in live or s.records if r.next_fire_at is not None]
+    return min(due) if due else None
 
 
 def schedule_json(
-    r: ScheduleRecord, node: NodeRecord | None, last: TaskSnapshot | None, now: datetime
+    s: FleetSchedule,
+    nodes: Mapping[str, NodeRecord],
+    last: TaskSnapshot | None,
+    now: datetime,
 ) -> dict[str, Any]:
+    """``last``: the task of its last firing (``None``: none, or pruned)."""
+    first, fired_last = s.records[0], s.last
     return {
-        "node": r.node,
-        "name": r.name,
-        "task": r.task,
-        "trigger": r.trigger,
-        "state": schedule_state(r, node, now),
-        "next_fire_at": ts(r.next_fire_at),
-        "last_fired_at": ts(r.last_fired_at),
-        "last_task_id": r.last_task_id,
+        "name": s.name,
+        "nodes": [r.node for r in s.records],
+        "node_states": {r.node: _node_state(r.node, nodes, now) for r in s.records},
+        "task": first.task,
+        "trigger": first.trigger,
+        "state": schedule_state(s, nodes, now),
+        "next_fire_at": ts(_next_slot(s, nodes, now)),
+        "last_fired_at": None if fired_last is None else ts(fired_last.last_fired_at),
+        "last_task_id": None if fired_last is None else fired_last.last_task_id,
         "last_status": None if last is None else last.status.value,
-        "fired": r.fired,
-        "skipped": r.skipped,
-        "updated_at": ts(r.updated_at),
+        "last_fired_by": None if fired_last is None else fired_last.node,
+        "fired": sum(r.fired for r in s.records),
+        "skipped": sum(r.skipped for r in s.records),
+        "updated_at": ts(max(r.updated_at for r in s.records)),
     }
 
 
 def schedule_row(
-    r: ScheduleRecord, node: NodeRecord | None, last: TaskSnapshot | None, now: datetime
+    s: FleetSchedule, nodes: Mapping[str, NodeRecord], last: TaskSnapshot | None, now: datetime
 ) -> list[str]:
-    state = schedule_state(r, node, now)
-    if r.next_fire_at is None:
+    state = schedule_state(s, nodes, now)
+    upcoming_at = _next_slot(s, nodes, now)
+    if upcoming_at is None:
         upcoming = "-"
     else:
-        wait = (r.next_fire_at - now).total_seconds()
+        wait = (upcoming_at - now).total_seconds()
         upcoming = f"in {age(wait)}" if wait >= 0 else f"due {age(-wait)} ago"
-    if r.last_fired_at is None:
+    fired_last = s.last
+    if fired_last is None or fired_last.last_fired_at is None:
         previous = "never"
     else:
-        previous = f"{age(max(0.0, (now - r.last_fired_at).total_seconds()))} ago"
-        if r.last_task_id is not None:
+        previous = f"{age(max(0.0, (now - fired_last.last_fired_at).total_seconds()))} ago"
+        if fired_last.last_task_id is not None:
             status = "pruned" if last is None else last.status.value
-            previous += f" {short_id(r.last_task_id)} {status}"
+            previous += f" {short_id(fired_last.last_task_id)} {status}"
+        if len(s.records) > 1:
+            previous += f" by {fired_last.node}"
+    defined_by = []
+    for r in s.records:
+        node_state = _node_state(r.node, nodes, now)
+        defined_by.append(r.node if node_state == "live" else f"{r.node} ({node_state})")
     return [
-        r.name,
-        r.node,
-        r.task,
-        r.trigger,
+        s.name,
+        ", ".join(defined_by),
+        s.records[0].task,
+        s.records[0].trigger,
         upcoming,
         previous,
-        str(r.fired),
-        str(r.skipped),
+        str(sum(r.fired for r in s.records)),
+        str(sum(r.skipped for r in s.records)),
         state,
     ]
 
 
 SCHEDULE_HEADERS = [
     "SCHEDULE",
-    "NODE",
+    "NODES",
     "TASK",
     "TRIGGER",
     "NEXT",

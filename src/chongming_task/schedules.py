@@ -2,8 +2,12 @@
 
 Each firing is a normal ``submit`` with the schedule's bucket key and tags (plus
 ``schedule:<name>``), so it shows in ``ps`` and obeys bucket ownership. A schedule keeps
-its next fire time in memory: schedules belong to the node that declares them, like task
-definitions.
+its next fire time in memory: schedules belong to the nodes that declare them, like task
+definitions. Every node that declares a schedule reaches the same slots (the instants
+its trigger is due); each slot creates one task in the whole store, under an id made
+from the schedule's name and the slot (``slot_task_id``): the first node to reach it
+fires it, the others find it taken. A schedule with a ``bucket_key`` fires only on the
+node that owns the key's bucket.
 
 Cron: five fields (minute hour day-of-month month day-of-week) with ``*``, ``a-b``,
 ``*/n``, ``a-b/n``, lists, month and weekday names, and ``@hourly`` ``@daily`` ``@weekly``
@@ -16,6 +20,7 @@ occurrence.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,6 +44,7 @@ __all__ = [
     "Submit",
     "Trigger",
     "schedule_tags",
+    "slot_task_id",
 ]
 
 Overlap = Literal["skip", "allow"]
@@ -52,8 +58,13 @@ class Trigger(Protocol):
         """The last fire time at or before ``moment`` (UTC), if any."""
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 class IntervalTrigger:
-    """Every ``seconds``, counted from ``start_at`` (default: when the schedule is added)."""
+    """Every ``seconds``, counted from ``start_at`` (default: 1970-01-01 UTC, so every
+    node that defines the schedule reaches the same instants: ``IntervalTrigger(60)``
+    is due at the start of each minute, and one firing per instant holds fleet-wide)."""
 
     def __init__(self, seconds: float, *, start_at: datetime | None = None) -> None:
         if seconds <= 0:
@@ -68,9 +79,7 @@ class IntervalTrigger:
         return f"every {self.interval.total_seconds():g}s"
 
     def _anchor(self) -> datetime:
-        if self.start_at is None:
-            raise ConfigurationError("IntervalTrigger has no start_at yet")
-        return self.start_at
+        return _EPOCH if self.start_at is None else self.start_at
 
     def next_after(self, after: datetime) -> datetime:
         anchor = self._anchor()
@@ -219,12 +228,21 @@ class Schedule:
     task_name: str | None = None
     """The name of the task it fires (set by the controller, which resolves ``task``)."""
     next_fire: datetime | None = None
+    """The next slot: the instant the trigger is next due (the same on every node)."""
     due: datetime | None = None
+    """When this node reaches it: ``next_fire`` plus its jitter."""
     last_run: TaskRun | StoredTask | None = None
+    """The task of the last slot reached, fired here or by another node."""
     last_fired: datetime | None = None
     fired: int = 0
+    """Slots this node fired."""
+    taken: int = 0
+    """Slots another node defining the schedule fired first (this node then did not)."""
+    last_taken_by: str | None = None
     skipped_overlap: int = 0
     skipped_misfire: int = 0
+    skipped_elsewhere: int = 0
+    """Slots left to the owner of the schedule's bucket, another node."""
 
     def __post_init__(self) -> None:
         if self.overlap not in ("skip", "allow"):
@@ -242,5 +260,14 @@ def schedule_tags(name: str, tags: Iterable[str]) -> frozenset[str]:
     return frozenset(tags) | {f"schedule:{name}"}
 
 
-Submit = Callable[[Schedule], "TaskRun | StoredTask"]
-"""Submits one firing of a schedule (the controller's ``submit``, with its tags)."""
+def slot_task_id(schedule: str, slot: datetime) -> str:
+    """The id of the one task a slot of ``schedule`` creates in the whole store: the same
+    on every node, so the store's refusal of a second task with one id makes one firing
+    per slot (docs/design.md, "One firing per slot"). 32 hex digits, as any task id."""
+    text = f"schedule\x00{schedule}\x00{utc(slot).isoformat()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+Submit = Callable[[Schedule, datetime], "TaskRun | StoredTask | None"]
+"""Submits the firing of a schedule's slot (the controller's ``submit`` with its tags,
+under the slot's task id); ``None`` when another node fired the slot first."""

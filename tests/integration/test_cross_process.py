@@ -383,9 +383,10 @@ def _terminal_task_with_a_command(db: Path) -> tuple[SqliteTaskStore, str]:
     return store, "c1"
 
 
-def test_a_node_that_declares_buckets_polls_commands_from_construction(db: Path) -> None:
+@pytest.mark.parametrize("buckets", [range(0, 8), None], ids=["partitioned", "every-bucket"])
+def test_every_node_polls_commands_from_construction(db: Path, buckets: range | None) -> None:
     store, command_id = _terminal_task_with_a_command(db)
-    node = Controller(SqliteTaskStore(db), owned_buckets=range(0, 8), command_poll_interval=0.02)
+    node = Controller(SqliteTaskStore(db), owned_buckets=buckets, command_poll_interval=0.02)
     try:
         wait_until(lambda: open_commands(db) == [], what="the node's first poll")
         row = (
@@ -401,7 +402,7 @@ def test_a_node_that_declares_buckets_polls_commands_from_construction(db: Path)
 
 def test_a_pure_query_client_never_polls_commands(db: Path) -> None:
     store, command_id = _terminal_task_with_a_command(db)
-    client = Controller(SqliteTaskStore(db), command_poll_interval=0.01)
+    client = Controller(SqliteTaskStore(db), command_poll_interval=0.01, poll_commands=False)
     try:
         client.list_tasks()
         client.stats()

@@ -3,16 +3,13 @@ get one task between them, on SQLite (2 processes, one file) and on PostgreSQL (
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from chongming_task.stores import open_store
 from chongming_task.stores.postgres import PostgresTaskStore
-from tests.conftest import Lines
 from tests.integration.postgres_support import new_schema, pg_dsn, schemas
+from tests.integration.racers import race
 from tests.integration.test_cli import cli, cli_json
 
 __all__ = ["pg_dsn", "schemas"]  # fixtures
@@ -21,50 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _race(where: str, schema: str, racers: int, folder: Path) -> list[dict[str, str]]:
-    """``racers`` processes submitting key ``race`` at one moment (each ready, then all
-    told to go at once); what each got. The task they race for runs until every racer
-    has its answer, so none can come after it ended, however loaded the machine."""
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.integration.dedupe_racer",
-                where,
-                schema,
-                "race",
-                f"racer-{n}",
-                str(folder),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(racers)
-    ]
-    try:
-        lines = [Lines(proc.stdout) for proc in procs]  # type: ignore[arg-type]
-        for said in lines:
-            said.wait_for(lambda text: "ready\n" in text, timeout=120, what="a racer ready")
-        (folder / "go").touch()
-        for said in lines:
-            said.wait_for(lambda text: "{" in text, timeout=120, what="a racer's answer")
-        got = [
-            json.loads(next(line for line in said.text().splitlines() if line.startswith("{")))
-            for said in lines
-        ]
-        (folder / "release").touch()
-        for proc, said in zip(procs, lines, strict=True):
-            proc.wait(120)
-            said.close()
-            assert proc.returncode == 0, proc.stderr.read()  # type: ignore[union-attr]
-        return got
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    """``racers`` processes submitting key ``race`` at one moment; what each got. The
+    task they race for runs until every racer has its answer, so none can come after it
+    ended, however loaded the machine."""
+    argvs = [[where, schema, "race", f"racer-{n}", str(folder)] for n in range(racers)]
+    return race(
+        "tests.integration.dedupe_racer",
+        argvs,
+        folder,
+        answered=(folder / "release").touch,
+    )
 
 
 def _one_task(got: list[dict[str, str]], where: str, schema: str | None) -> None:

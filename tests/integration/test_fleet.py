@@ -258,3 +258,30 @@ def test_a_node_warns_when_a_live_process_already_declared_its_name(
     said = _stop(second)
     assert TWIN_WARNING in said and f"pid {first.proc.pid}," in said, said
     assert TWIN_WARNING not in _stop(first)  # its predecessor had crashed: no twin
+
+
+def test_replicas_are_seen_from_their_start_and_two_running_every_bucket_raise_an_alarm(
+    where: Where, started: list[Node]
+) -> None:
+    # Two unpartitioned replicas of one service, neither given a task yet.
+    first = where.node("--owner", "svc-a")
+    started.append(first)
+    other = where.node("--owner", "svc-b")
+    started.append(other)
+    wait_until(lambda: _declared_pid(where, "svc-a") == first.proc.pid, timeout=30)
+    wait_until(lambda: _declared_pid(where, "svc-b") == other.proc.pid, timeout=30)
+    report = where.json("doctor", code=3)
+    [shared] = alarms(report, "every-bucket-shared")
+    assert shared["nodes"] == ["svc-a", "svc-b"]
+    assert (
+        "give each node its own owned_buckets (say svc-a: 0-31; svc-b: 32-63)"
+        in (shared["message"])
+    )
+    # A replica restarted under its name after a crash replaces its predecessor at once.
+    first.kill()
+    again = where.node("--owner", "svc-a")
+    started.append(again)
+    wait_until(lambda: _declared_pid(where, "svc-a") == again.proc.pid, timeout=30)
+    _stop(other)
+    wait_until(lambda: _declared_pid(where, "svc-b") is None, timeout=30)
+    assert alarms(where.json("doctor"), "every-bucket-shared") == []

@@ -43,7 +43,8 @@ def test_schedules_shows_trigger_next_and_last_run_while_the_node_runs(tmp_path:
         table = _cli(db, "schedules").stdout
     assert set(rows) == {"every-second", "nightly"}
     first = rows["every-second"]
-    assert first["node"] == "node-s" and first["task"] == "tick"
+    assert first["nodes"] == ["node-s"] and first["task"] == "tick"
+    assert first["last_fired_by"] == "node-s" and first["node_states"] == {"node-s": "live"}
     assert first["trigger"] == "every 1s" and first["state"] == "ok"
     assert first["fired"] >= 1 and first["last_task_id"] is not None
     assert first["last_status"] in {"succeeded", "queued", "starting", "running"}
@@ -52,7 +53,7 @@ def test_schedules_shows_trigger_next_and_last_run_while_the_node_runs(tmp_path:
     next_fire = datetime.fromisoformat(rows["nightly"]["next_fire_at"])
     assert next_fire.hour == 2 and next_fire.minute == 0 and next_fire > datetime.now(UTC)
     lines = table.splitlines()
-    assert lines[0].split()[:4] == ["SCHEDULE", "NODE", "TASK", "TRIGGER"]
+    assert lines[0].split()[:4] == ["SCHEDULE", "NODES", "TASK", "TRIGGER"]
     assert any(line.startswith("nightly") and " never " in line for line in lines)
     assert any(line.startswith("every-second") and " ago " in line for line in lines)
     # A clean close: the node's schedules fire no more, and their records go with it.
@@ -95,3 +96,25 @@ def test_a_dead_nodes_schedules_say_they_will_not_fire(tmp_path: Path) -> None:
     assert rows[0]["last_status"] is None  # its last task was pruned
     line = _cli(db, "schedules").stdout.splitlines()[1]
     assert "due 59m" in line and "pruned" in line and "node DEAD: will not fire" in line
+
+
+def test_one_row_a_schedule_whatever_number_of_nodes_define_it(tmp_path: Path) -> None:
+    db = tmp_path / "fleet.db"
+    with (
+        Controller(SqliteTaskStore(db), owner="node-a") as a,
+        Controller(SqliteTaskStore(db), owner="node-b") as b,
+    ):
+        entries = []
+        for node in (a, b):
+            node.task(tick, name="tick")
+            entries.append(node.schedule("every-second", "tick", IntervalTrigger(1)))
+        wait_until(lambda: sum(e.fired for e in entries) >= 3, what="three slots fired")
+        shown = _cli(db, "--json", "schedules")
+        assert shown.returncode == 0, shown.stderr
+        table = _cli(db, "schedules").stdout
+    [row] = json.loads(shown.stdout)
+    assert row["nodes"] == ["node-a", "node-b"] and row["state"] == "ok"
+    assert row["last_fired_by"] in {"node-a", "node-b"}
+    assert row["fired"] >= 3
+    [line] = [x for x in table.splitlines() if x.startswith("every-second")]
+    assert "node-a, node-b" in line and f" by {row['last_fired_by']}" in line

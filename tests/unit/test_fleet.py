@@ -162,13 +162,16 @@ def test_the_beacon_declares_refreshes_warns_and_retires(
     assert retired.stopped_at is not None
 
 
-def test_a_query_tool_never_declares_itself() -> None:
+def test_a_query_tool_never_declares_itself_and_every_node_does_from_its_start() -> None:
     store = InMemoryTaskStore()
     tool = Controller(store, owner="tool", owned_buckets=range(0, 4), poll_commands=False)
     tool.close()
-    plain = Controller(store, owner="plain")  # no partition, never submitted anything
-    plain.close()
     assert store.nodes() == []
+    plain = Controller(store, owner="plain")  # no partition, nothing submitted
+    wait_until(lambda: [n.node for n in store.nodes()] == ["plain"], timeout=30)
+    plain.close()
+    [retired] = store.nodes()
+    assert retired.stopped_at is not None
 
 
 class _StoreWithClock(InMemoryTaskStore):
@@ -270,3 +273,23 @@ def test_the_scan_fallback_answers_like_the_sql_store(tmp_path: Path) -> None:
             assert fallback.ended_timeline(since=since, width=width) == timeline
     finally:
         sqlite.close()
+
+
+def test_two_live_nodes_that_each_run_every_bucket_raise_one_alarm_naming_a_split() -> None:
+    store = InMemoryTaskStore()
+    store.declare_node(node("node-a", None, seen=590))
+    store.declare_node(node("node-b", range(0, 8), seen=590))  # every bucket, declared
+    store.declare_node(node("node-c", None, seen=0))  # dead: shares nothing
+    report = examine(store, num_buckets=8, now=at(600))
+    [shared] = [a for a in report.alarms if a.kind is AlarmKind.EVERY_BUCKET_SHARED]
+    assert shared.nodes == ("node-a", "node-b")
+    assert shared.message.endswith(
+        "give each node its own owned_buckets (say node-a: 0-3; node-b: 4-7)"
+    )
+    assert not report.healthy
+
+    alone = InMemoryTaskStore()
+    alone.declare_node(node("node-a", None, seen=590))
+    alone.declare_node(node("node-b", range(0, 4), seen=590))
+    alone.declare_node(node("node-c", range(4, 8), seen=590))
+    assert examine(alone, num_buckets=8, now=at(600)).alarms == ()

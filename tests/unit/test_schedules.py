@@ -198,19 +198,21 @@ def test_jitter_delays_each_firing_within_bounds(make_controller: Make) -> None:
     assert all(0 <= d <= 5 for d in delays) and len(set(delays)) > 10
 
 
-def test_firings_are_normal_submits_that_obey_bucket_ownership(make_controller: Make) -> None:
+def test_firings_are_normal_submits_and_only_the_buckets_owner_fires(make_controller: Make) -> None:
     clock = FakeClock(T0)
     c = node(make_controller, clock, owned_buckets=range(0, 8))
     policy = c.bucket_policy
     mine = next(k for k in (f"k{i}" for i in range(999)) if policy.bucket_for(k) < 8)
     theirs = next(k for k in (f"k{i}" for i in range(999)) if policy.bucket_for(k) >= 8)
-    with pytest.raises(ConfigurationError, match="does not own"):
-        c.schedule("elsewhere", "tick", IntervalTrigger(10), bucket_key=theirs)
+    # Kept, never fired here: its slots are the owner's of the key's bucket.
+    elsewhere = c.schedule("elsewhere", "tick", IntervalTrigger(10), bucket_key=theirs)
     c.schedule("tenant", "tick", IntervalTrigger(10), bucket_key=mine, tags={"nightly"})
     clock.advance(10)
     (run,) = c.tick_schedules()
     snapshot = run.wait(5)
     assert snapshot.bucket_key == mine and snapshot.tags >= {"nightly", "schedule:tenant"}
+    assert elsewhere.fired == 0 and elsewhere.skipped_elsewhere == 1
+    assert elsewhere.next_fire == T0 + timedelta(seconds=20)
 
 
 def test_no_firing_after_close(make_controller: Make) -> None:
@@ -268,3 +270,52 @@ def test_a_schedule_fires_with_its_priority_and_dedupe_key(make_controller: Make
     with pytest.raises(InvalidValue, match="dedupe_key"):
         c.schedule("bad", "hold", IntervalTrigger(10), dedupe_key="lone \ud800")
     assert [e.name for e in c.schedules] == ["nightly"]
+
+
+def test_two_nodes_defining_one_schedule_fire_each_slot_once(make_controller: Make) -> None:
+    clock = FakeClock(T0 + timedelta(seconds=3))  # between slots: both reach the same ones
+    store = InMemoryTaskStore()
+    nodes = []
+    for owner in ("node-a", "node-b"):
+        c = make_controller(store, clock=clock, run_schedules=False, owner=owner)
+        c.task(lambda token: "tick", name="tick")
+        nodes.append((c, c.schedule("every-10s", "tick", IntervalTrigger(10))))
+    (a, on_a), (b, on_b) = nodes
+    assert on_a.next_fire == on_b.next_fire == T0 + timedelta(seconds=10)
+    for step in range(4):
+        clock.advance(10)
+        first, second = (a, b) if step % 2 == 0 else (b, a)
+        (run,) = first.tick_schedules()
+        assert second.tick_schedules() == []
+        run.wait(5)
+    ran = store.query(TaskQuery(tag="schedule:every-10s"))
+    assert len(ran) == 4
+    assert sorted(t.created_at for t in ran) == [
+        T0 + timedelta(seconds=s) for s in (13, 23, 33, 43)
+    ]
+    assert (on_a.fired, on_a.taken, on_b.fired, on_b.taken) == (2, 2, 2, 2)
+    assert on_a.last_taken_by == "node-b" and on_b.last_taken_by == "node-a"
+
+
+def test_a_slot_another_node_fired_counts_for_overlap(make_controller: Make) -> None:
+    clock = FakeClock(T0)
+    store = InMemoryTaskStore()
+    gate = threading.Event()
+    nodes = []
+    for owner in ("node-a", "node-b"):
+        c = make_controller(store, clock=clock, run_schedules=False, owner=owner)
+        c.task(lambda token: gate.wait(10), name="long")
+        nodes.append((c, c.schedule("long-job", "long", IntervalTrigger(10))))
+    (a, on_a), (b, on_b) = nodes
+    clock.advance(10)
+    (first,) = a.tick_schedules()
+    assert b.tick_schedules() == [] and on_b.taken == 1
+    clock.advance(10)  # still running on node-a: neither fires
+    assert b.tick_schedules() == [] and a.tick_schedules() == []
+    assert on_b.skipped_overlap == on_a.skipped_overlap == 1
+    gate.set()
+    first.wait(5)
+    clock.advance(10)
+    (again,) = b.tick_schedules()
+    again.wait(5)
+    assert len(store.query(TaskQuery(tag="schedule:long-job"))) == 2

@@ -325,8 +325,9 @@ def cmd_nodes(ctx: Context) -> int:
 
 
 def cmd_schedules(ctx: Context) -> int:
-    """Every schedule its node recorded: trigger, next firing, last run and its status,
-    and whether it can fire at all (its node live, dead or stopped)."""
+    """One row a schedule, however many nodes define it: those nodes, its trigger, the
+    next slot, the last firing, its task's status and the node that ran it, and whether
+    it can fire at all (a node that defines it live, dead or stopped)."""
     store = ctx.store()
     caps = Capabilities(store)
     if not caps.has_fleet_registry:
@@ -334,11 +335,12 @@ def cmd_schedules(ctx: Context) -> int:
     now = caps.now()
     nodes = {n.node: n for n in caps.nodes()}
     rows, data = [], []
-    for r in caps.schedules():
-        last = None if r.last_task_id is None else store.get(r.last_task_id)
-        node = nodes.get(r.node)
-        rows.append(present.schedule_row(r, node, last, now))
-        data.append(present.schedule_json(r, node, last, now))
+    for s in present.fleet_schedules(caps.schedules()):
+        fired = s.last
+        last_id = None if fired is None else fired.last_task_id
+        last = None if last_id is None else store.get(last_id)
+        rows.append(present.schedule_row(s, nodes, last, now))
+        data.append(present.schedule_json(s, nodes, last, now))
     text = (
         present.table(present.SCHEDULE_HEADERS, rows)
         if rows

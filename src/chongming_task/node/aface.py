@@ -75,7 +75,7 @@ class AsyncFace:
         ) -> TaskSnapshot: ...
         def wait_idle(self, timeout: float | None = None) -> bool: ...
         def reconcile(self, *, dry_run: bool = False) -> ReconcileReport: ...
-        def close(self, timeout: float = 10.0) -> None: ...
+        def close(self, timeout: float = 10.0, *, drain: float | None = None) -> None: ...
 
     async def __aenter__(self) -> Self:
         return self
@@ -194,5 +194,5 @@ class AsyncFace:
     async def areconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         return await asyncio.to_thread(functools.partial(self.reconcile, dry_run=dry_run))
 
-    async def aclose(self, timeout: float = 10.0) -> None:
-        await asyncio.to_thread(self.close, timeout)
+    async def aclose(self, timeout: float = 10.0, *, drain: float | None = None) -> None:
+        await asyncio.to_thread(functools.partial(self.close, timeout, drain=drain))

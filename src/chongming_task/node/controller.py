@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import random
 import threading
@@ -53,7 +54,7 @@ from ..run.child import NICENESS
 from ..run.handle import TaskRun
 from ..run.life import CANCEL_WAIT, Run
 from ..run.stored import StoredTask
-from ..schedules import IntervalTrigger, Overlap, Schedule, Trigger, schedule_tags
+from ..schedules import Overlap, Schedule, Trigger, schedule_tags, slot_task_id
 from ..stores import open_store
 from ..stores.capabilities import Capabilities
 from ..stores.protocol import TaskStore
@@ -162,6 +163,19 @@ P = ParamSpec("P")
 
 QUIET = 1.0
 """Seconds a closing node waits for its tasks to stop before it names them."""
+_DRAIN_POLL = 0.05  # seconds between two looks at what a drain waits for
+
+
+def _check_drain(seconds: object) -> None:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise InvalidValue(f"drain must be a finite number of seconds >= 0, got {seconds!r}")
+
+
 _NAMED = 20
 """Tasks named one by one in the closing lines (more: counted, not named)."""
 
@@ -340,6 +354,8 @@ class Controller(AsyncFace):
             num_buckets=num_buckets,
             rng=self.rng,
             fire=self._fire,
+            owns=self._ownership.owns_key,
+            follow=lambda task_id: self._submitter.follow(task_id),
             polling=poll_commands is not False,
             started=lambda: OPEN.add(self),
             reconciler=self._reconciler,
@@ -382,6 +398,7 @@ class Controller(AsyncFace):
             lease_ttl=lease_ttl,
             resolve=self._definitions.resolve,
             accepting=services.accepting,
+            refusal=services.refusal,
             stored=services.start_work,
             control=self._router.route,
         )
@@ -615,21 +632,25 @@ class Controller(AsyncFace):
         schedule is still active. After downtime the missed firings coalesce into one
         run, skipped if the latest missed one is more than ``misfire_grace`` seconds old
         (``None``: never too late). ``jitter`` delays each firing by up to that many
-        seconds. Ownership is checked now: a key in another node's bucket is refused.
-        ``bucket_key``, ``tags``, ``priority`` and ``dedupe_key`` apply to each firing as
-        ``task.configure`` does.
+        seconds. ``bucket_key``, ``tags``, ``priority`` and ``dedupe_key`` apply to each
+        firing as ``task.configure`` does.
+
+        Every node that defines a schedule of this name reaches the same slots (an
+        ``IntervalTrigger`` without ``start_at`` counts from 1970-01-01 UTC), and each
+        slot creates one task in the whole store: the first node to reach it fires it.
+        With a ``bucket_key`` only the node that owns the key's bucket fires it; another
+        node keeps the schedule and leaves its slots to that owner.
         """
-        # Checked now (an unknown name, a bad tag or key, another node's bucket), not at
-        # the first firing.
+        # Checked now (an unknown name, a bad tag or key), not at the first firing.
         check_text(name, "schedule name", self.value_rules, MAX_SCHEDULE_NAME)
         if isinstance(tags, str):
             raise InvalidValue(f"tags must be an iterable of text, not the text {tags!r}")
         args, kwargs = tuple(args), dict(kwargs or {})
-        definition, _ = self._submitter.check(task, bucket_key, schedule_tags(name, tags))
+        definition, _ = self._submitter.check(
+            task, bucket_key, schedule_tags(name, tags), here=False
+        )
         check_arguments(definition, args, kwargs)  # every firing would fail otherwise
         self._submitter.check_keys(SubmitOptions(priority=priority, dedupe_key=dedupe_key))
-        if isinstance(trigger, IntervalTrigger) and trigger.start_at is None:
-            trigger.start_at = self._now()
         entry = Schedule(
             name=name,
             task=definition,
@@ -665,26 +686,23 @@ class Controller(AsyncFace):
         """
         return self._services.scheduler.tick()
 
-    def _fire(self, entry: Schedule) -> TaskRun | StoredTask:
+    def _fire(self, entry: Schedule, slot: datetime) -> TaskRun | StoredTask | None:
         watch = observe.watcher
         if watch is None:
-            return self._fire_one(entry)
+            return self._fire_one(entry, slot)
         with watch.firing(entry.name):  # a trace of its own
-            return submitted(watch, "submit", self._fire_one, entry)
+            return submitted(watch, "submit", self._fire_one, entry, slot)
 
-    def _fire_one(self, entry: Schedule) -> TaskRun | StoredTask:
-        tags = schedule_tags(entry.name, entry.tags)
-        if not entry.priority and entry.dedupe_key is None:
-            return self._submitter.submit(
-                entry.task, entry.args, dict(entry.kwargs), bucket_key=entry.bucket_key, tags=tags
-            )
+    def _fire_one(self, entry: Schedule, slot: datetime) -> TaskRun | StoredTask | None:
         chosen = SubmitOptions(
             priority=entry.priority,
             dedupe_key=entry.dedupe_key,
             bucket_key=entry.bucket_key,
-            tags=tags,
+            tags=schedule_tags(entry.name, entry.tags),
         )
-        return self._submitter.submit_with(chosen, entry.task, entry.args, dict(entry.kwargs))
+        return self._submitter.submit_once(
+            slot_task_id(entry.name, slot), chosen, entry.task, entry.args, dict(entry.kwargs)
+        )
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -778,10 +796,12 @@ class Controller(AsyncFace):
         """Wait until every task this process holds is terminal; return whether it is."""
         return self._registry.wait_all_done(timeout)
 
-    def serve(self, until: threading.Event | None = None) -> str:
+    def serve(self, until: threading.Event | None = None, *, drain: float | None = None) -> str:
         """Keep this node serving (its schedules, its workers, commands from other
         processes) until Ctrl-C or SIGTERM, or until ``until`` is set; then ``close()``
-        it. Returns what ended it: ``"SIGINT"``, ``"SIGTERM"`` or ``"until"``.
+        it, with ``drain`` (``close(drain=S)``: the tasks it runs may finish for up to S
+        seconds first; a second Ctrl-C ends the drain, a repeated SIGTERM does not).
+        Returns what ended it: ``"SIGINT"``, ``"SIGTERM"`` or ``"until"``.
 
         For a program whose main code has nothing left to do but be a node: without it,
         the program ends and the node is closed at interpreter exit. The signal handlers
@@ -789,6 +809,8 @@ class Controller(AsyncFace):
         the close short), then the previous ones come back; off the main thread, where
         no signal arrives, ``until`` is required.
         """
+        if drain is not None:
+            _check_drain(drain)  # now, not once a signal has come
         on_main = threading.current_thread() is threading.main_thread()
         if until is None and not on_main:
             raise ConfigurationError(
@@ -801,8 +823,25 @@ class Controller(AsyncFace):
                     signals.wait(0.1)
                 elif until.wait(0.1):
                     break
-            self.close()  # a second Ctrl-C meanwhile does not cut it short
+            # A second Ctrl-C ends a drain, never the close itself.
+            self._close(10.0, drain, lambda: signals.caught[1:].count("SIGINT") > 0)
         return signals.caught[0] if signals.caught else "until"
+
+    def _drain(self, seconds: float, cut: Callable[[], bool] | None) -> bool:
+        """Take no new work and wait up to ``seconds`` for the work held to finish (see
+        ``close``); whether some was left running when the drain ended."""
+        _check_drain(seconds)
+        if not self._services.begin_drain():
+            return False
+        services = self._services
+        deadline = time.monotonic() + seconds
+        if services.draining():
+            log.info("node %s draining: up to %g s for its running tasks", self.owner, seconds)
+        idle = 0  # two idle readings in a row: a run between the queue and its worker is seen
+        while idle < 2 and time.monotonic() < deadline and not (cut is not None and cut()):
+            idle = 0 if services.draining() else idle + 1
+            time.sleep(min(_DRAIN_POLL, max(0.0, deadline - time.monotonic())))
+        return services.draining()
 
     def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         """Mark tasks whose supervisor lease expired as ``lost``, in this node's buckets only.
@@ -814,9 +853,17 @@ class Controller(AsyncFace):
 
     # -- shutdown ---------------------------------------------------------------------------------
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, *, drain: float | None = None) -> None:
         """Stop accepting work, cancel waiting tasks, stop running ones (waiting up to
         ``timeout`` seconds for them), write what is unwritten, and stop every service.
+
+        ``drain=S`` (a deploy's warm shutdown) first lets the work held finish: for up
+        to S seconds the node takes no new task (a submit raises ``ControllerClosed``
+        saying it is draining; no schedule fires) while its running tasks, and those
+        ready to start, run on; the drain ends once none is left. Then the close goes
+        on as without it: what still runs is stopped at its checkpoints, its trail
+        saying the drain ran out, and tasks waiting for a later time are cancelled (no
+        other node can run them).
 
         A task that ignores its stop keeps its ``stopping`` status and lease; once the
         lease expires, a ``reconcile()`` marks it lost. Idempotent.
@@ -826,11 +873,18 @@ class Controller(AsyncFace):
         ``chongming_task.controller`` log, as warnings: printed to stderr where logging
         is not set up). Tasks that stop promptly close the node without a word.
         """
+        self._close(timeout, drain, None)
+
+    def _close(self, timeout: float, drain: float | None, cut: Callable[[], bool] | None) -> None:
+        """``close``; ``cut`` ends its drain early when it says so (a second Ctrl-C)."""
+        why = "controller closed"
+        if drain is not None and self._drain(drain, cut):
+            why = f"controller closed: its drain of {drain:g} s ran out"
         if not self._services.begin_close():
             return
         unfinished = [run for run in self._registry.held() if not run.done()]
         for run in unfinished:
-            run.stop(reason="controller closed")
+            run.stop(reason=why)
         deadline = time.monotonic() + timeout
         # A coroutine is cancelled within the close's time, leaving it CANCEL_WAIT to end.
         soon = max(0.0, timeout - CANCEL_WAIT)

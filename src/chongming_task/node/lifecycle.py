@@ -5,8 +5,10 @@ order. The node moves through ``NodeState`` once.
 When each starts:
 
 - the command poller and the beacon (the node's declaration in the store): from
-  construction for a node that declares ``owned_buckets``, else after the first stored
-  task; never with ``poll_commands=False`` (a tool acting for a node without being one);
+  construction; never with ``poll_commands=False`` (a tool acting for a node without
+  being one);
+- reconciling and retention: from construction for a node that declares
+  ``owned_buckets``, else after the first stored task;
 - the writer, the workers and the supervisor: after the first stored task;
 - the scheduler: on the first schedule (unless schedules are ticked by hand);
 - the pipeline runner: on the first pipeline.
@@ -18,9 +20,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from .. import states
 from ..run.writers import BehindWriter
 from .aio import AsyncRunner
 from .beacon import NodeBeacon
@@ -65,7 +68,9 @@ class NodeServices:
         buckets: frozenset[int] | None,
         num_buckets: int,
         rng: random.Random,
-        fire: Callable[[Schedule], TaskRun | StoredTask],
+        fire: Callable[[Schedule, datetime], TaskRun | StoredTask | None],
+        owns: Callable[[str | None], bool],
+        follow: Callable[[str], StoredTask],
         polling: bool,
         started: Callable[[], None],
         reconciler: Reconciler,
@@ -74,7 +79,8 @@ class NodeServices:
         processes: ProcessPool,
         retention: Mapping[TaskStatus, timedelta] | None = None,
     ) -> None:
-        """``fire`` submits a schedule's run; ``polling`` is false for a node that must
+        """``fire`` submits a schedule's slot (``owns``: whether a bucket key is the
+        node's; ``follow``: a handle on a stored task); ``polling`` is false for a node that must
         never poll commands; ``started`` is called whenever a service starts (the node
         is then closed at interpreter exit if its program does not close it);
         ``reconcile_interval`` is how often the node reconciles its buckets on its own
@@ -85,6 +91,7 @@ class NodeServices:
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._working = False
+        self._registry = node.registry
         self.polling = polling
         """Whether the node polls commands (never for a tool acting for a node)."""
         self._started = started
@@ -130,7 +137,9 @@ class NodeServices:
         self.poller = CommandPoller(node, lease=command_lease, interval=command_poll_interval)
         self.beacon = NodeBeacon(node, buckets=buckets, num_buckets=num_buckets, ttl=lease_ttl)
         self.beacon.commands_waiting = self.poller.wake
-        self.scheduler = ScheduleRunner(node, rng=rng, submit=fire, accepting=self.accepting)
+        self.scheduler = ScheduleRunner(
+            node, rng=rng, submit=fire, accepting=self.accepting, owns=owns, follow=follow
+        )
         self.reconciling = (
             None
             if reconcile_interval is None
@@ -140,8 +149,8 @@ class NodeServices:
             None if not retention else RetentionLoop(node, retention, buckets=reconciler.buckets)
         )
         self._watched(node)
-        if buckets is not None and polling:
-            self.start(*self._fleet())
+        if polling:  # the fleet sees the node from its first second
+            self.start(*(self._fleet() if buckets is not None else self._declared()))
 
     def _watched(self, node: NodeContext) -> None:
         """Every service reports to the node's health: a thread that dies (started
@@ -179,6 +188,15 @@ class NodeServices:
         """Whether the node takes work (every submit asks: a global, not an attribute)."""
         return self.state is _OPEN
 
+    def refusal(self, owner: str) -> str:
+        """Why a submit is refused once the node takes no work."""
+        if self.state is NodeState.DRAINING:
+            return (
+                f"node {owner} is draining before it closes: it takes no new tasks while "
+                "the ones it runs finish"
+            )
+        return f"controller {owner} is closed"
+
     def start(self, *services: Service) -> None:
         """Start each of ``services`` at most once, and never once closing has begun."""
         with self._lock:
@@ -197,20 +215,44 @@ class NodeServices:
             if self.writer is not None:
                 self.start(self.writer)
             self.start(self.workers, self.supervisor)
-        if self.polling and not self.poller.started:
+        if self.polling:
             self.start(*self._fleet())
 
+    def _declared(self) -> list[Service]:
+        """What every node runs from its construction: its declaration in the store
+        (so ``nodes`` and ``doctor`` see it, and a restart replaces its predecessor's at
+        once) and command polling."""
+        return [self.poller, self.beacon]
+
     def _fleet(self) -> list[Service]:
-        """What a node that takes part in the fleet runs from its start: command
-        polling, its declaration, and reconciling its own buckets."""
-        services: list[Service] = [self.poller, self.beacon]
+        """What a node that takes part in the fleet runs (from its construction where it
+        declares buckets, else from its first stored task): its declaration and command
+        polling, and reconciling its own buckets."""
+        services = self._declared()
         services += [s for s in (self.reconciling, self.retention) if s is not None]
         return services
 
-    def begin_close(self) -> bool:
-        """Stop taking work; ``False`` if closing had begun already."""
+    def begin_drain(self) -> bool:
+        """Stop taking work, the work held going on; ``False`` if it had stopped already."""
         with self._lock:
             if self.state is not NodeState.OPEN:
+                return False
+            self.state = NodeState.DRAINING
+            return True
+
+    def draining(self) -> bool:
+        """Whether something the node holds is running or ready to start: what a drain
+        waits for. A task waiting for its time, or held by a pause, will not finish on
+        its own: it is not waited for."""
+        if self._backlog():
+            return True
+        return any(run.status not in states.PAUSE_HELD for run in self._registry.active())
+
+    def begin_close(self) -> bool:
+        """Stop taking work and stop the work held; ``False`` if closing had begun
+        already (a close during a drain goes on to close)."""
+        with self._lock:
+            if self.state not in (NodeState.OPEN, NodeState.DRAINING):
                 return False
             self.state = NodeState.CLOSING
             return True

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ChongmingTaskError, ConfigurationError
 from ..model import ScheduleRecord
-from ..schedules import Schedule, Submit
+from ..schedules import Schedule, Submit, slot_task_id
 from .services import LoopService, NodeContext, Pass
 
 if TYPE_CHECKING:
@@ -41,7 +41,11 @@ class ScheduleRunner(LoopService):
         rng: random.Random,
         submit: Submit,
         accepting: Callable[[], bool],
+        owns: Callable[[str | None], bool],
+        follow: Callable[[str], StoredTask],
     ) -> None:
+        """``submit`` fires a slot; ``owns`` says whether a bucket key is this node's to
+        run; ``follow`` is a handle on a task in the store (a slot another node took)."""
         super().__init__()
         self.name = f"chongming-scheduler[{node.owner}]"
         self._owner = node.owner
@@ -51,6 +55,8 @@ class ScheduleRunner(LoopService):
         self._rng = rng
         self._submit = submit
         self._accepting = accepting
+        self._owns = owns
+        self._follow = follow
         self._lock = threading.Lock()
         self._schedules: dict[str, Schedule] = {}
 
@@ -130,9 +136,14 @@ class ScheduleRunner(LoopService):
             for entry in self._schedules.values():
                 if entry.due is None or entry.due > now:
                     continue
-                latest = entry.trigger.latest_at_or_before(now) or entry.next_fire
-                late = (now - latest).total_seconds() if latest is not None else 0.0
-                if entry.overlap == "skip" and entry.active:
+                # The slot: the latest instant due (missed ones coalesce into it).
+                slot = entry.trigger.latest_at_or_before(now) or entry.next_fire
+                late = (now - slot).total_seconds() if slot is not None else 0.0
+                if slot is None:
+                    pass
+                elif not self._owns(entry.bucket_key):
+                    entry.skipped_elsewhere += 1  # its bucket's owner fires it
+                elif entry.overlap == "skip" and entry.active:
                     entry.skipped_overlap += 1
                     log.info("schedule %s: previous run still active, firing skipped", entry.name)
                 elif entry.misfire_grace is not None and late > entry.misfire_grace:
@@ -140,18 +151,33 @@ class ScheduleRunner(LoopService):
                     log.warning("schedule %s: firing %.1fs late, skipped", entry.name, late)
                 else:
                     try:
-                        run = self._submit(entry)
+                        run = self._submit(entry, slot)
                     except ChongmingTaskError:
                         log.exception("schedule %s: submit failed; will try again", entry.name)
                         continue
-                    entry.last_run = run
-                    entry.last_fired = now
-                    entry.fired += 1
-                    fired.append(run)
+                    if run is None:  # another node fired this slot first
+                        self._taken(entry, slot)
+                    else:
+                        entry.last_run = run
+                        entry.last_fired = now
+                        entry.fired += 1
+                        fired.append(run)
                 self._advance(entry, now)
                 moved.append(entry)
         self._record(moved)
         return fired
+
+    def _taken(self, entry: Schedule, slot: datetime) -> None:
+        """A slot another node fired: its task answers for this node's ``overlap``, and
+        the node that ran it is noted (one read of the store)."""
+        task_id = slot_task_id(entry.name, slot)
+        entry.taken += 1
+        entry.last_run = handle = self._follow(task_id)
+        try:
+            entry.last_taken_by = handle.snapshot().owner
+        except ChongmingTaskError as exc:
+            log.debug("schedule %s: who fired %s not read: %s", entry.name, task_id, exc)
+        log.debug("schedule %s: slot %s fired by %s", entry.name, slot, entry.last_taken_by)
 
     def _advance(self, entry: Schedule, now: datetime) -> None:
         entry.next_fire = entry.trigger.next_after(now)

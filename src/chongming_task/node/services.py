@@ -25,10 +25,12 @@ __all__ = ["LoopService", "NodeContext", "NodeState", "Pass", "Service"]
 
 
 class NodeState(enum.Enum):
-    """A controller's life: it takes work while ``OPEN``, finishes what it holds while
-    ``CLOSING``, and is done once ``CLOSED``. It never goes back."""
+    """A controller's life: it takes work while ``OPEN``; ``DRAINING`` (a close with a
+    drain), it takes no new work and lets what it holds finish; ``CLOSING``, it stops
+    what it holds; it is done once ``CLOSED``. It never goes back."""
 
     OPEN = "open"
+    DRAINING = "draining"
     CLOSING = "closing"
     CLOSED = "closed"
 

@@ -26,6 +26,7 @@ from ..errors import (
     ConcurrencyConflict,
     ConfigurationError,
     ControllerClosed,
+    StoreError,
     StoreUnavailable,
     TaskAlreadyExists,
 )
@@ -139,6 +140,12 @@ class Ownership:
         """Whether ``bucket`` is this node's (says nothing about bucketless tasks)."""
         return self.owned is None or bucket in self.owned
 
+    def owns_key(self, bucket_key: str | None) -> bool:
+        """Whether a task with ``bucket_key`` is this node's to run."""
+        if bucket_key is None:
+            return self.owns_all
+        return self.owns(self.policy.bucket_for(bucket_key))
+
     def bucket_for(self, bucket_key: str | None) -> int | None:
         """The bucket a new task with ``bucket_key`` lands in; ``ConfigurationError`` if
         it is not this node's to run."""
@@ -173,6 +180,7 @@ class Submitter:
         lease_ttl: float,
         resolve: Callable[[TaskRef], TaskDefinition],
         accepting: Callable[[], bool],
+        refusal: Callable[[str], str],
         stored: Callable[[], None],
         control: Control,
     ) -> None:
@@ -188,6 +196,7 @@ class Submitter:
         self._lease_delta = timedelta(seconds=lease_ttl)
         self._resolve = resolve
         self._accepting = accepting
+        self._refusal = refusal  # why a submit is refused once the node takes no work
         self._stored = stored  # called after each success: starts the node's services
         self._warned_loop = False  # a sync submit on a running event loop is said once
         self._control = control  # the handles' controls go through the node's router
@@ -225,10 +234,39 @@ class Submitter:
         self.check_keys(options)
         if options.dedupe_key is not None:
             return self._deduped(options, task, args, kwargs)
-        prepared = self.prepare(
-            task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
-        )
+        prepared = self._prepared(options, task, args, kwargs)
         self.persist([prepared])
+        self._queue(prepared[0])
+        return TaskRun(prepared[0], self._control)
+
+    def submit_once(
+        self,
+        task_id: str,
+        options: SubmitOptions,
+        task: TaskRef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> TaskRun | StoredTask | None:
+        """``submit_with`` under ``task_id``, an id only one submit in the whole store can
+        create (a schedule's slot: docs/design.md, "One firing per slot"): ``None`` when
+        another submit created it first, this one having stored nothing."""
+        self.check_keys(options)
+        try:
+            if options.dedupe_key is not None:
+                made = self._deduped(options, task, args, kwargs, task_id)
+                return None if made.task_id == task_id and not isinstance(made, TaskRun) else made
+            prepared = self._prepared(options, task, args, kwargs, task_id)
+            self.persist([prepared])
+        except TaskAlreadyExists:
+            return None
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            # A refusal some stores word otherwise (a deduplicated create whose id is
+            # taken): the id stored is the answer.
+            if self._caps.store.get(task_id) is None:
+                raise
+            return None
         self._queue(prepared[0])
         return TaskRun(prepared[0], self._control)
 
@@ -245,21 +283,30 @@ class Submitter:
         self.check_keys(options)
         if options.dedupe_key is not None:
             return [self._deduped(options, task, tuple(args), kwargs or {}) for args in calls]
-        prepared = [
-            self.prepare(
-                task,
-                tuple(args),
-                kwargs or {},
-                bucket_key=options.bucket_key,
-                tags=options.tags,
-                options=options,
-            )
-            for args in calls
-        ]
+        prepared = [self._prepared(options, task, tuple(args), kwargs or {}) for args in calls]
         self.persist(prepared)
         for run, _ in prepared:
             self._queue(run)
         return [TaskRun(run, self._control) for run, _ in prepared]
+
+    def _prepared(
+        self,
+        options: SubmitOptions,
+        task: TaskRef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        task_id: str | None = None,
+    ) -> Prepared:
+        """``prepare`` with ``options`` (``task.configure``)."""
+        return self.prepare(
+            task,
+            args,
+            kwargs,
+            bucket_key=options.bucket_key,
+            tags=options.tags,
+            options=options,
+            task_id=task_id,
+        )
 
     def check_keys(self, options: SubmitOptions) -> None:
         """The options' keys are text the store can hold (once a call, not a task);
@@ -280,14 +327,17 @@ class Submitter:
             self._dispatcher.put(run)
 
     def _deduped(
-        self, options: SubmitOptions, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        options: SubmitOptions,
+        task: TaskRef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        task_id: str | None = None,
     ) -> TaskRun | StoredTask:
         """One submit with a dedupe key: created in the store unless another task holds
         the key, which then answers (docs/design.md, "When and in what order")."""
         key = options.dedupe_key
-        run, created = self.prepare(
-            task, args, kwargs, bucket_key=options.bucket_key, tags=options.tags, options=options
-        )
+        run, created = self._prepared(options, task, args, kwargs, task_id)
         holder = self._create_deduped(run, created)
         doubtful = None if holder is None else self._registry.doubted(holder)
         if doubtful is not None:
@@ -398,19 +448,22 @@ class Submitter:
         return True
 
     def check(
-        self, task: TaskRef, bucket_key: str | None, tags: Iterable[str] = ()
+        self, task: TaskRef, bucket_key: str | None, tags: Iterable[str] = (), *, here: bool = True
     ) -> tuple[TaskDefinition, int | None]:
         """What a submit (or a schedule, before its first firing) must pass: the node is
         open, the task is defined here, the tags and key are text the store can hold, and
-        the key's bucket is this node's. Returns the definition and the bucket."""
+        (``here``) the key's bucket is this node's. Returns the definition and the bucket
+        (``None`` for a key of another node's bucket when not ``here``)."""
         host = self._host
         if not self._accepting():
-            raise ControllerClosed(f"controller {host.owner} is closed")
+            raise ControllerClosed(self._refusal(host.owner))
         definition = self._resolve(task)
         if tags:
             check_tags(tags, "tag", host.value_rules)
         if bucket_key is not None:
             check_text(bucket_key, "bucket_key", host.value_rules, MAX_BUCKET_KEY)
+            if not here and not self._ownership.owns_key(bucket_key):
+                return definition, None
         return definition, self._ownership.bucket_for(bucket_key)
 
     def prepare(
@@ -424,8 +477,10 @@ class Submitter:
         status: TaskStatus = TaskStatus.QUEUED,
         tags: Iterable[str] = (),
         options: SubmitOptions | None = None,
+        task_id: str | None = None,
     ) -> Prepared:
-        """Build and register a run and its creation transition; nothing stored yet."""
+        """Build and register a run and its creation transition; nothing stored yet.
+        ``task_id``: the id it must have (a schedule's slot), else a new one."""
         host = self._host
         definition, bucket = self.check(task, bucket_key, tags)
         check_arguments(definition, args, kwargs)
@@ -439,7 +494,7 @@ class Submitter:
         # Every value here is already normalised (UTC times, frozenset tags): the trusted
         # builder skips re-validation on this hot path.
         snapshot = submitted_snapshot(
-            new_task_id(),
+            new_task_id() if task_id is None else task_id,
             definition.name,
             status,
             now,

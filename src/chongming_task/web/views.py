@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import fleet, present
 from ..lookup import find_pipeline_run, holds_of
-from ..model import ScheduleRecord, TaskQuery, TaskSnapshot, TaskStatus
+from ..model import TaskQuery, TaskSnapshot, TaskStatus
 from ..stores.roles import PREVIEW, Previewed
 from .follow import SLOT, SLOTS, Finished
 
@@ -207,19 +207,18 @@ def schedules(d: Dashboard) -> dict[str, Any]:
     now = d.now()
     nodes = {n.node: n for n in d.caps.nodes()}
     rows = []
-    for r in d.caps.schedules():
-        last = None if r.last_task_id is None else d.store.get(r.last_task_id)
-        rows.append(_schedule(r, nodes.get(r.node), last, now))
+    for s in present.fleet_schedules(d.caps.schedules()):
+        fired = s.last
+        last_id = None if fired is None else fired.last_task_id
+        last = None if last_id is None else d.store.get(last_id)
+        rows.append(
+            {
+                "row": present.schedule_row(s, nodes, last, now),
+                "state": present.schedule_state(s, nodes, now),
+                "last": last,
+            }
+        )
     return {"now": now, "rows": rows, "has_registry": d.caps.has_fleet_registry}
-
-
-def _schedule(r: ScheduleRecord, node: Any, last: TaskSnapshot | None, now: datetime) -> Any:
-    return {
-        "record": r,
-        "row": present.schedule_row(r, node, last, now),
-        "state": present.schedule_state(r, node, now),
-        "last": last,
-    }
 
 
 def nodes(d: Dashboard) -> dict[str, Any]:
