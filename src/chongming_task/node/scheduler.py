@@ -138,34 +138,41 @@ class ScheduleRunner(LoopService):
                     continue
                 # The slot: the latest instant due (missed ones coalesce into it).
                 slot = entry.trigger.latest_at_or_before(now) or entry.next_fire
-                late = (now - slot).total_seconds() if slot is not None else 0.0
-                if slot is None:
-                    pass
-                elif not self._owns(entry.bucket_key):
-                    entry.skipped_elsewhere += 1  # its bucket's owner fires it
-                elif entry.overlap == "skip" and entry.active:
-                    entry.skipped_overlap += 1
-                    log.info("schedule %s: previous run still active, firing skipped", entry.name)
-                elif entry.misfire_grace is not None and late > entry.misfire_grace:
-                    entry.skipped_misfire += 1
-                    log.warning("schedule %s: firing %.1fs late, skipped", entry.name, late)
-                else:
-                    try:
-                        run = self._submit(entry, slot)
-                    except ChongmingTaskError:
-                        log.exception("schedule %s: submit failed; will try again", entry.name)
-                        continue
-                    if run is None:  # another node fired this slot first
-                        self._taken(entry, slot)
-                    else:
-                        entry.last_run = run
-                        entry.last_fired = now
-                        entry.fired += 1
-                        fired.append(run)
+                if slot is not None and not self._reach(entry, slot, now, fired):
+                    continue  # its submit failed: tried again at the next tick
                 self._advance(entry, now)
                 moved.append(entry)
         self._record(moved)
         return fired
+
+    def _reach(
+        self, entry: Schedule, slot: datetime, now: datetime, fired: list[TaskRun | StoredTask]
+    ) -> bool:
+        """Fire ``slot`` of ``entry``, or skip it saying why; ``False`` when its submit
+        failed (the slot is tried again). Caller holds the lock."""
+        late = (now - slot).total_seconds()
+        if not self._owns(entry.bucket_key):
+            entry.skipped_elsewhere += 1  # its bucket's owner fires it
+        elif entry.overlap == "skip" and entry.active:
+            entry.skipped_overlap += 1
+            log.info("schedule %s: previous run still active, firing skipped", entry.name)
+        elif entry.misfire_grace is not None and late > entry.misfire_grace:
+            entry.skipped_misfire += 1
+            log.warning("schedule %s: firing %.1fs late, skipped", entry.name, late)
+        else:
+            try:
+                run = self._submit(entry, slot)
+            except ChongmingTaskError:
+                log.exception("schedule %s: submit failed; will try again", entry.name)
+                return False
+            if run is None:  # another node fired this slot first
+                self._taken(entry, slot)
+            else:
+                entry.last_run = run
+                entry.last_fired = now
+                entry.fired += 1
+                fired.append(run)
+        return True
 
     def _taken(self, entry: Schedule, slot: datetime) -> None:
         """A slot another node fired: its task answers for this node's ``overlap``, and
