@@ -341,14 +341,12 @@ class SqlStore(ABC):
     def nodes(self) -> list[NodeRecord]:
         with self._scope("nodes", write=False) as c:
             rows = c.execute(self._sql["nodes"]).fetchall()
-            pairs = c.execute(self._sql["node_buckets"]).fetchall()
-        declared: dict[str, set[int]] = {}
-        for node, bucket in pairs:
-            declared.setdefault(node, set()).add(bucket)
         return [
             NodeRecord(
                 node=node,
-                buckets=None if every else frozenset(declared.get(node, ())),
+                buckets=None
+                if every
+                else frozenset(int(b) for b in (buckets or "").split(",") if b),
                 num_buckets=num,
                 ttl_seconds=float(ttl),
                 started_at=codec.decode_dt(started),  # type: ignore[arg-type]
@@ -358,7 +356,7 @@ class SqlStore(ABC):
                 pid=pid,
                 health=NodeHealth.from_json(health),
             )
-            for node, num, every, ttl, started, seen, stopped, host, pid, health in rows
+            for node, num, every, ttl, started, seen, stopped, host, pid, health, buckets in rows
         ]
 
     def declare_schedule(self, record: ScheduleRecord) -> None:

@@ -215,10 +215,13 @@ RETURNING (SELECT count(*) FROM commands c LEFT JOIN tasks t ON t.task_id = c.ta
 -- name: retire_node
 UPDATE nodes SET stopped_at = ? WHERE node = ?
 
+-- Each node with its buckets, in one statement: the buckets as text, '1,2,3', NULL for
+-- none.
 -- name: nodes
-SELECT node, num_buckets, all_buckets, ttl_seconds, started_at, seen_at, stopped_at, host,
-       pid, health
-FROM nodes
+SELECT n.node, n.num_buckets, n.all_buckets, n.ttl_seconds, n.started_at, n.seen_at,
+       n.stopped_at, n.host, n.pid, n.health, group_concat(b.bucket, ',')
+FROM nodes n LEFT JOIN node_buckets b ON b.node = n.node
+GROUP BY n.node
 
 -- name: record_late_report
 INSERT INTO late_reports (task_id, reported_by, reported_at, status, ended_at, outcome,
@@ -269,9 +272,6 @@ DELETE FROM pipelines WHERE pipeline_run_id = ?1
 DELETE FROM pipelines WHERE NOT EXISTS (
     SELECT 1 FROM tasks WHERE tasks.pipeline_run_id = pipelines.pipeline_run_id
 )
-
--- name: node_buckets
-SELECT node, bucket FROM node_buckets ORDER BY node, bucket
 
 -- reconcile() in one transaction (BEGIN IMMEDIATE: no other writer in between): the
 -- expired tasks (the {scan} condition, built from a TaskScan) but the caller's own
