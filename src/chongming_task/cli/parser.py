@@ -259,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("reconcile", help="mark tasks of dead nodes lost (owned buckets)")
     p.add_argument("--dry-run", action="store_true")
     command("nodes", help="every declared node: buckets, last seen, live or not")
-    command("schedules", help="every node's schedules: trigger, next firing, last run, state")
+    command(
+        "schedules",
+        help="each schedule once: the nodes that define it, trigger, next slot, last firing "
+        "and who fired it, state",
+    )
     p = command(
         "doctor",
         help="fleet alarms: duplicate and uncovered buckets, orphans, stale queued tasks, "
