@@ -49,6 +49,7 @@ class RunRegistry:
         self._desynced: set[str] = set()
         self._late: list[TaskSnapshot] = []
         self._doubtful: dict[str, TaskSnapshot] = {}  # created, commit outcome unknown
+        self._resolved: dict[str, None] = {}  # doubtful creates judged since, oldest first
 
     # -- held ---------------------------------------------------------------------------------
 
@@ -111,8 +112,17 @@ class RunRegistry:
         return self._doubtful.get(task_id)
 
     def resolved(self, task_id: str) -> None:
+        """The doubtful create of ``task_id`` was judged (and ended, if it was stored)."""
         with self._lock:
-            self._doubtful.pop(task_id, None)
+            if self._doubtful.pop(task_id, None) is not None:
+                self._resolved[task_id] = None
+                while len(self._resolved) > MAX_DOUBTFUL:
+                    del self._resolved[next(iter(self._resolved))]
+
+    def was_doubtful(self, task_id: str) -> bool:
+        """Whether ``task_id`` was a doubtful create, judged since (one of the latest
+        ``MAX_DOUBTFUL``): a submit that found it holding a key may look again."""
+        return task_id in self._resolved
 
     def forget(self, runs: Iterable[Run]) -> None:
         """Drop runs that were never stored."""

@@ -347,6 +347,10 @@ class Submitter:
                 self._caps, self._registry, doubtful, now=self._now(), actor=self._host.owner
             )
             holder = self._create_deduped(run, created)
+        elif holder is not None and self._registry.was_doubtful(holder):
+            # The supervisor judged that create meanwhile and ended it (it never started):
+            # the key is free again.
+            holder = self._create_deduped(run, created)
         if holder is None:
             run.stored(created, appended=True)
             self._stored()
